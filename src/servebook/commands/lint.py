@@ -1,0 +1,1 @@
+"""`servebook lint`: placeholder, filled in by its owner."""

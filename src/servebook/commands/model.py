@@ -1,0 +1,1 @@
+"""`servebook model`: placeholder, filled in by its owner."""

@@ -1,0 +1,1 @@
+"""`servebook probe`: placeholder, filled in by its owner."""
