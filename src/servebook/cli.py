@@ -6,9 +6,11 @@ from __future__ import annotations
 import sys
 
 from servebook.commands import app, err
-from servebook.commands import lint as _lint  # noqa: F401  (registers commands)
+from servebook.commands import deploy as _deploy  # noqa: F401  (registers commands)
+from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401
 from servebook.commands import probe as _probe  # noqa: F401
+from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.findings import UsageError
 
 

@@ -1,0 +1,184 @@
+"""`servebook up | status | down | run`: deployments on a backend."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from servebook.backends import local
+from servebook.commands import app, err, out
+from servebook.commands.recipes import SetOpt, ValuesOpt
+from servebook.findings import UsageError
+from servebook.recipe.resolve import resolve
+
+DEFAULT_RECIPE = "tiny-pd"
+
+
+def _say(msg: str) -> None:
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
+
+
+def _backend_ok(backend: str) -> None:
+    if backend != "local":
+        raise UsageError(
+            f"--backend {backend}: only the local backend can run deployments yet. "
+            "Use --backend local (the default)."
+        )
+
+
+def _up(
+    recipe: str,
+    sets: list[str],
+    values: list[Path],
+    name: str | None,
+    timeout: float,
+    port: int | None,
+) -> local.Deployment:
+    dep_name = name or Path(recipe).stem
+    plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
+    if "local" not in plan.backends:
+        raise UsageError(
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not the local backend. "
+            "Use a tiny-* recipe locally (`servebook recipes`)."
+        )
+    try:
+        return local.up(plan, name=dep_name, timeout_s=timeout, entry_port=port, say=_say)
+    except local.UpFailed as e:
+        err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+
+
+NameOpt = typer.Option(None, "--name", help="Deployment name (default: the recipe's name).")
+TimeoutOpt = typer.Option(
+    600.0, "--timeout", help="Seconds to wait for every role to answer a real completion."
+)
+
+
+@app.command()
+def up(
+    recipe: str = typer.Argument(..., help="Built-in recipe name or path to a recipe YAML."),
+    backend: str = typer.Option("local", "--backend", help="local (processes on this machine)."),
+    sets: list[str] = SetOpt,
+    values: list[Path] = ValuesOpt,
+    name: str | None = NameOpt,
+    timeout: float = TimeoutOpt,
+    port: int | None = typer.Option(None, "--port", help="Port of the entry point."),
+    json_out: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
+) -> None:
+    """Bring a recipe up and wait until its entry point completes a real request.
+
+    Each role runs as its own process with its log in the deployment's state directory;
+    on early death or timeout, up fails with the role's last log lines and stops what it
+    started.  Stop it with `servebook down`.
+
+    Example: servebook up tiny-pd
+    """
+    _backend_ok(backend)
+    dep = _up(recipe, sets, values, name, timeout, port)
+    if json_out:
+        out.print_json(json.dumps(local.status(dep)))
+    else:
+        out.print(
+            f"[green]up:[/] {dep.name} ready at {dep.entry_url} "
+            f"(model '{dep.served_model_name}'); state in {dep.state_dir}"
+        )
+
+
+@app.command()
+def status(
+    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
+) -> None:
+    """Show a deployment's roles: pid, port, URL, alive and healthy.
+
+    Exit 1 when a role is down, 2 when there is no such deployment.
+
+    Example: servebook status tiny-pd --json
+    """
+    dep = local.pick_deployment(name)
+    if dep is None:
+        raise UsageError(
+            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. "
+            "Start one with `servebook up RECIPE`."
+        )
+    st = local.status(dep)
+    if json_out:
+        out.print_json(json.dumps(st))
+    else:
+        out.print(
+            f"[bold]{st['name']}[/] ({st['recipe']}, {st['backend']}) entry {st['entry_url']}"
+        )
+        for r in st["roles"]:
+            state = (
+                "[green]healthy[/]"
+                if r["healthy"]
+                else ("[yellow]alive, not healthy[/]" if r["alive"] else "[red]down[/]")
+            )
+            out.print(f"  {r['name']:8} pid {r['pid']:>7}  {r['url']}  {state}", highlight=False)
+    if not all(r["alive"] for r in st["roles"]):
+        raise typer.Exit(1)
+
+
+@app.command()
+def down(
+    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+) -> None:
+    """Stop exactly the processes a deployment started, and remove its KV storage.
+
+    Processes are found by recorded PID (checked against their start time) and stopped
+    with their process group.  Idempotent.
+
+    Example: servebook down tiny-pd
+    """
+    dep, result = local.down(name)
+    if dep is None:
+        out.print(f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is up.")
+        return
+    for role, what in result.items():
+        out.print(f"  {role}: {what}")
+    if any(v == "still running" for v in result.values()):
+        err.print("[bold red]some processes did not stop[/]; state kept for another try.")
+        raise typer.Exit(1)
+    out.print(f"[green]down:[/] {dep.name}")
+
+
+@app.command()
+def run(
+    recipe: str = typer.Argument(DEFAULT_RECIPE, help="Recipe (default: the built-in tiny-pd)."),
+    sets: list[str] = SetOpt,
+    values: list[Path] = ValuesOpt,
+    name: str | None = NameOpt,
+    timeout: float = TimeoutOpt,
+) -> None:
+    """The main job: up -> a completion through the entry point -> down.
+
+    With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the
+    tiny model first if it is missing.
+
+    Example: servebook run
+    """
+    from servebook.backends.local import smoke_completion
+
+    dep = _up(recipe, sets, values, name, timeout, None)
+    rc = 0
+    try:
+        t0 = time.monotonic()
+        body = smoke_completion(dep.entry_url, dep.served_model_name, timeout=60)
+        text = body["choices"][0]["text"]
+        usage = body.get("usage") or {}
+        out.print(
+            f"[green]completion[/] through {dep.entry_url} in {time.monotonic() - t0:.2f} s: "
+            f"{text!r} ({usage.get('prompt_tokens')} prompt, "
+            f"{usage.get('completion_tokens')} completion tokens)",
+            highlight=False,
+        )
+    except Exception as e:  # report, then always tear down
+        err.print(f"[bold red]completion failed:[/] {e}")
+        rc = 1
+    finally:
+        _, result = local.down(dep.name)
+        out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.items()))
+    raise typer.Exit(rc)

@@ -1,0 +1,93 @@
+"""`servebook recipes [list|show NAME]`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from servebook.commands import app, out
+from servebook.recipe.resolve import catalog_names, load_source, resolve
+
+recipes_app = typer.Typer(
+    help="List the built-in recipes, or show one resolved to exact command lines.\n\n"
+    "Example: [bold]servebook recipes show tiny-pd[/]",
+    invoke_without_command=True,
+)
+app.add_typer(recipes_app, name="recipes")
+
+SetOpt = typer.Option([], "--set", help="Set a recipe parameter: NAME=VALUE (repeatable).")
+ValuesOpt = typer.Option([], "-f", "--values", help="YAML file of parameter values.")
+
+
+@recipes_app.callback()
+def _default(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        list_recipes(json_out=False)
+
+
+@recipes_app.command("list")
+def list_recipes(json_out: bool = typer.Option(False, "--json", help="Machine-readable.")) -> None:
+    """List built-in recipes.  Example: servebook recipes list --json"""
+    rows: list[dict[str, Any]] = []
+    for name in catalog_names():
+        # Listed from the document itself: parameters are not resolved here.
+        d = load_source(name).data
+        spec = d.get("speculative") or {}
+        rows.append(
+            {
+                "name": name,
+                "topology": str(d.get("topology", "")),
+                "speculative": spec.get("method") if isinstance(spec, dict) else None,
+                "backends": list(d.get("backends") or []),
+                "description": " ".join(str(d.get("description", "")).split()),
+            }
+        )
+    if json_out:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table(title="built-in recipes")
+    for col in ("name", "topology", "speculative", "backends", "description"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(
+            row["name"],
+            row["topology"],
+            row["speculative"] or "-",
+            ",".join(row["backends"]),
+            row["description"].split(". ")[0].rstrip(".") + ".",
+        )
+    out.print(t)
+
+
+@recipes_app.command("show")
+def show(
+    recipe: str = typer.Argument(..., help="Built-in recipe name or path to a recipe YAML."),
+    sets: list[str] = SetOpt,
+    values: list[Path] = ValuesOpt,
+    json_out: bool = typer.Option(False, "--json", help="Print the resolved Plan as JSON."),
+) -> None:
+    """Resolve a recipe and print each role's exact engine command line.
+
+    Ports shown are illustrative; `servebook up` picks free ones.
+
+    Example: servebook recipes show tiny-pd-spec --set num_speculative_tokens=4
+    """
+    plan = resolve(recipe, sets, values)
+    if json_out:
+        out.print_json(plan.model_dump_json())
+        return
+    out.print(f"[bold]{plan.recipe}[/] ({plan.topology}, engine {plan.engine}) from {plan.origin}")
+    for k, v in plan.params.items():
+        out.print(f"  {k} = {v}")
+    for role, argv in plan.command_lines().items():
+        env = plan.role(role).env
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        out.print(f"\n[bold]{role}[/]:", highlight=False)
+        out.print(
+            ((prefix + " ") if prefix else "") + shlex.join(argv), highlight=False, soft_wrap=True
+        )

@@ -1,0 +1,75 @@
+"""Small blocking HTTP helpers for probes and control calls.  Every call has an explicit
+timeout (field notes: a probe without one once hung, another silently passed)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+class HTTPError(Exception):
+    """The request did not produce an HTTP response (refused, timed out, reset)."""
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    timeout: float,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    data = None
+    hdrs = dict(headers or {})
+    if body is not None:
+        data = json.dumps(body).encode()
+        hdrs.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Response(resp.status, resp.read())
+    except urllib.error.HTTPError as e:
+        return Response(e.code, e.read() if e.fp is not None else b"")
+    except (TimeoutError, urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise HTTPError(f"{method} {url}: {reason}") from None
+
+
+def get(url: str, *, timeout: float) -> Response:
+    return request("GET", url, timeout=timeout)
+
+
+def post_json(url: str, body: Any, *, timeout: float) -> Response:
+    return request("POST", url, timeout=timeout, body=body)
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

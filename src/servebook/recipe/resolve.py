@@ -1,0 +1,337 @@
+"""Recipe -> Plan: load, supply parameters, substitute, validate.
+
+Every error here is a ``UsageError`` (exit 2) that names the file, the key or parameter,
+where it is used, and how to fix it; nothing is started or written before resolution
+succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from servebook.findings import UsageError
+from servebook.recipe.plan import Plan, build_plan
+from servebook.recipe.schema import Parameter, ParamType, Recipe
+
+REF = re.compile(r"\$\{([^}]*)\}")
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Kubernetes label value: <= 63 chars, alphanumeric at both ends, - _ . inside.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# Built-in references every recipe may use; their values come from the caller.
+BUILTINS = ("cache_dir", "state_dir")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A recipe document and where it came from (for messages)."""
+
+    name: str
+    origin: str
+    data: dict[str, Any]
+
+
+def servebook_home() -> Path:
+    """Where servebook keeps generated models and deployment state."""
+    return Path(os.environ.get("SERVEBOOK_HOME") or Path.home() / ".servebook").expanduser()
+
+
+def catalog_names() -> list[str]:
+    root = resources.files("servebook.recipe") / "catalog"
+    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UsageError(
+            f"{origin}:{where}: malformed YAML: {problem}. Fix the YAML syntax there."
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"{origin}: expected a mapping of keys (a recipe), got {type(data).__name__}."
+        )
+    return data
+
+
+def load_source(ref: str) -> Source:
+    """A built-in recipe name, or a path to a recipe YAML file."""
+    path = Path(ref)
+    if ref.endswith((".yaml", ".yml")) or os.sep in ref:
+        if not path.is_file():
+            raise UsageError(f"recipe file {ref} does not exist. Check the path.")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"recipe file {ref} cannot be read: {e.strerror}.") from None
+        return Source(name=path.stem, origin=str(path), data=_parse_yaml(text, str(path)))
+    names = catalog_names()
+    if ref not in names:
+        raise UsageError(
+            f"unknown recipe '{ref}'. Built-in recipes: {', '.join(names)}. "
+            "Give one of them, or a path to a recipe .yaml file "
+            "(`servebook recipes` lists them)."
+        )
+    res = resources.files("servebook.recipe") / "catalog" / f"{ref}.yaml"
+    return Source(name=ref, origin=f"built-in recipe {ref}", data=_parse_yaml(res.read_text(), ref))
+
+
+def _loc(loc: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _validation_error(src: Source, e: ValidationError) -> UsageError:
+    lines = []
+    for err in e.errors():
+        where = _loc(err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(
+                f"  {where}: unknown key. Remove it or fix its spelling "
+                "(unknown keys are errors, not ignored)."
+            )
+        else:
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}).")
+    return UsageError(f"{src.origin}: invalid recipe:\n" + "\n".join(lines))
+
+
+def parse_recipe(src: Source) -> Recipe:
+    try:
+        return Recipe.model_validate(src.data)
+    except ValidationError as e:
+        raise _validation_error(src, e) from None
+
+
+def parse_set(pairs: Iterable[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {pair!r}: expected NAME=VALUE, e.g. --set node=gpu-node-1.")
+        values[key] = value
+    return values
+
+
+def load_values_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UsageError(f"values file {path} does not exist. Check the -f path.")
+    data = _parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    return data
+
+
+def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
+    """Convert a supplied value to the parameter's type, or say exactly what is wrong."""
+
+    def bad(why: str) -> UsageError:
+        return UsageError(
+            f"parameter '{name}' = {value!r} (from {origin}) is invalid: {why}. "
+            f"It is: {param.description} Supply a valid value with --set {name}=VALUE."
+        )
+
+    text = str(value).strip() if value is not None else ""
+    if value is None or text == "":
+        raise bad("it is empty")
+    if "<" in text and ">" in text:
+        raise bad("it looks like an unfilled placeholder such as <NODE>")
+    t = param.type
+    if t is ParamType.INT:
+        if isinstance(value, bool):
+            raise bad("expected an integer")
+        try:
+            out: Any = int(text)
+        except ValueError:
+            raise bad("expected an integer") from None
+    elif t is ParamType.FLOAT:
+        try:
+            out = float(text)
+        except ValueError:
+            raise bad("expected a number") from None
+    elif t is ParamType.BOOL:
+        if isinstance(value, bool):
+            out = value
+        elif text.lower() in ("true", "yes", "1", "on"):
+            out = True
+        elif text.lower() in ("false", "no", "0", "off"):
+            out = False
+        else:
+            raise bad("expected true or false")
+    elif t is ParamType.CHOICE:
+        assert param.choices is not None
+        if text not in param.choices:
+            raise bad(f"expected one of {', '.join(param.choices)}")
+        out = text
+    elif t in (ParamType.NODE, ParamType.LABEL):
+        if len(text) > 63 or not LABEL_VALUE.match(text):
+            raise bad(
+                "not a valid Kubernetes label value (at most 63 characters: letters, "
+                "digits, '-', '_', '.', starting and ending with a letter or digit)"
+            )
+        out = text
+    else:
+        out = text
+    if t in (ParamType.INT, ParamType.FLOAT):
+        if param.min is not None and out < param.min:
+            raise bad(f"must be >= {param.min:g}")
+        if param.max is not None and out > param.max:
+            raise bad(f"must be <= {param.max:g}")
+    return out
+
+
+def _walk_strings(node: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], str]]:
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from _walk_strings(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk_strings(v, (*path, i))
+
+
+def _usages(data: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Parameter name -> the keys where ``${name}`` is used."""
+    found: dict[str, list[str]] = {}
+    body = {k: v for k, v in data.items() if k != "parameters"}
+    for path, text in _walk_strings(body):
+        for m in REF.finditer(text):
+            found.setdefault(m.group(1).strip(), []).append(_loc(path))
+    params = data.get("parameters") or {}
+    if isinstance(params, Mapping):
+        for pname, pdef in params.items():
+            if isinstance(pdef, Mapping) and isinstance(pdef.get("default"), str):
+                for m in REF.finditer(pdef["default"]):
+                    found.setdefault(m.group(1).strip(), []).append(f"parameters.{pname}.default")
+    return found
+
+
+def _substitute(node: Any, values: Mapping[str, Any]) -> Any:
+    if isinstance(node, str):
+        whole = REF.fullmatch(node)
+        if whole:  # a whole-string reference keeps the parameter's type (int, bool)
+            return values[whole.group(1).strip()]
+        return REF.sub(lambda m: str(values[m.group(1).strip()]), node)
+    if isinstance(node, Mapping):
+        return {k: _substitute(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_substitute(v, values) for v in node]
+    return node
+
+
+class _ParamsOnly(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+
+
+def parse_parameters(src: Source) -> dict[str, Parameter]:
+    try:
+        return _ParamsOnly.model_validate(src.data).parameters
+    except ValidationError as e:
+        raise _validation_error(src, e) from None
+
+
+_DUMMY = {ParamType.INT: 1, ParamType.FLOAT: 1.0, ParamType.BOOL: True}
+
+
+def resolve_values(
+    src: Source,
+    declared: Mapping[str, Parameter],
+    supplied: Mapping[str, tuple[Any, str]],
+    builtins: Mapping[str, str],
+) -> tuple[dict[str, Any], list[str]]:
+    """Parameter values from defaults and supplied (value, origin) pairs, typed and
+    validated, and a message per unresolved parameter (with where it is used).  Unresolved
+    parameters get a typed stand-in value so the rest of the recipe can still be checked."""
+    usages = _usages(src.data)
+    for ref, where in usages.items():
+        if ref not in declared and ref not in BUILTINS:
+            hint = (
+                f"Declare it under 'parameters:' or fix the name"
+                f" (declared: {', '.join(sorted(declared)) or 'none'};"
+                f" built-in: {', '.join(BUILTINS)})."
+            )
+            if not IDENT.match(ref):
+                hint = "A reference is ${name} with a declared parameter name."
+            raise UsageError(
+                f"{src.origin}: '${{{ref}}}' used at {', '.join(where)} is not a declared "
+                f"parameter. {hint}"
+            )
+    for name in supplied:
+        if name not in declared:
+            raise UsageError(
+                f"{src.origin}: no parameter named '{name}' (from {supplied[name][1]}). "
+                f"This recipe's parameters: {', '.join(sorted(declared)) or 'none'}."
+            )
+
+    values: dict[str, Any] = dict(builtins)
+    missing: list[str] = []
+    for name, param in declared.items():
+        if name in supplied:
+            raw, origin = supplied[name]
+        elif param.default is not None:
+            raw, origin = param.default, "the recipe's default"
+        else:
+            used_at = ", ".join(usages.get(name, [])) or "not referenced"
+            missing.append(
+                f"  {name} ({param.type.value}): {param.description} Used at: {used_at}. "
+                f"Supply it with --set {name}=VALUE or in a -f values.yaml file."
+            )
+            values[name] = _DUMMY.get(param.type, (param.choices or ["unresolved"])[0])
+            continue
+        if isinstance(raw, str) and REF.search(raw):
+            raw = REF.sub(lambda m: str(builtins.get(m.group(1).strip(), m.group(0))), raw)
+            if REF.search(raw):
+                raise UsageError(
+                    f"{src.origin}: parameter '{name}' default {param.default!r} may only "
+                    f"refer to built-ins ({', '.join(BUILTINS)})."
+                )
+        values[name] = _coerce(name, param, raw, origin)
+    return values, missing
+
+
+def resolve(
+    ref: str,
+    sets: Iterable[str] = (),
+    values_files: Iterable[Path] = (),
+    *,
+    state_dir: Path | None = None,
+) -> Plan:
+    """Resolve a recipe (built-in name or file) and parameter values into a Plan."""
+    src = load_source(ref)
+    declared = parse_parameters(src)
+    supplied: dict[str, tuple[Any, str]] = {}
+    for vf in values_files:
+        for k, v in load_values_file(Path(vf)).items():
+            supplied[str(k)] = (v, f"values file {vf}")
+    for k, v in parse_set(sets).items():
+        supplied[k] = (v, f"--set {k}")
+    name = str(src.data.get("name", src.name))
+    home = servebook_home()
+    builtins = {
+        "cache_dir": str(home / "models"),
+        "state_dir": str(state_dir or home / "deployments" / name),
+    }
+    values, missing = resolve_values(src, declared, supplied, builtins)
+    body = {k: v for k, v in src.data.items() if k != "parameters"}
+    recipe = parse_recipe(
+        Source(src.name, src.origin, {**_substitute(body, values), "parameters": declared})
+    )
+    if missing:
+        raise UsageError(
+            f"{src.origin}: {len(missing)} parameter(s) unresolved; nothing was rendered or "
+            "started:\n" + "\n".join(missing)
+        )
+    for b in BUILTINS:
+        values.pop(b, None)
+    return build_plan(recipe, values, origin=src.origin)
