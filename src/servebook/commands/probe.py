@@ -1,1 +1,112 @@
-"""`servebook probe`: placeholder, filled in by its owner."""
+"""`servebook probe`: read-only check of a model directory on this node (or of every model
+directory under a root).  The checks live in ``servebook.preflight.probe`` (stdlib only,
+also run standalone inside a probe Pod); this module parses, calls and prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from servebook.commands import app, out
+from servebook.findings import UsageError, exit_code, print_table, to_json
+from servebook.preflight import probe as probe_lib
+from servebook.preflight.probe_checks import to_findings
+
+_EPILOG = (
+    "Examples:\n\n"
+    "  servebook probe /mnt/models/Llama-3.1-8B-Instruct --expect-model LlamaForCausalLM\n\n"
+    "  servebook probe /models/target --draft /models/eagle-draft --json\n\n"
+    "  servebook probe /models/llama --mountinfo node7-mountinfo.txt\n\n"
+    "  servebook probe --find /mnt --max-depth 3\n\n"
+    "Exit codes: 0 every check passes, 1 a check failed, 2 unusable arguments or a check "
+    "could not decide."
+)
+
+
+@app.command("probe", epilog=_EPILOG)
+def probe(
+    directory: Path | None = typer.Argument(
+        None, metavar="DIR", help="Model directory to check (symlinks are followed)."
+    ),
+    expect_model: str | None = typer.Option(
+        None,
+        "--expect-model",
+        metavar="M",
+        help="Fail unless config.json is model M: one of its `architectures` or its "
+        "`_name_or_path` (case-insensitive; `model_type` is not accepted, it names a family).",
+    ),
+    draft: Path | None = typer.Option(
+        None, "--draft", metavar="DIR2", help="Draft model directory: the same checks."
+    ),
+    mountinfo: Path | None = typer.Option(
+        None,
+        "--mountinfo",
+        metavar="FILE",
+        help="Read mounts from FILE (a node's captured /proc/self/mountinfo) instead of "
+        "this machine's.",
+    ),
+    find: Path | None = typer.Option(
+        None, "--find", metavar="ROOT", help="List model directories under ROOT instead."
+    ),
+    max_depth: int | None = typer.Option(
+        None, "--max-depth", metavar="N", help="--find: directory levels to descend (default 4)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", metavar="S", help="--find: wall-time bound in seconds (default 10)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print findings as JSON."),
+) -> None:
+    """Check a model directory before deploying it: it exists, config.json is the expected
+    model, every shard is present and intact (safetensors headers and sizes), no download is
+    unfinished, every link resolves, a tokenizer is there, and the directory's own mount is
+    a local filesystem.  With --find ROOT: list directories under ROOT that hold config.json
+    plus weights, each with its verdict, bounded in depth and time (a bound hit is reported).
+    Strictly read-only: creates, changes and deletes nothing.
+    """
+    problem = probe_lib.usage_problem(
+        str(directory) if directory is not None else None,
+        str(find) if find is not None else None,
+        expect_model,
+        str(draft) if draft is not None else None,
+        max_depth,
+        timeout,
+    )
+    if problem:
+        raise UsageError(f"{problem}.  See `servebook probe --help`.")
+    mounts, mount_error = probe_lib.read_mountinfo(str(mountinfo) if mountinfo else None)
+    if mountinfo is not None and mounts is None:
+        raise UsageError(
+            f"--mountinfo: {mount_error}.  Give a file captured with "
+            "`cat /proc/self/mountinfo` on the node."
+        )
+
+    if find is not None:
+        res = probe_lib.find_models(
+            str(find),
+            4 if max_depth is None else max_depth,
+            10.0 if timeout is None else timeout,
+            mounts,
+            mount_error,
+        )
+        findings = to_findings(res.findings)
+        extra = {"candidates": res.candidates, "search": res.search}
+        title = f"model directories under {find}"
+    else:
+        assert directory is not None  # usage_problem guarantees it
+        found = probe_lib.probe(
+            str(directory),
+            expect_model,
+            str(draft) if draft is not None else None,
+            mounts,
+            mount_error,
+        )
+        findings = to_findings(found)
+        extra = {}
+        title = f"probe {directory}"
+
+    if json_out:
+        typer.echo(to_json(findings, **extra))
+    else:
+        print_table(findings, title=title, console=out)
+    raise typer.Exit(exit_code(findings))
