@@ -411,13 +411,16 @@ def up(
         _wait_healthy(dep, procs, [r.name for r in plan.engine_roles], deadline, say)
         if router is not None:
             rr = plan.role("router")
+            # vllm-router always binds a Prometheus port (29000 by default): give it a free
+            # one so two deployments, or anything else on 29000, cannot make it panic.
+            metrics_port = http.free_port(HOST)
             argv = vllm.router_argv(
                 router,
                 prefill_url=dep.role("prefill").url,
                 decode_url=dep.role("decode").url,
                 host=HOST,
                 port=ports["router"],
-                extra=rr.args,
+                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
             )
             start("router", argv, rr.env, "router")
             _wait_healthy(dep, procs, ["router"], deadline, say)

@@ -18,7 +18,7 @@ DEFAULT_RECIPE = "tiny-pd"
 
 
 def _say(msg: str) -> None:
-    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
 
 
 def _backend_ok(backend: str) -> None:

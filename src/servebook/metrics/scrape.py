@@ -1,0 +1,98 @@
+"""Prometheus text -> samples, snapshots and counter deltas.
+
+Counters are read as deltas over a window (field notes: vLLM's periodic log lines exist
+only briefly after traffic; counters do not lie about when they were read).  A metric that
+is absent is reported as absent (``None``), never as a silent zero, and a counter that went
+backwards means the server restarted mid-window: that is flagged, not a negative delta.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from servebook import http
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class ScrapeError(Exception):
+    """The endpoint did not give a Prometheus document."""
+
+
+def parse(text: str) -> dict[str, dict[Labels, float]]:
+    """Sample name -> {sorted label pairs: value}.  ``_created`` samples are dropped:
+    they are timestamps, never quantities."""
+    out: dict[str, dict[Labels, float]] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as e:
+        raise ScrapeError(f"not Prometheus text: {e}") from None
+    for fam in families:
+        for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = float(s.value)
+    return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    url: str
+    taken_at: float
+    samples: Mapping[str, Mapping[Labels, float]] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        return name in self.samples
+
+    def label_sets(self, name: str) -> list[dict[str, str]]:
+        return [dict(lbls) for lbls in self.samples.get(name, {})]
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """Sum of the samples called ``name`` whose labels include ``labels``; ``None`` when
+        the metric is absent altogether."""
+        series = self.samples.get(name)
+        if series is None:
+            return None
+        want = set(labels.items())
+        return sum(v for lbls, v in series.items() if want <= set(lbls))
+
+
+def snapshot_from_text(text: str, url: str = "", taken_at: float | None = None) -> Snapshot:
+    return Snapshot(
+        url=url, taken_at=time.time() if taken_at is None else taken_at, samples=parse(text)
+    )
+
+
+def scrape(base_url: str, *, timeout: float = 5.0) -> Snapshot:
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        resp = http.get(url, timeout=timeout)
+    except http.HTTPError as e:
+        raise ScrapeError(str(e)) from None
+    if resp.status != 200:
+        raise ScrapeError(f"GET {url}: HTTP {resp.status}")
+    return snapshot_from_text(resp.text, url=url)
+
+
+@dataclass(frozen=True)
+class Delta:
+    name: str
+    value: float | None  # None: the metric is absent from one of the snapshots
+    reset: bool = False  # the counter went backwards: the server restarted in the window
+
+    @property
+    def usable(self) -> bool:
+        return self.value is not None and not self.reset
+
+
+def delta(before: Snapshot, after: Snapshot, name: str, **labels: str) -> Delta:
+    a, b = before.value(name, **labels), after.value(name, **labels)
+    if a is None or b is None:
+        return Delta(name, None)
+    if b < a:
+        return Delta(name, None, reset=True)
+    return Delta(name, b - a)

@@ -1,0 +1,80 @@
+"""Engine tests start real vLLM CPU servers with the tiny model: one deployment at a time
+(the machines have 2 cores), and every test proves afterwards that nothing it started is
+still alive."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servebook.backends import local
+from servebook.recipe.plan import Plan
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One SERVEBOOK_HOME for the session, so the tiny models are made once."""
+    home = tmp_path_factory.mktemp("sbhome-engine")
+    old = os.environ.get("SERVEBOOK_HOME")
+    os.environ["SERVEBOOK_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("SERVEBOOK_HOME", None)
+    else:
+        os.environ["SERVEBOOK_HOME"] = old
+
+
+def group_members(pgids: list[int]) -> set[int]:
+    """Live (non-zombie) processes in the given process groups."""
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        after = stat[stat.rindex(")") + 2 :].split()
+        if int(after[2]) in pgids and after[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def assert_all_stopped(dep: local.Deployment, members: set[int]) -> None:
+    still = group_members([r.pid for r in dep.roles]) | {
+        pid for pid in members if Path(f"/proc/{pid}").exists() and _not_zombie(pid)
+    }
+    assert not still, f"processes still alive after down: {sorted(still)}"
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+@contextlib.contextmanager
+def deployed(plan: Plan, name: str, timeout_s: float = 480) -> Iterator[local.Deployment]:
+    """Up for the body of the with-block; down afterwards, proving nothing is left."""
+    dep = local.up(plan, name=name, timeout_s=timeout_s, say=print)
+    members: set[int] = set()
+    try:
+        members = group_members([r.pid for r in dep.roles])
+        assert members, "no process found for a deployment that is up"
+        yield dep
+    finally:
+        members |= group_members([r.pid for r in dep.roles])
+        stopped, result = local.down(name)
+        assert stopped is not None
+        assert all(v in ("stopped", "killed", "not running") for v in result.values()), result
+        assert_all_stopped(dep, members)
+        for kv in dep.kv_storage:
+            assert not Path(kv).exists(), f"connector storage {kv} left behind"

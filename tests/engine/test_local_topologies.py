@@ -1,0 +1,137 @@
+"""Each tiny recipe comes up on real vLLM CPU, answers through its entry point, shows the
+server-side evidence of what it claims (KV handoff, speculation), and leaves nothing
+running after down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servebook import http
+from servebook.backends import local
+from servebook.metrics.scrape import delta, scrape
+from servebook.recipe.resolve import resolve
+from tests.engine.conftest import deployed
+
+pytestmark = pytest.mark.engine
+
+# Longer than several KV blocks (128 tokens on CPU): ExampleConnector only transfers
+# whole blocks, so a short prompt would show no handoff at all.
+LONG_PROMPT = " ".join(["the prefill role computes this prompt once"] * 60)
+
+
+def complete(url: str, prompt: str, max_tokens: int = 16) -> dict[str, object]:
+    resp = http.post_json(
+        url + "/v1/completions",
+        {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+        timeout=120,
+    )
+    assert resp.status == 200, resp.text
+    body = resp.json()
+    assert body["choices"][0]["text"], body
+    return dict(body)
+
+
+def test_tiny_mixed_answers_through_its_entry_point() -> None:
+    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("t-mixed"))
+    with deployed(plan, "t-mixed") as dep:
+        assert dep.entry_url == dep.role("mixed").url
+        body = complete(dep.entry_url, "Hello there", max_tokens=8)
+        assert body["usage"]["completion_tokens"] == 8  # type: ignore[index]
+        st = local.status(dep)
+        assert [r["name"] for r in st["roles"]] == ["mixed"]
+        assert all(r["alive"] and r["healthy"] for r in st["roles"])
+
+
+def test_tiny_pd_hands_the_prompt_kv_to_decode_through_the_router() -> None:
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for("t-pd"))
+    with deployed(plan, "t-pd") as dep:
+        decode = dep.role("decode").url
+        before = scrape(decode)
+        complete(dep.entry_url, LONG_PROMPT)
+        after = scrape(decode)
+        hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
+        by_transfer = delta(
+            before, after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+        )
+        assert hits.value is not None and hits.value >= 128, hits
+        assert by_transfer.value == hits.value
+        assert Path(dep.kv_storage[0]).is_dir() and any(Path(dep.kv_storage[0]).iterdir())
+
+
+@pytest.mark.parametrize(
+    ("recipe", "serving_role"), [("tiny-mixed-spec", "mixed"), ("tiny-pd-spec", "decode")]
+)
+def test_spec_recipes_propose_and_accept_drafts(recipe: str, serving_role: str) -> None:
+    name = f"t-{recipe}"
+    plan = resolve(recipe, state_dir=local.state_dir_for(name))
+    with deployed(plan, name) as dep:
+        role_url = dep.role(serving_role).url
+        before = scrape(role_url)
+        complete(dep.entry_url, LONG_PROMPT, max_tokens=32)
+        after = scrape(role_url)
+        drafts = delta(before, after, "vllm:spec_decode_num_drafts_total")
+        accepted = delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafts.value is not None and drafts.value > 0, drafts
+        assert accepted.value is not None and accepted.value > 0, accepted
+        if recipe == "tiny-pd-spec":
+            hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
+            assert hits.value is not None and hits.value > 0, hits
+
+
+def test_draft_on_decode_only_kills_decode_on_its_first_handoff() -> None:
+    """The field notes' pd-spec failure, reproduced on CPU: with speculation on the decode
+    role only, decode looks for draft-model KV that prefill never saved, and its engine
+    dies on the first request that arrives by handoff."""
+    plan = resolve("tiny-pd-spec", state_dir=local.state_dir_for("t-asym"))
+    prefill = plan.role("prefill")
+    i = prefill.args.index("--speculative-config")
+    del prefill.args[i : i + 2]
+    with deployed(plan, "t-asym") as dep:
+        try:
+            resp = http.post_json(
+                dep.entry_url + "/v1/completions",
+                {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 16},
+                timeout=120,
+            )
+            assert resp.status >= 500, resp.text
+        except http.HTTPError:
+            pass  # a dropped connection is the same failure
+        deadline = time.monotonic() + 60
+        decode = dep.role("decode")
+        while local.is_ours_alive(decode) and local._health(decode.url):
+            assert time.monotonic() < deadline, "decode engine still healthy"
+            time.sleep(1)
+        log = Path(decode.log).read_text()
+        assert "draft_model.model.layers.0" in log
+        assert "No such file or directory" in log
+        assert local.is_ours_alive(dep.role("prefill")), "prefill should be unaffected"
+
+
+def test_up_fails_fast_with_the_role_log_when_the_engine_dies() -> None:
+    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("t-dies"))
+    plan.role("mixed").args += ["--dtype-typo", "x"]
+    t0 = time.monotonic()
+    with pytest.raises(local.UpFailed) as e:
+        local.up(plan, name="t-dies", timeout_s=300)
+    assert time.monotonic() - t0 < 120
+    assert e.value.role == "mixed"
+    assert "exited with code" in str(e.value) and "--dtype-typo" in str(e.value)
+    assert local.read_state("t-dies") is None  # no half state left for down to trip on
+
+
+def test_servebook_run_is_the_main_job(engine_home: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "servebook", "run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "completion" in r.stdout and "through http://127.0.0.1:" in r.stdout
+    assert "router stopped" in r.stdout and "decode stopped" in r.stdout
+    assert local.read_state("tiny-pd") is None
