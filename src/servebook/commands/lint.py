@@ -1,1 +1,174 @@
-"""`servebook lint`: placeholder, filled in by its owner."""
+"""`servebook lint PATH...` and `servebook checks`.
+
+``lint`` reads files and directories (``servebook.lint.loader``), runs the manifest rules
+(``servebook.lint.rules``) and the markdown rules (``servebook.lint.docs``), and prints the
+findings.  Exit code 0: nothing failing (warnings allowed); 1: a failing finding; 2: the
+input could not be read (missing path, YAML that does not parse).
+
+``checks`` prints every registered check, from whichever area registered it.  A module
+registers checks by calling ``servebook.findings.register(...)``; ``all_checks`` imports
+every module of the package whose source does that (found by reading the source, so
+nothing else is imported), and a new area's checks appear here and in ``docs/checks.md``
+without editing this file.  ``docs/checks.md`` is
+generated: ``servebook checks --markdown > docs/checks.md``; a unit test fails when the
+committed file and the registry disagree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import typer
+
+from servebook.commands import app, out
+from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
+
+# A module that calls servebook.findings.register(...), however it spells the id.
+_CALLS_REGISTER = re.compile(r"\bregister\(")
+_USES_FINDINGS = re.compile(r"\bservebook\.findings\b|\bfrom servebook import\b[^\n]*\bfindings\b")
+
+AREAS = (
+    ("SB1", "Lint (`servebook lint`)"),
+    ("SB2", "Preflight (`servebook preflight`, `servebook probe`)"),
+    ("SB3", "Verify (`servebook verify`)"),
+    ("SB4", "Benchmark validity (`servebook bench`, `servebook report`)"),
+)
+
+
+def check_modules(package_dir: Path | None = None) -> list[str]:
+    """Modules of the servebook package whose source registers a check."""
+    import servebook
+
+    root = package_dir or Path(servebook.__file__).parent
+    names = []
+    for path in sorted(root.rglob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        rel = path.relative_to(root.parent).with_suffix("")
+        if rel.parts[-1] == "findings" or not (
+            _CALLS_REGISTER.search(text) and _USES_FINDINGS.search(text)
+        ):
+            continue
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def all_checks() -> list[Check]:
+    """Every registered check, sorted by id, after importing every registering module."""
+    for name in check_modules():
+        importlib.import_module(name)
+    return [REGISTRY[k] for k in sorted(REGISTRY)]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def checks_markdown(checks: Iterable[Check]) -> str:
+    """The text of docs/checks.md."""
+    checks = list(checks)
+    lines = [
+        "# servebook checks",
+        "",
+        "<!-- Generated from the check registry by "
+        "`servebook checks --markdown > docs/checks.md`. Do not edit by hand: a unit test "
+        "fails when this file and the registry disagree. -->",
+        "",
+        "Every rule servebook applies, by stable id: `SB1xx` lint, `SB2xx` preflight, "
+        "`SB3xx` verify, `SB4xx` benchmark validity. Each says what goes wrong in "
+        "production when it is ignored, and how to fix it. `servebook checks` prints the "
+        "same list.",
+        "",
+        "| id | title |",
+        "|---|---|",
+    ]
+    lines += [f"| [{c.id}](#{c.id.lower()}) | {_cell(c.title)} |" for c in checks]
+    known = tuple(prefix for prefix, _ in AREAS)
+    groups = [(title, [c for c in checks if c.id.startswith(p)]) for p, title in AREAS]
+    groups.append(("Other", [c for c in checks if not c.id.startswith(known)]))
+    for title, members in groups:
+        if not members:
+            continue
+        lines += ["", f"## {title}"]
+        for c in members:
+            lines += [
+                "",
+                f'<a id="{c.id.lower()}"></a>',
+                "",
+                f"### {c.id}: {c.title}",
+                "",
+                f"**Why it matters.** {c.rationale}",
+                "",
+                f"**Fix.** {c.fix}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+@app.command("checks")
+def checks_command(
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+    markdown: bool = typer.Option(
+        False, "--markdown", help="Print docs/checks.md (the generated reference page)."
+    ),
+) -> None:
+    """List every check servebook runs (lint, preflight, verify, bench): id, title, why it
+    matters in production, and the fix."""
+    checks = all_checks()
+    if markdown:
+        typer.echo(checks_markdown(checks), nl=False)
+        return
+    if as_json:
+        doc = [
+            {"id": c.id, "title": c.title, "rationale": c.rationale, "fix": c.fix} for c in checks
+        ]
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from rich.markup import escape
+
+    for c in checks:
+        out.print(f"[bold]{c.id}[/bold]  {escape(c.title)}", highlight=False)
+        out.print(f"  [dim]why:[/dim] {escape(c.rationale)}", highlight=False)
+        out.print(f"  [dim]fix:[/dim] {escape(c.fix)}\n", highlight=False)
+    out.print(f"{len(checks)} check(s)")
+
+
+@app.command("lint")
+def lint_command(
+    paths: list[Path] = typer.Argument(
+        ...,
+        help="Files or directories: recipes, rendered or third-party manifests "
+        "(multi-document, Helm output), markdown docs. Directories are read recursively.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print findings as JSON."),
+) -> None:
+    """Find the known traps in serving manifests, recipes and docs before they reach a
+    cluster. Exit 0: nothing failing; 1: a failing finding; 2: unreadable input."""
+    from servebook.lint import docs, loader, rules
+
+    lint_set = loader.load_paths(paths)
+    findings = rules.check(lint_set) + docs.check(lint_set.markdown_files)
+    findings.sort(
+        key=lambda f: (str(f.evidence.get("file", "")), int(f.evidence.get("line", 0)), f.check)
+    )
+    code = exit_code(findings)
+    n_docs = len(lint_set.documents)
+    summary = (
+        f"{len(lint_set.yaml_files)} YAML file(s) ({n_docs} document(s)), "
+        f"{len(lint_set.markdown_files)} markdown file(s)"
+    )
+    if as_json:
+        typer.echo(to_json(findings, paths=[str(p) for p in paths], read=summary))
+    elif findings:
+        print_table(findings, title=f"servebook lint: {summary}", console=out)
+    else:
+        out.print(f"servebook lint: {summary}: no findings.", highlight=False)
+    raise typer.Exit(code)

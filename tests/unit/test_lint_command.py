@@ -1,0 +1,111 @@
+"""`servebook lint` and `servebook checks` through the command line: exit codes, JSON,
+and the generated docs/checks.md that must never drift from the registry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import servebook.commands.lint as lint_command
+from servebook.commands import app
+from servebook.findings import REGISTRY, UsageError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lint"
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def test_docs_checks_md_is_generated_from_the_registry() -> None:
+    expected = lint_command.checks_markdown(lint_command.all_checks())
+    committed = (REPO / "docs" / "checks.md").read_text(encoding="utf-8")
+    assert committed == expected, (
+        "docs/checks.md is stale: run `servebook checks --markdown > docs/checks.md`"
+    )
+
+
+def test_checks_markdown_option_prints_the_docs_page() -> None:
+    result = runner.invoke(app, ["checks", "--markdown"])
+    assert result.exit_code == 0
+    assert result.stdout == lint_command.checks_markdown(lint_command.all_checks())
+
+
+def test_checks_lists_every_registered_check_with_rationale_and_fix() -> None:
+    result = runner.invoke(app, ["checks", "--json"])
+    assert result.exit_code == 0
+    listed = json.loads(result.stdout)
+    assert [c["id"] for c in listed] == sorted(REGISTRY)
+    assert {"SB101", "SB105", "SB110", "SB120", "SB122"} <= {c["id"] for c in listed}
+    assert all(c["title"] and c["rationale"] and c["fix"] for c in listed)
+    table = runner.invoke(app, ["checks"])
+    assert table.exit_code == 0
+    assert all(c["id"] in table.stdout for c in listed)
+
+
+def test_check_modules_are_found_by_reading_source(tmp_path: Path) -> None:
+    pkg = tmp_path / "servebook"
+    (pkg / "area").mkdir(parents=True)
+    (pkg / "area" / "checks.py").write_text(
+        "from servebook.findings import register\nX = register(ID, 't', 'r', 'f')\n"
+    )
+    (pkg / "area" / "other.py").write_text("def register(x): ...\nregister(1)\n")
+    (pkg / "findings.py").write_text("def register(id): ...  # servebook.findings\n")
+    assert lint_command.check_modules(pkg) == ["servebook.area.checks"]
+
+
+def test_lint_clean_input_exits_0() -> None:
+    result = runner.invoke(app, ["lint", str(FIXTURES / "third-party" / "llm-d-pd-helm.yaml")])
+    assert result.exit_code == 0, result.stdout
+    assert "no findings" in result.stdout
+
+
+def test_lint_warnings_only_exit_0() -> None:
+    result = runner.invoke(app, ["lint", str(FIXTURES / "sb109-namespace" / "fail.yaml")])
+    assert result.exit_code == 0
+    assert "SB109" in result.stdout
+
+
+def test_lint_failing_finding_exits_1_and_json_names_file_and_line() -> None:
+    path = FIXTURES / "field-notes" / "node-placeholder.yaml"
+    result = runner.invoke(app, ["lint", "--json", str(path)])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 1
+    [finding] = doc["findings"]
+    assert finding["check"] == "SB101"
+    assert finding["title"] == REGISTRY["SB101"].title
+    assert finding["evidence"]["file"] == str(path)
+    assert finding["evidence"]["line"] == 26
+
+
+def test_lint_findings_are_sorted_by_file_and_line() -> None:
+    result = runner.invoke(app, ["lint", "--json", str(FIXTURES / "field-notes")])
+    assert result.exit_code == 1
+    findings = json.loads(result.stdout)["findings"]
+    keys = [(f["evidence"]["file"], f["evidence"]["line"]) for f in findings]
+    assert keys == sorted(keys)
+    # One set: the namespace one file uses is created by another, so SB109 stays quiet.
+    assert len(keys) == 8 and "SB109" not in {f["check"] for f in findings}
+
+
+def test_lint_unparseable_yaml_is_unusable_input(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Pod\nmetadata:\n  name: [x\n")
+    result = runner.invoke(app, ["lint", str(bad)])
+    assert isinstance(result.exception, UsageError)
+    assert result.exception.exit_code == 2
+    assert str(result.exception).startswith(f"{bad}:4:")
+
+
+def test_lint_missing_path_exits_2_from_the_real_entry_point(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "servebook", "lint", str(tmp_path / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "missing.yaml: no such file or directory" in proc.stderr
