@@ -1,0 +1,883 @@
+"""The load generator: sends streaming OpenAI requests and times every chunk.
+
+This module sends and times; it does not decide when a measurement window opens or closes
+(``protocol.py`` does, through a ``Controller``) and it does not compute figures
+(``results.py`` and ``stats.py`` do).
+
+**Clock.**  Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC on Linux, the same
+clock ``perf_counter_ns`` reads there), which is system-wide, so timestamps from worker
+processes and from a reference server on the same host are comparable.  A chunk is stamped
+when the socket read that carried it returns to this process; every event of one read
+shares that read's timestamp (they arrived together).
+
+**Tokens are counted from the server, not from chunks.**  A chunk carries ``k >= 1``
+tokens when the server batches (speculative decoding, stream intervals).  The count per
+request is ``usage.completion_tokens`` from the final usage chunk (requested with
+``stream_options.include_usage``); without usage it falls back to ``len(token_ids)`` per
+chunk when the server sends ids, else one per non-empty chunk.
+
+**ITL rule.**  A request with ``n`` output tokens has exactly ``n - 1`` inter-token gaps:
+the gaps between consecutive token-bearing chunks, plus one zero gap for every token
+beyond the first in a chunk (``k`` tokens arriving in one chunk are one gap and ``k - 1``
+zeros: that is what a reader of the stream sees).  So the mean ITL equals TPOT, the sum of
+a request's ITLs is its decode time, and the zeros do not depend on *which* chunk carried
+the extra tokens, so the rule needs only the usage count and the chunk timestamps.
+``vllm bench serve`` instead appends one ITL per chunk (``len(itl) == chunks - 1``): with
+multi-token chunks its ITL percentiles describe chunks, not tokens, and its mean ITL
+exceeds its TPOT.  TPOT here is ``(e2e - ttft) / (n - 1)`` as in vLLM's bench.
+
+**Latency origin.**  TTFT and E2E are measured from a request's *scheduled* time.  Closed
+loop: a slot schedules its next request when its previous one ends, so scheduled = sent.
+Open loop (``rate``): arrivals follow a seeded Poisson process and a request that went out
+late is charged its lateness (field notes: a late client must not hide server latency).
+``send_lag`` (sent - scheduled) and the event loop's own lag are recorded per worker as
+evidence of client saturation.
+
+**Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
+closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
+each gives a ``RequestRecord`` with ``error`` set; nothing is dropped.
+
+**Worker processes.**  One process runs one event loop (uvloop when importable).  With
+``workers = W > 1`` the load is split: closed loop gives each worker ``concurrency / W``
+slots (the remainder to the first workers); open loop gives each worker an independent
+seeded Poisson stream of rate ``rate / W`` (the superposition of independent Poisson
+processes is a Poisson process of the summed rate); request ``i`` goes to worker ``i mod
+W`` so prompts stay unique and deterministic.  Workers share a small array of counters
+and flags (``multiprocessing.RawArray``) through which the parent's ``Controller`` opens
+the window and stops the load; each worker sends its records back when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from servebook.bench.workload import Api, PromptSource
+
+try:  # orjson parses a stream chunk several times faster; json is the fallback.
+    import orjson
+
+    _loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+now_ns = time.monotonic_ns
+
+
+# --- SSE -----------------------------------------------------------------------------------
+
+
+class SSEParser:
+    """Incremental ``text/event-stream`` parser (WHATWG HTML, "Event stream
+    interpretation"): bytes in, ``(event_type, data)`` pairs out.
+
+    Lines end in LF, CRLF or CR, and a line may be split anywhere across reads, including
+    between the CR and LF of one CRLF.  ``:`` lines are comments (keep-alive pings).  An
+    event is dispatched at a blank line; its data is its ``data:`` lines joined by LF; an
+    event with no ``data:`` line is not dispatched.  ``id`` and ``retry`` are ignored (a
+    benchmark never reconnects).  ``data: [DONE]`` is an ordinary event here: the caller
+    gives it its OpenAI meaning."""
+
+    __slots__ = ("_buf", "_data", "_event", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event = ""
+        self._skip_lf = False
+
+    def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            # A CR at the very end ends a line now; an LF starting the next read is the
+            # second half of a CRLF, not a blank line.
+            if buf[-1:] == b"\r":
+                self._skip_lf = True
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[tuple[str, bytes]] = []
+        data = self._data
+        for line in lines:
+            if line[:6] == b"data: ":
+                data.append(line[6:])
+            elif not line:
+                if data:
+                    out.append((self._event or "message", b"\n".join(data)))
+                    data.clear()
+                self._event = ""
+            elif line[:1] == b":":
+                continue
+            else:
+                name, _, value = line.partition(b":")
+                if value[:1] == b" ":
+                    value = value[1:]
+                if name == b"data":
+                    data.append(value)
+                elif name == b"event":
+                    self._event = value.decode("utf-8", "replace")
+        return out
+
+
+# --- one request ---------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class RequestRecord:
+    """What happened to one request.  Times are monotonic nanoseconds."""
+
+    index: int
+    worker: int
+    scheduled_ns: int
+    sent_ns: int = 0
+    end_ns: int = 0  # the stream closed (or the error happened); 0 while in flight
+    chunk_ns: array = field(default_factory=lambda: array("q"))
+    # Tokens per token-bearing chunk; None while every chunk carried exactly one.
+    chunk_tokens: array | None = None
+    usage_output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    expected_output_tokens: int | None = None
+    status: int | None = None
+    error: str | None = None
+    # Stopped by the load's end (the window closed); neither a success nor an error.
+    cancelled: bool = False
+    done: bool = False  # data: [DONE] seen
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.cancelled and self.end_ns > 0
+
+    @property
+    def output_tokens(self) -> int:
+        if self.usage_output_tokens is not None:
+            return self.usage_output_tokens
+        if self.chunk_tokens is not None:
+            return int(sum(self.chunk_tokens))
+        return len(self.chunk_ns)
+
+    @property
+    def ttft_ns(self) -> int | None:
+        return self.chunk_ns[0] - self.scheduled_ns if self.chunk_ns else None
+
+    @property
+    def e2e_ns(self) -> int | None:
+        """Scheduled time to the last token-bearing chunk (vLLM bench's ``latency``)."""
+        return self.chunk_ns[-1] - self.scheduled_ns if self.chunk_ns else None
+
+    @property
+    def tpot_ns(self) -> float | None:
+        n = self.output_tokens
+        if n < 2 or not self.chunk_ns:
+            return None
+        return (self.chunk_ns[-1] - self.chunk_ns[0]) / (n - 1)
+
+    @property
+    def send_lag_ns(self) -> int:
+        return self.sent_ns - self.scheduled_ns if self.sent_ns else 0
+
+    def itl_ns(self) -> np.ndarray:
+        """``output_tokens - 1`` gaps by the module's ITL rule (int64 ns)."""
+        ts = np.frombuffer(self.chunk_ns, dtype=np.int64) if self.chunk_ns else np.empty(0, "q")
+        gaps = np.diff(ts)
+        extra = self.output_tokens - len(ts)
+        if extra > 0:
+            gaps = np.concatenate([gaps, np.zeros(extra, dtype=np.int64)])
+        return gaps
+
+    def token_times_ns(self) -> np.ndarray:
+        """Arrival time of every output token (a chunk's tokens share its time; tokens the
+        usage counted beyond the chunks' are placed at the last chunk)."""
+        ts = np.frombuffer(self.chunk_ns, dtype=np.int64) if self.chunk_ns else np.empty(0, "q")
+        if self.chunk_tokens is not None:
+            ts = np.repeat(ts, np.frombuffer(self.chunk_tokens, dtype=np.int32))
+        extra = self.output_tokens - len(ts)
+        if extra > 0 and len(ts):
+            ts = np.concatenate([ts, np.full(extra, ts[-1], dtype=np.int64)])
+        return ts
+
+
+def _error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message") or json.dumps(err)[:300]
+        code = err.get("code") or err.get("type")
+        return f"server error event: {msg}" + (f" ({code})" if code else "")
+    return f"server error event: {str(err)[:300]}"
+
+
+def _choice_tokens(choice: Any, chat: bool) -> int:
+    """Tokens a streamed choice carries (0 for role-only or finish-only chunks)."""
+    if not isinstance(choice, dict):
+        return 0
+    ids = choice.get("token_ids")
+    if ids:
+        return len(ids)
+    if chat:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            return 1
+        return 1 if delta.get("tool_calls") else 0
+    return 1 if choice.get("text") else 0
+
+
+def apply_events(
+    rec: RequestRecord, t: int, events: Sequence[tuple[str, bytes]], chat: bool
+) -> None:
+    """Fold the SSE events of one read, which arrived at ``t``, into ``rec``."""
+    for name, data in events:
+        if data == b"[DONE]":
+            rec.done = True
+            continue
+        if name == "error":
+            rec.error = rec.error or _error_text(data.decode("utf-8", "replace"))
+            continue
+        try:
+            obj = _loads(data)
+        except ValueError:
+            rec.error = rec.error or f"malformed stream event: {data[:200]!r}"
+            continue
+        if not isinstance(obj, dict):
+            rec.error = rec.error or f"unexpected stream event: {data[:200]!r}"
+            continue
+        if "error" in obj and obj["error"] is not None:
+            rec.error = rec.error or _error_text(obj["error"])
+            continue
+        choices = obj.get("choices")
+        if choices:
+            k = _choice_tokens(choices[0], chat)
+            if k:
+                rec.chunk_ns.append(t)
+                if k != 1 or rec.chunk_tokens is not None:
+                    if rec.chunk_tokens is None:
+                        rec.chunk_tokens = array("i", [1] * (len(rec.chunk_ns) - 1))
+                    rec.chunk_tokens.append(k)
+        usage = obj.get("usage")
+        if usage:
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int):
+                rec.usage_output_tokens = ct
+            pt = usage.get("prompt_tokens")
+            if isinstance(pt, int):
+                rec.prompt_tokens = pt
+
+
+def finish_record(rec: RequestRecord, t: int) -> None:
+    """Close a stream that ended normally: a stream must end with [DONE] and carry tokens."""
+    rec.end_ns = t
+    if rec.error is None:
+        if not rec.done:
+            rec.error = "stream closed before data: [DONE]"
+        elif rec.output_tokens == 0:
+            rec.error = "stream carried no output tokens"
+
+
+# --- what to send --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible server and how to ask it."""
+
+    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
+    model: str
+    api: Api = "completions"
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    api_key: str | None = None
+    extra_body: tuple[tuple[str, Any], ...] = ()
+    request_timeout_s: float = 600.0
+    request_id_prefix: str = "sb-"
+
+    @property
+    def url(self) -> str:
+        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+def request_body(endpoint: Endpoint, text: str, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": endpoint.model}
+    if endpoint.api == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    body.update(
+        {
+            "max_tokens": max_tokens,
+            "temperature": endpoint.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    if endpoint.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(dict(endpoint.extra_body))
+    return body
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """How much load: exactly one of ``concurrency`` (closed loop) and ``rate`` (open loop,
+    requests/s, Poisson).  Without ``num_requests`` the load runs until the controller
+    stops it or ``deadline_s`` passes."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+    max_concurrency: int | None = None  # open loop: cap on requests in flight
+    num_requests: int | None = None
+    seed: int = 0
+    workers: int = 1
+    cpus: tuple[int, ...] | None = None  # pin worker w to cpus[w % len(cpus)]
+    deadline_s: float | None = None
+    index_offset: int = 0  # first request index (a repetition's prompts stay distinct)
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("give exactly one of concurrency and rate")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.concurrency is not None and self.workers > self.concurrency:
+            raise ValueError(f"{self.workers} workers for concurrency {self.concurrency}")
+
+    @property
+    def mode(self) -> Literal["concurrency", "rate"]:
+        return "concurrency" if self.concurrency is not None else "rate"
+
+    def share(self, worker: int) -> tuple[int | None, float | None, int | None]:
+        """(slots, rate, max in flight) of one worker."""
+        w = self.workers
+        if self.concurrency is not None:
+            return self.concurrency // w + (1 if worker < self.concurrency % w else 0), None, None
+        assert self.rate is not None
+        cap = None
+        if self.max_concurrency is not None:
+            m = self.max_concurrency
+            cap = max(1, m // w + (1 if worker < m % w else 0))
+        return None, self.rate / w, cap
+
+
+# --- shared control between the controller and the workers -------------------------------
+
+# Global slots, then per-worker counter slots.
+_G_START, _G_WINDOW, _G_STOP, _G_N = 0, 1, 2, 3
+_W_SENT, _W_OK, _W_ERR, _W_TOKENS, _W_WIN_OK, _W_WIN_ERR, _W_READY, _W_DONE, _W_N = range(9)
+
+
+class Control:
+    """Counters and flags shared by the controller and the workers.  Each worker writes
+    only its own slots; the controller writes the global ones."""
+
+    def __init__(self, workers: int, arr: Any = None) -> None:
+        self.workers = workers
+        self.arr = (
+            arr if arr is not None else mp.get_context("spawn").RawArray("q", _G_N + _W_N * workers)
+        )
+
+    def _w(self, worker: int, slot: int) -> int:
+        return _G_N + _W_N * worker + slot
+
+    def add(self, worker: int, slot: int, n: int = 1) -> None:
+        self.arr[self._w(worker, slot)] += n
+
+    def get(self, worker: int, slot: int) -> int:
+        return int(self.arr[self._w(worker, slot)])
+
+    def total(self, slot: int) -> int:
+        return sum(int(self.arr[self._w(w, slot)]) for w in range(self.workers))
+
+    @property
+    def start_ns(self) -> int:
+        return int(self.arr[_G_START])
+
+    @property
+    def window_start_ns(self) -> int:
+        return int(self.arr[_G_WINDOW])
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.arr[_G_STOP])
+
+    def open_window(self, t: int) -> None:
+        if not self.arr[_G_WINDOW]:
+            self.arr[_G_WINDOW] = t
+
+    def stop(self, t: int) -> None:
+        if not self.arr[_G_STOP]:
+            self.arr[_G_STOP] = t
+
+    @property
+    def stop_ns(self) -> int:
+        return int(self.arr[_G_STOP])
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the controller sees at each poll (totals over workers)."""
+
+    now_ns: int
+    start_ns: int
+    window_start_ns: int | None
+    sent: int
+    completed_ok: int
+    errors: int
+    output_tokens: int
+    window_ok: int
+    window_errors: int
+    workers_done: int
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.now_ns - self.start_ns) / 1e9
+
+    @property
+    def window_elapsed_s(self) -> float:
+        return 0.0 if self.window_start_ns is None else (self.now_ns - self.window_start_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class Decision:
+    open_window: bool = False
+    stop: bool = False
+
+
+class Controller(Protocol):
+    """Decides, from progress, when the window opens and when the load stops (the protocol
+    module provides the benchmark's; ``None`` means neither: the load runs to
+    ``num_requests`` or its deadline)."""
+
+    def __call__(self, progress: Progress) -> Decision: ...
+
+
+def _progress(control: Control, t: int) -> Progress:
+    ws = control.window_start_ns
+    return Progress(
+        now_ns=t,
+        start_ns=control.start_ns,
+        window_start_ns=ws or None,
+        sent=control.total(_W_SENT),
+        completed_ok=control.total(_W_OK),
+        errors=control.total(_W_ERR),
+        output_tokens=control.total(_W_TOKENS),
+        window_ok=control.total(_W_WIN_OK),
+        window_errors=control.total(_W_WIN_ERR),
+        workers_done=control.total(_W_DONE),
+    )
+
+
+def _poll(
+    control: Control,
+    controller: Controller | None,
+    spec: LoadSpec,
+    on_progress: Callable[[Progress], None] | None,
+) -> Progress:
+    t = now_ns()
+    p = _progress(control, t)
+    if controller is not None and not control.stopped:
+        d = controller(p)
+        if d.open_window:
+            control.open_window(t)
+        if d.stop:
+            control.stop(t)
+    if spec.deadline_s is not None and t - control.start_ns > spec.deadline_s * 1e9:
+        control.stop(t)
+    if on_progress is not None:
+        on_progress(p)
+    return p
+
+
+# --- one worker ----------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerStats:
+    worker: int
+    pid: int
+    cpu_ns: int  # process CPU time (user + system) during the load
+    wall_ns: int
+    loop_lag_ns: array  # oversleep of a 10 ms timer, sampled through the load
+    cpus: tuple[int, ...] | None
+
+    @property
+    def cpu_fraction(self) -> float:
+        """Share of one core this worker's process used during the load."""
+        return self.cpu_ns / self.wall_ns if self.wall_ns > 0 else 0.0
+
+
+@dataclass
+class LoadResult:
+    spec: LoadSpec
+    endpoint: Endpoint
+    records: list[RequestRecord]
+    workers: list[WorkerStats]
+    start_ns: int
+    end_ns: int
+    window_start_ns: int | None
+    window_end_ns: int | None  # when the load was stopped (None: it ran out)
+
+    @property
+    def client_cpu_fraction(self) -> float:
+        """Busiest worker's share of a core: one saturated worker saturates the client."""
+        return max((w.cpu_fraction for w in self.workers), default=0.0)
+
+    def loop_lag_ns(self) -> np.ndarray:
+        parts = [np.frombuffer(w.loop_lag_ns, dtype=np.int64) for w in self.workers]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+_LAG_TICK_NS = 10_000_000
+
+
+class _Worker:
+    def __init__(
+        self,
+        worker: int,
+        endpoint: Endpoint,
+        spec: LoadSpec,
+        prompts: PromptSource,
+        control: Control,
+    ) -> None:
+        self.worker = worker
+        self.endpoint = endpoint
+        self.spec = spec
+        self.prompts = prompts
+        self.control = control
+        self.records: list[RequestRecord] = []
+        self.lag = array("q")
+        self.chat = endpoint.api == "chat"
+        self._next = spec.index_offset + worker
+        self._end = spec.index_offset + spec.num_requests if spec.num_requests is not None else None
+        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if endpoint.api_key:
+            self._headers["Authorization"] = f"Bearer {endpoint.api_key}"
+
+    def _take(self) -> int | None:
+        i = self._next
+        if self._end is not None and i >= self._end:
+            return None
+        self._next += self.spec.workers
+        return i
+
+    async def _send(self, session: Any, index: int, scheduled_ns: int) -> None:
+        import aiohttp
+
+        ep, c, w = self.endpoint, self.control, self.worker
+        prompt = self.prompts.get(index)
+        rec = RequestRecord(index, w, scheduled_ns, expected_output_tokens=prompt.output_len)
+        self.records.append(rec)
+        body = json.dumps(request_body(ep, prompt.text, prompt.output_len)).encode()
+        headers = dict(self._headers)
+        headers["X-Request-Id"] = f"{ep.request_id_prefix}{index}"
+        parser = SSEParser()
+        chat = self.chat
+        c.add(w, _W_SENT)
+        rec.sent_ns = now_ns()
+        try:
+            async with session.post(ep.url, data=body, headers=headers) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    text = (await resp.content.read(2048)).decode("utf-8", "replace")
+                    rec.error = f"HTTP {resp.status}: {text.strip()[:500]}"
+                    rec.end_ns = now_ns()
+                else:
+                    content = resp.content
+                    while True:
+                        data = await content.readany()
+                        t = now_ns()
+                        if not data:
+                            break
+                        events = parser.feed(data)
+                        if events:
+                            apply_events(rec, t, events, chat)
+                    finish_record(rec, now_ns())
+        except asyncio.CancelledError:
+            rec.cancelled = True
+            rec.end_ns = now_ns()
+            raise
+        except TimeoutError:
+            rec.error = f"timed out after {ep.request_timeout_s:g} s"
+            rec.end_ns = now_ns()
+        except aiohttp.ClientError as e:
+            rec.error = f"{type(e).__name__}: {e}"[:500]
+            rec.end_ns = now_ns()
+        except OSError as e:
+            rec.error = f"{type(e).__name__}: {e}"[:500]
+            rec.end_ns = now_ns()
+        if rec.error is not None:
+            c.add(w, _W_ERR)
+        else:
+            c.add(w, _W_OK)
+            c.add(w, _W_TOKENS, rec.output_tokens)
+        ws = c.window_start_ns
+        if ws and scheduled_ns >= ws:
+            c.add(w, _W_WIN_ERR if rec.error is not None else _W_WIN_OK)
+
+    async def _closed_slot(self, session: Any) -> None:
+        while not self.control.stopped:
+            i = self._take()
+            if i is None:
+                return
+            await self._send(session, i, now_ns())
+
+    async def _closed_loop(self, session: Any, slots: int) -> None:
+        await asyncio.gather(*(self._closed_slot(session) for _ in range(slots)))
+
+    async def _open_loop(self, session: Any, rate: float, cap: int | None) -> None:
+        rng = np.random.default_rng([self.spec.seed, self.worker, 0x5EED])
+        sem = asyncio.Semaphore(cap) if cap is not None else None
+        tasks: set[asyncio.Task[None]] = set()
+        t_next = self.control.start_ns
+
+        async def one(i: int, t: int) -> None:
+            if sem is None:
+                await self._send(session, i, t)
+                return
+            async with sem:
+                await self._send(session, i, t)
+
+        try:
+            while not self.control.stopped:
+                i = self._take()
+                if i is None:
+                    break
+                t_next += int(rng.exponential(1e9 / rate))
+                delay = (t_next - now_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self.control.stopped:
+                    break
+                task = asyncio.create_task(one(i, t_next))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            # Stopped mid-schedule: end what is in flight here, before the session closes.
+            pending = list(tasks)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _lag_probe(self) -> None:
+        tick = _LAG_TICK_NS / 1e9
+        while True:
+            t0 = now_ns()
+            await asyncio.sleep(tick)
+            self.lag.append(now_ns() - t0 - _LAG_TICK_NS)
+
+    async def _stop_watch(self, main: asyncio.Task[None]) -> None:
+        while not self.control.stopped:
+            await asyncio.sleep(0.01)
+        main.cancel()
+
+    async def run(self) -> WorkerStats:
+        import aiohttp
+
+        slots, rate, cap = self.spec.share(self.worker)
+        c = self.control
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=False)
+        timeout = aiohttp.ClientTimeout(total=self.endpoint.request_timeout_s)
+        async with aiohttp.ClientSession(
+            connector=conn, timeout=timeout, auto_decompress=False, skip_auto_headers=["User-Agent"]
+        ) as session:
+            c.add(self.worker, _W_READY)
+            while not c.start_ns:
+                await asyncio.sleep(0.001)
+            delay = (c.start_ns - now_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cpu0, wall0 = time.process_time_ns(), now_ns()
+            lag = asyncio.create_task(self._lag_probe())
+            if slots is not None:
+                body = self._closed_loop(session, slots)
+            else:
+                assert rate is not None
+                body = self._open_loop(session, rate, cap)
+            main = asyncio.create_task(body)
+            watch = asyncio.create_task(self._stop_watch(main))
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+            watch.cancel()
+            lag.cancel()
+            cpu, wall = time.process_time_ns() - cpu0, now_ns() - wall0
+        c.add(self.worker, _W_DONE)
+        self.records.sort(key=lambda r: r.index)
+        return WorkerStats(self.worker, os.getpid(), cpu, wall, self.lag, self.spec.cpus)
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is optional
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _pin(spec: LoadSpec, worker: int) -> None:
+    if spec.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {spec.cpus[worker % len(spec.cpus)]})
+
+
+def _worker_entry(
+    worker: int,
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    prompts: PromptSource,
+    arr: Any,
+    conn: Any,
+) -> None:
+    """Body of a worker process: run its share of the load, send back what it saw."""
+    try:
+        _pin(spec, worker)
+        _install_uvloop()
+        w = _Worker(worker, endpoint, spec, prompts, Control(spec.workers, arr))
+        stats = asyncio.run(w.run())
+        conn.send((w.records, stats))
+    except BaseException as e:  # the parent must hear about it, not wait forever
+        conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        conn.close()
+
+
+class ClientError(Exception):
+    """The load generator itself failed (a worker died); no results were measured."""
+
+
+async def run_load_async(
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    prompts: PromptSource,
+    controller: Controller | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_s: float = 0.05,
+) -> LoadResult:
+    """The load in this process's running event loop (``spec.workers`` must be 1)."""
+    if spec.workers != 1:
+        raise ValueError("run_load_async runs one worker; use run_load for worker processes")
+    control = Control(1, array("q", bytes(8 * (_G_N + _W_N))))
+    w = _Worker(0, endpoint, spec, prompts, control)
+    task = asyncio.create_task(w.run())
+    while not control.get(0, _W_READY):
+        await asyncio.sleep(0.001)
+    start = now_ns()
+    control.arr[_G_START] = start
+    while not task.done():
+        await asyncio.sleep(poll_s)
+        _poll(control, controller, spec, on_progress)
+    stats = task.result()
+    end = now_ns()
+    return LoadResult(
+        spec,
+        endpoint,
+        w.records,
+        [stats],
+        start,
+        end,
+        control.window_start_ns or None,
+        control.stop_ns or None,
+    )
+
+
+def run_load(
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    prompts: PromptSource,
+    controller: Controller | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_s: float = 0.05,
+) -> LoadResult:
+    """Run the load to its end and return every request's record.
+
+    One worker runs in this process under uvloop (the caller must not be inside a running
+    event loop: use ``run_load_async`` there).  More workers run as spawned processes,
+    started together at one shared start time; the controller is polled here."""
+    if spec.workers == 1:
+        _pin(spec, 0)
+        _install_uvloop()
+        return asyncio.run(run_load_async(endpoint, spec, prompts, controller, on_progress, poll_s))
+    ctx = mp.get_context("spawn")
+    control = Control(spec.workers)
+    conns, procs = [], []
+    for w in range(spec.workers):
+        parent_end, child_end = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_worker_entry,
+            args=(w, endpoint, spec, prompts, control.arr, child_end),
+            name=f"servebook-bench-worker-{w}",
+            daemon=True,
+        )
+        p.start()
+        child_end.close()
+        conns.append(parent_end)
+        procs.append(p)
+    results: dict[int, tuple[list[RequestRecord], WorkerStats]] = {}
+    try:
+        # Wait for every worker to be ready so the start is shared.
+        deadline = time.monotonic() + 120
+        while control.total(_W_READY) < spec.workers:
+            _check_workers(procs, conns, results)
+            if time.monotonic() > deadline:
+                raise ClientError("bench workers did not start within 120 s")
+            time.sleep(0.01)
+        start = now_ns() + 20_000_000
+        control.arr[_G_START] = start
+        while len(results) < spec.workers:
+            time.sleep(poll_s)
+            _poll(control, controller, spec, on_progress)
+            _check_workers(procs, conns, results)
+    finally:
+        control.stop(now_ns())
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    end = now_ns()
+    records = sorted((r for recs, _ in results.values() for r in recs), key=lambda r: r.index)
+    stats = [results[w][1] for w in sorted(results)]
+    return LoadResult(
+        spec,
+        endpoint,
+        records,
+        stats,
+        start,
+        end,
+        control.window_start_ns or None,
+        control.stop_ns or None,
+    )
+
+
+def _check_workers(
+    procs: Sequence[Any],
+    conns: Sequence[Any],
+    results: dict[int, tuple[list[RequestRecord], WorkerStats]],
+) -> None:
+    for w, (p, conn) in enumerate(zip(procs, conns, strict=True)):
+        if w in results:
+            continue
+        if conn.poll():
+            try:
+                msg = conn.recv()
+            except EOFError:
+                raise ClientError(f"bench worker {w} exited without results") from None
+            if isinstance(msg, BaseException):
+                raise ClientError(f"bench worker {w} failed: {msg!r}") from msg
+            results[w] = msg
+        elif not p.is_alive():
+            raise ClientError(f"bench worker {w} exited with code {p.exitcode}, no results")

@@ -1,0 +1,500 @@
+"""The benchmark protocol: which points run in which order, when a point's measurement
+window opens and closes, and whether the point is valid.
+
+Field notes ("Benchmarks"): a published sweep did not reproduce because it was too short,
+had no warm-up and ran its points low to high, so order looked like a trend.  Each rule
+below answers one of those failures.
+
+* **Order.**  Each repetition is one round over every load level; by default each round's
+  order is shuffled with the seed (``numpy.random.default_rng([seed, round])``), so drift
+  during the run (a warming cache, a cooling GPU) lands on every level alike instead of
+  lining up with the levels.  ``ascending`` is available and recorded.
+* **Warm-up**, discarded: at least ``2 x concurrency`` requests *and* 10 s by default
+  (``--warmup 10s``, ``--warmup 200r``, or both: ``--warmup 10s,200r``; ``0`` for none).
+* **Window**: opens when the warm-up is done, closes once it is both ``--duration`` long
+  (default 60 s) and holds ``--min-requests`` successful requests (default ``10 x
+  concurrency``) that were scheduled *and* finished inside it.  Only those requests give
+  latency figures (steady state: no request that saw the ramp-up or the drain).  The load
+  stops at the window's end; requests still in flight are cancelled and not counted.
+* **Rate levels** (open loop) use ``ceil(rate)`` where a concurrency level uses its
+  concurrency in those defaults (2 x and 10 x requests).
+* **Verdict**: a point is valid only if every SB4xx check below passes; the reasons are
+  recorded in the point (``invalid_reasons``) and invalid points are never averaged into
+  aggregates (MLPerf LoadGen's VALID/INVALID with reasons).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from servebook.bench.client import Decision, Progress
+from servebook.bench.results import Point
+from servebook.findings import Finding, Severity, UsageError, register
+
+Order = Literal["shuffled", "ascending"]
+
+# --- the checks (ids are stable: reports and CI configs refer to them) ----------------------
+
+WINDOW_SHORT = register(
+    "SB401",
+    "Measurement window at least the required duration",
+    "A short window is dominated by its edges: at 32 requests over ~15 s the first "
+    "request's TTFT (2.5 s cold, 0.4 s warm) decided the published number, and independent "
+    "runs got 166 and 270 tok/s against a published 242 (field notes). A window cut short "
+    "(the server died, the point hit its time limit) measures something else.",
+    "Run the point again with a longer --duration, or find out why it ended early (the "
+    "point's errors and the server's log say whether the server stopped answering).",
+)
+TOO_FEW_REQUESTS = register(
+    "SB402",
+    "Enough requests scheduled and finished inside the window",
+    "Percentiles of a handful of requests are noise: p99 of 30 requests is the largest "
+    "one. Only requests that start and finish inside the window are steady-state.",
+    "Raise --duration or lower --min-requests deliberately (both are recorded); at high "
+    "concurrency with long outputs the window must be long enough for whole requests.",
+)
+ERROR_RATE = register(
+    "SB403",
+    "Error rate in the window at most the threshold (1%)",
+    "Failed requests return fast; a benchmark that drops them from the percentiles reports "
+    "better latency exactly when the server is failing. Errors are counted, never dropped, "
+    "and a point with more than 1% of them does not describe a working server.",
+    "Read the point's error_samples and the server's log; lower the load if the server "
+    "rejects requests (queue full, KV cache exhausted, timeouts).",
+)
+CLIENT_LAG = register(
+    "SB404",
+    "Client sent on time (send lag and event-loop lag under the threshold)",
+    "A saturated client sends late and stamps late: its lateness is added to every latency "
+    "it reports, and in closed loop it quietly lowers the offered load. That is client "
+    "overhead counted as server latency.",
+    "Run the client with more worker processes (--workers) or on a machine with free "
+    "cores, away from the server; see benchmarks/client_capacity.py for what one client "
+    "core sustains.",
+)
+CLIENT_CPU = register(
+    "SB405",
+    "Client CPU below the saturation threshold",
+    "A client process near 100% of a core cannot read every stream promptly: token "
+    "timestamps slip and ITL spreads out, while the server is blameless.",
+    "Use more client worker processes (--workers), pin the client away from the server's "
+    "cores, or lower the concurrency per worker.",
+)
+SERVER_EVIDENCE = register(
+    "SB406",
+    "Server-side counters read before and after the window",
+    "Without the server's own counters a point cannot show what the server did in the "
+    "window (handoff share, speculative acceptance, preemptions, server-side errors), and "
+    "a server restart in the window goes unnoticed.",
+    "Make every role's /metrics reachable from the client (the message names the role "
+    "and the error); a counter that went backwards means the role restarted mid-window.",
+)
+HANDOFF_SHARE = register(
+    "SB407",
+    "PD handoff share at least the verify threshold",
+    "A PD deployment whose KV handoff fails open still answers, with decode recomputing "
+    "the prompt; its throughput and TTFT are then those of a different topology, labelled "
+    "PD.",
+    "Run `servebook verify` on the deployment; check that both roles use the same KV "
+    "connector settings and that the router sends every request to prefill first.",
+)
+OUTPUT_LENGTH = register(
+    "SB408",
+    "Every request produced the output length asked for",
+    "Throughput and TPOT comparisons assume a fixed output length; a server that ignores "
+    "ignore_eos or max_tokens (or a proxy that strips them) stops early and looks faster.",
+    "Check that the server honours ignore_eos (vLLM does; some OpenAI-compatible servers "
+    "do not) and that no proxy rewrites the request body.",
+)
+
+# --- parsing the protocol flags ---------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, flag: str = "--duration") -> float:
+    """``"60s"``, ``"2m"``, ``"500ms"``, ``"90"`` (seconds) -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"{flag} {text!r}: not a duration (examples: 60s, 2m, 500ms)")
+    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Discarded warm-up: the window opens once *both* bounds are met (``None``: no bound)."""
+
+    duration_s: float | None
+    requests: int | None
+
+    def describe(self) -> str:
+        parts = []
+        if self.duration_s:
+            parts.append(f"{self.duration_s:g}s")
+        if self.requests:
+            parts.append(f"{self.requests}r")
+        return ",".join(parts) or "0"
+
+
+NO_WARMUP = Warmup(None, None)
+
+
+def parse_warmup(text: str) -> Warmup:
+    """``"10s"``, ``"200r"``, ``"10s,200r"`` (both), ``"0"`` or ``"none"`` (no warm-up)."""
+    t = text.strip().lower()
+    if t in ("0", "none", "off", "0s", "0r"):
+        return NO_WARMUP
+    duration: float | None = None
+    requests: int | None = None
+    for part in re.split(r"[,+]", t):
+        part = part.strip()
+        if m := re.fullmatch(r"(\d+)\s*r(?:eq(?:uests)?)?", part):
+            requests = int(m.group(1))
+        elif _DURATION.match(part):
+            duration = parse_duration(part, "--warmup")
+        else:
+            raise UsageError(
+                f"--warmup {text!r}: {part!r} is neither a duration (10s) nor a request "
+                "count (200r); combine both with a comma: 10s,200r"
+            )
+    return Warmup(duration, requests)
+
+
+def parse_levels(text: str, flag: str = "--concurrency") -> tuple[int, ...]:
+    """``"1,4,16"`` -> ``(1, 4, 16)``: positive integers, no duplicates."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"{flag} {text!r}: {part!r} is not a positive integer")
+        if int(part) in out:
+            raise UsageError(f"{flag} {text!r}: {part} appears twice")
+        out.append(int(part))
+    if not out:
+        raise UsageError(f"{flag} {text!r}: no level given")
+    return tuple(out)
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    out: list[float] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            r = float(part)
+        except ValueError:
+            raise UsageError(f"--rate {text!r}: {part!r} is not a number") from None
+        if not r > 0 or not math.isfinite(r):
+            raise UsageError(f"--rate {text!r}: rates must be positive requests per second")
+        out.append(r)
+    if not out:
+        raise UsageError(f"--rate {text!r}: no rate given")
+    return tuple(out)
+
+
+# --- settings and order ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_error_rate: float = 0.01
+    max_send_lag_p99_ms: float = 10.0
+    max_loop_lag_p99_ms: float = 10.0
+    max_client_cpu: float = 0.90  # share of one core, busiest worker
+    require_server_evidence: bool = True
+    min_handoff_share: float | None = None  # PD deployments: the verify threshold
+
+
+@dataclass(frozen=True)
+class Level:
+    """One load level: a concurrency (closed loop) or a rate (open loop)."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @property
+    def size(self) -> int:
+        """The level's 'concurrency' for the defaults (rate levels: ceil(rate))."""
+        if self.concurrency is not None:
+            return self.concurrency
+        assert self.rate is not None
+        return max(1, math.ceil(self.rate))
+
+    def label(self) -> str:
+        return f"c={self.concurrency}" if self.concurrency is not None else f"rate={self.rate:g}/s"
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    level: Level
+    repetition: int
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    concurrencies: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()
+    max_concurrency: int | None = None  # cap for rate levels
+    repetitions: int = 3
+    order: Order = "shuffled"
+    seed: int = 0
+    warmup: Warmup | None = None  # None: the default for each level
+    duration_s: float = 60.0
+    min_requests: int | None = None  # None: 10 x the level's size
+    max_point_s: float | None = None  # None: 10 x (warm-up + duration), at least 600 s
+    stall_s: float = 120.0  # no request finished for this long: stop the point
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def __post_init__(self) -> None:
+        if not self.concurrencies and not self.rates:
+            raise UsageError("give at least one --concurrency level or --rate")
+        if self.repetitions < 1:
+            raise UsageError(f"--repetitions must be at least 1, got {self.repetitions}")
+        if self.order not in ("shuffled", "ascending"):
+            raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
+        if self.duration_s <= 0:
+            raise UsageError("--duration must be positive")
+        if self.min_requests is not None and self.min_requests < 1:
+            raise UsageError("--min-requests must be at least 1")
+
+    def levels(self) -> list[Level]:
+        return [Level(concurrency=c) for c in self.concurrencies] + [
+            Level(rate=r) for r in self.rates
+        ]
+
+    def warmup_for(self, level: Level) -> Warmup:
+        if self.warmup is not None:
+            return self.warmup
+        return Warmup(10.0, 2 * level.size)
+
+    def min_requests_for(self, level: Level) -> int:
+        return self.min_requests if self.min_requests is not None else 10 * level.size
+
+    def deadline_for(self, level: Level) -> float:
+        if self.max_point_s is not None:
+            return self.max_point_s
+        w = self.warmup_for(level).duration_s or 0.0
+        return max(600.0, 10.0 * (w + self.duration_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        """What results.json records under provenance.protocol."""
+        d = asdict(self)
+        d["warmup"] = self.warmup.describe() if self.warmup is not None else "default"
+        d["warmup_default"] = "max(10 s, 2 x level) - both bounds"
+        d["min_requests_default"] = "10 x level"
+        d["steady_state"] = "requests scheduled and finished inside the window"
+        d["percentiles"] = "numpy linear (type 7)"
+        d["ci"] = "Student t 95% over valid repetitions"
+        return d
+
+
+def point_order(settings: ProtocolSettings) -> list[PointSpec]:
+    """Repetition-major rounds over every level; each round shuffled with the seed unless
+    the order is ``ascending`` (concurrency levels ascending, then rates ascending)."""
+    levels = sorted(
+        settings.levels(),
+        key=lambda lv: (lv.concurrency is None, lv.concurrency or 0, lv.rate or 0.0),
+    )
+    out: list[PointSpec] = []
+    for rep in range(settings.repetitions):
+        round_levels = list(levels)
+        if settings.order == "shuffled":
+            perm = np.random.default_rng([settings.seed, rep]).permutation(len(round_levels))
+            round_levels = [round_levels[i] for i in perm]
+        out.extend(PointSpec(lv, rep) for lv in round_levels)
+    return out
+
+
+# --- the window, live --------------------------------------------------------------------------
+
+
+class WindowController:
+    """Opens the window when the warm-up is done and stops the load when the window is
+    long enough and full enough.  Also stops a point that cannot become valid: errors
+    outnumber successes (at least 20 of them) in the window, or nothing finished for
+    ``stall_s``.  Implements ``client.Controller``."""
+
+    def __init__(
+        self, warmup: Warmup, duration_s: float, min_requests: int, stall_s: float = 120.0
+    ) -> None:
+        self.warmup = warmup
+        self.duration_s = duration_s
+        self.min_requests = min_requests
+        self.stall_s = stall_s
+        self.phase: Literal["warmup", "window", "done"] = "warmup"
+        self.stop_reason: str | None = None
+        self._last_count = -1
+        self._last_change_ns: int | None = None
+
+    def __call__(self, p: Progress) -> Decision:
+        finished = p.completed_ok + p.errors
+        if finished != self._last_count or self._last_change_ns is None:
+            self._last_count, self._last_change_ns = finished, p.now_ns
+        if (p.now_ns - self._last_change_ns) / 1e9 > self.stall_s:
+            self.phase, self.stop_reason = "done", f"no request finished for {self.stall_s:g} s"
+            return Decision(stop=True)
+        if self.phase == "warmup":
+            w = self.warmup
+            if (w.duration_s is None or p.elapsed_s >= w.duration_s) and (
+                w.requests is None or finished >= w.requests
+            ):
+                self.phase = "window"
+                return Decision(open_window=True)
+            return Decision()
+        if self.phase == "window" and p.window_start_ns is not None:
+            if p.window_errors >= 20 and p.window_errors > p.window_ok:
+                self.phase, self.stop_reason = "done", "errors outnumber successes"
+                return Decision(stop=True)
+            if p.window_elapsed_s >= self.duration_s and p.window_ok >= self.min_requests:
+                self.phase, self.stop_reason = "done", "window complete"
+                return Decision(stop=True)
+        return Decision()
+
+
+def controller_for(settings: ProtocolSettings, level: Level) -> WindowController:
+    return WindowController(
+        settings.warmup_for(level),
+        settings.duration_s,
+        settings.min_requests_for(level),
+        settings.stall_s,
+    )
+
+
+# --- the verdict ------------------------------------------------------------------------------
+
+
+def judge(
+    point: Point,
+    *,
+    duration_s: float,
+    min_requests: int,
+    thresholds: Thresholds,
+    pd: bool = False,
+    stop_reason: str | None = None,
+) -> list[Finding]:
+    """Every SB4xx check on one point; a FAIL makes the point invalid."""
+    subject = (
+        f"c={point.concurrency}" if point.concurrency is not None else f"rate={point.rate:g}/s"
+    ) + f" rep {point.repetition}"
+    out: list[Finding] = []
+
+    def verdict(check: Any, failed: bool, msg: str, **ev: Any) -> None:
+        out.append(
+            check.finding(Severity.FAIL if failed else Severity.PASS, subject, msg, evidence=ev)
+        )
+
+    win = point.window.duration_s or 0.0
+    why = f" (the load stopped: {stop_reason})" if stop_reason and win < duration_s else ""
+    verdict(
+        WINDOW_SHORT,
+        win + 1e-6 < duration_s,
+        f"window {win:.1f} s of the required {duration_s:g} s{why}",
+        window_s=win,
+        required_s=duration_s,
+    )
+    verdict(
+        TOO_FEW_REQUESTS,
+        point.requests_ok < min_requests,
+        f"{point.requests_ok} requests scheduled and finished inside the window, "
+        f"{min_requests} required",
+        requests_ok=point.requests_ok,
+        required=min_requests,
+    )
+    total = point.requests_ok + point.errors
+    rate = point.errors / total if total else 0.0
+    verdict(
+        ERROR_RATE,
+        total == 0 or rate > thresholds.max_error_rate,
+        (
+            f"{point.errors} of {total} requests failed ({100 * rate:.1f}%, threshold "
+            f"{100 * thresholds.max_error_rate:g}%)"
+            if total
+            else "no request finished inside the window"
+        )
+        + (f"; first error: {point.error_samples[0]}" if point.error_samples else ""),
+        errors=point.errors,
+        total=total,
+    )
+    c = point.client
+    lag_bad = [
+        f"send lag p99 {v:.1f} ms"
+        for v in [c.send_lag_p99_ms]
+        if v is not None and v > thresholds.max_send_lag_p99_ms
+    ] + [
+        f"event-loop lag p99 {v:.1f} ms"
+        for v in [c.loop_lag_p99_ms]
+        if v is not None and v > thresholds.max_loop_lag_p99_ms
+    ]
+    verdict(
+        CLIENT_LAG,
+        bool(lag_bad),
+        (
+            f"client saturated: {', '.join(lag_bad)} (thresholds "
+            f"{thresholds.max_send_lag_p99_ms:g} / {thresholds.max_loop_lag_p99_ms:g} ms)"
+        )
+        if lag_bad
+        else "client sent and stamped on time",
+        send_lag_p99_ms=c.send_lag_p99_ms,
+        loop_lag_p99_ms=c.loop_lag_p99_ms,
+    )
+    verdict(
+        CLIENT_CPU,
+        c.cpu_fraction > thresholds.max_client_cpu,
+        f"busiest client worker used {100 * c.cpu_fraction:.0f}% of a core "
+        f"(threshold {100 * thresholds.max_client_cpu:.0f}%, {c.workers} worker(s))",
+        cpu_fraction=c.cpu_fraction,
+        workers=c.workers,
+    )
+    server = point.server or {}
+    missing = list(server.get("missing", [])) if server else ["no server evidence collected"]
+    if thresholds.require_server_evidence:
+        verdict(
+            SERVER_EVIDENCE,
+            bool(missing),
+            "server evidence missing: " + "; ".join(missing)
+            if missing
+            else "counters read from every role before and after the window",
+            missing=missing,
+        )
+    if pd and thresholds.min_handoff_share is not None:
+        share = server.get("handoff_share")
+        verdict(
+            HANDOFF_SHARE,
+            share is None or share < thresholds.min_handoff_share,
+            "PD handoff share unknown (decode's transfer counters were not read)"
+            if share is None
+            else f"{100 * share:.1f}% of decode's prompt tokens arrived by KV transfer "
+            f"(threshold {100 * thresholds.min_handoff_share:.1f}%)",
+            share=share,
+            threshold=thresholds.min_handoff_share,
+        )
+    verdict(
+        OUTPUT_LENGTH,
+        point.output_tokens_mismatch > 0,
+        f"{point.output_tokens_mismatch} successful request(s) returned a different number "
+        "of output tokens than asked for"
+        if point.output_tokens_mismatch
+        else "every request produced the output length asked for",
+        mismatched=point.output_tokens_mismatch,
+    )
+    return out
+
+
+def reasons(findings: Sequence[Finding]) -> list[str]:
+    """``invalid_reasons`` for a results file: ``"SB402: 37 requests ..."``."""
+    return [f"{f.check}: {f.message}" for f in findings if f.failed]
+
+
+def apply_verdict(point: Point, findings: Sequence[Finding]) -> Point:
+    r = reasons(findings)
+    return point.model_copy(update={"valid": not r, "invalid_reasons": r})

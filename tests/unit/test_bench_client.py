@@ -1,0 +1,251 @@
+"""The client against a real HTTP server on 127.0.0.1 (aiohttp, in a thread of this test):
+closed loop, open loop from scheduled times, errors kept, the controller's window, worker
+processes.  The server streams like vLLM: one event per token, a usage-only chunk, [DONE]."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from servebook.bench.client import (
+    Decision,
+    Endpoint,
+    LoadSpec,
+    Progress,
+    request_body,
+    run_load,
+)
+from servebook.bench.workload import DatasetPrompts, Prompt
+
+TTFT_MS, ITL_MS = 5.0, 2.0
+
+
+class Server:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.truth: dict[str, tuple[int, list[int]]] = {}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        recv = time.monotonic_ns()
+        body = await request.json()
+        self.bodies.append(body)
+        prompt = body.get("prompt") or body["messages"][0]["content"]
+        if prompt == "http500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await asyncio.sleep(TTFT_MS / 1000)
+            n = int(body["max_tokens"])
+            per = 2 if prompt == "pairs" else 1
+            stamps = []
+            sent = 0
+            while sent < n:
+                k = min(per, n - sent)
+                choice = {"index": 0, "text": "ab"[:k], "finish_reason": None}
+                if per > 1:
+                    choice["token_ids"] = list(range(k))
+                stamps.append(time.monotonic_ns())
+                await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+                sent += k
+                if prompt == "errorevent":
+                    await resp.write(
+                        b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
+                    )
+                    break
+                await asyncio.sleep(ITL_MS / 1000)
+            usage = {"prompt_tokens": 3, "completion_tokens": sent}
+            await resp.write(
+                b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+            )
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.truth[request.headers.get("X-Request-Id", "")] = (recv, stamps)
+            return resp
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, Server]]:
+    srv = Server()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.handle)
+    app.router.add_post("/v1/chat/completions", srv.handle)
+    runner = web.AppRunner(app, access_log=None)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.SockSite(runner, sock).start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"http://127.0.0.1:{port}", srv
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+def prompts(*texts: str, out: int = 6) -> DatasetPrompts:
+    return DatasetPrompts([Prompt(t, out) for t in texts], "memory", "0")
+
+
+def test_request_body_asks_for_usage_ignore_eos_and_greedy_decoding() -> None:
+    b = request_body(Endpoint("http://x", "tiny"), "hi", 16)
+    assert b == {
+        "model": "tiny",
+        "prompt": "hi",
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    chat = request_body(Endpoint("http://x", "tiny", api="chat"), "hi", 4)
+    assert chat["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in chat
+
+
+def test_closed_loop_keeps_concurrency_requests_in_flight_and_times_each(
+    server: tuple[str, Server],
+) -> None:
+    url, srv = server
+    srv.max_in_flight = 0
+    res = run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=4, num_requests=16), prompts("x"))
+    assert [r.index for r in res.records] == list(range(16))
+    assert all(r.ok for r in res.records), [r.error for r in res.records]
+    assert srv.max_in_flight == 4
+    for r in res.records:
+        assert r.output_tokens == 6
+        # Closed loop: scheduled when the slot frees, sent right after.
+        assert 0 <= r.send_lag_ns < 5_000_000
+        recv, stamps = srv.truth[f"sb-{r.index}"]
+        assert r.ttft_ns is not None and r.ttft_ns >= stamps[0] - recv
+        assert len(r.itl_ns()) == 5
+        assert r.chunk_ns[0] >= stamps[0]  # stamped on arrival, never before the send
+    assert res.workers[0].cpu_fraction > 0
+    assert len(res.workers[0].loop_lag_ns) > 0
+
+
+def test_rate_mode_follows_the_seeded_poisson_schedule_and_charges_lateness(
+    server: tuple[str, Server],
+) -> None:
+    url, _ = server
+    # One request in flight at a time at 200 req/s: most requests wait for the slot, and
+    # their TTFT must include the wait.
+    spec = LoadSpec(rate=200.0, max_concurrency=1, num_requests=10, seed=5)
+    res = run_load(Endpoint(url, "tiny"), spec, prompts("x", out=3))
+    gaps = np.random.default_rng([5, 0, 0x5EED]).exponential(1e9 / 200.0, size=10).astype(np.int64)
+    sched = np.array([r.scheduled_ns for r in res.records]) - res.records[0].scheduled_ns
+    assert sched.tolist() == (np.cumsum(gaps) - gaps[0]).tolist()
+    late = [r for r in res.records if r.send_lag_ns > 5_000_000]
+    assert late, "expected requests to wait behind max_concurrency=1"
+    for r in res.records:
+        assert r.ok
+        assert r.ttft_ns is not None and r.ttft_ns >= r.send_lag_ns + TTFT_MS * 1e6 * 0.9
+
+
+def test_errors_are_recorded_never_dropped(server: tuple[str, Server]) -> None:
+    url, _ = server
+    res = run_load(
+        Endpoint(url, "tiny"),
+        LoadSpec(concurrency=2, num_requests=4),
+        prompts("x", "http500", "errorevent", "x"),
+    )
+    assert len(res.records) == 4
+    by = {r.index: r for r in res.records}
+    assert by[0].ok and by[3].ok
+    assert by[1].error is not None and by[1].error.startswith("HTTP 500: ")
+    assert by[1].status == 500
+    assert by[2].error == "server error event: engine died (500)"
+
+
+def test_a_refused_connection_is_an_error_record() -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    res = run_load(
+        Endpoint(f"http://127.0.0.1:{port}", "tiny"),
+        LoadSpec(concurrency=1, num_requests=2),
+        prompts("x"),
+    )
+    assert [r.ok for r in res.records] == [False, False]
+    assert all("Connect" in (r.error or "") for r in res.records)
+
+
+def test_multi_token_chunks_are_counted_from_token_ids(server: tuple[str, Server]) -> None:
+    url, _ = server
+    res = run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=1, num_requests=1), prompts("pairs"))
+    r = res.records[0]
+    assert r.ok and r.output_tokens == 6 and len(r.chunk_ns) == 3
+    assert sorted(r.itl_ns().tolist())[:3] == [0, 0, 0]
+
+
+def test_the_controller_opens_the_window_and_stops_the_load(server: tuple[str, Server]) -> None:
+    url, _ = server
+    seen: list[Progress] = []
+
+    def controller(p: Progress) -> Decision:
+        seen.append(p)
+        if p.window_start_ns is None:
+            return Decision(open_window=p.completed_ok >= 4)
+        return Decision(stop=p.window_ok >= 6)
+
+    res = run_load(
+        Endpoint(url, "tiny"),
+        LoadSpec(concurrency=3, deadline_s=30),
+        prompts("x"),
+        controller=controller,
+        poll_s=0.01,
+    )
+    assert res.window_start_ns is not None and res.window_end_ns is not None
+    assert res.window_end_ns > res.window_start_ns
+    in_window = [
+        r
+        for r in res.records
+        if r.ok and r.scheduled_ns >= res.window_start_ns and r.end_ns <= res.window_end_ns
+    ]
+    assert len(in_window) >= 6
+    assert any(r.cancelled for r in res.records)  # in flight at the stop: cancelled
+    assert not any(r.cancelled and r.error for r in res.records)
+    assert seen[-1].window_ok >= 6
+
+
+def test_worker_processes_split_the_load_and_merge_their_records(
+    server: tuple[str, Server],
+) -> None:
+    url, srv = server
+    srv.max_in_flight = 0
+    res = run_load(
+        Endpoint(url, "tiny"),
+        LoadSpec(concurrency=4, num_requests=12, workers=2),
+        prompts("x", out=4),
+    )
+    assert [r.index for r in res.records] == list(range(12))
+    assert {r.worker for r in res.records} == {0, 1}
+    assert all(r.worker == r.index % 2 for r in res.records)
+    assert all(r.ok for r in res.records)
+    assert len(res.workers) == 2 and len({w.pid for w in res.workers}) == 2
+    assert srv.max_in_flight <= 4

@@ -1,0 +1,339 @@
+"""The protocol: flag parsing, point order, the live window, and the validity verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from servebook.bench import protocol
+from servebook.bench.client import Progress
+from servebook.bench.protocol import (
+    Level,
+    ProtocolSettings,
+    Thresholds,
+    Warmup,
+    WindowController,
+    apply_verdict,
+    judge,
+    parse_duration,
+    parse_levels,
+    parse_rates,
+    parse_warmup,
+    point_order,
+)
+from servebook.bench.results import ClientEvidence, Latency, Point, WindowInfo
+from servebook.findings import REGISTRY, UsageError
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("60s", 60.0), ("2m", 120.0), ("500ms", 0.5), ("90", 90.0), ("1.5m", 90.0)],
+)
+def test_durations_parse_with_units(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_a_bad_duration_names_the_flag_and_shows_examples() -> None:
+    with pytest.raises(UsageError, match=r"--duration '1 minute'.*60s"):
+        parse_duration("1 minute")
+
+
+@pytest.mark.parametrize(
+    ("text", "warmup"),
+    [
+        ("10s", Warmup(10.0, None)),
+        ("200r", Warmup(None, 200)),
+        ("10s,200r", Warmup(10.0, 200)),
+        ("200r+30s", Warmup(30.0, 200)),
+        ("0", Warmup(None, None)),
+        ("none", Warmup(None, None)),
+    ],
+)
+def test_warmup_spec_is_a_duration_a_request_count_or_both(text: str, warmup: Warmup) -> None:
+    assert parse_warmup(text) == warmup
+
+
+def test_a_bad_warmup_spec_says_what_is_accepted() -> None:
+    with pytest.raises(UsageError, match="neither a duration"):
+        parse_warmup("lots")
+
+
+def test_levels_parse_and_refuse_duplicates_and_zero() -> None:
+    assert parse_levels("1, 4,16") == (1, 4, 16)
+    with pytest.raises(UsageError, match="appears twice"):
+        parse_levels("4,4")
+    with pytest.raises(UsageError, match="not a positive integer"):
+        parse_levels("0,4")
+    assert parse_rates("0.5,2") == (0.5, 2.0)
+    with pytest.raises(UsageError):
+        parse_rates("-1")
+
+
+def test_default_warmup_is_two_times_concurrency_and_ten_seconds() -> None:
+    s = ProtocolSettings(concurrencies=(64,))
+    assert s.warmup_for(Level(concurrency=64)) == Warmup(10.0, 128)
+    assert s.min_requests_for(Level(concurrency=64)) == 640
+    assert s.warmup_for(Level(rate=2.5)) == Warmup(10.0, 6)  # ceil(rate) stands in
+    explicit = ProtocolSettings(concurrencies=(64,), warmup=parse_warmup("5s"), min_requests=7)
+    assert explicit.warmup_for(Level(concurrency=64)) == Warmup(5.0, None)
+    assert explicit.min_requests_for(Level(concurrency=64)) == 7
+
+
+def test_settings_refuse_nonsense() -> None:
+    with pytest.raises(UsageError):
+        ProtocolSettings()
+    with pytest.raises(UsageError):
+        ProtocolSettings(concurrencies=(1,), repetitions=0)
+    with pytest.raises(UsageError):
+        ProtocolSettings(concurrencies=(1,), order="random")  # type: ignore[arg-type]
+
+
+def test_settings_record_the_order_and_the_warmup_rule() -> None:
+    d = ProtocolSettings(concurrencies=(1, 4), order="ascending", seed=7).to_dict()
+    assert d["order"] == "ascending" and d["seed"] == 7 and d["warmup"] == "default"
+    assert d["concurrencies"] == (1, 4)
+
+
+# --- order -------------------------------------------------------------------------------
+
+
+def test_shuffled_order_is_seeded_and_each_repetition_is_one_round_of_every_level() -> None:
+    s = ProtocolSettings(concurrencies=(1, 2, 4, 8, 16, 32), repetitions=3, seed=11)
+    order = point_order(s)
+    assert order == point_order(s)  # same seed, same order
+    assert len(order) == 18
+    for rep in range(3):
+        round_ = [p.level.concurrency for p in order if p.repetition == rep]
+        assert sorted(round_) == [1, 2, 4, 8, 16, 32]
+    rounds = [[p.level.concurrency for p in order if p.repetition == r] for r in range(3)]
+    assert any(r != sorted(r) for r in rounds)  # not ascending
+    other = point_order(
+        ProtocolSettings(concurrencies=(1, 2, 4, 8, 16, 32), repetitions=3, seed=12)
+    )
+    assert other != order
+
+
+def test_ascending_order_runs_levels_low_to_high_in_every_round() -> None:
+    s = ProtocolSettings(concurrencies=(16, 1, 4), repetitions=2, order="ascending")
+    assert [(p.level.concurrency, p.repetition) for p in point_order(s)] == [
+        (1, 0),
+        (4, 0),
+        (16, 0),
+        (1, 1),
+        (4, 1),
+        (16, 1),
+    ]
+
+
+# --- the live window ---------------------------------------------------------------------
+
+S = 1_000_000_000
+
+
+def progress(
+    t_s: float,
+    *,
+    ok: int = 0,
+    err: int = 0,
+    win_ok: int = 0,
+    win_err: int = 0,
+    window_at: float | None = None,
+) -> Progress:
+    return Progress(
+        now_ns=int(t_s * S),
+        start_ns=0,
+        window_start_ns=None if window_at is None else int(window_at * S),
+        sent=ok + err,
+        completed_ok=ok,
+        errors=err,
+        output_tokens=0,
+        window_ok=win_ok,
+        window_errors=win_err,
+        workers_done=0,
+    )
+
+
+def test_window_opens_only_when_both_warmup_bounds_are_met() -> None:
+    c = WindowController(Warmup(10.0, 100), duration_s=60, min_requests=50)
+    assert not c(progress(5, ok=500)).open_window  # enough requests, too early
+    assert not c(progress(12, ok=99)).open_window  # late enough, too few requests
+    assert c(progress(12.5, ok=100)).open_window
+    assert c.phase == "window"
+
+
+def test_window_closes_only_when_long_enough_and_full_enough() -> None:
+    c = WindowController(Warmup(None, None), duration_s=60, min_requests=50)
+    assert c(progress(0.0)).open_window
+    assert not c(progress(70, window_at=0, win_ok=49)).stop  # long, not full
+    assert not c(progress(30, window_at=0, win_ok=500)).stop  # full, not long
+    d = c(progress(61, window_at=0, win_ok=50))
+    assert d.stop and c.stop_reason == "window complete"
+
+
+def test_window_stops_early_when_errors_outnumber_successes() -> None:
+    c = WindowController(Warmup(None, None), duration_s=60, min_requests=50)
+    c(progress(0.0))
+    assert not c(progress(1, window_at=0, err=19, win_err=19)).stop
+    assert c(progress(2, window_at=0, err=25, win_err=25, win_ok=3)).stop
+    assert c.stop_reason == "errors outnumber successes"
+
+
+def test_window_stops_a_stalled_point() -> None:
+    c = WindowController(Warmup(None, None), duration_s=60, min_requests=50, stall_s=30)
+    c(progress(0.0, ok=3))
+    assert not c(progress(20, ok=3, window_at=0)).stop
+    assert c(progress(31, ok=3, window_at=0)).stop
+    assert c.stop_reason is not None and "no request finished" in c.stop_reason
+
+
+# --- verdict -----------------------------------------------------------------------------
+
+
+def make_point(**over: Any) -> Point:
+    lat = Latency(p50=1.0, p90=2.0, p99=3.0, mean=1.5, n=100)
+    base: dict[str, Any] = dict(
+        concurrency=4,
+        repetition=0,
+        valid=True,
+        requests_ok=100,
+        errors=0,
+        output_tokens_per_s=1000.0,
+        requests_per_s=10.0,
+        ttft_ms=lat,
+        itl_ms=lat,
+        tpot_ms=lat,
+        e2e_ms=lat,
+        window=WindowInfo(
+            warmup_s=10, duration_s=60, requests_scheduled=104, requests_unfinished=4
+        ),
+        client=ClientEvidence(
+            workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.2, loop_lag_p99_ms=0.5
+        ),
+        server={"roles": {"mixed": {"scraped": True}}, "handoff_share": 0.9, "missing": []},
+    )
+    base.update(over)
+    return Point(**base)
+
+
+def verdict_of(point: Point, **kw: Any) -> Point:
+    args: dict[str, Any] = dict(duration_s=60, min_requests=40, thresholds=Thresholds())
+    args.update(kw)
+    return apply_verdict(point, judge(point, **args))
+
+
+def test_a_good_point_is_valid_with_no_reasons() -> None:
+    p = verdict_of(make_point(), pd=True, thresholds=Thresholds(min_handoff_share=0.8))
+    assert p.valid and p.invalid_reasons == []
+
+
+@pytest.mark.parametrize(
+    ("over", "kw", "check", "words"),
+    [
+        (
+            dict(
+                window=WindowInfo(
+                    warmup_s=10, duration_s=20, requests_scheduled=50, requests_unfinished=0
+                )
+            ),
+            dict(stop_reason="no request finished for 120 s"),
+            "SB401",
+            "window 20.0 s of the required 60 s (the load stopped: no request finished",
+        ),
+        (dict(requests_ok=39), {}, "SB402", "39 requests scheduled and finished"),
+        (
+            dict(requests_ok=98, errors=2, error_samples=["HTTP 503: busy"]),
+            {},
+            "SB403",
+            "2 of 100 requests failed (2.0%, threshold 1%); first error: HTTP 503: busy",
+        ),
+        (
+            dict(
+                client=ClientEvidence(
+                    workers=1, cpu_fraction=0.3, send_lag_p99_ms=25.0, loop_lag_p99_ms=0.5
+                )
+            ),
+            {},
+            "SB404",
+            "send lag p99 25.0 ms",
+        ),
+        (
+            dict(
+                client=ClientEvidence(
+                    workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.1, loop_lag_p99_ms=40.0
+                )
+            ),
+            {},
+            "SB404",
+            "event-loop lag p99",
+        ),
+        (
+            dict(
+                client=ClientEvidence(
+                    workers=2, cpu_fraction=0.97, send_lag_p99_ms=0.1, loop_lag_p99_ms=0.1
+                )
+            ),
+            {},
+            "SB405",
+            "used 97% of a core",
+        ),
+        (dict(server={}), {}, "SB406", "no server evidence collected"),
+        (
+            dict(server={"missing": ["decode: /metrics not read (connection refused)"]}),
+            {},
+            "SB406",
+            "decode: /metrics not read",
+        ),
+        (
+            dict(server={"handoff_share": 0.1, "missing": []}),
+            dict(pd=True, thresholds=Thresholds(min_handoff_share=0.8)),
+            "SB407",
+            "10.0% of decode's prompt tokens arrived by KV transfer (threshold 80.0%)",
+        ),
+        (dict(output_tokens_mismatch=3), {}, "SB408", "3 successful request(s)"),
+    ],
+)
+def test_each_validity_rule_invalidates_with_its_reason(
+    over: dict[str, Any], kw: dict[str, Any], check: str, words: str
+) -> None:
+    p = verdict_of(make_point(**over), **kw)
+    assert not p.valid
+    assert len(p.invalid_reasons) == 1, p.invalid_reasons
+    assert p.invalid_reasons[0].startswith(f"{check}: ")
+    assert words in p.invalid_reasons[0]
+
+
+def test_one_percent_errors_is_still_valid_more_is_not() -> None:
+    assert verdict_of(make_point(requests_ok=99, errors=1)).valid
+    assert not verdict_of(make_point(requests_ok=98, errors=2)).valid
+
+
+def test_a_point_with_no_finished_request_is_invalid_for_errors_too() -> None:
+    p = verdict_of(make_point(requests_ok=0, errors=0))
+    assert any(r.startswith("SB403: no request finished") for r in p.invalid_reasons)
+
+
+def test_server_evidence_can_be_waived_for_a_server_without_metrics() -> None:
+    p = verdict_of(make_point(server={}), thresholds=Thresholds(require_server_evidence=False))
+    assert p.valid
+
+
+def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:
+    low = make_point(server={"handoff_share": 0.0, "missing": []})
+    assert verdict_of(low).valid
+    unknown = verdict_of(
+        make_point(server={"missing": []}), pd=True, thresholds=Thresholds(min_handoff_share=0.5)
+    )
+    assert unknown.invalid_reasons == [
+        "SB407: PD handoff share unknown (decode's transfer counters were not read)"
+    ]
+
+
+def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
+    ids = [f"SB40{i}" for i in range(1, 9)]
+    for i in ids:
+        c = REGISTRY[i]
+        assert c.title and len(c.rationale) > 60 and len(c.fix) > 30
+    assert protocol.WINDOW_SHORT.id == "SB401"

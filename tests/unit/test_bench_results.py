@@ -1,0 +1,376 @@
+"""Results: the figures of a point from its window, aggregates with CIs, goodput, server
+evidence from real vLLM counters, atomic writes and resume bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servebook.bench import results as R
+from servebook.bench.client import Endpoint, LoadResult, LoadSpec, RequestRecord, WorkerStats
+from servebook.bench.results import (
+    Latency,
+    Provenance,
+    ResultsWriter,
+    aggregate,
+    load_results,
+    parse_slo,
+    point_from_load,
+    server_evidence,
+)
+from servebook.findings import UsageError
+from servebook.metrics.scrape import Snapshot, snapshot_from_text
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MS = 1_000_000
+
+
+def rec(
+    index: int,
+    sched_ms: float,
+    token_ms: list[float],
+    *,
+    out: int | None = None,
+    error: str | None = None,
+    end_ms: float | None = None,
+) -> RequestRecord:
+    r = RequestRecord(index=index, worker=0, scheduled_ns=int(sched_ms * MS))
+    r.sent_ns = r.scheduled_ns
+    r.chunk_ns = array("q", [int(t * MS) for t in token_ms])
+    r.usage_output_tokens = out if out is not None else len(token_ms)
+    r.expected_output_tokens = len(token_ms) if out is None else out
+    r.error = error
+    r.done = error is None
+    r.end_ns = int(
+        (end_ms if end_ms is not None else (token_ms[-1] if token_ms else sched_ms)) * MS
+    )
+    return r
+
+
+def load_of(records: list[RequestRecord], *, start_ms: float = 0.0) -> LoadResult:
+    stats = WorkerStats(
+        0, 1, cpu_ns=200 * MS, wall_ns=1000 * MS, loop_lag_ns=array("q", [MS]), cpus=None
+    )
+    return LoadResult(
+        spec=LoadSpec(concurrency=2),
+        endpoint=Endpoint("http://x", "m"),
+        records=records,
+        workers=[stats],
+        start_ns=int(start_ms * MS),
+        end_ns=10_000 * MS,
+        window_start_ns=None,
+        window_end_ns=None,
+    )
+
+
+# --- a point's figures -------------------------------------------------------------------
+
+
+def test_only_requests_that_start_and_finish_in_the_window_give_latency() -> None:
+    records = [
+        rec(0, 50, [150, 160, 170]),  # started before the window: warm-up
+        rec(1, 100, [200, 210, 220]),  # inside: TTFT 100, ITL 10, 10
+        rec(2, 300, [350, 370, 390]),  # inside: TTFT 50, ITL 20, 20
+        rec(3, 800, [900, 950, 1100]),  # finished after the window: not counted
+        rec(4, 400, [], error="HTTP 500: boom", end_ms=410),  # error inside: counted
+    ]
+    p = point_from_load(
+        load_of(records), window_start_ns=100 * MS, window_end_ns=1000 * MS, repetition=1
+    )
+    assert (p.requests_ok, p.errors) == (2, 1)
+    assert p.error_samples == ["HTTP 500: boom"]
+    assert p.window.requests_scheduled == 4 and p.window.requests_unfinished == 1
+    assert p.ttft_ms.n == 2 and p.ttft_ms.mean == pytest.approx(75.0)
+    assert p.itl_ms.n == 4 and p.itl_ms.p50 == pytest.approx(15.0)
+    assert p.tpot_ms.mean == pytest.approx(15.0)
+    assert p.e2e_ms.p50 == pytest.approx((120 + 90) / 2)
+    assert p.window.duration_s == pytest.approx(0.9)
+    assert p.window.warmup_s == pytest.approx(0.1)
+    # Throughput counts tokens that arrived inside the window from every request:
+    # rec 0: 150,160,170; rec 1: 3; rec 2: 3; rec 3: 900, 950 -> 11 tokens in 0.9 s.
+    assert p.output_tokens_per_s == pytest.approx(11 / 0.9)
+    # Requests that finished inside the window: rec 0, 1, 2.
+    assert p.requests_per_s == pytest.approx(3 / 0.9)
+    assert p.client.cpu_fraction == pytest.approx(0.2)
+    assert p.client.loop_lag_p99_ms == pytest.approx(1.0)
+
+
+def test_per_accelerator_throughput_divides_by_the_deployments_accelerators() -> None:
+    records = [rec(0, 0, [10, 20])]
+    p = point_from_load(
+        load_of(records),
+        window_start_ns=0,
+        window_end_ns=1000 * MS,
+        repetition=0,
+        accelerators_used=4,
+    )
+    assert p.output_tokens_per_s_per_accelerator == pytest.approx(p.output_tokens_per_s / 4)
+    cpu = point_from_load(
+        load_of(records), window_start_ns=0, window_end_ns=1000 * MS, repetition=0
+    )
+    assert cpu.output_tokens_per_s_per_accelerator is None
+
+
+def test_a_short_answer_is_counted_as_an_output_length_mismatch() -> None:
+    r = rec(0, 0, [10, 20], out=2)
+    r.expected_output_tokens = 16
+    p = point_from_load(load_of([r]), window_start_ns=0, window_end_ns=1000 * MS, repetition=0)
+    assert p.output_tokens_mismatch == 1
+
+
+def test_goodput_counts_requests_meeting_every_slo() -> None:
+    records = [
+        rec(0, 0, [100, 110, 120]),  # ttft 100, tpot 10: good
+        rec(1, 0, [600, 610, 620]),  # ttft 600: bad
+        rec(2, 0, [100, 200, 300]),  # tpot 100: bad
+    ]
+    p = point_from_load(
+        load_of(records),
+        window_start_ns=0,
+        window_end_ns=1000 * MS,
+        repetition=0,
+        slo_ms=parse_slo("ttft=500ms,tpot=50ms"),
+    )
+    assert p.goodput is not None
+    assert p.goodput.fraction == pytest.approx(1 / 3)
+    assert p.goodput.requests_per_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("ttft=500ms,tpot=50ms", {"ttft": 500.0, "tpot": 50.0}),
+        ("ttft=0.5s", {"ttft": 500.0}),
+        ("e2el:2000", {"e2e": 2000.0}),
+        ("itl=250us", {"itl": 0.25}),
+    ],
+)
+def test_slo_parser(text: str, want: dict[str, float]) -> None:
+    assert parse_slo(text) == want
+
+
+@pytest.mark.parametrize("text", ["ttft", "latency=5ms", "ttft=fast", "ttft=0ms", ""])
+def test_slo_parser_rejects_bad_objectives(text: str) -> None:
+    with pytest.raises(UsageError, match="--slo"):
+        parse_slo(text)
+
+
+# --- aggregates --------------------------------------------------------------------------
+
+
+def point(conc: int, rep: int, tok_s: float, p50: float, *, valid: bool = True) -> R.Point:
+    lat = Latency(p50=p50, p90=p50, p99=p50, mean=p50, n=10)
+    return R.Point(
+        concurrency=conc,
+        repetition=rep,
+        valid=valid,
+        invalid_reasons=[] if valid else ["SB402: too few"],
+        requests_ok=10,
+        errors=0,
+        output_tokens_per_s=tok_s,
+        requests_per_s=1.0,
+        ttft_ms=lat,
+        itl_ms=lat,
+        tpot_ms=lat,
+        e2e_ms=lat,
+        window=R.WindowInfo(
+            warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0
+        ),
+        client=R.ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
+    )
+
+
+def test_aggregates_average_valid_repetitions_with_a_t_interval() -> None:
+    pts = [
+        point(4, 0, 10.0, 1.0),
+        point(4, 1, 12.0, 2.0),
+        point(4, 2, 14.0, 3.0),
+        point(4, 3, 999.0, 9.0, valid=False),
+        point(1, 0, 5.0, 1.0),
+    ]
+    aggs = {a.concurrency: a for a in aggregate(pts)}
+    a4 = aggs[4]
+    assert (a4.repetitions, a4.valid_repetitions) == (4, 3)
+    tok = a4.figures["output_tokens_per_s"]
+    assert tok.mean == pytest.approx(12.0)  # the invalid 999 is not averaged in
+    assert tok.ci95 == (
+        pytest.approx(12 - 4.968275, abs=1e-5),
+        pytest.approx(12 + 4.968275, abs=1e-5),
+    )
+    assert a4.figures["ttft_ms.p50"].mean == pytest.approx(2.0)
+    one = aggs[1].figures["output_tokens_per_s"]
+    assert one.n == 1 and one.mean == 5.0 and one.ci95 is None
+
+
+# --- server evidence ---------------------------------------------------------------------
+
+
+def zeroed(snap: Snapshot) -> Snapshot:
+    """The same metrics with every value 0: a freshly started server."""
+    return Snapshot(
+        url=snap.url,
+        taken_at=0,
+        samples={name: {lbls: 0.0 for lbls in series} for name, series in snap.samples.items()},
+    )
+
+
+def prom(role: str) -> Snapshot:
+    path = FIXTURES / "metrics" / f"vllm-0.32.0-cpu-tiny-pd-{role}-after.prom"
+    return snapshot_from_text(path.read_text(), url=f"http://{role}/metrics")
+
+
+def test_server_evidence_from_real_pd_counters_gives_the_handoff_share() -> None:
+    after = {"prefill": prom("prefill"), "decode": prom("decode")}
+    before = {k: zeroed(v) for k, v in after.items()}
+    ev = server_evidence(before, after, decode_role="decode")
+    assert ev["missing"] == []
+    assert ev["handoff_share"] == pytest.approx(896 / 970)
+    assert ev["roles"]["decode"]["counters"]["prompt_tokens"] == 970
+    assert ev["preemptions"] == 0 and ev["request_errors"] == 0
+
+
+def test_server_evidence_says_what_is_missing() -> None:
+    after: dict[str, Snapshot | str] = {"prefill": prom("prefill"), "decode": "connection refused"}
+    before: dict[str, Snapshot | str] = {
+        "prefill": zeroed(prom("prefill")),
+        "decode": zeroed(prom("decode")),
+    }
+    ev = server_evidence(before, after, decode_role="decode")
+    assert ev["handoff_share"] is None
+    assert ev["missing"] == ["decode: /metrics not read (connection refused)"]
+
+
+def test_a_counter_that_went_backwards_is_a_restart_not_a_negative_delta() -> None:
+    snap = prom("decode")
+    ev = server_evidence({"decode": snap}, {"decode": zeroed(snap)})
+    assert any("restarted" in m for m in ev["missing"])
+
+
+# --- the file ----------------------------------------------------------------------------
+
+
+def prov(**over: Any) -> Provenance:
+    base: dict[str, Any] = dict(
+        servebook_version="0.1.0",
+        engine="vllm",
+        engine_version="0.32.0",
+        model=R.ModelInfo(name="tiny", config_hash="sha256:abc"),
+        protocol={"duration_s": 60},
+        workload={"input_len": 64},
+        seed=0,
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+    base.update(over)
+    return Provenance(**base)
+
+
+def test_each_point_is_written_atomically_and_the_file_loads_back(tmp_path: Path) -> None:
+    w = ResultsWriter(tmp_path, prov())
+    w.add(point(4, 0, 10.0, 1.0))
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["schema"] == "servebook.bench/1"
+    p0 = doc["points"][0]
+    for key in (
+        "concurrency",
+        "repetition",
+        "valid",
+        "invalid_reasons",
+        "requests_ok",
+        "errors",
+        "output_tokens_per_s",
+        "requests_per_s",
+        "ttft_ms",
+        "itl_ms",
+        "tpot_ms",
+        "e2e_ms",
+        "server",
+    ):
+        assert key in p0
+    assert set(p0["ttft_ms"]) >= {"p50", "p90", "p99", "mean"}
+    assert doc["aggregates"][0]["figures"]["output_tokens_per_s"]["ci95"] is None
+    w.add(point(4, 1, 12.0, 1.0))
+    back = load_results(tmp_path / "results.json")
+    assert [p.repetition for p in back.points] == [0, 1]
+    assert back.provenance.ended_at is not None
+    assert [f.name for f in tmp_path.iterdir()] == ["results.json"]  # no temp file left
+
+
+def test_an_interrupted_write_leaves_the_previous_complete_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = ResultsWriter(tmp_path, prov())
+    w.add(point(4, 0, 10.0, 1.0))
+    before = (tmp_path / "results.json").read_text()
+
+    def crash(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        w.add(point(4, 1, 12.0, 1.0))
+    assert (tmp_path / "results.json").read_text() == before
+    assert [f.name for f in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_resume_skips_valid_points_and_reruns_invalid_ones(tmp_path: Path) -> None:
+    w = ResultsWriter(tmp_path, prov())
+    w.add(point(4, 0, 10.0, 1.0))
+    w.add(point(16, 0, 0.0, 0.0, valid=False))  # the server died during this one
+    again = ResultsWriter(tmp_path, prov(started_at="2026-01-02T00:00:00+00:00"), resume=True)
+    assert again.done_keys() == {("concurrency", 4.0, 0)}
+    assert again.results.provenance.started_at == "2026-01-01T00:00:00+00:00"
+    again.add(point(16, 0, 20.0, 1.0))
+    back = load_results(tmp_path / "results.json")
+    assert sorted((p.concurrency, p.valid) for p in back.points) == [(4, True), (16, True)]
+    assert [(p.concurrency, p.valid) for p in back.superseded_points] == [(16, False)]
+
+
+def test_resume_refuses_a_run_with_different_settings_and_names_them(tmp_path: Path) -> None:
+    ResultsWriter(tmp_path, prov()).add(point(4, 0, 10.0, 1.0))
+    with pytest.raises(UsageError, match=r"differs from the file in engine_version, seed"):
+        ResultsWriter(tmp_path, prov(engine_version="0.33.0", seed=1), resume=True)
+
+
+def test_an_existing_results_file_is_not_overwritten_without_resume(tmp_path: Path) -> None:
+    ResultsWriter(tmp_path, prov()).add(point(4, 0, 10.0, 1.0))
+    with pytest.raises(UsageError, match="--resume"):
+        ResultsWriter(tmp_path, prov())
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("{not json", "not JSON"),
+        ('{"schema": "other"}', "not a servebook results file"),
+        ('{"schema": "servebook.bench/1"}', "invalid results at provenance"),
+    ],
+)
+def test_a_bad_results_file_is_a_usage_error(tmp_path: Path, content: str, words: str) -> None:
+    f = tmp_path / "results.json"
+    f.write_text(content)
+    with pytest.raises(UsageError, match=words):
+        load_results(f)
+
+
+def test_environment_secrets_are_redacted_in_provenance() -> None:
+    env = R.redact_env({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "k"})
+    assert env == {
+        "HF_TOKEN": "<redacted>",
+        "OPENAI_API_KEY": "<redacted>",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    }
+
+
+def test_model_config_hash_ignores_key_order_and_whitespace(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "config.json").write_text('{"x": 1, "y": [1, 2]}')
+    (tmp_path / "b" / "config.json").write_text('{\n "y": [1,2],\n "x": 1}\n')
+    ha, hb = R.model_config_hash(tmp_path / "a"), R.model_config_hash(tmp_path / "b")
+    assert ha == hb and ha is not None and ha.startswith("sha256:")
+    assert R.model_config_hash(tmp_path / "missing") is None
