@@ -28,6 +28,17 @@ RESERVED_FLAGS = {
 }
 
 
+# The engine's "alive and serving" signal: 200 once the server answers, 503 when the engine
+# core died (EngineDeadError, since 2025-09; vllm.md section 6).  Readiness probes use it.
+HEALTH_PATH = "/health"
+
+# Speculative methods by whether they load a separate draft (vllm.md section 4).  Methods
+# in neither set are passed through as written.
+DRAFT_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "dflash"})
+# ngram/suffix look tokens up in the prompt; mtp uses the target model's own MTP layers.
+NO_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "mtp"})
+
+
 def flag_name(arg: str) -> str | None:
     """'--dtype=bf16' -> '--dtype'; '-tp' -> '-tp'; a value -> None."""
     if not arg.startswith("-") or arg == "-" or _is_number(arg):
@@ -75,6 +86,78 @@ def kv_transfer_config(connector: str, extra_config: dict[str, Any]) -> dict[str
     return cfg
 
 
+# What each KV connector needs from the network around the engine (vllm.md section 3.1):
+# NIXL's side channel announces VLLM_NIXL_SIDE_CHANNEL_HOST to the other side, and its
+# default `localhost` makes decode dial itself across nodes; Mooncake's prefill side runs a
+# bootstrap server the router queries.  `router` is vllm-router's `--kv-connector` name.
+@dataclass(frozen=True)
+class ConnectorNetwork:
+    router: str | None
+    own_ip_env: tuple[str, ...] = ()
+    bootstrap_port_env: str | None = None
+    bootstrap_port: int | None = None
+
+
+CONNECTOR_NETWORK: dict[str, ConnectorNetwork] = {
+    "NixlConnector": ConnectorNetwork(router="nixl", own_ip_env=("VLLM_NIXL_SIDE_CHANNEL_HOST",)),
+    "MooncakeConnector": ConnectorNetwork(
+        router="mooncake", bootstrap_port_env="VLLM_MOONCAKE_BOOTSTRAP_PORT", bootstrap_port=8998
+    ),
+    "MoRIIOConnector": ConnectorNetwork(router="moriio"),
+}
+
+
+def connector_network(connector: str) -> ConnectorNetwork:
+    return CONNECTOR_NETWORK.get(connector, ConnectorNetwork(router=None))
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), last one wins."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def kv_connector_of(args: Sequence[str]) -> str | None:
+    """The KV connector an engine's arguments name, if any."""
+    text = flag_value(args, "--kv-transfer-config")
+    if text is None:
+        return None
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        return None
+    name = cfg.get("kv_connector") if isinstance(cfg, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def parallel_size(args: Sequence[str]) -> int:
+    """GPUs one engine uses: tensor x pipeline x data parallel sizes (1 when unset)."""
+    sizes = {"tp": 1, "pp": 1, "dp": 1}
+    names = {
+        "--tensor-parallel-size": "tp",
+        "-tp": "tp",
+        "--pipeline-parallel-size": "pp",
+        "-pp": "pp",
+        "--data-parallel-size": "dp",
+        "-dp": "dp",
+    }
+    for i, a in enumerate(args):
+        name = flag_name(a)
+        if name not in names:
+            continue
+        value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            sizes[names[name]] = int(value)
+        except ValueError:
+            continue
+    return sizes["tp"] * sizes["pp"] * sizes["dp"]
+
+
 def compact_json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
@@ -113,12 +196,16 @@ def router_argv(
     host: str,
     port: int,
     extra: Sequence[str] = (),
+    prefill_bootstrap_port: int | None = None,
 ) -> list[str]:
+    # `--prefill URL [BOOTSTRAP_PORT]`: Mooncake's router queries the prefill side's
+    # bootstrap server on that port (vllm-router 0.1.17 --help).
+    prefill = [prefill_url] + ([str(prefill_bootstrap_port)] if prefill_bootstrap_port else [])
     return [
         router_bin,
         "--vllm-pd-disaggregation",
         "--prefill",
-        prefill_url,
+        *prefill,
         "--decode",
         decode_url,
         "--host",
@@ -126,6 +213,31 @@ def router_argv(
         "--port",
         str(port),
         *extra,
+    ]
+
+
+# vllm-router's own probes (0.1.17): /liveness answers while the process serves;
+# /readiness only once it has healthy workers to route to.
+ROUTER_LIVENESS_PATH = "/liveness"
+ROUTER_READINESS_PATH = "/readiness"
+
+
+def router_k8s_args(connector: str, startup_timeout_s: int, metrics_port: int) -> list[str]:
+    """Router flags for a cluster: the connector's protocol, a worker-startup wait as long
+    as the engines' weight-load budget (its default, 600 s, is shorter than a large
+    model's load, and the router gives up), and metrics reachable from outside the Pod."""
+    args: list[str] = []
+    net = connector_network(connector)
+    if net.router:
+        args += ["--kv-connector", net.router]
+    return [
+        *args,
+        "--worker-startup-timeout-secs",
+        str(startup_timeout_s),
+        "--prometheus-host",
+        "0.0.0.0",
+        "--prometheus-port",
+        str(metrics_port),
     ]
 
 

@@ -13,14 +13,36 @@ from pydantic import BaseModel, Field
 
 from servebook.engines import vllm
 from servebook.findings import UsageError
-from servebook.recipe.schema import ENGINE_ROLES, Generate, Placement, Recipe, Resources
+from servebook.recipe.schema import (
+    ENGINE_ROLES,
+    Generate,
+    Kubernetes,
+    Placement,
+    Recipe,
+    Resources,
+)
+
+
+class RecipeValueError(UsageError):
+    """A resolved recipe value that cannot work, at the given recipe keys.  ``resolve``
+    adds which parameter set each key, so the message names what the user typed."""
+
+    def __init__(self, message: str, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
 
 
 class RolePlan(BaseModel):
     name: str
     kind: Literal["engine", "router"]
+    # Where the weights are on the machine that runs the role (the node, on kubernetes).
     model_path: str | None = None
     draft_path: str | None = None
+    # Kubernetes: where model_path/draft_path are mounted in the container (the engine is
+    # given these paths); None: not mounted, the engine is given the path itself.
+    model_container_path: str | None = None
+    draft_container_path: str | None = None
+    image: str | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
@@ -36,12 +58,16 @@ class Plan(BaseModel):
     served_model_name: str
     image: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
+    # Where each parameter's value came from: "the recipe's default", "values file F",
+    # "--set NAME", "unset (optional)".
+    param_origins: dict[str, str] = Field(default_factory=dict)
     roles: list[RolePlan]
     # Model directories servebook may create when absent: path -> generator.
     generate: dict[str, Generate] = Field(default_factory=dict)
     # Directories of the KV connector's storage that `down` removes (local backend).
     kv_storage: list[str] = Field(default_factory=list)
     speculative: dict[str, Any] | None = None
+    kubernetes: Kubernetes | None = None
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -95,6 +121,51 @@ def _check_engine_args(origin: str, role: str, args: list[str]) -> None:
         )
 
 
+def _mounted(origin: str, path: str, key: str, container_path: str, what: str) -> None:
+    """A directory mounted from the node must be an absolute node path, mounted at an
+    absolute container path."""
+    if not container_path.startswith("/"):
+        raise RecipeValueError(
+            f"{origin}: the {what}'s container_path {container_path!r} is not an absolute "
+            "path; use one such as /models/model.",
+            ["model.container_path" if what == "model" else "speculative.container_path"],
+        )
+    if not path.startswith("/") or "/../" in f"{path}/":
+        raise RecipeValueError(
+            f"{origin}: {key} = {path!r} is mounted from the node at {container_path} "
+            f"(the {what}), so it must be an absolute directory on the node, e.g. "
+            "/data/models/NAME. `servebook probe --find /` on the node lists candidates.",
+            [key],
+        )
+
+
+def _draft(
+    origin: str, recipe: Recipe, name: str, role_draft: str | None
+) -> tuple[str | None, str]:
+    """The role's draft directory (None: no draft) and the recipe key it came from."""
+    spec = recipe.speculative
+    assert spec is not None
+    keys = [f"roles.{name}.draft_path", "speculative.model"]
+    key = keys[0] if role_draft else keys[1]
+    draft = role_draft or spec.model
+    if spec.method in vllm.NO_DRAFT_METHODS and draft is not None:
+        raise RecipeValueError(
+            f"{origin}: speculative method '{spec.method}' uses no draft model, but {key} = "
+            f"{draft!r} names one. Leave the draft unset, or choose a method that loads a "
+            f"draft ({', '.join(sorted(vllm.DRAFT_METHODS))}).",
+            [key, "speculative.method"],
+        )
+    if spec.method in vllm.DRAFT_METHODS and draft is None:
+        raise RecipeValueError(
+            f"{origin}: speculative method '{spec.method}' loads a draft model, but role "
+            f"{name} has none (neither {keys[0]} nor {keys[1]} is set). Set the draft "
+            "directory, or choose a method that needs none "
+            f"({', '.join(sorted(vllm.NO_DRAFT_METHODS))}).",
+            [*keys, "speculative.method"],
+        )
+    return draft, key
+
+
 def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
     """Turn a fully substituted recipe into a Plan."""
     roles: list[RolePlan] = []
@@ -105,15 +176,32 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
     for name in ENGINE_ROLES[recipe.topology]:
         role = recipe.roles[name]
         _check_engine_args(origin, name, role.engine_args)
+        model_key = f"roles.{name}.model_path" if role.model_path else "model.path"
         model_path = role.model_path or recipe.model.path
+        assert model_path is not None  # the schema requires one or the other
+        model_container = recipe.model.container_path
+        if model_container is not None:
+            _mounted(origin, model_path, model_key, model_container, "model")
         if recipe.model.generate is not None:
             generate[model_path] = recipe.model.generate
         spec_cfg = None
         draft_path = None
+        draft_container = None
         if spec is not None:
-            draft_path = role.draft_path or spec.model
+            draft_path, draft_key = _draft(origin, recipe, name, role.draft_path)
+            if draft_path is not None and spec.container_path is not None:
+                draft_container = spec.container_path
+                _mounted(origin, draft_path, draft_key, draft_container, "draft model")
+                if draft_container == model_container:
+                    raise RecipeValueError(
+                        f"{origin}: the model and the draft are both mounted at "
+                        f"{draft_container}; give speculative.container_path its own path.",
+                        ["speculative.container_path"],
+                    )
+            # The engine is given the container path when there is one, so PD roles whose
+            # nodes keep the draft at different paths still get byte-identical configs.
             spec_cfg = vllm.speculative_config(
-                spec.method, spec.num_speculative_tokens, draft_path, spec.extra
+                spec.method, spec.num_speculative_tokens, draft_container or draft_path, spec.extra
             )
             if spec.generate is not None and draft_path is not None:
                 generate[draft_path] = spec.generate
@@ -127,27 +215,47 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             path = recipe.kv_connector.extra_config.get("shared_storage_path")
             if isinstance(path, str) and path not in kv_storage:
                 kv_storage.append(path)
+        args = vllm.engine_args(
+            model_path=model_container or model_path,
+            served_name=recipe.model.served_name,
+            max_model_len=recipe.model.max_model_len,
+            speculative=spec_cfg,
+            kv_transfer=kv_cfg,
+            extra=role.engine_args,
+        )
+        gpus = role.resources.gpus
+        if isinstance(gpus, int) and gpus > 0 and vllm.parallel_size(args) > gpus:
+            raise RecipeValueError(
+                f"{origin}: role {name} runs {vllm.parallel_size(args)} GPU workers "
+                f"(tensor x pipeline x data parallel sizes in its engine arguments) but "
+                f"requests {gpus} GPU(s); the engine would fail to start. Make the parallel "
+                "sizes multiply to at most the GPU count.",
+                [f"roles.{name}.engine_args", f"roles.{name}.resources.gpus"],
+            )
         roles.append(
             RolePlan(
                 name=name,
                 kind="engine",
                 model_path=model_path,
                 draft_path=draft_path,
-                args=vllm.engine_args(
-                    model_path=model_path,
-                    served_name=recipe.model.served_name,
-                    max_model_len=recipe.model.max_model_len,
-                    speculative=spec_cfg,
-                    kv_transfer=kv_cfg,
-                    extra=role.engine_args,
-                ),
+                model_container_path=model_container,
+                draft_container_path=draft_container,
+                image=recipe.image,
+                args=args,
                 env=dict(role.env),
                 resources=role.resources,
                 placement=role.placement,
             )
         )
     if recipe.router is not None:
-        roles.append(RolePlan(name="router", kind="router", args=list(recipe.router.args)))
+        roles.append(
+            RolePlan(
+                name="router",
+                kind="router",
+                image=recipe.router.image,
+                args=list(recipe.router.args),
+            )
+        )
     return Plan(
         recipe=recipe.name,
         origin=origin,
@@ -161,4 +269,5 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
         generate=generate,
         kv_storage=kv_storage,
         speculative=plan_spec,
+        kubernetes=recipe.kubernetes,
     )

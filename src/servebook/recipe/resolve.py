@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servebook.findings import UsageError
-from servebook.recipe.plan import Plan, build_plan
+from servebook.recipe.plan import Plan, RecipeValueError, build_plan
 from servebook.recipe.schema import Parameter, ParamType, Recipe
 
 REF = re.compile(r"\$\{([^}]*)\}")
@@ -92,7 +92,30 @@ def _loc(loc: Iterable[Any]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def _validation_error(src: Source, e: ValidationError) -> UsageError:
+def _set_by(keys: Iterable[str], usages: Mapping[str, list[str]] | None) -> str:
+    """' Set by parameter(s) X (--set X=VALUE).' for the parameters used at or under
+    ``keys``, so a message about a recipe key names what the user actually typed."""
+    if not usages:
+        return ""
+    names = sorted(
+        {
+            name
+            for name, locs in usages.items()
+            for loc in locs
+            for key in keys
+            if key and (loc == key or loc.startswith(key + ".")) and name not in BUILTINS
+        }
+    )
+    if not names:
+        return ""
+    how = ", ".join(f"--set {n}=VALUE" for n in names)
+    noun = "parameter" if len(names) == 1 else "parameters"
+    return f" Set by {noun} {', '.join(repr(n) for n in names)} ({how})."
+
+
+def _validation_error(
+    src: Source, e: ValidationError, usages: Mapping[str, list[str]] | None = None
+) -> UsageError:
     lines = []
     for err in e.errors():
         where = _loc(err["loc"])
@@ -102,15 +125,16 @@ def _validation_error(src: Source, e: ValidationError) -> UsageError:
                 "(unknown keys are errors, not ignored)."
             )
         else:
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}).")
+            set_by = _set_by([where], usages) if err["loc"] else ""
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}).{set_by}")
     return UsageError(f"{src.origin}: invalid recipe:\n" + "\n".join(lines))
 
 
-def parse_recipe(src: Source) -> Recipe:
+def parse_recipe(src: Source, usages: Mapping[str, list[str]] | None = None) -> Recipe:
     try:
         return Recipe.model_validate(src.data)
     except ValidationError as e:
-        raise _validation_error(src, e) from None
+        raise _validation_error(src, e, usages) from None
 
 
 def parse_set(pairs: Iterable[str]) -> dict[str, str]:
@@ -221,7 +245,18 @@ def _substitute(node: Any, values: Mapping[str, Any]) -> Any:
         whole = REF.fullmatch(node)
         if whole:  # a whole-string reference keeps the parameter's type (int, bool)
             return values[whole.group(1).strip()]
-        return REF.sub(lambda m: str(values[m.group(1).strip()]), node)
+
+        def part(m: re.Match[str]) -> str:
+            value = values[m.group(1).strip()]
+            if value is None:
+                raise UsageError(
+                    f"optional parameter '{m.group(1).strip()}' is unset but used inside "
+                    f"the larger value {node!r}; an optional parameter can only be a whole "
+                    "value (so that unset leaves the key out). Fix the recipe."
+                )
+            return str(value)
+
+        return REF.sub(part, node)
     if isinstance(node, Mapping):
         return {k: _substitute(v, values) for k, v in node.items()}
     if isinstance(node, list):
@@ -249,10 +284,13 @@ def resolve_values(
     declared: Mapping[str, Parameter],
     supplied: Mapping[str, tuple[Any, str]],
     builtins: Mapping[str, str],
+    origins: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Parameter values from defaults and supplied (value, origin) pairs, typed and
     validated, and a message per unresolved parameter (with where it is used).  Unresolved
-    parameters get a typed stand-in value so the rest of the recipe can still be checked."""
+    parameters get a typed stand-in value so the rest of the recipe can still be checked.
+    ``origins``, when given, receives where each value came from."""
+    origins = {} if origins is None else origins
     usages = _usages(src.data)
     for ref, where in usages.items():
         if ref not in declared and ref not in BUILTINS:
@@ -276,11 +314,14 @@ def resolve_values(
 
     values: dict[str, Any] = dict(builtins)
     missing: list[str] = []
+    invalid: list[str] = []
     for name, param in declared.items():
         if name in supplied:
             raw, origin = supplied[name]
         elif param.default is not None:
             raw, origin = param.default, "the recipe's default"
+        elif param.optional:
+            raw, origin = None, "unset (optional)"
         else:
             used_at = ", ".join(usages.get(name, [])) or "not referenced"
             missing.append(
@@ -296,7 +337,20 @@ def resolve_values(
                     f"{src.origin}: parameter '{name}' default {param.default!r} may only "
                     f"refer to built-ins ({', '.join(BUILTINS)})."
                 )
-        values[name] = _coerce(name, param, raw, origin)
+        origins[name] = origin
+        if param.optional and (raw is None or str(raw).strip() == ""):
+            values[name] = None  # unset: a whole-value reference leaves its key out
+            continue
+        try:
+            values[name] = _coerce(name, param, raw, origin)
+        except UsageError as e:
+            invalid.append(f"  {e}")
+    if invalid:
+        # Every offending parameter at once: a deploy cycle is minutes, not one per typo.
+        raise UsageError(
+            f"{src.origin}: {len(invalid) + len(missing)} parameter(s) invalid or unresolved; "
+            "nothing was rendered or started:\n" + "\n".join(invalid + missing)
+        )
     return values, missing
 
 
@@ -322,11 +376,22 @@ def resolve(
         "cache_dir": str(home / "models"),
         "state_dir": str(state_dir or home / "deployments" / name),
     }
-    values, missing = resolve_values(src, declared, supplied, builtins)
+    origins: dict[str, str] = {}
+    values, missing = resolve_values(src, declared, supplied, builtins, origins)
     body = {k: v for k, v in src.data.items() if k != "parameters"}
-    recipe = parse_recipe(
-        Source(src.name, src.origin, {**_substitute(body, values), "parameters": declared})
-    )
+    usages = _usages(src.data)
+    try:
+        recipe = parse_recipe(
+            Source(src.name, src.origin, {**_substitute(body, values), "parameters": declared}),
+            usages,
+        )
+    except UsageError as e:
+        if not missing:
+            raise
+        # Report the unresolved parameters too, so one run names everything to fix.
+        raise UsageError(
+            f"{e}\nand {len(missing)} parameter(s) unresolved:\n" + "\n".join(missing)
+        ) from None
     if missing:
         raise UsageError(
             f"{src.origin}: {len(missing)} parameter(s) unresolved; nothing was rendered or "
@@ -334,4 +399,9 @@ def resolve(
         )
     for b in BUILTINS:
         values.pop(b, None)
-    return build_plan(recipe, values, origin=src.origin)
+    try:
+        plan = build_plan(recipe, values, origin=src.origin)
+    except RecipeValueError as e:
+        raise UsageError(f"{e}{_set_by(e.keys, usages)}") from None
+    plan.param_origins = origins
+    return plan

@@ -8,10 +8,11 @@ key that is silently ignored is a deployment that silently does not do what it c
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -38,6 +39,10 @@ class Parameter(_Strict):
     how_to_find: str = ""
     # ``None`` means required: there is no safe default.
     default: Any = None
+    # An optional parameter may be left unset (or set to an empty value): it then resolves
+    # to none and the key that refers to it (a whole-value reference) is left out, e.g. no
+    # RDMA device request, no draft model.  Unset is a stated choice, never a blank.
+    optional: bool = False
     choices: list[str] | None = None
     min: float | None = None
     max: float | None = None
@@ -58,8 +63,58 @@ class Generate(StrEnum):
     TINY_DRAFT = "tiny-draft"
 
 
+def _matching(regex: str, what: str) -> AfterValidator:
+    """A string check whose error says what is expected in words (a regex in an error
+    message helps nobody, and a terminal may even eat its brackets)."""
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"expected {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+# A Kubernetes object name (RFC 1123 label), e.g. a namespace.
+DnsLabel = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+        "a Kubernetes name: at most 63 lowercase letters, digits and '-', starting and "
+        "ending with a letter or digit",
+    ),
+]
+# An extended resource name: `vendor-domain/resource` (nvidia.com/gpu, rdma/ib).
+ResourceName = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?",
+        "an extended resource name such as nvidia.com/gpu, amd.com/gpu or rdma/ib",
+    ),
+]
+# A Kubernetes quantity such as 16Gi or 512M.
+Quantity = Annotated[
+    str,
+    _matching(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?", "a quantity such as 16Gi"),
+]
+# An image reference: no whitespace (anything else is the registry's business).
+Image = Annotated[str, _matching(r"\S+", "an image reference without spaces")]
+
+CONTAINER_PATH_HELP = (
+    "Kubernetes: the path inside the container where the node directory given as the path "
+    "is mounted read-only (hostPath, type Directory); the engine is given this path. Two "
+    "nodes may keep the same weights at different paths and still hand the engines the "
+    "same path. Unset: the engine is given the path itself (local backend)."
+)
+
+
 class Model(_Strict):
-    path: str = Field(description="Model directory (or hub id) every role loads by default.")
+    # None only when every engine role sets its own model_path.
+    path: str | None = Field(
+        default=None, description="Model directory (or hub id) every role loads by default."
+    )
+    container_path: str | None = Field(default=None, description=CONTAINER_PATH_HELP)
     served_name: str = Field(min_length=1)
     max_model_len: int | None = Field(default=None, gt=0)
     generate: Generate | None = None
@@ -71,6 +126,7 @@ class Speculative(_Strict):
 
     method: str = Field(min_length=1)
     model: str | None = None
+    container_path: str | None = Field(default=None, description=CONTAINER_PATH_HELP)
     num_speculative_tokens: int = Field(gt=0)
     generate: Generate | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -85,8 +141,9 @@ class Resources(_Strict):
     cpu: str | None = None
     memory: str | None = None
     gpus: int | str = 0
-    gpu_resource: str = "nvidia.com/gpu"
-    rdma_resource: str | None = None
+    gpu_resource: ResourceName = "nvidia.com/gpu"
+    # One device of this extended resource (e.g. rdma/ib) per engine Pod; None: none.
+    rdma_resource: ResourceName | None = None
 
 
 class Placement(_Strict):
@@ -107,7 +164,24 @@ class Router(_Strict):
     # vllm-router's PD mode (`--vllm-pd-disaggregation`) routed ExampleConnector
     # deployments on CPU here, so it is the default and only kind for now.
     kind: Literal["vllm-router"] = "vllm-router"
+    # Kubernetes: the router's own image (the engine image does not ship vllm-router).
+    image: Image | None = None
     args: list[str] = Field(default_factory=list)
+
+
+class Kubernetes(_Strict):
+    """Settings only the kubernetes backend reads (render, up)."""
+
+    # Every object goes here, and the render emits the Namespace itself (field notes: a
+    # namespace referenced by every manifest and created by none).
+    namespace: DnsLabel = "servebook"
+    # Budget for the engine to load weights and answer /health before Kubernetes restarts
+    # it: field notes saw ~8 min normal loads and 10-14 min deploys; a budget shorter than
+    # the load is an endless restart loop that looks like a crash.
+    startup_timeout_s: int = Field(default=1800, ge=60, le=86400)
+    # /dev/shm for NCCL and the engine's worker processes (the container default is 64Mi).
+    shm_size: Quantity = "16Gi"
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
 
 
 ENGINE_ROLES = {"mixed": ("mixed",), "pd": ("prefill", "decode")}
@@ -119,13 +193,14 @@ class Recipe(_Strict):
     engine: Literal["vllm"] = "vllm"
     backends: list[Literal["local", "kubernetes"]] = Field(min_length=1)
     topology: Literal["mixed", "pd"]
-    image: str | None = None
+    image: Image | None = None
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     model: Model
     speculative: Speculative | None = None
     kv_connector: KVConnector | None = None
     roles: dict[str, Role]
     router: Router | None = None
+    kubernetes: Kubernetes | None = None
 
     @model_validator(mode="after")
     def _topology_shape(self) -> Recipe:
@@ -146,10 +221,13 @@ class Recipe(_Strict):
                 raise ValueError("topology 'pd' needs 'router:' (the entry point)")
         elif self.kv_connector is not None:
             raise ValueError("'kv_connector:' is only meaningful with topology 'pd'")
-        if (
-            self.speculative is not None
-            and self.speculative.method == "draft_model"
-            and (self.speculative.model is None)
-        ):
-            raise ValueError("speculative method 'draft_model' needs 'model:' (the draft)")
+        if self.model.path is None:
+            lacking = [n for n, r in self.roles.items() if r.model_path is None]
+            if lacking:
+                raise ValueError(
+                    f"model.path is unset and roles {', '.join(sorted(lacking))} set no "
+                    "model_path: say which model each engine loads"
+                )
+        # Whether the speculative method needs a draft is checked per role when the Plan
+        # is built (roles may each name their own draft directory).
         return self
