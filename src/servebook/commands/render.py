@@ -1,0 +1,164 @@
+"""`servebook render RECIPE [--set k=v ...] [-f values.yaml] [-o DIR]`.
+
+Resolves the recipe, builds every Kubernetes object (``servebook.kube.manifests``), checks
+each against the Kubernetes OpenAPI schema, and only then writes: into a temporary
+directory beside DIR that is renamed into place, so a render that fails at any step leaves
+DIR exactly as it was.  Without ``-o`` the manifests go to stdout (for ``| kubectl apply
+-f -``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from servebook.commands import app, out
+from servebook.findings import UsageError
+from servebook.kube import manifests
+from servebook.kube.parameters_doc import MARKER, parameters_markdown
+from servebook.kube.validate import K8S_VERSION, check_schema
+from servebook.recipe.plan import Plan
+from servebook.recipe.resolve import load_source, parse_parameters, resolve
+
+PARAMETERS_FILE = "PARAMETERS.md"
+_MANIFEST_FILE = re.compile(r"^\d{2}-[a-z0-9-]+\.yaml$")
+
+_EPILOG = (
+    "Examples:\n\n"
+    "  servebook render vllm-mixed -f examples/values/dense-8b-one-node.yaml -o deploy/dense\n\n"
+    "  servebook render vllm-pd-spec -f examples/values/moe-two-8gpu-nodes.yaml "
+    "--set spec_method=mtp -o deploy/moe\n\n"
+    "  servebook render vllm-pd -f values.yaml | kubectl apply -f -\n\n"
+    "Exit codes: 0 written; 2 a parameter is missing or invalid, or an object does not match "
+    "the Kubernetes schema (nothing is written)."
+)
+
+
+def _is_previous_render(path: Path) -> bool:
+    """Only a directory servebook itself rendered (and nothing else) may be replaced."""
+    entries = list(path.iterdir())
+    if not entries:
+        return True
+    params = path / PARAMETERS_FILE
+    try:
+        first = params.read_text(encoding="utf-8").split("\n", 1)[0]
+    except (OSError, UnicodeDecodeError):
+        return False
+    if first != MARKER:
+        return False
+    return all(
+        e.is_file()
+        and not e.is_symlink()
+        and (e.name == PARAMETERS_FILE or _MANIFEST_FILE.match(e.name))
+        for e in entries
+    )
+
+
+def check_output_dir(path: Path) -> None:
+    """Refuse, before anything is written, a DIR that render must not replace."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise UsageError(f"-o {path}: exists and is not a directory. Choose another -o.")
+    if path.is_dir() and not _is_previous_render(path):
+        raise UsageError(
+            f"-o {path}: the directory holds files `servebook render` did not write; it "
+            "replaces only its own renders. Choose a new directory (or an empty one)."
+        )
+
+
+def write_atomically(path: Path, files: Mapping[str, str]) -> None:
+    """Write ``files`` as the whole content of directory ``path``: all of them or, on any
+    failure, nothing (a previous render there stays as it was)."""
+    check_output_dir(path)
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    old: Path | None = None
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        tmp.chmod(0o755)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=parent))
+            os.rename(path, old / path.name)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if old is not None:
+                os.rename(old / path.name, path)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def render_files(
+    recipe: str, sets: Sequence[str] = (), values: Sequence[Path] = ()
+) -> tuple[Plan, list[dict[str, Any]], dict[str, str]]:
+    """Everything a render writes, checked, without writing it: the Plan, the objects, and
+    file name -> text (the manifests in apply order, then PARAMETERS.md)."""
+    plan = resolve(recipe, sets, values)
+    objects = manifests.render(plan)
+    check_schema(objects)
+    files = manifests.manifest_files(plan, objects)
+    declared = parse_parameters(load_source(recipe))
+    files[PARAMETERS_FILE] = parameters_markdown(plan, declared, list(files), K8S_VERSION)
+    return plan, objects, files
+
+
+@app.command("render", epilog=_EPILOG)
+def render(
+    recipe: str = typer.Argument(..., help="Built-in recipe name or path to a recipe YAML."),
+    sets: list[str] = typer.Option(
+        [], "--set", help="Set a recipe parameter: NAME=VALUE (repeatable; wins over -f)."
+    ),
+    values: list[Path] = typer.Option(
+        [], "-f", "--values", help="YAML file of parameter values (repeatable)."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Directory to write the manifests and PARAMETERS.md to (created, or replaced "
+        "when it holds an earlier render). Without it the manifests go to stdout.",
+    ),
+) -> None:
+    """Render a recipe to Kubernetes manifests that need no editing.
+
+    Every parameter is typed and checked; any missing or invalid one (a node name like
+    <NODE>, a relative weights path) stops the render with exit 2, naming each, and nothing
+    is written.  Every object is checked against the Kubernetes schema first.
+    """
+    if output is not None:
+        check_output_dir(output)
+    plan, objects, files = render_files(recipe, sets, values)
+    if output is None:
+        sys.stdout.write("---\n".join(v for k, v in files.items() if k != PARAMETERS_FILE))
+        return
+    write_atomically(output, files)
+    out.print(
+        f"wrote {len(objects)} objects of recipe {plan.recipe} to {output}/ "
+        f"({', '.join(files)}); checked against the Kubernetes {K8S_VERSION} schema.",
+        highlight=False,
+        soft_wrap=True,
+    )
+    with contextlib.suppress(KeyError):
+        entry = manifests.object_name(plan, plan.entry_role)
+        namespace = plan.kubernetes.namespace if plan.kubernetes else "servebook"
+        out.print(
+            f"apply: kubectl apply -f {output}/   entry point: service/{entry} port "
+            f"{manifests.ROUTER_PORT} in namespace {namespace}",
+            highlight=False,
+            soft_wrap=True,
+        )

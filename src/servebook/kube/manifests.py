@@ -1,0 +1,358 @@
+"""Plan -> Kubernetes objects: what `servebook render` writes and the kubernetes backend
+applies.  Plain data in, plain dicts out; nothing here touches a cluster.
+
+Each rule answers a failure in the field notes:
+
+* The Namespace is one of the objects (a namespace every manifest referenced and none
+  created made the apply fail).
+* Weights come from the node's disk as hostPath ``type: Directory``, mounted read-only: a
+  typo'd or absent directory fails at mount time with the path in the event, instead of
+  ``DirectoryOrCreate`` creating it empty and the engine crash-looping minutes later with
+  an error that reads like a bad model name.  Every Pod that mounts node directories is
+  pinned to its node (``nodeSelector`` on ``kubernetes.io/hostname``), so it cannot land
+  on a node where the path is empty.
+* The startup probe allows the whole weight load (``startup_timeout_s``): a budget shorter
+  than the load is an endless restart loop that looks like a crash.  Readiness is vLLM's
+  ``/health``, which answers 200 only once the engine serves and 503 once it died.
+* Deployments use ``Recreate``: a rolling update would start a second GPU Pod on the
+  pinned node and wait forever for the GPUs the first one holds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import yaml
+
+from servebook.engines import vllm
+from servebook.findings import UsageError
+from servebook.recipe.plan import Plan, RolePlan
+from servebook.recipe.schema import Kubernetes
+
+ENGINE_PORT = 8000
+ROUTER_PORT = 8000
+ROUTER_METRICS_PORT = 29000
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+PROBE_PERIOD_S = 10
+MANAGED_BY = "servebook"
+# Namespaces every cluster has: emitting a Namespace object for them would only relabel
+# them (and `kubectl delete -f` would try to delete them).
+BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+Obj = dict[str, Any]
+
+
+def object_name(plan: Plan, role: str) -> str:
+    """The Deployment and Service name of a role: the recipe's name for a mixed server,
+    ``RECIPE-ROLE`` for the PD roles (vllm-pd-prefill, vllm-pd-decode, vllm-pd-router)."""
+    return plan.recipe if role == "mixed" else f"{plan.recipe}-{role}"
+
+
+def selector_labels(plan: Plan, role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": plan.recipe, "app.kubernetes.io/component": role}
+
+
+def _labels(plan: Plan, role: RolePlan) -> dict[str, str]:
+    app = "vllm-router" if role.kind == "router" else plan.engine
+    return {
+        "app.kubernetes.io/name": app,
+        **selector_labels(plan, role.name),
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _metadata(plan: Plan, role: RolePlan, namespace: str) -> Obj:
+    return {
+        "name": object_name(plan, role.name),
+        "namespace": namespace,
+        "labels": _labels(plan, role),
+    }
+
+
+def _http_probe(path: str, period: int, timeout: int, failures: int) -> Obj:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _startup_failures(budget_s: int) -> int:
+    return max(1, math.ceil(budget_s / PROBE_PERIOD_S))
+
+
+def _gpu_count(role: RolePlan) -> int:
+    gpus = role.resources.gpus
+    try:
+        return int(gpus)
+    except ValueError:
+        raise UsageError(
+            f"role {role.name}: resources.gpus = {gpus!r} is not a whole number of GPUs."
+        ) from None
+
+
+def _engine_resources(role: RolePlan) -> Obj:
+    r = role.resources
+    limits: dict[str, Any] = {}
+    gpus = _gpu_count(role)
+    if gpus > 0:
+        limits[r.gpu_resource] = gpus
+    if r.rdma_resource:
+        limits[r.rdma_resource] = 1
+    requests: dict[str, Any] = dict(limits)
+    if r.cpu:
+        requests["cpu"] = r.cpu
+    if r.memory:
+        requests["memory"] = r.memory
+    out: Obj = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _engine_env(plan: Plan, role: RolePlan) -> list[Obj]:
+    env: list[Obj] = [{"name": k, "value": v} for k, v in role.env.items()]
+    connector = vllm.kv_connector_of(role.args)
+    if connector is None:
+        return env
+    net = vllm.connector_network(connector)
+    for name in net.own_ip_env:
+        if name not in role.env:
+            # The other engine dials this address: the Pod's own IP, not localhost.
+            env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    port_env = net.bootstrap_port_env
+    if role.name == "prefill" and port_env and net.bootstrap_port and port_env not in role.env:
+        env.append({"name": port_env, "value": str(net.bootstrap_port)})
+    return env
+
+
+def _engine_ports(role: RolePlan) -> list[Obj]:
+    ports: list[Obj] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    connector = vllm.kv_connector_of(role.args)
+    net = vllm.connector_network(connector) if connector else None
+    if role.name == "prefill" and net and net.bootstrap_port:
+        ports.append({"name": "bootstrap", "containerPort": net.bootstrap_port, "protocol": "TCP"})
+    return ports
+
+
+def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> Obj:
+    if not role.image:
+        raise UsageError(
+            f"recipe {plan.recipe} names no image for role {role.name}: set the recipe's "
+            "top-level `image:` (usually `image: ${image}` with an `image` parameter)."
+        )
+    volumes: list[Obj] = []
+    mounts: list[Obj] = []
+    for vol, host, inside in (
+        ("model", role.model_path, role.model_container_path),
+        ("draft", role.draft_path, role.draft_container_path),
+    ):
+        if host is None or inside is None:
+            continue
+        # Directory, never DirectoryOrCreate: a missing path must fail at mount time.
+        volumes.append({"name": vol, "hostPath": {"path": host, "type": "Directory"}})
+        mounts.append({"name": vol, "mountPath": inside, "readOnly": True})
+    node = role.placement.node
+    if volumes and not node:
+        raise UsageError(
+            f"recipe {plan.recipe}: role {role.name} mounts directories of a node "
+            f"({', '.join(v['hostPath']['path'] for v in volumes)}) but is pinned to no node; "
+            "on another node the path may be empty. Set roles."
+            f"{role.name}.placement.node (a node parameter)."
+        )
+    volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}})
+    mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+
+    argv = vllm.server_argv("python3", role.args, "0.0.0.0", ENGINE_PORT)
+    container: Obj = {
+        "name": "engine",
+        "image": role.image,
+        "command": argv[:3],
+        "args": argv[3:],
+    }
+    env = _engine_env(plan, role)
+    if env:
+        container["env"] = env
+    container["ports"] = _engine_ports(role)
+    resources = _engine_resources(role)
+    if resources:
+        container["resources"] = resources
+    container["volumeMounts"] = mounts
+    # Startup: the whole weight load.  Then readiness: the engine answers /health (200, or
+    # 503 once the engine core died).  Liveness is lenient: a busy engine's /health may be
+    # slow, and a restart costs a full weight load.
+    container["startupProbe"] = _http_probe(
+        vllm.HEALTH_PATH, PROBE_PERIOD_S, 5, _startup_failures(k8s.startup_timeout_s)
+    )
+    container["readinessProbe"] = _http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
+    container["livenessProbe"] = _http_probe(vllm.HEALTH_PATH, 30, 30, 5)
+    if role.resources.rdma_resource:
+        # RDMA registers (pins) GPU and host memory: it needs to lock memory.
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+
+    pod: Obj = {}
+    if node:
+        pod["nodeSelector"] = {HOSTNAME_LABEL: node}
+    if k8s.tolerations:
+        pod["tolerations"] = k8s.tolerations
+    # No Service environment variables: a Service named like `vllm-...` would inject
+    # VLLM_*_PORT=tcp://... variables that vLLM reads as its own settings.
+    pod["enableServiceLinks"] = False
+    pod["containers"] = [container]
+    pod["volumes"] = volumes
+    return _deployment(plan, role, k8s.namespace, pod)
+
+
+def _deployment(plan: Plan, role: RolePlan, namespace: str, pod: Obj) -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(plan, role, namespace),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector_labels(plan, role.name)},
+            "template": {"metadata": {"labels": _labels(plan, role)}, "spec": pod},
+        },
+    }
+
+
+def _service(plan: Plan, role: RolePlan, namespace: str, ports: list[Obj]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(plan, role, namespace),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(plan, role.name),
+            "ports": [
+                {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
+                for p in ports
+            ],
+        },
+    }
+
+
+def _router_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> tuple[Obj, list[Obj]]:
+    if not role.image:
+        raise UsageError(
+            f"recipe {plan.recipe}: the router has no image; set router.image (the "
+            "vllm-router image; the engine image does not ship it)."
+        )
+    connector = vllm.kv_connector_of(plan.role("prefill").args) or ""
+    net = vllm.connector_network(connector)
+    argv = vllm.router_argv(
+        "vllm-router",
+        prefill_url=f"http://{object_name(plan, 'prefill')}:{ENGINE_PORT}",
+        decode_url=f"http://{object_name(plan, 'decode')}:{ENGINE_PORT}",
+        host="0.0.0.0",
+        port=ROUTER_PORT,
+        extra=[
+            *vllm.router_k8s_args(connector, k8s.startup_timeout_s, ROUTER_METRICS_PORT),
+            *role.args,
+        ],
+        prefill_bootstrap_port=net.bootstrap_port,
+    )
+    dups = vllm.duplicate_flags(argv[1:])
+    if dups:
+        raise UsageError(
+            f"recipe {plan.recipe}: router.args gives {', '.join(dups)}, which servebook "
+            "already sets for the router; remove it from router.args."
+        )
+    ports: list[Obj] = [
+        {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+    ]
+    # The router waits for both engines before it serves; its budget is theirs plus a
+    # minute, and it is ready once it has a healthy prefill and decode engine.
+    container: Obj = {
+        "name": "router",
+        "image": role.image,
+        "command": argv[:1],
+        "args": argv[1:],
+        "ports": ports,
+        "startupProbe": _http_probe(
+            vllm.ROUTER_LIVENESS_PATH,
+            PROBE_PERIOD_S,
+            5,
+            _startup_failures(k8s.startup_timeout_s + 60),
+        ),
+        "readinessProbe": _http_probe(vllm.ROUTER_READINESS_PATH, PROBE_PERIOD_S, 5, 3),
+        "livenessProbe": _http_probe(vllm.ROUTER_LIVENESS_PATH, 30, 10, 5),
+    }
+    pod: Obj = {}
+    if k8s.tolerations:
+        pod["tolerations"] = k8s.tolerations
+    pod["enableServiceLinks"] = False
+    pod["containers"] = [container]
+    return _deployment(plan, role, k8s.namespace, pod), ports
+
+
+def render(plan: Plan) -> list[Obj]:
+    """Every object of the deployment, in apply order: Namespace, then per role (engines
+    first, router last) its Deployment and Service."""
+    if "kubernetes" not in plan.backends:
+        raise UsageError(
+            f"recipe {plan.recipe} runs on the {', '.join(plan.backends)} backend only "
+            f"(backends: {plan.backends}); `servebook render` writes Kubernetes manifests. "
+            "Use `servebook up` for it, or render a recipe with `backends: [kubernetes]` "
+            "(`servebook recipes` lists them)."
+        )
+    k8s = plan.kubernetes or Kubernetes()
+    for role in plan.roles:
+        name = object_name(plan, role.name)
+        if not _DNS_LABEL.match(name):
+            raise UsageError(
+                f"recipe name {plan.recipe!r} makes the object name {name!r}, which is not a "
+                "valid Kubernetes name (at most 63 lowercase letters, digits and '-'). "
+                "Shorten the recipe's name."
+            )
+    objects: list[Obj] = []
+    if k8s.namespace not in BUILTIN_NAMESPACES:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": k8s.namespace,
+                    "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+                },
+            }
+        )
+    for role in plan.roles:
+        if role.kind == "engine":
+            dep = _engine_deployment(plan, role, k8s)
+            ports = dep["spec"]["template"]["spec"]["containers"][0]["ports"]
+        else:
+            dep, ports = _router_deployment(plan, role, k8s)
+        objects += [dep, _service(plan, role, k8s.namespace, ports)]
+    return objects
+
+
+def manifest_files(plan: Plan, objects: list[Obj]) -> dict[str, str]:
+    """File name -> YAML text: the Namespace first, then one file per role holding its
+    Deployment and Service, numbered so `kubectl apply -f DIR` applies them in order."""
+    groups: list[tuple[str, list[Obj]]] = []
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "Namespace":
+            groups.append(("namespace", [obj]))
+        elif groups and groups[-1][0] == name:
+            groups[-1][1].append(obj)
+        else:
+            groups.append((name, [obj]))
+    header = (
+        f"# Rendered by `servebook render` from recipe {plan.recipe}. Do not edit: change a\n"
+        "# parameter and render again (PARAMETERS.md lists every value and how it was found).\n"
+    )
+    files: dict[str, str] = {}
+    for i, (name, objs) in enumerate(groups):
+        text = yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=4096)
+        files[f"{i * 10:02d}-{name}.yaml"] = header + text
+    return files

@@ -1,0 +1,96 @@
+"""PARAMETERS.md: beside the rendered manifests, every parameter, its value, where the
+value came from and how to find the right one on a cluster.  A reader who must change a
+value learns which parameter to set and re-renders; nobody edits the manifests."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servebook.recipe.plan import Plan
+from servebook.recipe.schema import Parameter
+
+# First line of every PARAMETERS.md servebook writes: how `servebook render` recognises a
+# directory it may replace.
+MARKER = "<!-- Written by `servebook render`. Do not edit: render again. -->"
+DEFAULT_ORIGIN = "the recipe's default"
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"`{value}`"
+
+
+def _origin(origin: str) -> str:
+    return {DEFAULT_ORIGIN: "default"}.get(origin, origin)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def rerender_command(plan: Plan, declared: Mapping[str, Parameter]) -> str:
+    """A command that renders the same objects again: every value not at its default,
+    one ``--set`` per line so a reader can compare them with the table."""
+    lines = [shlex.join(["servebook", "render", plan.recipe])]
+    for name in declared:
+        origin = plan.param_origins.get(name, DEFAULT_ORIGIN)
+        if origin in (DEFAULT_ORIGIN, "unset (optional)"):
+            continue
+        value = plan.params.get(name)
+        text = "" if value is None else str(value).lower() if isinstance(value, bool) else value
+        lines.append(shlex.join(["--set", f"{name}={text}"]))
+    return " \\\n  ".join(lines)
+
+
+def parameters_markdown(
+    plan: Plan,
+    declared: Mapping[str, Parameter],
+    files: Sequence[str],
+    k8s_version: str,
+) -> str:
+    lines = [
+        MARKER,
+        f"# {plan.recipe}: the parameters of this render",
+        "",
+        f"Rendered from recipe `{plan.recipe}` by `servebook render`. Every object was checked "
+        f"against the Kubernetes {k8s_version} OpenAPI schema (strict) before anything was "
+        "written. Files, in apply order (`kubectl apply -f` on this directory):",
+        "",
+    ]
+    lines += [f"* `{f}`" for f in files]
+    lines += [
+        "",
+        "To change a value, render again rather than editing the manifests; this command "
+        "renders the same objects (add `-o` and this directory to replace it):",
+        "",
+        "```sh",
+        rerender_command(plan, declared),
+        "```",
+        "",
+        "| parameter | value | from |",
+        "|---|---|---|",
+    ]
+    for name in declared:
+        origin = _origin(plan.param_origins.get(name, DEFAULT_ORIGIN))
+        lines.append(f"| `{name}` | {_cell(_value(plan.params.get(name)))} | {_cell(origin)} |")
+    for name, p in declared.items():
+        origin = _origin(plan.param_origins.get(name, DEFAULT_ORIGIN))
+        kind = p.type.value + (" (optional)" if p.optional else "")
+        if p.choices:
+            kind += f": one of {', '.join(p.choices)}"
+        lines += [
+            "",
+            f"## `{name}`",
+            "",
+            f"{_value(plan.params.get(name))}, from {origin}. Type {kind}.",
+            "",
+            " ".join(p.description.split()),
+        ]
+        if p.how_to_find:
+            lines += ["", "How to find it: " + " ".join(p.how_to_find.split())]
+    return "\n".join(lines) + "\n"

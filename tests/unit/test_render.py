@@ -1,0 +1,432 @@
+"""`servebook render`: the GPU recipes rendered to manifests that need no editing.
+
+Golden files pin each recipe's whole output (regenerate with
+``UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render.py``, then read the diff).  The
+other tests pin the properties the field notes demand whatever the golden files say:
+schema-valid objects, weights from hostPath type Directory in Pods pinned to their node,
+identical speculative configs on both PD roles, and bad input that writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from servebook.commands.render import PARAMETERS_FILE, render_files, write_atomically
+from servebook.findings import UsageError
+from servebook.kube import manifests
+from servebook.kube.validate import K8S_VERSION, schema_errors
+from tests.conftest import CliResult
+
+Cli = Callable[..., CliResult]
+GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
+FIXTURES = Path(__file__).parent / "fixtures" / "render"
+REPO = Path(__file__).resolve().parents[2]
+
+MIXED = [
+    "image=vllm/vllm-openai:v0.11.0",
+    "node=gpu-node-1",
+    "model_dir=/data/models/m",
+]
+PD = [
+    "image=vllm/vllm-openai:v0.11.0",
+    "prefill_node=gpu-node-1",
+    "decode_node=gpu-node-2",
+    "prefill_model_dir=/data/models/m",
+    "decode_model_dir=/mnt/nvme/m",
+]
+
+
+@pytest.fixture
+def in_fixture(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
+    """Run from a recipe's fixture directory, so the values file is named `values.yaml` in
+    PARAMETERS.md whichever directory the tests run from."""
+
+    def go(recipe: str) -> Path:
+        d = FIXTURES / recipe
+        monkeypatch.chdir(d)
+        return d
+
+    return go
+
+
+def _golden(recipe: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    _, objects, files = render_files(recipe, [], [Path("values.yaml")])
+    return objects, files
+
+
+def _pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for o in objects:
+        if o["kind"] == "Deployment":
+            yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+
+
+def _engine(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    pods = dict(_pods(objects))
+    container: dict[str, Any] = pods[name]["containers"][0]
+    return container
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+# --- golden files ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_rendered_files_match_the_golden_files(
+    recipe: str, in_fixture: Callable[[str], Path]
+) -> None:
+    d = in_fixture(recipe)
+    _, files = _golden(recipe)
+    expected_dir = d / "expected"
+    if os.environ.get("UPDATE_GOLDEN"):
+        shutil.rmtree(expected_dir, ignore_errors=True)
+        expected_dir.mkdir()
+        for name, text in files.items():
+            (expected_dir / name).write_text(text, encoding="utf-8")
+    expected = {p.name: p.read_text(encoding="utf-8") for p in sorted(expected_dir.iterdir())}
+    assert sorted(files) == sorted(expected), "files written differ from the golden set"
+    for name, text in files.items():
+        assert text == expected[name], f"{name} differs from {expected_dir / name}"
+
+
+# --- properties every render must have ------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_every_rendered_object_passes_the_kubernetes_schema(
+    recipe: str, in_fixture: Callable[[str], Path]
+) -> None:
+    in_fixture(recipe)
+    objects, _ = _golden(recipe)
+    assert {o["kind"] for o in objects} == {"Namespace", "Deployment", "Service"}
+    assert schema_errors(objects) == []
+
+
+@pytest.mark.parametrize(
+    ("recipe", "sets"),
+    [
+        ("vllm-mixed", [*MIXED, "gpus=1", "tensor_parallel=1", "gpu_resource=amd.com/gpu"]),
+        ("vllm-mixed-spec", [*MIXED, "spec_method=ngram", "namespace=default"]),
+        ("vllm-pd", [*PD, "kv_connector=MooncakeConnector", "rdma_resource=rdma/ib"]),
+        ("vllm-pd-spec", [*PD, "spec_method=mtp", "max_model_len=8192"]),
+    ],
+)
+def test_variants_pass_the_kubernetes_schema(recipe: str, sets: list[str]) -> None:
+    _, objects, _ = render_files(recipe, sets)
+    assert schema_errors(objects) == []
+
+
+def test_schema_check_refuses_a_misspelt_field() -> None:
+    # The strict schema is what catches a field the API server would silently drop.
+    _, objects, _ = render_files("vllm-mixed", MIXED)
+    pod = dict(_pods(objects))["vllm-mixed"]
+    pod["nodeSelecter"] = pod.pop("nodeSelector")
+    errors = schema_errors(objects)
+    assert len(errors) == 1 and "Deployment/vllm-mixed" in errors[0]
+    assert "nodeSelecter" in errors[0]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_every_pod_mounting_weights_uses_hostpath_directory_and_is_pinned(
+    recipe: str, in_fixture: Callable[[str], Path]
+) -> None:
+    in_fixture(recipe)
+    values = yaml.safe_load(Path("values.yaml").read_text())
+    objects, _ = _golden(recipe)
+    mounting = 0
+    for name, pod in _pods(objects):
+        host_volumes = [v for v in pod.get("volumes", []) if "hostPath" in v]
+        if not host_volumes:
+            continue
+        mounting += 1
+        role = name.removeprefix(recipe).strip("-") or "mixed"
+        node = values["node"] if role == "mixed" else values[f"{role}_node"]
+        assert pod["nodeSelector"] == {"kubernetes.io/hostname": node}
+        assert "nodeName" not in pod and "affinity" not in pod
+        for v in host_volumes:
+            assert v["hostPath"]["type"] == "Directory", v
+            assert v["hostPath"]["path"].startswith("/")
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        for v in host_volumes:
+            assert mounts[v["name"]]["readOnly"] is True
+    assert mounting == (1 if recipe.startswith("vllm-mixed") else 2)
+
+
+def test_pd_spec_speculative_config_is_byte_identical_with_different_draft_paths(
+    in_fixture: Callable[[str], Path],
+) -> None:
+    in_fixture("vllm-pd-spec")
+    objects, _ = _golden("vllm-pd-spec")
+    pre = _engine(objects, "vllm-pd-spec-prefill")
+    dec = _engine(objects, "vllm-pd-spec-decode")
+    assert _flag(pre["args"], "--speculative-config") == _flag(dec["args"], "--speculative-config")
+    assert json.loads(_flag(pre["args"], "--speculative-config")) == {
+        "method": "eagle3",
+        "model": "/models/draft",
+        "num_speculative_tokens": 3,
+    }
+    # ... while each Pod mounts its own node's directory there.
+    hosts = {
+        name: {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
+        for name, pod in _pods(objects)
+    }
+    assert hosts["vllm-pd-spec-prefill"]["draft"] == "/data/models/EAGLE3-LLaMA3.3-Instruct-70B"
+    assert hosts["vllm-pd-spec-decode"]["draft"] == (
+        "/scratch/weights/EAGLE3-LLaMA3.3-Instruct-70B"
+    )
+    # Everything both engines must share is identical: only the Pods' placement differs.
+    assert pre["args"] == dec["args"]
+
+
+def test_pd_spec_with_mtp_mounts_no_draft() -> None:
+    _, objects, _ = render_files("vllm-pd-spec", [*PD, "spec_method=mtp"])
+    for name in ("vllm-pd-spec-prefill", "vllm-pd-spec-decode"):
+        cfg = json.loads(_flag(_engine(objects, name)["args"], "--speculative-config"))
+        assert cfg == {"method": "mtp", "num_speculative_tokens": 3}
+    for _, pod in _pods(objects):
+        assert all(v["name"] != "draft" for v in pod.get("volumes", []))
+
+
+def test_startup_probe_allows_the_whole_weight_load_and_readiness_is_engine_health() -> None:
+    _, objects, _ = render_files("vllm-mixed", [*MIXED, "startup_timeout_s=1200"])
+    c = _engine(objects, "vllm-mixed")
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1200
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    shm = {v["name"]: v for v in dict(_pods(objects))["vllm-mixed"]["volumes"]}["shm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_namespace_is_created_by_the_render_and_holds_every_object() -> None:
+    _, objects, _ = render_files("vllm-pd", [*PD, "namespace=team-a"])
+    assert objects[0] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "labels": {"app.kubernetes.io/managed-by": "servebook"}},
+    }
+    assert {o["metadata"]["namespace"] for o in objects[1:]} == {"team-a"}
+
+
+def test_pd_router_points_at_the_role_services_in_pd_mode() -> None:
+    _, objects, _ = render_files("vllm-pd", PD)
+    args = _engine(objects, "vllm-pd-router")["args"]
+    assert "--vllm-pd-disaggregation" in args
+    assert _flag(args, "--prefill") == "http://vllm-pd-prefill:8000"
+    assert _flag(args, "--decode") == "http://vllm-pd-decode:8000"
+    assert _flag(args, "--kv-connector") == "nixl"
+    services = {o["metadata"]["name"] for o in objects if o["kind"] == "Service"}
+    assert services == {"vllm-pd-prefill", "vllm-pd-decode", "vllm-pd-router"}
+
+
+def test_router_arguments_parse_with_vllm_router() -> None:
+    launch = pytest.importorskip("vllm_router.launch_router")
+    _, objects, _ = render_files("vllm-pd", [*PD, "kv_connector=MooncakeConnector"])
+    parsed = launch.parse_router_args(_engine(objects, "vllm-pd-router")["args"])
+    assert parsed.vllm_pd_disaggregation
+    assert parsed.prefill_urls == [("http://vllm-pd-prefill:8000", 8998)]
+    assert parsed.decode_urls == ["http://vllm-pd-decode:8000"]
+    assert parsed.kv_connector == "mooncake"
+
+
+def test_nixl_side_channel_announces_the_pod_ip_not_localhost() -> None:
+    _, objects, _ = render_files("vllm-pd", PD)
+    for name in ("vllm-pd-prefill", "vllm-pd-decode"):
+        env = {e["name"]: e for e in _engine(objects, name)["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "status.podIP"}
+        }
+
+
+def test_optional_rdma_resource_unset_requests_no_rdma_device() -> None:
+    _, unset, _ = render_files("vllm-pd", PD)
+    _, set_, _ = render_files("vllm-pd", [*PD, "rdma_resource=rdma/ib"])
+    c = _engine(unset, "vllm-pd-prefill")
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert "securityContext" not in c
+    c = _engine(set_, "vllm-pd-prefill")
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 1}
+    assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
+def test_parameters_md_names_every_parameter_its_value_and_origin(
+    in_fixture: Callable[[str], Path],
+) -> None:
+    in_fixture("vllm-pd")
+    plan, _, files = render_files("vllm-pd", ["gpus=4", "tensor_parallel=4"], [Path("values.yaml")])
+    text = files[PARAMETERS_FILE]
+    assert f"Kubernetes {K8S_VERSION}" in text
+    for name in plan.params:
+        assert f"## `{name}`" in text
+    assert "| `gpus` | `4` | --set gpus |" in text
+    assert "| `prefill_node` | `gpu-node-1` | values file values.yaml |" in text
+    assert "| `kv_connector` | `NixlConnector` | default |" in text
+    assert "| `max_model_len` | unset | unset (optional) |" in text
+    assert "kubectl get nodes -L kubernetes.io/hostname" in text
+
+
+def test_rerender_command_in_parameters_md_renders_the_same_manifests(
+    in_fixture: Callable[[str], Path],
+) -> None:
+    in_fixture("vllm-pd-spec")
+    _, _, files = render_files("vllm-pd-spec", [], [Path("values.yaml")])
+    block = files[PARAMETERS_FILE].split("```sh\n", 1)[1].split("\n```", 1)[0]
+    import shlex
+
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:3] == ["servebook", "render", "vllm-pd-spec"]
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    _, _, again = render_files("vllm-pd-spec", sets)
+    for name in files:
+        if name != PARAMETERS_FILE:
+            assert again[name] == files[name]
+
+
+# --- bad input: exit 2, names each offending parameter, writes nothing ----------------------
+
+
+def _previous_render(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    out = tmp_path / "deploy"
+    _, _, files = render_files("vllm-mixed", MIXED)
+    write_atomically(out, files)
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def _leftovers(tmp_path: Path, out: Path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name not in (out.name, "sbhome"))
+
+
+def test_missing_parameters_exit_2_name_each_and_write_nothing(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "deploy"
+    r = cli("render", "vllm-pd", "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    for name in ("image", "prefill_node", "decode_node", "prefill_model_dir", "decode_model_dir"):
+        assert f"  {name} (" in r.stderr, name
+    assert "nothing was rendered" in r.stderr
+    assert not out.exists()
+    assert _leftovers(tmp_path, out) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("<NODE>", "unfilled placeholder"), ("gpu_node-", "not a valid Kubernetes label value")],
+)
+def test_invalid_node_exits_2_and_leaves_the_previous_render_untouched(
+    cli: Cli, tmp_path: Path, value: str, why: str
+) -> None:
+    out, before = _previous_render(tmp_path)
+    sets = [a for s in [*MIXED[:1], f"node={value}", *MIXED[2:]] for a in ("--set", s)]
+    r = cli("render", "vllm-mixed", *sets, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert "parameter 'node'" in r.stderr and why in r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _leftovers(tmp_path, out) == []
+
+
+def test_several_bad_parameters_are_all_named_at_once(cli: Cli, tmp_path: Path) -> None:
+    r = cli(
+        "render",
+        "vllm-pd",
+        *("--set", "prefill_node=<NODE>", "--set", "gpus=eight", "--set", "kv_connector=nccl"),
+        "-o",
+        str(tmp_path / "deploy"),
+    )
+    assert r.returncode == 2
+    for name in ("prefill_node", "gpus", "kv_connector", "image", "decode_node"):
+        assert name in r.stderr, name
+    assert not (tmp_path / "deploy").exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "names"),
+    [
+        ([*MIXED[:2], "model_dir=models/m"], ["model_dir"]),
+        ([*MIXED, "namespace=Team_A"], ["namespace"]),
+        ([*MIXED, "gpu_resource=gpu"], ["gpu_resource"]),
+        ([*MIXED, "gpus=4"], ["gpus", "tensor_parallel"]),
+    ],
+)
+def test_values_that_cannot_work_are_refused_naming_the_parameter(
+    sets: list[str], names: list[str]
+) -> None:
+    with pytest.raises(UsageError) as e:
+        render_files("vllm-mixed", sets)
+    for name in names:
+        assert f"'{name}'" in str(e.value)
+
+
+def test_draft_method_without_a_draft_names_the_draft_parameter() -> None:
+    with pytest.raises(UsageError) as e:
+        render_files("vllm-pd-spec", [*PD, "spec_method=eagle3", "prefill_draft_dir=/data/d"])
+    msg = str(e.value)
+    assert "role decode has none" in msg and "'decode_draft_dir'" in msg
+
+
+def test_draft_given_to_a_method_without_drafts_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"'mtp' uses no draft model.*'draft_dir'"):
+        render_files("vllm-mixed-spec", [*MIXED, "spec_method=mtp", "draft_dir=/data/d"])
+
+
+def test_local_recipe_is_refused(cli: Cli, tmp_path: Path) -> None:
+    r = cli("render", "tiny-pd", "-o", str(tmp_path / "deploy"))
+    assert r.returncode == 2
+    assert "local backend only" in r.stderr
+    assert not (tmp_path / "deploy").exists()
+
+
+def test_a_directory_of_other_files_is_never_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "deploy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    _, _, files = render_files("vllm-mixed", MIXED)
+    with pytest.raises(UsageError, match="did not write"):
+        write_atomically(out, files)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_rendering_again_replaces_the_previous_render(tmp_path: Path) -> None:
+    out, _ = _previous_render(tmp_path)
+    _, _, files = render_files("vllm-pd", PD)
+    write_atomically(out, files)
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)
+    assert _leftovers(tmp_path, out) == []
+
+
+def test_without_output_the_manifests_go_to_stdout(cli: Cli) -> None:
+    r = cli("render", "vllm-mixed", *[a for s in MIXED for a in ("--set", s)])
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert [d["kind"] for d in docs] == ["Namespace", "Deployment", "Service"]
+
+
+# --- servebook lint on the rendered output ---------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not (REPO / "src" / "servebook" / "lint" / "rules.py").exists(),
+    reason="servebook lint is not in this tree yet",
+)
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_servebook_lint_reports_nothing_on_rendered_output(recipe: str, cli: Cli) -> None:
+    expected = FIXTURES / recipe / "expected"
+    r = cli("lint", str(expected))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no findings" in r.stdout, r.stdout
+
+
+def test_object_names_follow_the_roles() -> None:
+    _, objects, _ = render_files("vllm-pd", PD)
+    plan_names = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
+    assert plan_names == ["vllm-pd-prefill", "vllm-pd-decode", "vllm-pd-router"]
+    assert manifests.ENGINE_PORT == 8000
