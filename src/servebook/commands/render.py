@@ -9,7 +9,6 @@ DIR exactly as it was.  Without ``-o`` the manifests go to stdout (for ``| kubec
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -151,14 +150,16 @@ def render(
         f"wrote {len(objects)} objects of recipe {plan.recipe} to {output}/ "
         f"({', '.join(files)}); checked against the Kubernetes {K8S_VERSION} schema.",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
-    with contextlib.suppress(KeyError):
-        entry = manifests.object_name(plan, plan.entry_role)
-        namespace = plan.kubernetes.namespace if plan.kubernetes else "servebook"
-        out.print(
-            f"apply: kubectl apply -f {output}/   entry point: service/{entry} port "
-            f"{manifests.ROUTER_PORT} in namespace {namespace}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    entry = manifests.object_name(plan, plan.entry_role)
+    port = manifests.ROUTER_PORT if plan.topology == "pd" else manifests.ENGINE_PORT
+    namespace = plan.kubernetes.namespace if plan.kubernetes else "servebook"
+    out.print(
+        f"apply: kubectl apply -f {output}/   entry point: service/{entry} port {port} "
+        f"in namespace {namespace}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
