@@ -129,6 +129,7 @@ _STYLE = {
 def print_table(findings: Sequence[Finding], title: str = "", console: Any = None) -> None:
     """Print findings as a table for a person (Rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -138,9 +139,10 @@ def print_table(findings: Sequence[Finding], title: str = "", console: Any = Non
     table.add_column("subject")
     table.add_column("message")
     for f in findings:
-        msg = f.message if not f.hint else f"{f.message}\n[dim]fix: {f.hint}[/dim]"
+        # Messages quote files, paths and log lines: never let them be read as markup.
+        msg = escape(f.message) + (f"\n[dim]fix: {escape(f.hint)}[/dim]" if f.hint else "")
         table.add_row(
-            f.check, f"[{_STYLE[f.severity]}]{f.severity.value}[/]", f.subject, msg
+            escape(f.check), f"[{_STYLE[f.severity]}]{f.severity.value}[/]", escape(f.subject), msg
         )
     console.print(table)
     n_fail = sum(1 for f in findings if f.failed)

@@ -32,6 +32,7 @@ from servebook.findings import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import servebook_home
 from servebook.recipe.schema import Generate
+from servebook.verify.smoke import Claims, Target
 
 HOST = "127.0.0.1"
 STATE_FILE = "state.json"
@@ -566,3 +567,47 @@ def status(dep: Deployment) -> dict[str, Any]:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2)
+
+
+# --- what verify and bench see -------------------------------------------------------------
+
+
+def process_state(proc: RoleProcess) -> str:
+    """A short description of the role's process for messages ("stopped (SIGSTOP)")."""
+    if not is_ours_alive(proc):
+        return f"pid {proc.pid} is not running"
+    try:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return f"pid {proc.pid}"
+    names = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in uninterruptible I/O"}
+    return f"pid {proc.pid} {names.get(state, 'running')}"
+
+
+def targets(dep: Deployment) -> list[Target]:
+    """The deployment's roles as verify targets (liveness, logs, actual command lines)."""
+    out = []
+    for rp in dep.roles:
+        out.append(
+            Target(
+                name=rp.name,
+                kind=rp.kind,
+                url=rp.url,
+                argv=list(rp.argv),
+                alive=lambda rp=rp: is_ours_alive(rp),  # type: ignore[misc]
+                log=lambda rp=rp: log_tail(rp.log, lines=4000),  # type: ignore[misc]
+                describe=lambda rp=rp: process_state(rp),  # type: ignore[misc]
+            )
+        )
+    return out
+
+
+def claims(dep: Deployment) -> Claims:
+    """What the deployment claims: from its recipe's Plan, not from how roles were started."""
+    plan = Plan.model_validate(dep.plan)
+    return Claims(
+        topology=plan.topology,
+        speculative=plan.speculative is not None,
+        served_model_name=dep.served_model_name,
+        entry_url=dep.entry_url,
+    )

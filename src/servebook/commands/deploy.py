@@ -11,7 +11,8 @@ import typer
 from servebook.backends import local
 from servebook.commands import app, err, out
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.findings import UsageError
+from servebook.commands.verify import MaxTokensOpt
+from servebook.findings import UsageError, exit_code
 from servebook.recipe.resolve import resolve
 
 DEFAULT_RECIPE = "tiny-pd"
@@ -152,32 +153,26 @@ def run(
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
     timeout: float = TimeoutOpt,
+    max_tokens: int = MaxTokensOpt,
 ) -> None:
-    """The main job: up -> a completion through the entry point -> down.
+    """The main job: up -> verify -> down.
 
     With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the
-    tiny model first if it is missing.
+    tiny model first if it is missing. The exit code is verify's: 0 only when every check
+    passed.
 
     Example: servebook run
     """
-    from servebook.backends.local import smoke_completion
+    from servebook.commands.verify import options, print_report, verify_deployment
 
+    opts = options(120.0, 5.0, max_tokens, "stop,length")
     dep = _up(recipe, sets, values, name, timeout, None)
     rc = 0
     try:
-        t0 = time.monotonic()
-        body = smoke_completion(dep.entry_url, dep.served_model_name, timeout=60)
-        text = body["choices"][0]["text"]
-        usage = body.get("usage") or {}
-        out.print(
-            f"[green]completion[/] through {dep.entry_url} in {time.monotonic() - t0:.2f} s: "
-            f"{text!r} ({usage.get('prompt_tokens')} prompt, "
-            f"{usage.get('completion_tokens')} completion tokens)",
-            highlight=False,
-        )
-    except Exception as e:  # report, then always tear down
-        err.print(f"[bold red]completion failed:[/] {e}")
-        rc = 1
+        _say(f"verifying {dep.name} from server-side counters")
+        rep = verify_deployment(dep, opts)
+        print_report(rep, dep.name)
+        rc = exit_code(rep.findings)
     finally:
         _, result = local.down(dep.name)
         out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.items()))

@@ -1,0 +1,142 @@
+"""`servebook verify [DEPLOYMENT]`: prove a deployment works from server-side counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from servebook.backends import local
+from servebook.commands import app, out
+from servebook.findings import REGISTRY, Finding, UsageError, exit_code, to_json
+from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
+from servebook.verify.smoke import Options, Report, run
+
+_STYLE = {
+    "pass": "green",
+    "info": "cyan",
+    "warn": "yellow",
+    "fail": "bold red",
+    "error": "bold magenta",
+}
+
+
+def _checks_help() -> str:
+    lines = [f"  {c.id}  {c.title}" for c in REGISTRY.values() if c.id.startswith("SB3")]
+    return "\n\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{100 * v:.1f}%" if 0 <= v <= 1 else f"{v:.2f}"
+    return str(v)
+
+
+def _measured(f: Finding) -> tuple[str, str]:
+    ev = f.evidence
+    if "share" in ev:
+        return _fmt(ev["share"]), _fmt(ev.get("threshold"))
+    if "acceptance_rate" in ev:
+        return f"acceptance {_fmt(ev['acceptance_rate'])}", "> 0 drafts"
+    if "seconds" in ev:
+        return f"{ev['seconds']:.2f} s", ""
+    if "preemptions" in ev and ev.get("preemptions") is not None:
+        return f"preemptions {ev['preemptions']:.0f}", "0 errors/aborts"
+    return "", ""
+
+
+def print_report(rep: Report, name: str) -> None:
+    t = Table(title=f"servebook verify {name}")
+    for col in ("check", "role", "verdict", "measured", "threshold", "message"):
+        t.add_column(col, overflow="fold")
+    for f in rep.findings:
+        measured, threshold = _measured(f)
+        msg = escape(f.message)
+        if f.failed and f.hint:
+            msg += f"\n[dim]fix: {escape(f.hint)}[/]"
+        t.add_row(
+            f.check,
+            f.subject,
+            f"[{_STYLE[f.severity.value]}]{f.severity.value}[/]",
+            measured,
+            threshold,
+            msg,
+        )
+    out.print(t)
+    n_fail = sum(1 for f in rep.findings if f.failed)
+    verdict = "[green]PASS[/]" if n_fail == 0 else f"[bold red]FAIL[/] ({n_fail} failing)"
+    out.print(f"verify {name}: {verdict} in {rep.elapsed_s:.1f} s")
+
+
+def verify_deployment(dep: local.Deployment, opts: Options) -> Report:
+    return run(local.targets(dep), local.claims(dep), opts)
+
+
+def options(timeout: float, health_timeout: float, max_tokens: int, finish: str) -> Options:
+    reasons = tuple(r.strip() for r in finish.split(",") if r.strip())
+    if not reasons:
+        raise UsageError("--finish-reason: give one or more of stop,length")
+    if max_tokens < 1:
+        raise UsageError("--max-tokens must be at least 1")
+    return Options(
+        request_timeout_s=timeout,
+        health_timeout_s=health_timeout,
+        max_tokens=max_tokens,
+        finish_reasons=reasons,
+    )
+
+
+TimeoutOpt = typer.Option(120.0, "--timeout", help="Seconds each verify request may take.")
+HealthOpt = typer.Option(5.0, "--health-timeout", help="Seconds for /health and /metrics.")
+MaxTokensOpt = typer.Option(
+    1024,
+    "--max-tokens",
+    help="Smoke request length: enough for a reasoning model to reach its answer.",
+)
+FinishOpt = typer.Option(
+    "stop,length",
+    "--finish-reason",
+    help="Accepted finish reasons of the smoke request (use 'stop' to insist the model "
+    "finished its answer).",
+)
+
+
+VERIFY_HELP = (
+    "Prove a deployment works, from the servers' own counters.\n\n"
+    "Sends a real generation through the entry point (and, for PD, a long prompt that "
+    "must arrive at decode by KV transfer), reads every role's /metrics before and after, "
+    "and judges.\n\n"
+    "Exit 0 only when every check passes, 1 on a failing check, 2 when verify could not "
+    "run. Every call has a timeout; a role that does not answer fails, it never passes."
+    "\n\nChecks:\n\n" + _checks_help() + "\n\nExample: servebook verify tiny-pd --json"
+)
+
+
+@app.command(help=VERIFY_HELP)
+def verify(
+    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    json_out: bool = typer.Option(False, "--json", help="Findings as JSON."),
+    timeout: float = TimeoutOpt,
+    health_timeout: float = HealthOpt,
+    max_tokens: int = MaxTokensOpt,
+    finish: str = FinishOpt,
+) -> None:
+    opts = options(timeout, health_timeout, max_tokens, finish)
+    dep = local.pick_deployment(name)
+    if dep is None:
+        raise UsageError(
+            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. "
+            "Start one with `servebook up RECIPE`."
+        )
+    rep = verify_deployment(dep, opts)
+    if json_out:
+        out.print_json(to_json(rep.findings, deployment=dep.name, elapsed_s=rep.elapsed_s))
+    else:
+        print_report(rep, dep.name)
+    code = exit_code(rep.findings)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,428 @@
+"""Verify checks (SB3xx): pure functions from server-side evidence to Findings.
+
+The evidence is counters read before and after a window in which verify sent its own
+requests.  Nothing here does I/O, so each rule is pinned by unit tests over Prometheus
+text captured from a real vLLM server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from servebook.engines import vllm
+from servebook.engines.vllm import M
+from servebook.findings import Finding, Severity, register
+from servebook.metrics.scrape import Snapshot, delta
+
+SMOKE = register(
+    "SB301",
+    "A real generation completes through the entry point",
+    "A deployment can be Ready with every health check green and still not answer: the "
+    "field notes' pd-spec deployment hung with pods Ready until the client's own timeout "
+    "(45 minutes). Only a completed generation is evidence that it serves.",
+    "Read the failing role's log (`servebook status`, then the log path); the message "
+    "names the role and the HTTP status or timeout.",
+)
+HANDOFF = register(
+    "SB302",
+    "PD handoff: decode received the prompt's KV cache from prefill",
+    "A PD deployment whose KV handoff fails open still answers, because decode silently "
+    "recomputes the prompt, and it even looks faster. Only decode's counters of prompt "
+    "tokens that arrived by KV transfer show the handoff happened.",
+    "Check that both roles use the same KV connector settings (connector, storage or "
+    "transfer endpoint, block size) and that the router sends prefill first.",
+)
+SPECULATION = register(
+    "SB303",
+    "Speculative decoding is engaged where the recipe claims it",
+    "Speculation that is configured but not running makes every speculative figure a "
+    "baseline figure with the wrong label; disabling speculation also hides the "
+    "speculation-related crashes it was meant to test (field notes).",
+    "Check the serving role's --speculative-config and the draft model path; the role's "
+    "vllm:spec_decode_* counters must grow under traffic.",
+)
+OUTCOMES = register(
+    "SB304",
+    "No request in the window ended in error or abort",
+    "Errors and aborts are requests a user did not get an answer to; a verify that only "
+    "looks at the last response misses them.",
+    "Read the role's log around the window for the failing requests.",
+)
+REACHABLE = register(
+    "SB305",
+    "Every role answers within its timeout",
+    "A probe without a bound hangs (field notes: 45 minutes); a probe whose port cannot "
+    "be reached must fail, never pass silently (a taken port-forward once printed nothing "
+    "and exited 0).",
+    "Check the role's process (`servebook status`) and its log; a stopped (SIGSTOP) or "
+    "overloaded engine does not answer /health.",
+)
+METRICS = register(
+    "SB306",
+    "The engine exposes the metrics verify decides from",
+    "An absent metric read as zero turns 'cannot tell' into a verdict. Metrics are absent "
+    "on engines that are not vLLM, too old, or started with --disable-log-stats.",
+    "Use a vLLM version that exports the metric (see the message) and do not pass "
+    "--disable-log-stats.",
+)
+LOGS = register(
+    "SB307",
+    "No known failure signature in the roles' logs",
+    "Some failures read as something else: a decode engine dying on a missing draft-model "
+    "KV file reads as HTTP 500, an empty model directory reads as a bad model name. The "
+    "log line says what really happened.",
+    "Follow the fix in the message; it is specific to the signature found.",
+)
+SPEC_SYMMETRY = register(
+    "SB308",
+    "Speculative config identical on every role that runs the model",
+    "With speculation on decode only, decode registers draft layers prefill never "
+    "computes: it crashes or hangs on the first handoff, with pods Ready (field notes: "
+    "pd-spec).",
+    "Define speculation once (the recipe's `speculative:`) so every role gets the same "
+    "--speculative-config.",
+)
+
+# One block of slack per request: connectors differ in how they round the last block.
+SLACK_BLOCKS_PER_REQUEST = 1
+
+
+@dataclass(frozen=True)
+class Window:
+    """Counters of every engine role before and after verify's requests."""
+
+    before: Mapping[str, Snapshot]
+    after: Mapping[str, Snapshot]
+    # Prompt lengths (server-counted tokens) of the requests verify sent in the window.
+    prompt_tokens: Sequence[int] = ()
+
+
+def block_size(snap: Snapshot, default: int = 16) -> int:
+    for labels in snap.label_sets(M.CACHE_CONFIG_INFO):
+        try:
+            return int(labels.get("block_size", ""))
+        except ValueError:
+            continue
+    return default
+
+
+def handoff_required_tokens(prompt_tokens: Sequence[int], block: int) -> int:
+    """Least number of tokens decode must receive by transfer for verify's requests: the
+    whole blocks each prompt has, less one block of slack per request."""
+    expected = sum(vllm.align_to_block(n, block) for n in prompt_tokens)
+    return max(0, expected - SLACK_BLOCKS_PER_REQUEST * block * len(prompt_tokens))
+
+
+def _fmt_share(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def check_metrics_present(role: str, snap: Snapshot, names: Sequence[str]) -> list[Finding]:
+    missing = [n for n in names if not snap.has(n)]
+    if missing:
+        return [
+            METRICS.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: metric(s) absent from /metrics: {', '.join(missing)}. Cannot "
+                "decide from counters that are not there (not vLLM, too old, or "
+                "--disable-log-stats).",
+                evidence={"missing": missing, "url": snap.url},
+            )
+        ]
+    return [METRICS.finding(Severity.PASS, role, f"{role}: all {len(names)} metrics present")]
+
+
+def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
+    """Share of decode's prompt tokens that arrived by KV transfer, against the share the
+    connector's whole-block transfer guarantees for verify's own prompts."""
+    b, a = w.before[decode], w.after[decode]
+    prompt = delta(b, a, M.PROMPT_TOKENS)
+    by_transfer = delta(b, a, M.PROMPT_TOKENS_BY_SOURCE, source=vllm.SOURCE_EXTERNAL)
+    hits = delta(b, a, M.EXTERNAL_PREFIX_HITS)
+    queries = delta(b, a, M.EXTERNAL_PREFIX_QUERIES)
+    resets = [d.name for d in (prompt, by_transfer, hits, queries) if d.reset]
+    if resets:
+        return [
+            HANDOFF.finding(
+                Severity.FAIL,
+                decode,
+                f"{decode}: counters went backwards during the window ({', '.join(resets)}): "
+                "the decode server restarted; the handoff cannot be judged from this window.",
+                evidence={"reset": resets},
+            )
+        ]
+    transferred = by_transfer.value if by_transfer.value is not None else hits.value
+    total = prompt.value if prompt.value is not None else queries.value
+    if transferred is None or not total:
+        return [
+            HANDOFF.finding(
+                Severity.ERROR if transferred is None else Severity.FAIL,
+                decode,
+                f"{decode}: no evidence of the handoff: "
+                + (
+                    "the external prefix cache counters are absent"
+                    if transferred is None
+                    else "decode counted no prompt tokens in the window (did the requests "
+                    "reach it?)"
+                ),
+                evidence={"prompt_tokens": total, "transferred": transferred},
+            )
+        ]
+    block = block_size(a)
+    required = handoff_required_tokens(w.prompt_tokens, block)
+    share = transferred / total
+    threshold = required / total
+    evidence = {
+        "transferred_tokens": transferred,
+        "prompt_tokens": total,
+        "share": share,
+        "threshold": threshold,
+        "block_size": block,
+        "verify_prompt_tokens": list(w.prompt_tokens),
+        "external_hit_rate": (
+            hits.value / queries.value if hits.value is not None and queries.value else None
+        ),
+    }
+    out: list[Finding] = []
+    if required == 0:
+        out.append(
+            HANDOFF.finding(
+                Severity.ERROR,
+                decode,
+                f"{decode}: verify's prompts were too short to span a {block}-token block, "
+                "so the handoff cannot be judged.",
+                evidence=evidence,
+            )
+        )
+    elif transferred < required:
+        out.append(
+            HANDOFF.finding(
+                Severity.FAIL,
+                decode,
+                f"{decode}: only {transferred:.0f} of {total:.0f} prompt tokens "
+                f"({_fmt_share(share)}) arrived by KV transfer; at least {required} "
+                f"({_fmt_share(threshold)}, whole {block}-token blocks less one per request) "
+                "were expected. The handoff failed open: decode recomputed the prompt.",
+                evidence=evidence,
+            )
+        )
+    else:
+        out.append(
+            HANDOFF.finding(
+                Severity.PASS,
+                decode,
+                f"{decode}: {transferred:.0f} of {total:.0f} prompt tokens "
+                f"({_fmt_share(share)}) arrived by KV transfer (threshold "
+                f"{_fmt_share(threshold)})",
+                evidence=evidence,
+            )
+        )
+    # Prefill must have computed what decode received.
+    pb, pa = w.before[prefill], w.after[prefill]
+    computed = delta(pb, pa, M.PROMPT_TOKENS_BY_SOURCE, source=vllm.SOURCE_LOCAL_COMPUTE)
+    cached = delta(pb, pa, M.PROMPT_TOKENS_BY_SOURCE, source=vllm.SOURCE_LOCAL_CACHE)
+    if computed.value is None:
+        computed = delta(pb, pa, M.PROMPT_TOKENS)
+    done = (computed.value or 0) + (cached.value or 0)
+    pev = {"prefill_prompt_tokens": done, "decode_transferred_tokens": transferred}
+    if computed.value is None or computed.reset:
+        out.append(
+            HANDOFF.finding(
+                Severity.ERROR, prefill, f"{prefill}: prompt token counters unusable", evidence=pev
+            )
+        )
+    elif done < transferred:
+        out.append(
+            HANDOFF.finding(
+                Severity.FAIL,
+                prefill,
+                f"{prefill}: prefill processed {done:.0f} prompt tokens but decode received "
+                f"{transferred:.0f} by transfer: the KV did not come from this prefill role.",
+                evidence=pev,
+            )
+        )
+    else:
+        out.append(
+            HANDOFF.finding(
+                Severity.PASS,
+                prefill,
+                f"{prefill}: computed {done:.0f} prompt tokens, covering what decode received",
+                evidence=pev,
+            )
+        )
+    return out
+
+
+def check_speculation(role: str, w: Window) -> list[Finding]:
+    b, a = w.before[role], w.after[role]
+    drafts = delta(b, a, M.SPEC_DRAFTS)
+    draft_tokens = delta(b, a, M.SPEC_DRAFT_TOKENS)
+    accepted = delta(b, a, M.SPEC_ACCEPTED_TOKENS)
+    ev = {
+        "drafts": drafts.value,
+        "draft_tokens": draft_tokens.value,
+        "accepted_tokens": accepted.value,
+    }
+    if drafts.value is None and not drafts.reset:
+        return [
+            SPECULATION.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: the recipe claims speculative decoding, but the role exports no "
+                f"{M.SPEC_DRAFTS}: speculation is not configured on this role.",
+                evidence=ev,
+            )
+        ]
+    if drafts.reset or draft_tokens.reset:
+        return [
+            SPECULATION.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: speculation counters went backwards: the server restarted.",
+                evidence=ev,
+            )
+        ]
+    if not drafts.value or not draft_tokens.value:
+        return [
+            SPECULATION.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: speculation is not engaged: {drafts.value or 0:.0f} drafts and "
+                f"{draft_tokens.value or 0:.0f} draft tokens under verify's traffic.",
+                evidence=ev,
+            )
+        ]
+    rate = (accepted.value or 0) / draft_tokens.value
+    ev["acceptance_rate"] = rate
+    sev = Severity.PASS if rate > 0 else Severity.WARN
+    return [
+        SPECULATION.finding(
+            sev,
+            role,
+            f"{role}: {drafts.value:.0f} drafts, {draft_tokens.value:.0f} draft tokens, "
+            f"{accepted.value or 0:.0f} accepted (acceptance {_fmt_share(rate)})",
+            evidence=ev,
+        )
+    ]
+
+
+def check_outcomes(role: str, w: Window) -> list[Finding]:
+    b, a = w.before[role], w.after[role]
+    bad = {r: delta(b, a, M.REQUEST_SUCCESS, finished_reason=r) for r in vllm.BAD_FINISH_REASONS}
+    preempt = delta(b, a, M.PREEMPTIONS)
+    ev: dict[str, object] = {r: d.value for r, d in bad.items()}
+    ev["preemptions"] = preempt.value
+    out = []
+    failing = {r: d.value for r, d in bad.items() if d.value}
+    if any(d.reset for d in bad.values()):
+        out.append(
+            OUTCOMES.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: counters went backwards: the server restarted",
+                evidence=ev,
+            )
+        )
+    elif failing:
+        out.append(
+            OUTCOMES.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: requests finished with "
+                + ", ".join(f"{r}: {v:.0f}" for r, v in failing.items())
+                + " in the window",
+                evidence=ev,
+            )
+        )
+    else:
+        out.append(
+            OUTCOMES.finding(
+                Severity.PASS,
+                role,
+                f"{role}: no error or abort; preemptions: "
+                + ("n/a" if preempt.value is None else f"{preempt.value:.0f}"),
+                evidence=ev,
+            )
+        )
+    if preempt.value:
+        out.append(
+            OUTCOMES.finding(
+                Severity.WARN,
+                role,
+                f"{role}: {preempt.value:.0f} preemption(s) in the window: the KV cache is too "
+                "small for this load, latency figures will include recomputation.",
+                evidence=ev,
+            )
+        )
+    return out
+
+
+def _spec_arg(argv: Sequence[str]) -> dict[str, object] | None:
+    for i, a in enumerate(argv):
+        if a == "--speculative-config" and i + 1 < len(argv):
+            raw = argv[i + 1]
+        elif a.startswith("--speculative-config="):
+            raw = a.split("=", 1)[1]
+        else:
+            continue
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError:
+            return {"unparsed": raw}
+        return cfg if isinstance(cfg, dict) else {"unparsed": raw}
+    return None
+
+
+def check_spec_symmetry(argv_by_role: Mapping[str, Sequence[str]]) -> list[Finding]:
+    """Compare the speculative config each engine role was actually started with.  The
+    draft's path may differ per node; everything else must be identical."""
+    cfgs = {r: _spec_arg(a) for r, a in argv_by_role.items()}
+    if all(c is None for c in cfgs.values()):
+        return []
+
+    def norm(c: dict[str, object] | None) -> str:
+        return (
+            "absent"
+            if c is None
+            else json.dumps({k: v for k, v in c.items() if k != "model"}, sort_keys=True)
+        )
+
+    variants = {r: norm(c) for r, c in cfgs.items()}
+    if len(set(variants.values())) == 1:
+        return [
+            SPEC_SYMMETRY.finding(
+                Severity.PASS,
+                ",".join(cfgs),
+                "identical --speculative-config on " + ", ".join(cfgs),
+                evidence={"config": variants},
+            )
+        ]
+    return [
+        SPEC_SYMMETRY.finding(
+            Severity.FAIL,
+            ",".join(cfgs),
+            "speculative config differs between roles: "
+            + "; ".join(f"{r}: {v}" for r, v in variants.items())
+            + ". With speculation on decode only, decode waits for or crashes on draft KV "
+            "that prefill never computes.",
+            evidence={"config": variants},
+        )
+    ]
+
+
+def check_logs(role: str, log_text: str) -> list[Finding]:
+    out = []
+    for sig, line in vllm.match_log(log_text):
+        out.append(
+            LOGS.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: {sig.meaning}. Log: {line[:300]}",
+                hint=sig.fix,
+                evidence={"signature": sig.id, "line": line},
+            )
+        )
+    return out
