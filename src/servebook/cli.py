@@ -11,8 +11,8 @@ from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401
 from servebook.commands import probe as _probe  # noqa: F401
 from servebook.commands import recipes as _recipes  # noqa: F401
-from servebook.commands import verify as _verify  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401
+from servebook.commands import verify as _verify  # noqa: F401
 from servebook.findings import UsageError
 
 
