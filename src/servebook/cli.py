@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from rich.markup import escape
+
 from servebook.commands import app, err
 from servebook.commands import deploy as _deploy  # noqa: F401  (registers commands)
 from servebook.commands import lint as _lint  # noqa: F401
@@ -21,7 +23,7 @@ def main() -> None:
     try:
         app()
     except UsageError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
 
 
