@@ -11,6 +11,7 @@ from servebook.commands import app, err
 from servebook.commands import deploy as _deploy  # noqa: F401  (registers commands)
 from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401
+from servebook.commands import preflight as _preflight  # noqa: F401
 from servebook.commands import probe as _probe  # noqa: F401
 from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401

@@ -1,0 +1,141 @@
+"""`servebook preflight vllm-pd --set ... --snapshot FILE`: the verdicts the issue names,
+through the real command, on snapshots in `kubectl get -o json` shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servebook.kube.probe_pod import ProbeTarget, interpret_events, pod_manifest, probe_targets
+from servebook.recipe.resolve import resolve
+from tests.conftest import CliResult
+
+Cli = Callable[..., CliResult]
+FIX = Path(__file__).parent / "fixtures" / "preflight"
+SETS = [
+    "image=vllm/vllm-openai:v0.11.0",
+    "prefill_node=gpu-a",
+    "decode_node=gpu-b",
+    "prefill_model_dir=/models/llama",
+    "decode_model_dir=/models/llama",
+]
+
+
+def preflight(cli: Cli, snapshot: str, *extra: str) -> tuple[int, list[dict[str, Any]]]:
+    args = ["preflight", "vllm-pd", "--snapshot", str(FIX / snapshot), "--json"]
+    for s in [*SETS, *extra]:
+        args += ["--set", s]
+    r = cli(*args)
+    assert r.returncode in (0, 1, 2), r.stderr
+    return r.returncode, json.loads(r.stdout)["findings"]
+
+
+def verdicts(findings: list[dict[str, Any]], check: str) -> dict[str, str]:
+    return {
+        f["subject"].removeprefix("node/"): f["severity"] for f in findings if f["check"] == check
+    }
+
+
+def test_healthy_cluster_passes_and_says_the_node_probes_did_not_run(cli: Cli) -> None:
+    code, found = preflight(cli, "healthy.json")
+    assert code == 0, [f for f in found if f["severity"] in ("fail", "error")]
+    probe = [f for f in found if f["check"] == "SB259"]
+    assert probe[0]["severity"] == "info" and "node probes were not run" in probe[0]["message"]
+
+
+def test_gpus_held_by_a_pending_pod_in_another_namespace(cli: Cli) -> None:
+    code, found = preflight(cli, "pending-other-namespace.json")
+    assert code == 1
+    assert verdicts(found, "SB254")["gpu-a"] == "fail"
+    msg = next(
+        f["message"] for f in found if f["check"] == "SB254" and f["subject"] == "node/gpu-a"
+    )
+    assert "ml-team/llama-finetune-0" in msg
+
+
+def test_a_succeeded_pod_no_longer_holds_gpus(cli: Cli) -> None:
+    code, found = preflight(cli, "succeeded-pod.json")
+    assert code == 0
+    assert verdicts(found, "SB254") == {"gpu-a": "pass", "gpu-b": "pass"}
+
+
+def test_field_notes_pod_in_default_holding_all_eight(cli: Cli) -> None:
+    code, found = preflight(cli, "default-namespace-holds-all.json")
+    assert code == 1
+    msg = next(f["message"] for f in found if f["check"] == "SB254" and f["severity"] == "fail")
+    assert "default/vllm-llama-70b" in msg
+
+
+def test_cordoned_node(cli: Cli) -> None:
+    code, found = preflight(cli, "cordoned.json")
+    assert code == 1
+    assert verdicts(found, "SB252") == {"gpu-a": "fail", "gpu-b": "pass"}
+
+
+def test_tolerated_and_untolerated_taints(cli: Cli) -> None:
+    # gpu-a: nvidia.com/gpu:NoSchedule, which the GPU recipes tolerate;
+    # gpu-b: dedicated=training:NoExecute, which they do not.
+    code, found = preflight(cli, "taints.json")
+    assert code == 1
+    assert verdicts(found, "SB253") == {"gpu-a": "pass", "gpu-b": "fail"}
+
+
+def test_notready_node(cli: Cli) -> None:
+    code, found = preflight(cli, "notready.json")
+    assert code == 1
+    assert verdicts(found, "SB251") == {"gpu-a": "fail", "gpu-b": "fail"}
+
+
+def test_missing_node(cli: Cli) -> None:
+    code, found = preflight(cli, "missing-node.json")
+    assert code == 1
+    assert verdicts(found, "SB250") == {"gpu-a": "pass", "gpu-b": "fail"}
+
+
+def test_local_recipe_is_refused_with_exit_2(cli: Cli) -> None:
+    r = cli("preflight", "tiny-pd", "--snapshot", str(FIX / "healthy.json"))
+    assert r.returncode == 2 and "local backend only" in r.stderr
+
+
+# --- the probe Pod, as built (nothing here talks to a cluster) -------------------------
+
+
+def test_probe_pod_is_read_only_pinned_bounded_and_creates_nothing() -> None:
+    plan = resolve("vllm-pd", SETS)
+    target = probe_targets(plan)[0]
+    pod = pod_manifest(target, namespace="servebook", deadline_s=90, script="print()")
+    spec = pod["spec"]
+    assert spec["nodeName"] == target.node and spec["activeDeadlineSeconds"] == 90
+    assert spec["restartPolicy"] == "Never"
+    (c,) = spec["containers"]
+    assert c["securityContext"]["privileged"] is False
+    assert all(m["readOnly"] for m in c["volumeMounts"])
+    assert [v["hostPath"]["type"] for v in spec["volumes"]] == ["Directory"]
+
+
+def test_probe_targets_cover_each_node() -> None:
+    plan = resolve("vllm-pd", SETS)
+    assert sorted(t.node for t in probe_targets(plan)) == ["gpu-a", "gpu-b"]
+
+
+def test_absent_hostpath_is_reported_as_absent_on_the_node() -> None:
+    t = ProbeTarget(node="gpu-b", roles=("decode",), image="img", model_dir="/models/typo")
+    event = {
+        "reason": "FailedMount",
+        "type": "Warning",
+        "message": 'MountVolume.SetUp failed for volume "model" : hostPath type check '
+        "failed: /models/typo is not a directory",
+    }
+    f = interpret_events(t, [event])
+    assert f is not None and f.check == "SB259" and f.failed
+    assert "/models/typo is absent on node gpu-b" in f.message
+
+
+@pytest.mark.parametrize("events", [[], [{"reason": "Scheduled", "message": "ok"}]])
+def test_unexplained_events_leave_the_pod_running(events: list[dict[str, str]]) -> None:
+    t = ProbeTarget(node="n", roles=("mixed",), image="img", model_dir="/m")
+    assert interpret_events(t, events) is None
