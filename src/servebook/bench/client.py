@@ -97,6 +97,19 @@ class SSEParser:
         self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        # Fast path, the shape of nearly every read from an OpenAI server: exactly one
+        # complete "data: ..." event with LF line ends and nothing pending.
+        if (
+            not self._buf
+            and not self._data
+            and not self._skip_lf
+            and chunk[:6] == b"data: "
+            and chunk[-2:] == b"\n\n"
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+            and not self._event
+        ):
+            return [("message", chunk[6:-2])]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[:1] == b"\n":
@@ -257,7 +270,12 @@ def apply_events(
             continue
         choices = obj.get("choices")
         if choices:
-            k = _choice_tokens(choices[0], chat)
+            c0 = choices[0]
+            if not chat and type(c0) is dict:  # the hot path, inlined
+                ids = c0.get("token_ids")
+                k = len(ids) if ids else 1 if c0.get("text") else 0
+            else:
+                k = _choice_tokens(c0, chat)
             if k:
                 rec.chunk_ns.append(t)
                 if k != 1 or rec.chunk_tokens is not None:
@@ -480,25 +498,33 @@ def _progress(control: Control, t: int) -> Progress:
     )
 
 
-def _poll(
+WindowHook = Callable[[Literal["open", "close"]], None]
+
+
+def _decide(
     control: Control,
     controller: Controller | None,
     spec: LoadSpec,
     on_progress: Callable[[Progress], None] | None,
-) -> Progress:
+) -> tuple[bool, int | None]:
+    """One poll: (the window opened now, the stop time if the load should stop now).  The
+    stop is not applied here: the caller first runs the window-close hook (the "after"
+    counters must be read before in-flight requests are cancelled)."""
     t = now_ns()
     p = _progress(control, t)
+    opened, stop = False, None
     if controller is not None and not control.stopped:
         d = controller(p)
-        if d.open_window:
+        if d.open_window and not control.window_start_ns:
             control.open_window(t)
+            opened = True
         if d.stop:
-            control.stop(t)
+            stop = t
     if spec.deadline_s is not None and t - control.start_ns > spec.deadline_s * 1e9:
-        control.stop(t)
+        stop = t
     if on_progress is not None:
         on_progress(p)
-    return p
+    return opened, stop if not control.stopped else None
 
 
 # --- one worker ----------------------------------------------------------------------------
@@ -543,7 +569,76 @@ class LoadResult:
 _LAG_TICK_NS = 10_000_000
 
 
+# --- reading the body without buffering it ---------------------------------------------------
+#
+# aiohttp buffers a streamed body in its StreamReader and wakes the reading coroutine for
+# every read; profiling at 64 streams showed that per-HTTP-chunk bookkeeping (buffering,
+# flow control, joining chunks back) cost more client CPU than parsing the events.  The
+# fast path keeps aiohttp for everything (connections, TLS, headers, the C chunked-body
+# parser) and changes only where the body goes: the response's StreamReader is given a
+# subclass (no new slots, so ``__class__`` assignment is allowed) whose ``feed_data`` hands
+# each chunk straight to the request's SSE parser, stamped inside ``data_received``, i.e.
+# as soon as the event loop read it from the socket.  The coroutine then only waits for
+# EOF.  Where this is not possible (another aiohttp's StreamReader layout, a body behind a
+# decompressor) the plain ``readany`` loop runs instead, with the same results.
+
+_SINKS: dict[int, Callable[[bytes], None]] = {}
+
+
+def _timed_reader_class() -> type | None:
+    try:
+        from aiohttp.streams import StreamReader
+    except ImportError:  # pragma: no cover
+        return None
+
+    class TimedReader(StreamReader):
+        __slots__ = ()
+
+        def feed_data(self, data: bytes, size: int = 0) -> bool:
+            sink = _SINKS.get(id(self))
+            if sink is None:
+                return bool(StreamReader.feed_data(self, data, size))
+            if data:
+                sink(data)
+            return False
+
+    return TimedReader
+
+
+_TimedReader = _timed_reader_class()
+
+
+def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool) -> bool:
+    """Send ``content``'s future body chunks straight to ``rec`` (and what is already
+    buffered, now).  False when the reader cannot be hooked."""
+    if _TimedReader is None or type(content) is not _TimedReader.__mro__[1]:
+        return False
+    try:
+        content.__class__ = _TimedReader
+    except TypeError:
+        return False
+
+    def sink(data: bytes) -> None:
+        t = now_ns()
+        try:
+            events = parser.feed(data)
+            if events:
+                apply_events(rec, t, events, chat)
+        except Exception as e:  # never raise into aiohttp's parser
+            rec.error = rec.error or f"client failed to read the stream: {e!r}"[:500]
+
+    reader: Any = content
+    if reader._buffer:  # arrived with the headers, before the hook: stamp it now
+        sink(reader.read_nowait())
+    _SINKS[id(reader)] = sink
+    return True
+
+
 class _Worker:
+    # Read bodies through the unbuffered hook (module note above); tests turn it off to
+    # pin that both paths give the same records.
+    fast_reader = True
+
     def __init__(
         self,
         worker: int,
@@ -594,6 +689,12 @@ class _Worker:
                     text = (await resp.content.read(2048)).decode("utf-8", "replace")
                     rec.error = f"HTTP {resp.status}: {text.strip()[:500]}"
                     rec.end_ns = now_ns()
+                elif self.fast_reader and _hook_reader(resp.content, rec, parser, chat):
+                    try:
+                        await resp.content.wait_eof()
+                    finally:
+                        _SINKS.pop(id(resp.content), None)
+                    finish_record(rec, now_ns())
                 else:
                     content = resp.content
                     while True:
@@ -767,6 +868,7 @@ async def run_load_async(
     controller: Controller | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.05,
+    on_window: WindowHook | None = None,
 ) -> LoadResult:
     """The load in this process's running event loop (``spec.workers`` must be 1)."""
     if spec.workers != 1:
@@ -780,7 +882,15 @@ async def run_load_async(
     control.arr[_G_START] = start
     while not task.done():
         await asyncio.sleep(poll_s)
-        _poll(control, controller, spec, on_progress)
+        opened, stop = _decide(control, controller, spec, on_progress)
+        # Hooks do blocking I/O (scraping /metrics): in a thread, so this loop keeps
+        # reading streams and stamping tokens meanwhile.
+        if opened and on_window is not None:
+            await asyncio.to_thread(on_window, "open")
+        if stop is not None:
+            if on_window is not None and control.window_start_ns:
+                await asyncio.to_thread(on_window, "close")
+            control.stop(stop)
     stats = task.result()
     end = now_ns()
     return LoadResult(
@@ -802,8 +912,14 @@ def run_load(
     controller: Controller | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.05,
+    on_window: WindowHook | None = None,
 ) -> LoadResult:
     """Run the load to its end and return every request's record.
+
+    ``controller`` is polled every ``poll_s``; ``on_window("open")`` runs right after it
+    opens the window and ``on_window("close")`` right before its stop takes effect (the
+    window's end is the poll at which it decided), so a caller can read server counters at
+    both edges.  ``on_progress`` sees every poll (for a progress display).
 
     One worker runs in this process under uvloop (the caller must not be inside a running
     event loop: use ``run_load_async`` there).  More workers run as spawned processes,
@@ -811,7 +927,9 @@ def run_load(
     if spec.workers == 1:
         _pin(spec, 0)
         _install_uvloop()
-        return asyncio.run(run_load_async(endpoint, spec, prompts, controller, on_progress, poll_s))
+        return asyncio.run(
+            run_load_async(endpoint, spec, prompts, controller, on_progress, poll_s, on_window)
+        )
     ctx = mp.get_context("spawn")
     control = Control(spec.workers)
     conns, procs = [], []
@@ -840,7 +958,13 @@ def run_load(
         control.arr[_G_START] = start
         while len(results) < spec.workers:
             time.sleep(poll_s)
-            _poll(control, controller, spec, on_progress)
+            opened, stop = _decide(control, controller, spec, on_progress)
+            if opened and on_window is not None:
+                on_window("open")
+            if stop is not None:
+                if on_window is not None and control.window_start_ns:
+                    on_window("close")
+                control.stop(stop)
             _check_workers(procs, conns, results)
     finally:
         control.stop(now_ns())

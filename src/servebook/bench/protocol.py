@@ -27,15 +27,25 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from servebook.bench.client import Decision, Progress
-from servebook.bench.results import Point
+from servebook.bench.client import Decision, Endpoint, LoadResult, LoadSpec, Progress, run_load
+from servebook.bench.results import (
+    Point,
+    Results,
+    ResultsWriter,
+    point_from_load,
+    point_key,
+    server_evidence,
+    utc_now,
+)
+from servebook.bench.workload import PromptSource
 from servebook.findings import Finding, Severity, UsageError, register
+from servebook.metrics.scrape import ScrapeError, Snapshot, scrape
 
 Order = Literal["shuffled", "ascending"]
 
@@ -336,7 +346,8 @@ class WindowController:
         self._last_count = -1
         self._last_change_ns: int | None = None
 
-    def __call__(self, p: Progress) -> Decision:
+    def __call__(self, progress: Progress) -> Decision:
+        p = progress
         finished = p.completed_ok + p.errors
         if finished != self._last_count or self._last_change_ns is None:
             self._last_count, self._last_change_ns = finished, p.now_ns
@@ -498,3 +509,170 @@ def reasons(findings: Sequence[Finding]) -> list[str]:
 def apply_verdict(point: Point, findings: Sequence[Finding]) -> Point:
     r = reasons(findings)
     return point.model_copy(update={"valid": not r, "invalid_reasons": r})
+
+
+# --- running points (the sweep runner's core; the CLI adds flags and a progress display) ----
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a sweep measures: the entry point, and where each role's counters are.
+
+    ``metrics_urls`` maps role name -> base URL whose ``/metrics`` is read at both edges of
+    every window (empty: no server evidence, e.g. ``--url`` against a non-vLLM server).
+    ``decode_role`` names the PD decode role (its transfer counters give the handoff
+    share); ``accelerators_used`` is what the deployment uses (the Plan's GPUs), for
+    per-accelerator throughput."""
+
+    endpoint: Endpoint
+    metrics_urls: Mapping[str, str] = field(default_factory=dict)
+    decode_role: str | None = None
+    accelerators_used: int | None = None
+
+    @property
+    def pd(self) -> bool:
+        return self.decode_role is not None
+
+
+Scrape = Callable[[Mapping[str, str]], dict[str, Snapshot | str]]
+
+
+def scrape_roles(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, Snapshot | str]:
+    """Every role's /metrics; a role that cannot be read gets its error message instead."""
+    out: dict[str, Snapshot | str] = {}
+    for role, url in urls.items():
+        try:
+            out[role] = scrape(url, timeout=timeout)
+        except ScrapeError as e:
+            out[role] = str(e)
+    return out
+
+
+@dataclass
+class PointOutcome:
+    point: Point
+    findings: list[Finding]
+    load: LoadResult
+    stop_reason: str | None
+
+
+def _pregenerate(prompts: PromptSource, first: int, count: int) -> None:
+    pre = getattr(prompts, "pregenerate", None)
+    if pre is not None:
+        pre(range(first, first + count))
+
+
+def run_point(
+    target: Target,
+    spec: PointSpec,
+    settings: ProtocolSettings,
+    prompts: PromptSource,
+    *,
+    position: int = 0,
+    workers: int = 1,
+    cpus: tuple[int, ...] | None = None,
+    slo_ms: Mapping[str, float] | None = None,
+    scrape_fn: Scrape = scrape_roles,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> PointOutcome:
+    """Run one point (warm-up, window, verdict).  ``position`` is the point's place in
+    the sweep's full order: it seeds the point's arrivals and picks its prompts
+    (``position * 10**7`` onwards), so a resumed sweep sends what the uninterrupted one
+    would have."""
+    level = spec.level
+    controller = controller_for(settings, level)
+    warm = settings.warmup_for(level)
+    offset = position * 10_000_000
+    _pregenerate(
+        prompts, offset, (warm.requests or 0) + settings.min_requests_for(level) + 2 * level.size
+    )
+    load_spec = LoadSpec(
+        concurrency=level.concurrency,
+        rate=level.rate,
+        max_concurrency=settings.max_concurrency if level.rate is not None else None,
+        seed=settings.seed * 1_000_003 + position,
+        workers=workers,
+        cpus=cpus,
+        deadline_s=settings.deadline_for(level),
+        index_offset=offset,
+    )
+    edges: dict[str, dict[str, Snapshot | str]] = {}
+
+    def on_window(edge: Literal["open", "close"]) -> None:
+        if target.metrics_urls:
+            edges[edge] = scrape_fn(target.metrics_urls)
+
+    started = utc_now()
+    load = run_load(
+        target.endpoint, load_spec, prompts, controller, on_progress, on_window=on_window
+    )
+    ws = load.window_start_ns or load.end_ns
+    we = load.window_end_ns or load.end_ns
+    server: dict[str, Any] = {}
+    if target.metrics_urls:
+        if "open" in edges and "close" in edges:
+            server = server_evidence(edges["open"], edges["close"], decode_role=target.decode_role)
+        else:
+            server = {"missing": ["the window never opened or never closed, so no counters"]}
+    point = point_from_load(
+        load,
+        window_start_ns=ws,
+        window_end_ns=we,
+        repetition=spec.repetition,
+        accelerators_used=target.accelerators_used,
+        slo_ms=slo_ms,
+        server=server,
+        started_at=started,
+    )
+    stop_reason = controller.stop_reason or (
+        "the point's time limit" if load.window_end_ns else "the load ran out"
+    )
+    findings = judge(
+        point,
+        duration_s=settings.duration_s,
+        min_requests=settings.min_requests_for(level),
+        thresholds=settings.thresholds,
+        pd=target.pd,
+        stop_reason=stop_reason,
+    )
+    return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
+
+
+def run_sweep(
+    target: Target,
+    settings: ProtocolSettings,
+    prompts: PromptSource,
+    writer: ResultsWriter,
+    *,
+    workers: int = 1,
+    cpus: tuple[int, ...] | None = None,
+    slo_ms: Mapping[str, float] | None = None,
+    scrape_fn: Scrape = scrape_roles,
+    on_point: Callable[[PointSpec, PointOutcome | None], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Results:
+    """Every point in protocol order, skipping those the writer already holds as valid
+    (``--resume``); the results file is rewritten after each point.  ``on_point(spec,
+    None)`` announces a point, ``on_point(spec, outcome)`` reports it."""
+    done = writer.done_keys()
+    for position, ps in enumerate(point_order(settings)):
+        if point_key(ps.level.concurrency, ps.level.rate, ps.repetition) in done:
+            continue
+        if on_point is not None:
+            on_point(ps, None)
+        outcome = run_point(
+            target,
+            ps,
+            settings,
+            prompts,
+            position=position,
+            workers=workers,
+            cpus=cpus,
+            slo_ms=slo_ms,
+            scrape_fn=scrape_fn,
+            on_progress=on_progress,
+        )
+        writer.add(outcome.point)
+        if on_point is not None:
+            on_point(ps, outcome)
+    return writer.results

@@ -189,6 +189,60 @@ def cpu_accelerator() -> Accelerator:
     return Accelerator(kind="cpu", model=cpu_model(), count=cores or 1, cores=cores)
 
 
+def fetch_engine_version(base_url: str, timeout: float = 5.0) -> str | None:
+    """The engine's own version from ``GET /version`` (vLLM); ``None`` if it has none."""
+    from servebook import http
+
+    try:
+        resp = http.get(base_url.rstrip("/") + "/version", timeout=timeout)
+        if resp.status == 200:
+            v = resp.json().get("version")
+            return str(v) if v is not None else None
+    except (http.HTTPError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def make_provenance(
+    *,
+    target: Mapping[str, Any],
+    model_name: str,
+    model_dir: str | Path | None,
+    protocol: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    seed: int,
+    engine: str | None = "vllm",
+    engine_version: str | None = None,
+    roles: Sequence[RoleProvenance] = (),
+    accelerator: Accelerator | None = None,
+    accelerators_used: int | None = None,
+) -> Provenance:
+    """Provenance for a new run: what the caller knows (target, model, roles, protocol,
+    workload) plus what this machine says (servebook and package versions, host)."""
+    from servebook import __version__
+
+    return Provenance(
+        servebook_version=__version__,
+        engine=engine,
+        engine_version=engine_version,
+        model=ModelInfo(
+            name=model_name,
+            config_hash=model_config_hash(model_dir) if model_dir is not None else None,
+            path=str(model_dir) if model_dir is not None else None,
+        ),
+        target=dict(target),
+        roles=list(roles),
+        packages=package_versions(DEFAULT_PACKAGES),
+        accelerator=accelerator or cpu_accelerator(),
+        accelerators_used=accelerators_used,
+        host=host_info(),
+        protocol=dict(protocol),
+        workload=dict(workload),
+        seed=seed,
+        started_at=utc_now(),
+    )
+
+
 # --- server evidence -----------------------------------------------------------------------
 
 
@@ -630,7 +684,7 @@ def load_results(path: str | Path) -> Results:
 
 def resume_mismatches(old: Provenance, new: Provenance) -> list[str]:
     """Provenance keys that differ between a results file and the run meant to resume it."""
-    a, b = old.model_dump(), new.model_dump()
+    a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
     return [k for k in RESUME_KEYS if a.get(k) != b.get(k)]
 
 

@@ -1,0 +1,160 @@
+"""A whole sweep against a real HTTP server on 127.0.0.1, short: the protocol's order, the
+window edges where counters are read, the results file after each point, a point that
+fails because the server died, and --resume finishing the run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from servebook.bench.client import Endpoint
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    Target,
+    Thresholds,
+    Warmup,
+    run_sweep,
+)
+from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_results
+from servebook.bench.workload import DatasetPrompts, Prompt
+from servebook.metrics.scrape import Snapshot, snapshot_from_text
+from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+
+
+class FakeScrape:
+    """Counters of a real PD run: 'before' at the window's opening, 'after' at its end."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, urls: Mapping[str, str]) -> dict[str, Snapshot | str]:
+        edge = "before" if self.calls % 2 == 0 else "after"
+        self.calls += 1
+        return {
+            role: snapshot_from_text(
+                (FIXTURES / f"vllm-0.32.0-cpu-pd-spec-{role}-{edge}.prom").read_text()
+            )
+            for role in urls
+        }
+
+
+SETTINGS = ProtocolSettings(
+    concurrencies=(1, 3),
+    repetitions=1,
+    order="ascending",
+    warmup=Warmup(0.05, 2),
+    duration_s=0.25,
+    min_requests=3,
+    # The test server shares this process and this busy machine: judge lag and CPU
+    # loosely here; their rules have their own unit tests.
+    thresholds=Thresholds(
+        max_send_lag_p99_ms=1000,
+        max_loop_lag_p99_ms=1000,
+        max_client_cpu=1.0,
+        min_handoff_share=0.9,
+    ),
+)
+
+
+def provenance() -> Provenance:
+    return Provenance(
+        servebook_version="test",
+        model=ModelInfo(name="tiny"),
+        seed=0,
+        protocol=SETTINGS.to_dict(),
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+
+
+def target(url: str) -> Target:
+    return Target(
+        endpoint=Endpoint(url, "tiny"),
+        metrics_urls={"prefill": "http://prefill", "decode": "http://decode"},
+        decode_role="decode",
+    )
+
+
+def test_a_sweep_writes_valid_points_with_server_evidence(
+    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    url, srv = server
+    srv.down = False
+    seen: list[tuple[int | None, bool]] = []
+
+    def on_point(ps: PointSpec, outcome: PointOutcome | None) -> None:
+        seen.append((ps.level.concurrency, outcome is not None))
+
+    prompts = DatasetPrompts([Prompt("x", 4)], "memory", "0")
+    scrape = FakeScrape()
+    res = run_sweep(
+        target(url),
+        SETTINGS,
+        prompts,
+        ResultsWriter(tmp_path, provenance()),
+        scrape_fn=scrape,
+        on_point=on_point,
+    )
+    assert seen == [(1, False), (1, True), (3, False), (3, True)]
+    assert scrape.calls == 4  # both edges of both windows
+    assert [p.concurrency for p in res.points] == [1, 3]
+    for p in res.points:
+        assert p.valid, p.invalid_reasons
+        assert p.requests_ok >= 3 and p.errors == 0
+        assert p.window.duration_s is not None and p.window.duration_s >= 0.25
+        assert p.server["handoff_share"] == pytest.approx(896 / 917)
+        assert p.ttft_ms.p50 is not None and p.output_tokens_per_s
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [p["concurrency"] for p in doc["points"]] == [1, 3]
+    assert {a["concurrency"] for a in doc["aggregates"]} == {1, 3}
+
+
+def test_a_dead_server_leaves_the_finished_points_and_an_invalid_one_then_resume_finishes(
+    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    url, srv = server
+    srv.down = False
+    prompts = DatasetPrompts([Prompt("x", 4)], "memory", "0")
+
+    def kill_before_second(ps: PointSpec, outcome: PointOutcome | None) -> None:
+        if outcome is not None and ps.level.concurrency == 1:
+            srv.down = True
+
+    run_sweep(
+        target(url),
+        SETTINGS,
+        prompts,
+        ResultsWriter(tmp_path, provenance()),
+        scrape_fn=FakeScrape(),
+        on_point=kill_before_second,
+    )
+    first = load_results(tmp_path / "results.json")
+    assert [(p.concurrency, p.valid) for p in first.points] == [(1, True), (3, False)]
+    dead = first.points[1]
+    assert dead.errors > 0 and dead.error_samples[0].startswith("HTTP 503")
+    assert any(r.startswith("SB403: ") for r in dead.invalid_reasons)
+
+    srv.down = False  # the server is back; --resume runs what is not done
+    again = ResultsWriter(tmp_path, provenance(), resume=True)
+    assert again.done_keys() == {("concurrency", 1.0, 0)}
+    ran: list[int | None] = []
+    run_sweep(
+        target(url),
+        SETTINGS,
+        prompts,
+        again,
+        scrape_fn=FakeScrape(),
+        on_point=lambda ps, o: ran.append(ps.level.concurrency) if o else None,
+    )
+    assert ran == [3]
+    final = load_results(tmp_path / "results.json")
+    assert [(p.concurrency, p.valid) for p in final.points] == [(1, True), (3, True)]
+    assert [(p.concurrency, p.valid) for p in final.superseded_points] == [(3, False)]
