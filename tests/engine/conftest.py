@@ -30,24 +30,8 @@ def engine_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["SERVEBOOK_HOME"] = old
 
 
-def group_members(pgids: list[int]) -> set[int]:
-    """Live (non-zombie) processes in the given process groups."""
-    found: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        after = stat[stat.rindex(")") + 2 :].split()
-        if int(after[2]) in pgids and after[0] != "Z":
-            found.add(int(entry.name))
-    return found
-
-
 def assert_all_stopped(dep: local.Deployment, members: set[int]) -> None:
-    still = group_members([r.pid for r in dep.roles]) | {
+    still = local.group_members([r.pid for r in dep.roles]) | {
         pid for pid in members if Path(f"/proc/{pid}").exists() and _not_zombie(pid)
     }
     assert not still, f"processes still alive after down: {sorted(still)}"
@@ -67,11 +51,11 @@ def deployed(plan: Plan, name: str, timeout_s: float = 480) -> Iterator[local.De
     dep = local.up(plan, name=name, timeout_s=timeout_s, say=print)
     members: set[int] = set()
     try:
-        members = group_members([r.pid for r in dep.roles])
+        members = local.group_members([r.pid for r in dep.roles])
         assert members, "no process found for a deployment that is up"
         yield dep
     finally:
-        members |= group_members([r.pid for r in dep.roles])
+        members |= local.group_members([r.pid for r in dep.roles])
         stopped, result = local.down(name)
         assert stopped is not None
         assert all(v in ("stopped", "killed", "not running") for v in result.values()), result

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -118,14 +118,10 @@ def is_ours_alive(proc: RoleProcess) -> bool:
     return state != "Z"
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies still count for killpg; look for a live member.
+def group_members(pgids: Iterable[int]) -> set[int]:
+    """Live (non-zombie) processes in the given process groups."""
+    wanted = set(pgids)
+    found: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -134,9 +130,20 @@ def _group_alive(pgid: int) -> bool:
         except OSError:
             continue
         after = stat[stat.rindex(")") + 2 :].split()
-        if int(after[2]) == pgid and after[0] != "Z":
-            return True
-    return False
+        if int(after[2]) in wanted and after[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; look for a live member.
+    return bool(group_members([pgid]))
 
 
 def stop_process_group(proc: RoleProcess, grace_s: float = 15.0) -> str:
