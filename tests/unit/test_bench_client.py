@@ -62,7 +62,13 @@ class Server:
                 if per > 1:
                     choice["token_ids"] = list(range(k))
                 stamps.append(time.monotonic_ns())
-                await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+                event = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+                if prompt == "split":  # one event over two HTTP chunks, a moment apart
+                    await resp.write(event[:9])
+                    await asyncio.sleep(0.001)
+                    await resp.write(event[9:])
+                else:
+                    await resp.write(event)
                 sent += k
                 if prompt == "errorevent":
                     await resp.write(
@@ -252,3 +258,25 @@ def test_worker_processes_split_the_load_and_merge_their_records(
     assert all(r.ok for r in res.records)
     assert len(res.workers) == 2 and len({w.pid for w in res.workers}) == 2
     assert srv.max_in_flight <= 4
+
+
+@pytest.mark.parametrize("fast_reader", [True, False])
+def test_the_unbuffered_reader_and_the_plain_read_loop_give_the_same_records(
+    server: tuple[str, Server], monkeypatch: pytest.MonkeyPatch, fast_reader: bool
+) -> None:
+    from servebook.bench import client
+
+    monkeypatch.setattr(client._Worker, "fast_reader", fast_reader)
+    url, _ = server
+    res = run_load(
+        Endpoint(url, "tiny"),
+        LoadSpec(concurrency=2, num_requests=4),
+        prompts("x", "split", "pairs", "errorevent", out=5),
+    )
+    summary = [(r.index, r.output_tokens, len(r.chunk_ns), r.error) for r in res.records]
+    assert summary == [
+        (0, 5, 5, None),
+        (1, 5, 5, None),  # events split across HTTP chunks are reassembled
+        (2, 5, 3, None),
+        (3, 1, 1, "server error event: engine died (500)"),
+    ]

@@ -6,9 +6,10 @@ This module sends and times; it does not decide when a measurement window opens 
 
 **Clock.**  Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC on Linux, the same
 clock ``perf_counter_ns`` reads there), which is system-wide, so timestamps from worker
-processes and from a reference server on the same host are comparable.  A chunk is stamped
-when the socket read that carried it returns to this process; every event of one read
-shares that read's timestamp (they arrived together).
+processes and from a reference server on the same host are comparable.  Body bytes are
+stamped inside the event loop's ``data_received``, as aiohttp's HTTP parser hands over
+each chunk of the chunked body (see "reading the body without buffering it" below); every
+SSE event of one chunk shares its timestamp (they arrived together).
 
 **Tokens are counted from the server, not from chunks.**  A chunk carries ``k >= 1``
 tokens when the server batches (speculative decoding, stream intervals).  The count per
@@ -96,18 +97,20 @@ class SSEParser:
         self._event = ""
         self._skip_lf = False
 
+    @property
+    def idle(self) -> bool:
+        """Nothing pending: the next byte starts a line of a new event."""
+        return not self._buf and not self._data and not self._skip_lf and not self._event
+
     def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
         # Fast path, the shape of nearly every read from an OpenAI server: exactly one
         # complete "data: ..." event with LF line ends and nothing pending.
         if (
-            not self._buf
-            and not self._data
-            and not self._skip_lf
-            and chunk[:6] == b"data: "
+            chunk[:6] == b"data: "
             and chunk[-2:] == b"\n\n"
+            and self.idle
             and chunk.count(b"\n") == 2
             and b"\r" not in chunk
-            and not self._event
         ):
             return [("message", chunk[6:-2])]
         if self._skip_lf:
@@ -249,47 +252,54 @@ def _choice_tokens(choice: Any, chat: bool) -> int:
 def apply_events(
     rec: RequestRecord, t: int, events: Sequence[tuple[str, bytes]], chat: bool
 ) -> None:
-    """Fold the SSE events of one read, which arrived at ``t``, into ``rec``."""
+    """Fold SSE events that arrived at ``t`` into ``rec``."""
     for name, data in events:
-        if data == b"[DONE]":
-            rec.done = True
-            continue
         if name == "error":
             rec.error = rec.error or _error_text(data.decode("utf-8", "replace"))
-            continue
-        try:
-            obj = _loads(data)
-        except ValueError:
-            rec.error = rec.error or f"malformed stream event: {data[:200]!r}"
-            continue
-        if not isinstance(obj, dict):
-            rec.error = rec.error or f"unexpected stream event: {data[:200]!r}"
-            continue
-        if "error" in obj and obj["error"] is not None:
-            rec.error = rec.error or _error_text(obj["error"])
-            continue
-        choices = obj.get("choices")
-        if choices:
-            c0 = choices[0]
-            if not chat and type(c0) is dict:  # the hot path, inlined
-                ids = c0.get("token_ids")
-                k = len(ids) if ids else 1 if c0.get("text") else 0
-            else:
-                k = _choice_tokens(c0, chat)
-            if k:
-                rec.chunk_ns.append(t)
-                if k != 1 or rec.chunk_tokens is not None:
-                    if rec.chunk_tokens is None:
-                        rec.chunk_tokens = array("i", [1] * (len(rec.chunk_ns) - 1))
-                    rec.chunk_tokens.append(k)
-        usage = obj.get("usage")
-        if usage:
-            ct = usage.get("completion_tokens")
-            if isinstance(ct, int):
-                rec.usage_output_tokens = ct
-            pt = usage.get("prompt_tokens")
-            if isinstance(pt, int):
-                rec.prompt_tokens = pt
+        else:
+            apply_data(rec, t, data, chat)
+
+
+def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> None:
+    """Fold one ``message`` event's data (a JSON chunk or ``[DONE]``) into ``rec``.  This is
+    the per-token hot path: keep it flat."""
+    if data == b"[DONE]":
+        rec.done = True
+        return
+    try:
+        obj = _loads(data)
+    except ValueError:
+        rec.error = rec.error or f"malformed stream event: {data[:200]!r}"
+        return
+    if type(obj) is not dict:
+        rec.error = rec.error or f"unexpected stream event: {data[:200]!r}"
+        return
+    err = obj.get("error")
+    if err is not None:
+        rec.error = rec.error or _error_text(err)
+        return
+    choices = obj.get("choices")
+    if choices:
+        c0 = choices[0]
+        if not chat and type(c0) is dict:  # completions, inlined
+            ids = c0.get("token_ids")
+            k = len(ids) if ids else 1 if c0.get("text") else 0
+        else:
+            k = _choice_tokens(c0, chat)
+        if k:
+            rec.chunk_ns.append(t)
+            if k != 1 or rec.chunk_tokens is not None:
+                if rec.chunk_tokens is None:
+                    rec.chunk_tokens = array("i", [1] * (len(rec.chunk_ns) - 1))
+                rec.chunk_tokens.append(k)
+    usage = obj.get("usage")
+    if usage:
+        ct = usage.get("completion_tokens")
+        if isinstance(ct, int):
+            rec.usage_output_tokens = ct
+        pt = usage.get("prompt_tokens")
+        if isinstance(pt, int):
+            rec.prompt_tokens = pt
 
 
 def finish_record(rec: RequestRecord, t: int) -> None:
@@ -621,6 +631,16 @@ def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool
     def sink(data: bytes) -> None:
         t = now_ns()
         try:
+            # One whole event per chunk, the usual case: skip the general parser.
+            if (
+                data[:6] == b"data: "
+                and data[-2:] == b"\n\n"
+                and parser.idle
+                and data.count(b"\n") == 2
+                and b"\r" not in data
+            ):
+                apply_data(rec, t, data[6:-2], chat)
+                return
             events = parser.feed(data)
             if events:
                 apply_events(rec, t, events, chat)
