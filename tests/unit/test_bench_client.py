@@ -147,12 +147,19 @@ def test_closed_loop_keeps_concurrency_requests_in_flight_and_times_each(
     assert srv.max_in_flight == 4
     for r in res.records:
         assert r.output_tokens == 6
-        # Closed loop: scheduled when the slot frees, sent right after.
-        assert 0 <= r.send_lag_ns < 5_000_000
+        # Closed loop: scheduled when the slot frees, on the wire right after (the first
+        # requests also open their connections).
+        assert 0 <= r.send_lag_ns < 500_000_000
         recv, stamps = srv.truth[f"sb-{r.index}"]
+        # Closed loop measures from when the bytes went out, which precedes the server's
+        # reading them: the stamp comes from aiohttp's chunk-sent trace, not the fallback.
+        assert r.latency_from == "sent" and r.sent_traced
+        assert r.sent_ns <= recv
         assert r.ttft_ns is not None and r.ttft_ns >= stamps[0] - recv
         assert len(r.itl_ns()) == 5
         assert r.chunk_ns[0] >= stamps[0]  # stamped on arrival, never before the send
+    lags = sorted(r.send_lag_ns for r in res.records[4:])  # connections open by now
+    assert lags[len(lags) // 2] < 5_000_000
     assert res.workers[0].cpu_fraction > 0
     assert len(res.workers[0].loop_lag_ns) > 0
 
@@ -171,7 +178,7 @@ def test_rate_mode_follows_the_seeded_poisson_schedule_and_charges_lateness(
     late = [r for r in res.records if r.send_lag_ns > 5_000_000]
     assert late, "expected requests to wait behind max_concurrency=1"
     for r in res.records:
-        assert r.ok
+        assert r.ok and r.latency_from == "scheduled"
         assert r.ttft_ns is not None and r.ttft_ns >= r.send_lag_ns + TTFT_MS * 1e6 * 0.9
 
 
@@ -280,3 +287,13 @@ def test_the_unbuffered_reader_and_the_plain_read_loop_give_the_same_records(
         (2, 5, 3, None),
         (3, 1, 1, "server error event: engine died (500)"),
     ]
+
+
+def test_default_workers_scale_with_concurrency_within_the_cores() -> None:
+    from servebook.bench.client import default_workers
+
+    assert default_workers(1, cores=8) == 1
+    assert default_workers(256, cores=8) == 1
+    assert default_workers(257, cores=8) == 2
+    assert default_workers(2048, cores=4) == 4
+    assert default_workers(None, cores=8) == 1  # open loop: one Poisson stream

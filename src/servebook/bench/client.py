@@ -27,12 +27,16 @@ the extra tokens, so the rule needs only the usage count and the chunk timestamp
 multi-token chunks its ITL percentiles describe chunks, not tokens, and its mean ITL
 exceeds its TPOT.  TPOT here is ``(e2e - ttft) / (n - 1)`` as in vLLM's bench.
 
-**Latency origin.**  TTFT and E2E are measured from a request's *scheduled* time.  Closed
-loop: a slot schedules its next request when its previous one ends, so scheduled = sent.
-Open loop (``rate``): arrivals follow a seeded Poisson process and a request that went out
+**Latency origin.**  Open loop (``rate``): arrivals follow a seeded Poisson process and
+TTFT and E2E are measured from a request's *scheduled* time, so a request that went out
 late is charged its lateness (field notes: a late client must not hide server latency).
-``send_lag`` (sent - scheduled) and the event loop's own lag are recorded per worker as
-evidence of client saturation.
+Closed loop: there is no schedule, and latency is measured from when the request's bytes
+were handed to the socket (aiohttp's request-chunk-sent trace); the client's own delay
+between a slot coming free and its request going out is *send lag*, recorded per request
+and judged by SB404, instead of being added to the server's latency.  (On Python < 3.12
+aiohttp writes a request body from a separate task that runs after every other ready
+task: in a burst of 512 sends, a stamp taken before ``post()`` is tens of ms early.)  The
+event loop's own lag is sampled too, as evidence of client saturation.
 
 **Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
 closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
@@ -158,8 +162,16 @@ class RequestRecord:
 
     index: int
     worker: int
+    # Open loop: the arrival time the seeded schedule gave it.  Closed loop: when its slot
+    # came free.
     scheduled_ns: int
+    # When its bytes were handed to the socket (aiohttp's request-chunk-sent trace); the
+    # time just before the send began until then.
     sent_ns: int = 0
+    # Where latency is measured from: "scheduled" (open loop: a late client is charged)
+    # or "sent" (closed loop: there is no schedule; the client's own delay before the
+    # bytes went out is send lag, judged by SB404, not server latency).
+    latency_from: Literal["scheduled", "sent"] = "scheduled"
     end_ns: int = 0  # the stream closed (or the error happened); 0 while in flight
     chunk_ns: array = field(default_factory=lambda: array("q"))
     # Tokens per token-bearing chunk; None while every chunk carried exactly one.
@@ -172,6 +184,7 @@ class RequestRecord:
     # Stopped by the load's end (the window closed); neither a success nor an error.
     cancelled: bool = False
     done: bool = False  # data: [DONE] seen
+    sent_traced: bool = False  # sent_ns came from the socket write, not the fallback
 
     @property
     def ok(self) -> bool:
@@ -186,13 +199,21 @@ class RequestRecord:
         return len(self.chunk_ns)
 
     @property
+    def start_ns(self) -> int:
+        """The request's start: the origin of its latencies, and what places it inside or
+        outside a measurement window."""
+        if self.latency_from == "sent" and self.sent_ns:
+            return self.sent_ns
+        return self.scheduled_ns
+
+    @property
     def ttft_ns(self) -> int | None:
-        return self.chunk_ns[0] - self.scheduled_ns if self.chunk_ns else None
+        return self.chunk_ns[0] - self.start_ns if self.chunk_ns else None
 
     @property
     def e2e_ns(self) -> int | None:
-        """Scheduled time to the last token-bearing chunk (vLLM bench's ``latency``)."""
-        return self.chunk_ns[-1] - self.scheduled_ns if self.chunk_ns else None
+        """Start to the last token-bearing chunk (vLLM bench's ``latency``)."""
+        return self.chunk_ns[-1] - self.start_ns if self.chunk_ns else None
 
     @property
     def tpot_ns(self) -> float | None:
@@ -400,6 +421,22 @@ class LoadSpec:
         return None, self.rate / w, cap
 
 
+STREAMS_PER_WORKER = 256
+
+
+def default_workers(concurrency: int | None, cores: int | None = None) -> int:
+    """Worker processes for a level when the user did not say: one per 256 concurrent
+    streams (where benchmarks/client_capacity.py shows one core nearing saturation against
+    a fast server), at most the cores this process may use, and never more than the
+    concurrency.  SB404/SB405 still flag a saturated client; ``--workers`` overrides."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if concurrency is None:
+        return 1
+    want = -(-concurrency // STREAMS_PER_WORKER)
+    return max(1, min(want, cores, concurrency))
+
+
 # --- shared control between the controller and the workers -------------------------------
 
 # Global slots, then per-worker counter slots.
@@ -579,6 +616,17 @@ class LoadResult:
 _LAG_TICK_NS = 10_000_000
 
 
+async def _on_chunk_sent(session: Any, ctx: Any, params: Any) -> None:
+    """Stamp a request when its body is handed to the socket.  On Python < 3.12 aiohttp
+    writes the body from a task of its own, which runs only after every other ready task:
+    in a burst of hundreds of sends a stamp taken before ``post()`` is tens of ms early,
+    and that would be reported as server latency (vllm bench serve stamps there)."""
+    rec = ctx.trace_request_ctx
+    if isinstance(rec, RequestRecord) and not rec.sent_traced:
+        rec.sent_ns = now_ns()
+        rec.sent_traced = True
+
+
 # --- reading the body without buffering it ---------------------------------------------------
 #
 # aiohttp buffers a streamed body in its StreamReader and wakes the reading coroutine for
@@ -611,6 +659,13 @@ def _timed_reader_class() -> type | None:
             if data:
                 sink(data)
             return False
+
+        # Chunk-boundary bookkeeping serves iter_chunks(), which nothing reads here.
+        def begin_http_chunk_receiving(self) -> None:
+            return None
+
+        def end_http_chunk_receiving(self) -> None:
+            return None
 
     return TimedReader
 
@@ -693,7 +748,13 @@ class _Worker:
 
         ep, c, w = self.endpoint, self.control, self.worker
         prompt = self.prompts.get(index)
-        rec = RequestRecord(index, w, scheduled_ns, expected_output_tokens=prompt.output_len)
+        rec = RequestRecord(
+            index,
+            w,
+            scheduled_ns,
+            latency_from="sent" if self.spec.concurrency is not None else "scheduled",
+            expected_output_tokens=prompt.output_len,
+        )
         self.records.append(rec)
         body = json.dumps(request_body(ep, prompt.text, prompt.output_len)).encode()
         headers = dict(self._headers)
@@ -701,9 +762,12 @@ class _Worker:
         parser = SSEParser()
         chat = self.chat
         c.add(w, _W_SENT)
-        rec.sent_ns = now_ns()
+        rec.sent_ns = now_ns()  # replaced by the trace when the bytes go out
+        rec.sent_traced = False
         try:
-            async with session.post(ep.url, data=body, headers=headers) as resp:
+            async with session.post(
+                ep.url, data=body, headers=headers, trace_request_ctx=rec
+            ) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     text = (await resp.content.read(2048)).decode("utf-8", "replace")
@@ -745,7 +809,7 @@ class _Worker:
             c.add(w, _W_OK)
             c.add(w, _W_TOKENS, rec.output_tokens)
         ws = c.window_start_ns
-        if ws and scheduled_ns >= ws:
+        if ws and rec.start_ns >= ws:
             c.add(w, _W_WIN_ERR if rec.error is not None else _W_WIN_OK)
 
     async def _closed_slot(self, session: Any) -> None:
@@ -814,8 +878,14 @@ class _Worker:
         c = self.control
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=False)
         timeout = aiohttp.ClientTimeout(total=self.endpoint.request_timeout_s)
+        trace = aiohttp.TraceConfig()
+        trace.on_request_chunk_sent.append(_on_chunk_sent)
         async with aiohttp.ClientSession(
-            connector=conn, timeout=timeout, auto_decompress=False, skip_auto_headers=["User-Agent"]
+            trace_configs=[trace],
+            connector=conn,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=["User-Agent"],
         ) as session:
             c.add(self.worker, _W_READY)
             while not c.start_ns:

@@ -459,12 +459,12 @@ def point_key(concurrency: int | None, rate: float | None, repetition: int) -> P
 def window_records(
     records: Iterable[RequestRecord], start_ns: int, end_ns: int
 ) -> tuple[list[RequestRecord], list[RequestRecord], int]:
-    """(ok, errors, unfinished) among the requests *scheduled* in ``[start, end]``: ok
+    """(ok, errors, unfinished) among the requests that *started* in ``[start, end]``: ok
     ones finished inside it, errors are every failed one, unfinished were still running
     (or cancelled) at its end."""
     ok, err, unfinished = [], [], 0
     for r in records:
-        if not start_ns <= r.scheduled_ns <= end_ns:
+        if not start_ns <= r.start_ns <= end_ns:
             continue
         if r.error is not None and (r.end_ns == 0 or r.end_ns <= end_ns):
             err.append(r)

