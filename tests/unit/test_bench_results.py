@@ -416,3 +416,27 @@ def test_new_provenance_records_this_machine_and_the_run(tmp_path: Path) -> None
 
 def test_engine_version_of_an_unreachable_server_is_none() -> None:
     assert R.fetch_engine_version("http://127.0.0.1:9", timeout=0.5) is None
+
+
+def test_client_evidence_is_taken_from_the_window_not_the_warmup() -> None:
+    ticks = array("q", [0, 10 * MS, 20 * MS, 30 * MS])
+    stats = WorkerStats(
+        0,
+        1,
+        cpu_ns=7 * MS,
+        wall_ns=30 * MS,
+        loop_lag_ns=array("q", [50 * MS, 1 * MS, 2 * MS, 40 * MS]),
+        tick_ns=ticks,
+        tick_cpu_ns=array("q", [0, 1 * MS, 6 * MS, 7 * MS]),
+    )
+    assert stats.cpu_fraction_between(10 * MS, 20 * MS) == pytest.approx(0.5)
+    assert stats.loop_lag_between(10 * MS, 20 * MS).tolist() == [1 * MS, 2 * MS]
+    r0 = rec(0, 1, [5, 6])  # warm-up: opened its connection, 4 ms late
+    r0.sent_ns = 5 * MS
+    r1 = rec(1, 12, [15, 16])
+    load = load_of([r0, r1])
+    load.workers = [stats]
+    p = point_from_load(load, window_start_ns=10 * MS, window_end_ns=20 * MS, repetition=0)
+    assert p.client.cpu_fraction == pytest.approx(0.5)
+    assert p.client.loop_lag_p99_ms == pytest.approx(1.99)
+    assert p.client.send_lag_p99_ms == 0.0

@@ -583,13 +583,33 @@ class WorkerStats:
     pid: int
     cpu_ns: int  # process CPU time (user + system) during the load
     wall_ns: int
-    loop_lag_ns: array  # oversleep of a 10 ms timer, sampled through the load
-    cpus: tuple[int, ...] | None
+    loop_lag_ns: array  # oversleep of a 10 ms timer, sampled through the load...
+    tick_ns: array = field(default_factory=lambda: array("q"))  # ...at these times,
+    tick_cpu_ns: array = field(default_factory=lambda: array("q"))  # ...with this CPU used
+    cpus: tuple[int, ...] | None = None
 
     @property
     def cpu_fraction(self) -> float:
         """Share of one core this worker's process used during the load."""
         return self.cpu_ns / self.wall_ns if self.wall_ns > 0 else 0.0
+
+    def cpu_fraction_between(self, t0: int, t1: int) -> float | None:
+        """Share of a core used between two instants (from the 10 ms ticks)."""
+        t = np.frombuffer(self.tick_ns, dtype=np.int64)
+        if t.size < 2 or t1 <= t0 or t0 > t[-1] or t1 < t[0]:
+            return None
+        cpu = np.frombuffer(self.tick_cpu_ns, dtype=np.int64)
+        a, b = max(t0, int(t[0])), min(t1, int(t[-1]))
+        if b <= a:
+            return None
+        return float(np.interp(b, t, cpu) - np.interp(a, t, cpu)) / (b - a)
+
+    def loop_lag_between(self, t0: int, t1: int) -> np.ndarray:
+        lag = np.frombuffer(self.loop_lag_ns, dtype=np.int64)
+        t = np.frombuffer(self.tick_ns, dtype=np.int64)
+        if t.size != lag.size:
+            return lag
+        return lag[(t >= t0) & (t <= t1)]
 
 
 @dataclass
@@ -608,9 +628,23 @@ class LoadResult:
         """Busiest worker's share of a core: one saturated worker saturates the client."""
         return max((w.cpu_fraction for w in self.workers), default=0.0)
 
-    def loop_lag_ns(self) -> np.ndarray:
-        parts = [np.frombuffer(w.loop_lag_ns, dtype=np.int64) for w in self.workers]
+    def loop_lag_ns(self, t0: int | None = None, t1: int | None = None) -> np.ndarray:
+        """Event-loop lag samples of every worker (within ``[t0, t1]`` when given)."""
+        parts = [
+            w.loop_lag_between(t0, t1)
+            if t0 is not None and t1 is not None
+            else np.frombuffer(w.loop_lag_ns, dtype=np.int64)
+            for w in self.workers
+        ]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def cpu_fraction_between(self, t0: int, t1: int) -> float:
+        """Busiest worker's share of a core within ``[t0, t1]`` (whole load if unknown)."""
+        fr = [w.cpu_fraction_between(t0, t1) for w in self.workers]
+        return max(
+            (f if f is not None else w.cpu_fraction for f, w in zip(fr, self.workers, strict=True)),
+            default=0.0,
+        )
 
 
 _LAG_TICK_NS = 10_000_000
@@ -729,6 +763,8 @@ class _Worker:
         self.control = control
         self.records: list[RequestRecord] = []
         self.lag = array("q")
+        self.ticks = array("q")
+        self.tick_cpu = array("q")
         self.chat = endpoint.api == "chat"
         self._next = spec.index_offset + worker
         self._end = spec.index_offset + spec.num_requests if spec.num_requests is not None else None
@@ -861,10 +897,14 @@ class _Worker:
 
     async def _lag_probe(self) -> None:
         tick = _LAG_TICK_NS / 1e9
+        cpu = time.process_time_ns
         while True:
             t0 = now_ns()
             await asyncio.sleep(tick)
-            self.lag.append(now_ns() - t0 - _LAG_TICK_NS)
+            t1 = now_ns()
+            self.lag.append(t1 - t0 - _LAG_TICK_NS)
+            self.ticks.append(t1)
+            self.tick_cpu.append(cpu())
 
     async def _stop_watch(self, main: asyncio.Task[None]) -> None:
         while not self.control.stopped:
@@ -909,7 +949,16 @@ class _Worker:
             cpu, wall = time.process_time_ns() - cpu0, now_ns() - wall0
         c.add(self.worker, _W_DONE)
         self.records.sort(key=lambda r: r.index)
-        return WorkerStats(self.worker, os.getpid(), cpu, wall, self.lag, self.spec.cpus)
+        return WorkerStats(
+            self.worker,
+            os.getpid(),
+            cpu,
+            wall,
+            self.lag,
+            self.ticks,
+            self.tick_cpu,
+            self.spec.cpus,
+        )
 
 
 def _install_uvloop() -> None:

@@ -522,8 +522,14 @@ def point_from_load(
             requests_per_s=good / win_s if win_s > 0 else None,
             fraction=good / len(ok) if ok else None,
         )
-    lags = [r.send_lag_ns for r in load.records if r.sent_ns]
-    loop_lag = load.loop_lag_ns()
+    # Client evidence from the window only: the first requests of a load open their
+    # connections (send lag) and warm the interpreter (loop lag, CPU).
+    lags = [
+        r.send_lag_ns
+        for r in load.records
+        if r.sent_ns and window_start_ns <= r.start_ns <= window_end_ns
+    ]
+    loop_lag = load.loop_lag_ns(window_start_ns, window_end_ns)
     return Point(
         concurrency=load.spec.concurrency,
         rate=load.spec.rate,
@@ -553,7 +559,7 @@ def point_from_load(
         ),
         client=ClientEvidence(
             workers=len(load.workers),
-            cpu_fraction=load.client_cpu_fraction,
+            cpu_fraction=load.cpu_fraction_between(window_start_ns, window_end_ns),
             send_lag_p99_ms=float(np.percentile(lags, 99)) * ms if lags else None,
             loop_lag_p99_ms=(float(np.percentile(loop_lag, 99)) * ms if loop_lag.size else None),
         ),
