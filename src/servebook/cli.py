@@ -15,6 +15,7 @@ from servebook.commands import preflight as _preflight  # noqa: F401
 from servebook.commands import probe as _probe  # noqa: F401
 from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401
+from servebook.commands import report as _report  # noqa: F401
 from servebook.commands import verify as _verify  # noqa: F401
 from servebook.findings import UsageError
 

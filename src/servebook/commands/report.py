@@ -1,0 +1,178 @@
+"""`servebook report DIR... [-o OUT]` and `servebook compare A B`.
+
+Both read results files only.  ``report`` writes markdown, self-contained html and plots;
+``compare`` puts B beside A with a verdict per point, after checking that the two runs
+differ only in what the user says is under test (``servebook.report.compare``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table as RichTable
+
+from servebook.commands import app, err, out
+from servebook.findings import EXIT_FAIL
+from servebook.report import compare as cmp
+from servebook.report.render import (
+    md_code,
+    md_table,
+    md_text,
+    output_paths,
+    write_bytes_atomic,
+    write_report,
+)
+from servebook.report.tables import Table, load_runs
+
+_VARIABLES_HELP = "\n\n".join(
+    f"  {name}: {v.meaning} (allows: {', '.join(v.kinds)})" for name, v in cmp.VARIABLES.items()
+)
+
+
+@app.command(
+    epilog="Examples:\n\n  servebook report runs/mixed runs/pd -o report/\n\n"
+    "  servebook report runs/pd -o runs/pd/report.html\n\n"
+    "Exit codes: 0 written; 2 a results file is missing, malformed or of another schema "
+    "(nothing is written)."
+)
+def report(
+    dirs: list[Path] = typer.Argument(
+        ..., metavar="DIR...", help="Results directories (each holds a results.json)."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Output directory, or the report's .html path (its directory gets report.md "
+        "and plots/). Default: DIR itself for one run, ./servebook-report for several.",
+    ),
+) -> None:
+    """Write report.md, a self-contained report.html and PNG/SVG plots from results files.
+
+    Per run and load level: request and output-token throughput, absolute and per
+    accelerator; TTFT/ITL/TPOT p50/p99 with 95% CIs; error rate; validity (invalid points
+    listed with their reasons, never plotted as measurements); server evidence (PD handoff
+    share, speculative acceptance). Plots: throughput, TPOT and TTFT vs concurrency with CI
+    bands, and the Pareto view. Provenance of every run and what differs between them.
+    """
+    if output is None:
+        output = dirs[0] if len(dirs) == 1 and dirs[0].is_dir() else Path("servebook-report")
+    out_dir, html_name = output_paths(output)
+    html_path = write_report(list(dirs), out_dir, html_name)
+    out.print(f"report: {html_path}", highlight=False, soft_wrap=True)
+    out.print(f"report: {html_path.with_suffix('.md')}", highlight=False, soft_wrap=True)
+
+
+def _rich_table(t: Table) -> RichTable:
+    rt = RichTable(title=escape(t.title), show_lines=False)
+    for c in t.columns:
+        rt.add_column(escape(c.title), justify="right" if c.numeric else "left", overflow="fold")
+    for row in t.rows:
+        cells = [escape(v) for v in row]
+        v = cells[-1]
+        if v in ("better", "worse"):
+            cells[-1] = f"[{'green' if v == 'better' else 'bold red'}]{v}[/]"
+        rt.add_row(*cells)
+    return rt
+
+
+def compare_markdown(c: cmp.Comparison) -> str:
+    lines = [f"# servebook compare: {md_text(c.b.label)} relative to {md_text(c.a.label)}", ""]
+    if c.stamp:
+        lines += [f"**{c.stamp}**", ""]
+    lines += [f"- A: {md_code(str(c.a.path))}", f"- B: {md_code(str(c.b.path))}"]
+    lines.append(
+        "- Variables under test: "
+        + (", ".join(f"`{v}`" for v in c.comparability.variables) or "none declared")
+    )
+    lines.append("")
+    if c.comparability.differences:
+        lines += ["## Provenance differences", ""]
+        lines += [f"- {md_text(d)}" for d in cmp.differences_lines(c.comparability)]
+        lines.append("")
+    lines += ["## Figures", "", md_table(cmp.rows_table(c)), "", cmp.MULTIPLE_TESTS, ""]
+    if c.only_a or c.only_b:
+        lines.append(
+            f"Levels only in A: {', '.join(c.only_a) or 'none'}; only in B: "
+            f"{', '.join(c.only_b) or 'none'} (not compared)."
+        )
+        lines.append("")
+    if c.stamp:
+        lines += [f"**{c.stamp}**", ""]
+    return "\n".join(lines)
+
+
+@app.command(
+    help="Put run B beside run A: every figure of B relative to A with a 95% CI and a "
+    "verdict per point (better / worse / not distinguishable), after checking that the runs "
+    "differ only in the variable under test.\n\n"
+    "The test: Welch's two-sided t-test at 5% over per-repetition values of the valid "
+    "repetitions; fewer than 2 valid repetitions on a side gives 'not distinguishable (too "
+    "few repetitions)'. Throughput: higher is better; latency and error rate: lower is "
+    "better.\n\n"
+    "Provenance first: engine version, images and packages, model hash, hardware, topology, "
+    "engine args, protocol, workload and seed are compared field by field. A difference "
+    "not covered by a --variable makes compare refuse (exit 1) and list it; --force compares "
+    'anyway and stamps every output "cross-provenance: not a like-for-like comparison".\n\n'
+    f"Variables:\n\n{_VARIABLES_HELP}",
+    epilog="Examples:\n\n  servebook compare runs/mixed runs/pd --variable topology\n\n"
+    "  servebook compare runs/a runs/a-rerun --variable seed --json\n\n"
+    "Exit codes: 0 compared; 1 refused (provenance differs beyond the variables); 2 bad "
+    "input.",
+)
+def compare(
+    a: Path = typer.Argument(..., metavar="A", help="Baseline results directory."),
+    b: Path = typer.Argument(..., metavar="B", help="Results directory compared to A."),
+    variable: list[str] = typer.Option(
+        [],
+        "--variable",
+        help=f"What differs on purpose (repeatable): {', '.join(cmp.VARIABLES)}.",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Compare despite other provenance differences (stamped)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Also write compare.md and compare.json into this directory."
+    ),
+) -> None:
+    variables = cmp.check_variables(variable)
+    run_a, run_b = load_runs([a, b])
+    try:
+        c = cmp.compare(run_a, run_b, variables, force=force)
+    except cmp.Refused as r:
+        if as_json:
+            typer.echo(json.dumps(cmp.refusal_json(r.comparability), indent=2))
+        else:
+            err.print(escape(cmp.refusal_message(r.comparability)), highlight=False)
+        raise typer.Exit(EXIT_FAIL) from None
+    doc = cmp.to_json(c)
+    if output is not None:
+        write_bytes_atomic(output / "compare.md", compare_markdown(c).encode("utf-8"))
+        write_bytes_atomic(output / "compare.json", json.dumps(doc, indent=2).encode("utf-8"))
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    if c.stamp:
+        out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+    for v in c.comparability.unused_variables:
+        err.print(
+            f"[yellow]note:[/] --variable {v} declared, but nothing it covers differs",
+            highlight=False,
+        )
+    for line in cmp.differences_lines(c.comparability):
+        out.print(escape(line), highlight=False, soft_wrap=True)
+    out.print(_rich_table(cmp.rows_table(c)))
+    out.print(escape(cmp.TEST), highlight=False)
+    out.print(escape(cmp.MULTIPLE_TESTS), highlight=False)
+    if c.only_a or c.only_b:
+        out.print(
+            f"levels only in A: {', '.join(c.only_a) or 'none'}; only in B: "
+            f"{', '.join(c.only_b) or 'none'} (not compared)",
+            highlight=False,
+        )
+    if c.stamp:
+        out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)

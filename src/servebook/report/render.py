@@ -1,0 +1,409 @@
+"""Write a report: ``report.md`` (GitHub-flavoured markdown that also reads in a
+terminal: pipe tables, fenced code, image links, no HTML), a self-contained
+``report.html`` (plots embedded as base64 PNG, inline CSS, no script, nothing fetched from
+a network), and every plot as PNG and SVG under ``plots/``.
+
+Every file is written atomically (temporary file in the same directory, then
+``os.replace``): a reader sees the previous report or the new one, never half of one.
+Nothing is written until every results file has loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import os
+import re
+import shlex
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servebook import __version__
+from servebook.findings import UsageError
+from servebook.report.compare import differences_table
+from servebook.report.plots import PlotSpec, draw, plot_specs
+from servebook.report.tables import (
+    Run,
+    Table,
+    invalid_table,
+    latency_table,
+    load_runs,
+    provenance_table,
+    runs_table,
+    throughput_table,
+    validity_table,
+)
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+PLOTS_DIR = "plots"
+
+METHODS = [
+    "Figures come from results files only; each load level's figure is the mean over its "
+    "valid repetitions with a 95% confidence interval (Student t over per-repetition "
+    "values; no interval with fewer than two).",
+    "Latency percentiles use numpy's linear method over the requests scheduled and "
+    "finished inside each repetition's measurement window (steady state).",
+    "A point is valid only if every SB4xx check passed (window length, request count, "
+    "error rate, client lag and CPU, server evidence, PD handoff, output length). Invalid "
+    "points are listed with their reasons and excluded from every figure, line and ratio.",
+    "Per-accelerator figures divide by the accelerators the deployment uses (not the "
+    "host's); n/a where that count is unknown.",
+    "Server evidence (PD handoff share, speculative acceptance, preemptions) comes from "
+    "each role's Prometheus counters read before and after each window.",
+]
+
+
+@dataclass(frozen=True)
+class RoleCommand:
+    role: str
+    command: str
+    env: list[str]
+
+
+@dataclass
+class ProvenanceSection:
+    run: Run
+    table: Table
+    roles: list[RoleCommand]
+
+
+@dataclass
+class Report:
+    """Everything a report shows, as plain data; ``to_markdown`` and ``to_html`` lay it
+    out, so both say the same thing."""
+
+    runs: list[Run]
+    runs_table: Table
+    throughput: Table
+    latency: Table
+    validity: Table
+    invalid: Table
+    differences: Table | None
+    provenance: list[ProvenanceSection]
+    plots: list[PlotSpec] = field(default_factory=list)
+
+    @property
+    def tables(self) -> list[Table]:
+        """Every table the report shows (the headless-browser test checks each)."""
+        out = [self.runs_table, self.throughput, self.latency, self.validity]
+        if self.invalid.rows:
+            out.append(self.invalid)
+        if self.differences is not None and self.differences.rows:
+            out.append(self.differences)
+        out += [s.table for s in self.provenance]
+        return out
+
+    def plot(self, prefix: str) -> list[PlotSpec]:
+        return [p for p in self.plots if p.id == prefix or p.id.startswith(prefix + "-")]
+
+
+def build_report(runs: Sequence[Run]) -> Report:
+    runs = list(runs)
+    return Report(
+        runs=runs,
+        runs_table=runs_table(runs),
+        throughput=throughput_table(runs),
+        latency=latency_table(runs),
+        validity=validity_table(runs),
+        invalid=invalid_table(runs),
+        differences=differences_table(runs),
+        provenance=[
+            ProvenanceSection(
+                run,
+                provenance_table(run, i),
+                [
+                    RoleCommand(
+                        r.name,
+                        shlex.join(r.command) if r.command else "(not recorded)",
+                        [f"{k}={v}" for k, v in sorted(r.env.items())],
+                    )
+                    for r in run.results.provenance.roles
+                ],
+            )
+            for i, run in enumerate(runs)
+        ],
+        plots=plot_specs(runs),
+    )
+
+
+# --- markdown ------------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])")
+
+
+def md_text(s: str) -> str:
+    """Plain text for a markdown table cell or paragraph: markdown and HTML characters
+    escaped, one line."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(s.split()))
+
+
+def md_code(s: str) -> str:
+    """An inline code span that survives any content (backticks, pipes in a table)."""
+    s = " ".join(s.split())
+    ticks = "`"
+    while ticks in s:
+        ticks += "`"
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    return f"{ticks}{pad}{s}{pad}{ticks}".replace("|", "\\|")
+
+
+def md_table(t: Table) -> str:
+    head = "| " + " | ".join(md_text(c.title) for c in t.columns) + " |"
+    rule = "| " + " | ".join("---:" if c.numeric else "---" for c in t.columns) + " |"
+    lines = [head, rule]
+    for row in t.rows:
+        cells = [md_code(v) if i in t.code_columns and v else md_text(v) for i, v in enumerate(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    out = "\n".join(lines)
+    if t.note:
+        out += "\n\n" + md_prose(t.note)
+    return out
+
+
+def md_prose(s: str) -> str:
+    """A note that may quote `code` spans: text outside them is escaped."""
+    parts = " ".join(s.split()).split("`")
+    return "".join(
+        _MD_SPECIAL.sub(r"\\\1", p) if i % 2 == 0 else md_code(p) for i, p in enumerate(parts)
+    )
+
+
+def _fence(text: str) -> str:
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    return f"{ticks}text\n{text}\n{ticks}"
+
+
+def to_markdown(report: Report) -> str:
+    out: list[str] = [
+        "# servebook report",
+        "",
+        md_text(
+            f"{len(report.runs)} run(s), from results files only; servebook {__version__}. "
+            "Invalid points are listed, never plotted as measurements or averaged in."
+        ),
+        "",
+        "## Runs",
+        "",
+        md_table(report.runs_table),
+        "",
+    ]
+
+    def figures(prefix: str) -> list[str]:
+        lines = []
+        for p in report.plot(prefix):
+            lines += [
+                f"![{md_text(p.title)}]({PLOTS_DIR}/{p.id}.png)",
+                "",
+                md_text(p.caption) + f" (SVG: {md_code(f'{PLOTS_DIR}/{p.id}.svg')})",
+                "",
+            ]
+        return lines
+
+    out += ["## Throughput", "", *figures("throughput"), md_table(report.throughput), ""]
+    out += ["## Latency", "", *figures("tpot"), *figures("ttft"), md_table(report.latency), ""]
+    out += ["## Pareto view", "", *figures("pareto")]
+    out += ["## Errors, validity and server evidence", "", md_table(report.validity), ""]
+    out += ["### Invalid points", ""]
+    out += [md_table(report.invalid) if report.invalid.rows else "Every point is valid.", ""]
+    out += ["## Provenance", ""]
+    if report.differences is not None:
+        out += ["### What differs between the runs shown", ""]
+        out += [
+            md_table(report.differences)
+            if report.differences.rows
+            else md_prose(report.differences.note),
+            "",
+        ]
+    for sec in report.provenance:
+        out += [f"### {md_text(sec.table.title)}", "", md_table(sec.table), ""]
+        for rc in sec.roles:
+            out += [f"Role {md_code(rc.role)}: command line and environment", ""]
+            out += [_fence("\n".join([rc.command, *rc.env])), ""]
+    out += ["## How to read this report", ""]
+    out += [f"- {md_text(m)}" for m in METHODS]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --- html ----------------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;
+max-width:1280px;padding:0 1.5em;color:#1b1f24}
+h1{font-size:1.8em;margin-bottom:.2em}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;
+margin-top:2em}h3{margin-top:1.5em}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top;text-align:left}
+th{background:#f6f8fa}td.num,th.num{text-align:right;white-space:nowrap}
+tr:nth-child(even) td{background:#fbfcfd}
+td.bad{color:#b42318;font-weight:600}
+code,pre{font:12px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+td code{word-break:break-all}
+pre{background:#f6f8fa;padding:.7em;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eaeef2}
+figcaption,.note{color:#57606a;font-size:12.5px;max-width:1000px}
+""".strip()
+
+
+def html_table(t: Table) -> str:
+    e = html.escape
+    head = "".join(
+        f'<th class="num">{e(c.title)}</th>' if c.numeric else f"<th>{e(c.title)}</th>"
+        for c in t.columns
+    )
+    body = []
+    for row in t.rows:
+        cells = []
+        for i, v in enumerate(row):
+            cls = []
+            if t.columns[i].numeric:
+                cls.append("num")
+            if i == 3 and (t.id == "invalid" or (t.id == "validity" and "invalid" in v)):
+                cls.append("bad")  # a verdict or a reason a reader must not miss
+            attr = f' class="{" ".join(cls)}"' if cls else ""
+            content = f"<code>{e(v)}</code>" if i in t.code_columns and v else e(v)
+            cells.append(f"<td{attr}>{content}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    note = f'<p class="note">{_html_prose(t.note)}</p>' if t.note else ""
+    return (
+        f'<table id="table-{e(t.id)}" data-table="{e(t.id)}">'
+        f"<caption hidden>{e(t.title)}</caption>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+    )
+
+
+def _html_prose(s: str) -> str:
+    parts = s.split("`")
+    return "".join(
+        html.escape(p) if i % 2 == 0 else f"<code>{html.escape(p)}</code>"
+        for i, p in enumerate(parts)
+    )
+
+
+def html_figure(p: PlotSpec, png: bytes) -> str:
+    e = html.escape
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure id="plot-{e(p.id)}" data-plot="{e(p.id)}">'
+        f'<img alt="{e(p.title)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{e(p.caption)} "
+        f'(<a href="{PLOTS_DIR}/{e(p.id)}.svg">SVG</a>)</figcaption></figure>'
+    )
+
+
+def to_html(report: Report, pngs: dict[str, bytes]) -> str:
+    e = html.escape
+    parts: list[str] = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>servebook report: {e(', '.join(r.label for r in report.runs))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>servebook report</h1>",
+        f"<p>{len(report.runs)} run(s), from results files only; servebook "
+        f"{e(__version__)}. Invalid points are listed, never plotted as measurements or "
+        "averaged in.</p>",
+        '<section id="runs"><h2>Runs</h2>',
+        html_table(report.runs_table),
+        "</section>",
+    ]
+
+    def figures(prefix: str) -> str:
+        return "".join(html_figure(p, pngs[p.id]) for p in report.plot(prefix))
+
+    parts += [
+        '<section id="throughput"><h2>Throughput</h2>',
+        figures("throughput"),
+        html_table(report.throughput),
+        "</section>",
+        '<section id="latency"><h2>Latency</h2>',
+        figures("tpot"),
+        figures("ttft"),
+        html_table(report.latency),
+        "</section>",
+        '<section id="pareto"><h2>Pareto view</h2>',
+        figures("pareto"),
+        "</section>",
+        '<section id="validity"><h2>Errors, validity and server evidence</h2>',
+        html_table(report.validity),
+        "<h3>Invalid points</h3>",
+        html_table(report.invalid) if report.invalid.rows else "<p>Every point is valid.</p>",
+        "</section>",
+        '<section id="provenance"><h2>Provenance</h2>',
+    ]
+    if report.differences is not None:
+        parts.append("<h3>What differs between the runs shown</h3>")
+        parts.append(
+            html_table(report.differences)
+            if report.differences.rows
+            else f"<p>{_html_prose(report.differences.note)}</p>"
+        )
+    for sec in report.provenance:
+        parts += [f"<h3>{e(sec.table.title)}</h3>", html_table(sec.table)]
+        for rc in sec.roles:
+            parts.append(f"<p>Role <code>{e(rc.role)}</code>: command line and environment</p>")
+            parts.append(f"<pre>{e(chr(10).join([rc.command, *rc.env]))}</pre>")
+    parts += ["</section>", '<section id="methods"><h2>How to read this report</h2><ul>']
+    parts += [f"<li>{e(m)}</li>" for m in METHODS]
+    parts += ["</ul></section>", "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds the old bytes or the new ones, never a mix (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp creates 0600; a report is meant to be read by others (the umask decides).
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def output_paths(out: Path) -> tuple[Path, str]:
+    """``-o DIR`` or ``-o FILE.html`` -> (directory, html file name)."""
+    if out.suffix.lower() in (".html", ".htm"):
+        return out.parent, out.name
+    return out, REPORT_HTML
+
+
+def write_report(result_dirs: list[Path], out_dir: Path, html_name: str = REPORT_HTML) -> Path:
+    """Load every results file, then write ``report.md``, ``report.html`` and the plots
+    into ``out_dir``; returns the html report's path.  Bad input raises ``UsageError``
+    (exit 2) naming the file, before anything is written."""
+    runs = load_runs(result_dirs)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"-o {out_dir}: exists and is not a directory")
+    report = build_report(runs)
+    pngs: dict[str, bytes] = {}
+    for spec in report.plots:
+        png, svg = draw(spec)
+        pngs[spec.id] = png
+        write_bytes_atomic(out_dir / PLOTS_DIR / f"{spec.id}.png", png)
+        write_bytes_atomic(out_dir / PLOTS_DIR / f"{spec.id}.svg", svg)
+    md_name = Path(html_name).with_suffix(".md").name
+    write_bytes_atomic(out_dir / md_name, to_markdown(report).encode("utf-8"))
+    html_path = out_dir / html_name
+    write_bytes_atomic(html_path, to_html(report, pngs).encode("utf-8"))
+    return html_path

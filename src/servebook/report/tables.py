@@ -1,0 +1,576 @@
+"""What a report's tables say: runs loaded from Results files, their figures per load
+level, and the tables built from them as plain data (``render.py`` writes them).
+
+Every figure of a load level is the mean over the level's *valid* repetitions with a
+Student-t 95% interval (``stats.mean_ci``, the method ``results.aggregate`` uses); an
+invalid point is listed with its reasons and never averaged in (MLPerf LoadGen's VALID /
+INVALID).  Per-accelerator figures divide by the accelerators the deployment uses
+(``provenance.accelerators_used``, the Plan's GPUs, not the host's); where that is unknown
+(a CPU deployment) they are ``n/a``, never divided by something else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from servebook.bench import stats
+from servebook.bench.results import RESULTS_NAME, Point, Results, load_results
+from servebook.findings import UsageError
+
+Better = Literal["higher", "lower"]
+Mode = Literal["concurrency", "rate"]
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """One benchmark run: a results file and the name the report gives it."""
+
+    label: str
+    path: Path  # the results.json
+    results: Results
+
+    @property
+    def accelerators(self) -> int | None:
+        """Accelerators the deployment uses; ``None`` when unknown or zero (CPU)."""
+        n = self.results.provenance.accelerators_used
+        return n if n else None
+
+    @property
+    def recipe(self) -> str | None:
+        t = self.results.provenance.target
+        name = t.get("recipe") or t.get("deployment")
+        return str(name) if name else None
+
+    @property
+    def topology(self) -> str | None:
+        t = self.results.provenance.target
+        if t.get("topology"):
+            return str(t["topology"])
+        names = {r.name for r in self.results.provenance.roles}
+        if {"prefill", "decode"} <= names:
+            return "pd"
+        if "mixed" in names:
+            return "mixed"
+        return None
+
+
+def results_file(path: str | Path) -> Path:
+    """``DIR`` -> ``DIR/results.json``; a path to a file is taken as is."""
+    p = Path(path)
+    if p.is_dir():
+        f = p / RESULTS_NAME
+        if not f.is_file():
+            raise UsageError(
+                f"{p}: no {RESULTS_NAME} in this directory; give a directory written by "
+                f"`servebook bench -o DIR` (or the path of a results file)"
+            )
+        return f
+    if not p.exists():
+        raise UsageError(f"{p}: no such results directory or file")
+    return p
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Load every results file (``UsageError`` naming the file on the first bad one) and
+    label the runs: the recipe (or deployment) name when that tells them apart, else the
+    directory name, else the whole path."""
+    if not paths:
+        raise UsageError("give at least one results directory")
+    files = [results_file(p) for p in paths]
+    loaded = [(f, load_results(f)) for f in files]
+    seen: set[Path] = set()
+    for f, _ in loaded:
+        if f.resolve() in seen:
+            raise UsageError(f"{f}: given twice")
+        seen.add(f.resolve())
+    recipes = [
+        (r.provenance.target.get("recipe") or r.provenance.target.get("deployment") or None)
+        for _, r in loaded
+    ]
+    dirs = [f.parent.name or str(f.parent) for f, _ in loaded]
+    labels: list[str] = []
+    for (f, _), recipe, d in zip(loaded, recipes, dirs, strict=True):
+        if recipe and recipes.count(recipe) == 1:
+            labels.append(str(recipe))
+        elif dirs.count(d) == 1:
+            labels.append(f"{recipe} ({d})" if recipe else d)
+        else:
+            labels.append(str(f.parent))
+    return [Run(lbl, f, r) for (f, r), lbl in zip(loaded, labels, strict=True)]
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def _server(p: Point, key: str) -> float | None:
+    v = (p.server or {}).get(key)
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def _latency(name: str, q: str) -> Callable[[Point, Run], float | None]:
+    return lambda p, _run: getattr(getattr(p, name), q)
+
+
+def _per_acc(name: str) -> Callable[[Point, Run], float | None]:
+    def f(p: Point, run: Run) -> float | None:
+        v = getattr(p, name)
+        return v / run.accelerators if v is not None and run.accelerators else None
+
+    return f
+
+
+def error_rate(p: Point) -> float | None:
+    total = p.requests_ok + p.errors
+    return p.errors / total if total else None
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    title: str
+    unit: str
+    better: Better | None  # None: evidence, not a figure of merit (never given a verdict)
+    value: Callable[[Point, Run], float | None]
+    percent: bool = False
+    short: str = ""  # for narrow tables (a terminal): "tok/s per acc"
+
+    @property
+    def label(self) -> str:
+        return self.short or self.title
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in [
+        Metric(
+            "requests_per_s",
+            "Requests/s",
+            "req/s",
+            "higher",
+            lambda p, _: p.requests_per_s,
+            short="req/s",
+        ),
+        Metric(
+            "requests_per_s_per_accelerator",
+            "Requests/s per accelerator",
+            "req/s",
+            "higher",
+            _per_acc("requests_per_s"),
+            short="req/s per acc",
+        ),
+        Metric(
+            "output_tokens_per_s",
+            "Output tokens/s",
+            "tok/s",
+            "higher",
+            lambda p, _: p.output_tokens_per_s,
+            short="tok/s",
+        ),
+        Metric(
+            "output_tokens_per_s_per_accelerator",
+            "Output tokens/s per accelerator",
+            "tok/s",
+            "higher",
+            _per_acc("output_tokens_per_s"),
+            short="tok/s per acc",
+        ),
+        Metric(
+            "ttft_ms.p50",
+            "TTFT p50",
+            "ms",
+            "lower",
+            _latency("ttft_ms", "p50"),
+            short="TTFT p50 ms",
+        ),
+        Metric(
+            "ttft_ms.p99",
+            "TTFT p99",
+            "ms",
+            "lower",
+            _latency("ttft_ms", "p99"),
+            short="TTFT p99 ms",
+        ),
+        Metric(
+            "itl_ms.p50",
+            "ITL p50",
+            "ms",
+            "lower",
+            _latency("itl_ms", "p50"),
+            short="ITL p50 ms",
+        ),
+        Metric(
+            "itl_ms.p99",
+            "ITL p99",
+            "ms",
+            "lower",
+            _latency("itl_ms", "p99"),
+            short="ITL p99 ms",
+        ),
+        Metric(
+            "tpot_ms.p50",
+            "TPOT p50",
+            "ms",
+            "lower",
+            _latency("tpot_ms", "p50"),
+            short="TPOT p50 ms",
+        ),
+        Metric(
+            "tpot_ms.p99",
+            "TPOT p99",
+            "ms",
+            "lower",
+            _latency("tpot_ms", "p99"),
+            short="TPOT p99 ms",
+        ),
+        Metric("error_rate", "Error rate", "", "lower", lambda p, _: error_rate(p), percent=True),
+        Metric(
+            "handoff_share",
+            "PD handoff share",
+            "",
+            None,
+            lambda p, _: _server(p, "handoff_share"),
+            percent=True,
+        ),
+        Metric(
+            "spec_acceptance",
+            "Speculative acceptance",
+            "",
+            None,
+            lambda p, _: _server(p, "spec_acceptance"),
+            percent=True,
+        ),
+        Metric("preemptions", "Preemptions", "", None, lambda p, _: _server(p, "preemptions")),
+    ]
+}
+
+# What compare gives a verdict on, in this order.
+COMPARED = [k for k, m in METRICS.items() if m.better is not None]
+
+
+def tokens_per_user(p: Point, _run: Run | None = None) -> float | None:
+    """Output tokens/s one user sees: 1000 / the point's median TPOT (ms), the decode
+    speed of a typical request.  Works for concurrency and rate levels alike."""
+    t = p.tpot_ms.p50
+    return 1000.0 / t if t else None
+
+
+# --- load levels ---------------------------------------------------------------------------
+
+
+@dataclass
+class Level:
+    """One load level of one run: its points, valid and invalid."""
+
+    run: Run
+    mode: Mode
+    value: float
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"c={self.value:g}" if self.mode == "concurrency" else f"rate={self.value:g}/s"
+
+    @property
+    def valid(self) -> list[Point]:
+        return [p for p in self.points if p.valid]
+
+    @property
+    def invalid(self) -> list[Point]:
+        return [p for p in self.points if not p.valid]
+
+    def values(self, metric: str | Callable[[Point, Run], float | None]) -> list[float]:
+        """The metric's per-repetition values over the *valid* points (``None`` left out)."""
+        f = METRICS[metric].value if isinstance(metric, str) else metric
+        out = [f(p, self.run) for p in sorted(self.valid, key=lambda p: p.repetition)]
+        return [v for v in out if v is not None and math.isfinite(v)]
+
+    def figure(self, metric: str | Callable[[Point, Run], float | None]) -> stats.Interval:
+        return stats.mean_ci(self.values(metric))
+
+
+def level_key(p: Point) -> tuple[int, float]:
+    return (0, float(p.concurrency)) if p.concurrency is not None else (1, float(p.rate or 0.0))
+
+
+def levels(run: Run) -> list[Level]:
+    """The run's load levels, concurrency levels ascending, then rate levels ascending."""
+    out: dict[tuple[int, float], Level] = {}
+    for p in run.results.points:
+        k = level_key(p)
+        if k not in out:
+            out[k] = Level(run, "concurrency" if k[0] == 0 else "rate", k[1])
+        out[k].points.append(p)
+    return [out[k] for k in sorted(out)]
+
+
+# --- formatting ----------------------------------------------------------------------------
+
+NA = "n/a"
+
+
+def fmt_num(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return NA
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.2f}"
+    if a == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    if x is None or not math.isfinite(x):
+        return NA
+    return f"{100 * x:.{digits}f}%"
+
+
+def fmt_interval(iv: stats.Interval, *, percent: bool = False) -> str:
+    """``mean ± half-width`` of the 95% interval, the half-width to two significant
+    digits and the mean to the same decimal place; ``(n=1, no CI)`` with one repetition,
+    ``n/a`` with none: never a zero-width interval."""
+    if iv.mean is None:
+        return NA
+    if iv.half_width is None:
+        return f"{fmt_pct(iv.mean) if percent else fmt_num(iv.mean)} (n={iv.n}, no CI)"
+    scale, unit = (100.0, "%") if percent else (1.0, "")
+    m, h = iv.mean * scale, iv.half_width * scale
+    if h <= 0 or not math.isfinite(h):
+        return f"{fmt_pct(iv.mean) if percent else fmt_num(iv.mean)} ± 0"
+    cap = 2 if percent else 6
+    decimals = min(cap, max(0, 1 - math.floor(math.log10(h))))
+    if round(h, decimals) == 0:
+        return f"{m:,.{decimals}f}{unit} ± <{10**-decimals:g}{unit}"
+    return f"{m:,.{decimals}f}{unit} ± {h:,.{decimals}f}{unit}"
+
+
+# --- tables --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    numeric: bool = False
+
+
+@dataclass(frozen=True)
+class Table:
+    id: str
+    title: str
+    columns: list[Column]
+    rows: list[list[str]]
+    note: str = ""
+    code_columns: frozenset[int] = frozenset()  # cells shown as code (commands, paths)
+
+
+def _level_rows(runs: Sequence[Run], cells: Callable[[Level], list[str]]) -> list[list[str]]:
+    rows = []
+    for run in runs:
+        for lv in levels(run):
+            rows.append([run.label, lv.label, *cells(lv)])
+    return rows
+
+
+def _valid_cell(lv: Level) -> str:
+    return f"{len(lv.valid)}/{len(lv.points)}"
+
+
+def runs_table(runs: Sequence[Run]) -> Table:
+    rows = []
+    for run in runs:
+        prov = run.results.provenance
+        acc = prov.accelerator
+        hw = f"{acc.count} x {acc.model} ({acc.kind})" if acc else NA
+        valid = sum(1 for p in run.results.points if p.valid)
+        rows.append(
+            [
+                run.label,
+                str(run.path),
+                run.topology or NA,
+                f"{prov.engine or 'engine'} {prov.engine_version or '(version unknown)'}",
+                prov.model.name,
+                hw,
+                str(run.accelerators) if run.accelerators else f"{NA} (not recorded)",
+                f"{valid}/{len(run.results.points)}",
+            ]
+        )
+    return Table(
+        "runs",
+        "Runs",
+        [
+            Column("Run"),
+            Column("Results file"),
+            Column("Topology"),
+            Column("Engine"),
+            Column("Model"),
+            Column("Hardware"),
+            Column("Accelerators used", True),
+            Column("Valid points", True),
+        ],
+        rows,
+        code_columns=frozenset({1}),
+    )
+
+
+def throughput_table(runs: Sequence[Run]) -> Table:
+    keys = (
+        "requests_per_s",
+        "requests_per_s_per_accelerator",
+        "output_tokens_per_s",
+        "output_tokens_per_s_per_accelerator",
+    )
+    return Table(
+        "throughput",
+        "Throughput (absolute and per accelerator)",
+        [
+            Column("Run"),
+            Column("Load"),
+            Column("Valid reps", True),
+            Column("Requests/s", True),
+            Column("Requests/s per accelerator", True),
+            Column("Output tok/s", True),
+            Column("Output tok/s per accelerator", True),
+        ],
+        _level_rows(
+            runs, lambda lv: [_valid_cell(lv), *(fmt_interval(lv.figure(k)) for k in keys)]
+        ),
+        note="Mean ± 95% CI half-width (Student t) over the valid repetitions of each level. "
+        "Per accelerator = absolute / the accelerators the deployment uses; n/a where that "
+        "count is unknown (CPU deployments). A topology can win on tok/s and lose on tok/s "
+        "per accelerator: read both columns.",
+    )
+
+
+LATENCY_KEYS = (
+    "ttft_ms.p50",
+    "ttft_ms.p99",
+    "itl_ms.p50",
+    "itl_ms.p99",
+    "tpot_ms.p50",
+    "tpot_ms.p99",
+)
+
+
+def latency_table(runs: Sequence[Run]) -> Table:
+    return Table(
+        "latency",
+        "Latency (ms)",
+        [
+            Column("Run"),
+            Column("Load"),
+            *(Column(f"{METRICS[k].title} (ms)", True) for k in LATENCY_KEYS),
+        ],
+        _level_rows(runs, lambda lv: [fmt_interval(lv.figure(k)) for k in LATENCY_KEYS]),
+        note="Each repetition's percentile over the requests scheduled and finished inside "
+        "its window; mean ± 95% CI half-width of those per-repetition values.",
+    )
+
+
+def validity_table(runs: Sequence[Run]) -> Table:
+    def cells(lv: Level) -> list[str]:
+        verdict = "valid" if not lv.invalid else f"{len(lv.invalid)} invalid (excluded)"
+        if lv.points and not lv.valid:
+            verdict = "all invalid: no figures"
+        return [
+            _valid_cell(lv),
+            verdict,
+            fmt_interval(lv.figure("error_rate"), percent=True),
+            fmt_interval(lv.figure("handoff_share"), percent=True),
+            fmt_interval(lv.figure("spec_acceptance"), percent=True),
+            fmt_interval(lv.figure("preemptions")),
+        ]
+
+    return Table(
+        "validity",
+        "Errors, validity and server evidence",
+        [
+            Column("Run"),
+            Column("Load"),
+            Column("Valid reps", True),
+            Column("Validity"),
+            Column("Error rate", True),
+            Column("PD handoff share", True),
+            Column("Spec. acceptance", True),
+            Column("Preemptions", True),
+        ],
+        _level_rows(runs, cells),
+        note="From every role's counters, read before and after each window (server-side "
+        "evidence, not client estimates); n/a where the deployment has no such counter "
+        "(no PD handoff, no speculative decoding).",
+    )
+
+
+def invalid_table(runs: Sequence[Run]) -> Table:
+    rows = []
+    for run in runs:
+        for lv in levels(run):
+            for p in sorted(lv.invalid, key=lambda p: p.repetition):
+                rows.append(
+                    [run.label, lv.label, str(p.repetition), "; ".join(p.invalid_reasons) or NA]
+                )
+    return Table(
+        "invalid",
+        "Invalid points (excluded from every figure, plot and ratio)",
+        [Column("Run"), Column("Load"), Column("Repetition", True), Column("Why invalid")],
+        rows,
+        note="Each reason names the SB4xx check that failed (`servebook checks` explains "
+        "each); such a point is reported, never averaged in or plotted as a measurement.",
+    )
+
+
+def show_value(v: Any) -> str:
+    if v is None:
+        return NA
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def provenance_table(run: Run, index: int) -> Table:
+    prov = run.results.provenance
+    acc = prov.accelerator
+    hw = NA
+    if acc:
+        hw = f"{acc.count} x {acc.model} ({acc.kind})" + (
+            f", {acc.cores} cores" if acc.cores else ""
+        )
+    rows: list[list[str]] = [
+        ["Results file", str(run.path)],
+        ["Engine", f"{prov.engine or NA} {prov.engine_version or '(version unknown)'}"],
+        ["Model", prov.model.name],
+        ["Model config hash", prov.model.config_hash or NA],
+        ["Model path", prov.model.path or NA],
+        ["Hardware", hw],
+        ["Accelerators used", str(prov.accelerators_used) if prov.accelerators_used else NA],
+        ["Target", show_value(prov.target) if prov.target else NA],
+        ["Seed", str(prov.seed)],
+        ["servebook", prov.servebook_version],
+        ["Started / ended", f"{prov.started_at} / {prov.ended_at or NA}"],
+    ]
+    rows += [[f"Protocol: {k}", show_value(v)] for k, v in sorted(prov.protocol.items())]
+    rows += [[f"Workload: {k}", show_value(v)] for k, v in sorted(prov.workload.items())]
+    rows += [[f"Package: {k}", v] for k, v in sorted(prov.packages.items())]
+    rows += [[f"Host: {k}", show_value(v)] for k, v in sorted(prov.host.items())]
+    for role in prov.roles:
+        if role.image:
+            rows.append([f"Role {role.name}: image", role.image])
+        if role.engine_version:
+            rows.append([f"Role {role.name}: engine version", role.engine_version])
+    return Table(
+        f"provenance-{index}",
+        f"Provenance: {run.label}",
+        [Column("Field"), Column("Value")],
+        rows,
+        code_columns=frozenset({1}),
+    )

@@ -1,0 +1,381 @@
+"""`servebook compare`: refuses every kind of provenance mismatch unless it is the declared
+variable, stamps every output under --force, never lets an invalid point into a ratio,
+and gives the verdicts of Welch's test on hand-computed samples."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from servebook.bench.results import load_results
+from servebook.cli import app
+from servebook.report import compare as cmp
+from servebook.report.tables import load_runs
+from tests.conftest import CliResult
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"
+A = RESULTS / "mixed-tp2"
+B = RESULTS / "pd-2p2d"
+RERUN = RESULTS / "mixed-tp2-rerun"
+
+Cli = Callable[..., CliResult]
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def variant(tmp_path: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of A's results with one provenance edit (the document stays schema-valid)."""
+    doc = json.loads((A / "results.json").read_text())
+    edit(doc["provenance"])
+    out = tmp_path / name
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(doc))
+    load_results(out / "results.json")  # still a valid results file
+    return out
+
+
+def _engine(p: dict[str, Any]) -> None:
+    p["engine_version"] = "0.11.1"
+    for r in p["roles"]:
+        r["engine_version"] = "0.11.1"
+
+
+def _image(p: dict[str, Any]) -> None:
+    p["roles"][0]["image"] = "vllm/vllm-openai:v0.11.0-cu129"
+
+
+def _package(p: dict[str, Any]) -> None:
+    p["packages"]["aiohttp"] = "3.11.0"
+
+
+def _model(p: dict[str, Any]) -> None:
+    p["model"]["config_hash"] = "sha256:" + "1" * 64
+
+
+def _hardware(p: dict[str, Any]) -> None:
+    p["accelerator"]["model"] = "NVIDIA H100 80GB HBM3"
+
+
+def _topology(p: dict[str, Any]) -> None:
+    p["accelerators_used"] = 4
+
+
+def _engine_args(p: dict[str, Any]) -> None:
+    p["roles"][0]["command"].append("--enable-chunked-prefill")
+
+
+def _env(p: dict[str, Any]) -> None:
+    p["roles"][0]["env"]["VLLM_ATTENTION_BACKEND"] = "FLASHINFER"
+
+
+def _protocol(p: dict[str, Any]) -> None:
+    p["protocol"]["duration_s"] = 30.0
+
+
+def _threshold(p: dict[str, Any]) -> None:
+    p["protocol"]["thresholds"]["max_error_rate"] = 0.05
+
+
+def _workload(p: dict[str, Any]) -> None:
+    p["workload"]["output_len"] = 256
+
+
+def _api(p: dict[str, Any]) -> None:
+    p["target"]["api"] = "chat"
+
+
+def _seed(p: dict[str, Any]) -> None:
+    p["seed"] = 7
+
+
+# (edit, kind it must be reported as, field named in the refusal)
+MISMATCHES = {
+    "engine version": (_engine, "engine", "engine_version"),
+    "image": (_image, "packages", "roles.images"),
+    "package version": (_package, "packages", "packages.aiohttp"),
+    "model hash": (_model, "model", "model.config_hash"),
+    "hardware": (_hardware, "hardware", "accelerator.model"),
+    "topology": (_topology, "topology", "accelerators_used"),
+    "engine args": (_engine_args, "engine_args", "role.mixed.command"),
+    "engine env": (_env, "engine_args", "role.mixed.env.VLLM_ATTENTION_BACKEND"),
+    "protocol": (_protocol, "protocol", "protocol.duration_s"),
+    "protocol threshold": (_threshold, "protocol", "protocol.thresholds.max_error_rate"),
+    "workload": (_workload, "workload", "workload.output_len"),
+    "api": (_api, "workload", "target.api"),
+    "seed": (_seed, "seed", "seed"),
+}
+
+
+# --- provenance ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", list(MISMATCHES))
+def test_each_provenance_mismatch_kind_is_refused_and_named(what: str, tmp_path: Path) -> None:
+    edit, kind, field = MISMATCHES[what]
+    b = variant(tmp_path, "b", edit)
+    a_run, b_run = load_runs([A, b])
+    with pytest.raises(cmp.Refused) as e:
+        cmp.compare(a_run, b_run)
+    diffs = e.value.comparability.unexplained
+    assert {d.kind for d in diffs} == {kind}
+    assert field in [d.field for d in diffs]
+    # Declaring the variable under test that covers that kind lets the comparison proceed,
+    # and nothing is stamped: it is like-for-like but for the variable.
+    c = cmp.compare(a_run, b_run, [kind])
+    assert c.stamp is None and c.rows
+
+
+def test_refusal_exits_1_and_lists_the_difference_with_the_variable_to_declare(
+    tmp_path: Path,
+) -> None:
+    b = variant(tmp_path, "b", _engine)
+    r = invoke("compare", str(A), str(b))
+    assert r.exit_code == 1
+    assert "compare refused" in r.output
+    assert "[engine] engine_version: 0.11.0 (A) vs 0.11.1 (B)" in r.output
+    assert "--variable engine" in r.output and "--force" in r.output
+    rj = invoke("compare", str(A), str(b), "--json")
+    assert rj.exit_code == 1
+    doc = json.loads(rj.output)
+    assert doc["refused"] is True and doc["suggested_variables"] == ["engine"]
+    assert {d["field"] for d in doc["differences"]} == {"engine_version", "roles.engine_versions"}
+
+
+def test_a_variable_covers_only_its_kinds(tmp_path: Path) -> None:
+    def two(p: dict[str, Any]) -> None:
+        _engine_args(p)
+        _workload(p)
+
+    a_run, b_run = load_runs([A, variant(tmp_path, "b", two)])
+    with pytest.raises(cmp.Refused) as e:
+        cmp.compare(a_run, b_run, ["engine_args"])
+    assert [d.kind for d in e.value.comparability.unexplained] == ["workload"]
+    assert cmp.compare(a_run, b_run, ["engine_args", "workload"]).stamp is None
+
+
+def test_topology_covers_the_command_lines_a_new_topology_brings() -> None:
+    a_run, b_run = load_runs([A, B])
+    c = cmp.compare(a_run, b_run, ["topology"])
+    assert c.stamp is None
+    kinds = {d.kind for d in c.comparability.differences}
+    assert kinds == {"topology"}  # same engine, images and model: not reported as changed
+    with pytest.raises(cmp.Refused):
+        cmp.compare(a_run, b_run, ["engine_args"])
+
+
+def test_ports_hosts_interpreter_and_placement_are_not_differences() -> None:
+    # The rerun listens on another host and port, runs /opt/venv/bin/python instead of
+    # /usr/bin/python3 and on other GPUs: only its seed differs.
+    a_run, r_run = load_runs([A, RERUN])
+    diffs = cmp.provenance_differences(a_run.results.provenance, r_run.results.provenance)
+    assert [(d.kind, d.field) for d in diffs] == [("seed", "seed")]
+
+
+def test_normalized_command_keeps_real_flags() -> None:
+    from servebook.bench.results import ModelInfo
+
+    argv = [
+        "/opt/venv/bin/python3.11",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/m",
+        "--port=8123",
+        "--host",
+        "0.0.0.0",
+        "--kv-transfer-config",
+        '{"url": "http://10.1.1.1:5555"}',
+        "--max-num-seqs",
+        "64",
+    ]
+    got = cmp.normalize_command(argv, ModelInfo(name="m", path="/models/m"))
+    assert got == [
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "<model>",
+        "--port=<port>",
+        "--host",
+        "<host>",
+        "--kv-transfer-config",
+        '{"url": "<url>"}',
+        "--max-num-seqs",
+        "64",
+    ]
+
+
+def test_unknown_variable_is_bad_input_naming_the_vocabulary(cli: Cli) -> None:
+    r = cli("compare", str(A), str(B), "--variable", "topolgy")
+    assert r.returncode == 2
+    assert "--variable 'topolgy'" in r.stderr and "topology" in r.stderr
+
+
+def test_every_kind_has_a_variable_of_its_own_name() -> None:
+    assert set(cmp.KINDS) <= set(cmp.VARIABLES)
+    for name, v in cmp.VARIABLES.items():
+        assert name in v.kinds and set(v.kinds) <= set(cmp.KINDS)
+
+
+# --- --force ---------------------------------------------------------------------------
+
+
+def test_force_stamps_text_json_and_files(tmp_path: Path) -> None:
+    b = variant(tmp_path, "b", _engine)
+    out = tmp_path / "out"
+    r = invoke("compare", str(A), str(b), "--force", "-o", str(out))
+    assert r.exit_code == 0
+    assert r.output.count(cmp.CROSS_PROVENANCE) == 2  # first and last line of the text
+    assert r.output.strip().splitlines()[0] == cmp.CROSS_PROVENANCE
+    assert r.output.strip().splitlines()[-1] == cmp.CROSS_PROVENANCE
+    md = (out / "compare.md").read_text()
+    assert md.count(cmp.CROSS_PROVENANCE) == 2
+    saved = json.loads((out / "compare.json").read_text())
+    rj = invoke("compare", str(A), str(b), "--force", "--json")
+    assert rj.exit_code == 0
+    for doc in (json.loads(rj.output), saved):
+        assert doc["stamp"] == cmp.CROSS_PROVENANCE and doc["like_for_like"] is False
+        assert doc["rows"] and all(row["stamp"] == cmp.CROSS_PROVENANCE for row in doc["rows"])
+        assert [d["field"] for d in doc["differences"] if not d["under_test"]] == [
+            "engine_version",
+            "roles.engine_versions",
+        ]
+
+
+def test_like_for_like_output_carries_no_stamp(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = invoke("compare", str(A), str(B), "--variable", "topology", "-o", str(out))
+    assert r.exit_code == 0
+    assert "cross-provenance" not in r.output
+    assert "cross-provenance" not in (out / "compare.md").read_text()
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["stamp"] is None and doc["like_for_like"] is True
+
+
+# --- the test and the ratios -----------------------------------------------------------
+
+
+def test_welch_on_hand_computed_samples() -> None:
+    # A = 100, 102, 98; B = 110, 112, 108: means 100 and 110, s^2 = 4 each, n = 3.
+    # se = sqrt(4/3 + 4/3) = 1.632993; t = 10 / se = 6.123724; df = (8/3)^2 /
+    # ((4/3)^2 / 2 + (4/3)^2 / 2) = 4.  Student t with 4 df has a closed-form CDF:
+    # F(t) = 1/2 + (3/8) u (1 - t^2 / (12 (1 + t^2/4))), u = t / sqrt(1 + t^2/4), so the
+    # two-sided p = 2 (1 - F(6.123724)) = 0.0036022.  95% CI of the difference:
+    # 10 +- t(0.975, 4) * se = 10 +- 2.776445 * 1.632993 = [5.46608, 14.53392].
+    w = cmp.welch([100, 102, 98], [110, 112, 108])
+    assert w is not None
+    assert w.t == pytest.approx(6.123724, rel=1e-6)
+    assert w.df == pytest.approx(4.0)
+    assert w.p == pytest.approx(0.0036022, abs=1e-7)
+    assert (w.low, w.high) == (pytest.approx(5.46608, abs=1e-5), pytest.approx(14.53392, abs=1e-5))
+    assert cmp.verdict_of(w, "higher") == "better"
+    assert cmp.verdict_of(w, "lower") == "worse"  # the same samples as a latency
+
+
+def test_welch_unequal_variances_and_a_nonsignificant_difference() -> None:
+    # A = 100, 110, 90 (s^2 = 100); B = 105, 95, 115 (s^2 = 100): t = 5 / 8.164966 =
+    # 0.612372, df = 4, p = 2 (1 - F(0.612372)) = 0.57339 -> not distinguishable.
+    w = cmp.welch([100, 110, 90], [105, 95, 115])
+    assert w is not None and w.p == pytest.approx(0.57339, abs=1e-5)
+    assert cmp.verdict_of(w, "higher") == "not distinguishable"
+    # Unequal variances and sizes: A = 10, 12 (mean 11, s^2 = 2), B = 20, 30, 40, 50
+    # (mean 35, s^2 = 166.67): qa = 2/2 = 1, qb = 166.67/4 = 41.667, se = 6.531973,
+    # t = 24 / se = 3.674235, df = 42.667^2 / (1^2/1 + 41.667^2/3) = 3.140302; p = 0.032315
+    # (numerical integration of the t density with 3.1403 df: no closed form).
+    w2 = cmp.welch([10, 12], [20, 30, 40, 50])
+    assert w2 is not None
+    assert w2.df == pytest.approx(3.140302, abs=1e-6)
+    assert w2.t == pytest.approx(3.674235, abs=1e-6)
+    assert w2.p == pytest.approx(0.032315, abs=1e-6)
+    assert cmp.verdict_of(w2, "lower") == "worse"
+
+
+def test_fewer_than_two_repetitions_is_never_a_verdict() -> None:
+    assert cmp.welch([100.0], [200.0, 201.0, 199.0]) is None
+    assert cmp.verdict_of(None, "higher") == "not distinguishable (too few repetitions)"
+    a_run, r_run = load_runs([A, RERUN])
+    c = cmp.compare(a_run, r_run, ["seed"])
+    c1 = [r for r in c.rows if r.level == "c=1"]
+    assert c1 and all(r.verdict == "not distinguishable (too few repetitions)" for r in c1)
+    assert all(r.test is None and r.ratio_ci is None and r.b.n == 1 for r in c1)
+
+
+def row(c: cmp.Comparison, level: str, metric: str) -> cmp.Row:
+    return next(r for r in c.rows if r.level == level and r.metric == metric)
+
+
+def test_pd_vs_mixed_verdicts_per_metric_direction_and_per_accelerator() -> None:
+    a_run, b_run = load_runs([A, B])
+    c = cmp.compare(a_run, b_run, ["topology"])
+    tok = row(c, "c=1", "output_tokens_per_s")
+    assert tok.verdict == "better" and tok.ratio == pytest.approx(1.1)
+    # The samples of test_welch_on_hand_computed_samples: the ratio's interval is the
+    # difference's interval over A's mean (100), plus one.
+    assert tok.test is not None and tok.test.p == pytest.approx(0.0036022, abs=1e-7)
+    lo, hi = tok.ratio_ci or (0.0, 0.0)
+    assert lo == pytest.approx(1.0546608, abs=1e-6) and hi == pytest.approx(1.1453392, abs=1e-6)
+    # Per accelerator: A on 2 GPUs (50/GPU), B on 4 (27.5/GPU): higher tok/s, worse per GPU.
+    per = row(c, "c=1", "output_tokens_per_s_per_accelerator")
+    assert per.a.mean == pytest.approx(50.0) and per.b.mean == pytest.approx(27.5)
+    assert per.verdict == "worse"
+    # Latency: lower is better.
+    assert row(c, "c=1", "tpot_ms.p50").verdict == "better"  # 7.0 vs 8.0 ms
+    assert row(c, "c=1", "ttft_ms.p50").verdict == "worse"  # 60 vs 40 ms
+    assert row(c, "c=4", "output_tokens_per_s").verdict == "not distinguishable"
+
+
+def test_invalid_points_are_excluded_from_ratios() -> None:
+    # B's c=16 repetition 2 is invalid (SB403) and claims 9999 tok/s.
+    a_run, b_run = load_runs([A, B])
+    c = cmp.compare(a_run, b_run, ["topology"])
+    tok = row(c, "c=16", "output_tokens_per_s")
+    assert tok.b.n == 2 and tok.b.mean == pytest.approx(1520.0)
+    assert tok.ratio == pytest.approx(1520.0 / 1200.0)
+    w = cmp.welch([1200, 1230, 1170], [1500, 1540])
+    assert w is not None and tok.test == w
+    doc = cmp.to_json(c)
+    r16 = next(
+        r for r in doc["rows"] if r["level"] == "c=16" and r["metric"] == "output_tokens_per_s"
+    )
+    assert r16["b"]["n"] == 2 and not math.isclose(r16["b"]["mean"], (1500 + 1540 + 9999) / 3)
+
+
+def test_a_level_with_no_valid_repetition_has_no_ratio(tmp_path: Path) -> None:
+    doc = json.loads((B / "results.json").read_text())
+    for p in doc["points"]:
+        if p["concurrency"] == 4:
+            p["valid"], p["invalid_reasons"] = False, ["SB401: window 3.0 s of the required 60 s"]
+    d = tmp_path / "b"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(doc))
+    a_run, b_run = load_runs([A, d])
+    c = cmp.compare(a_run, b_run, ["topology"])
+    r4 = [r for r in c.rows if r.level == "c=4"]
+    assert r4 and all(r.verdict == "no valid repetitions" and r.ratio is None for r in r4)
+
+
+def test_levels_only_in_one_run_are_listed_not_compared(tmp_path: Path) -> None:
+    doc = json.loads((A / "results.json").read_text())
+    doc["points"] = [p for p in doc["points"] if p["concurrency"] != 16]
+    d = tmp_path / "a"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(doc))
+    c = cmp.compare(*load_runs([d, RERUN]), ["seed"])
+    assert c.only_b == ["c=16"] and not any(r.level == "c=16" for r in c.rows)
+
+
+def test_the_same_directory_twice_is_bad_input(tmp_path: Path) -> None:
+    from servebook.findings import UsageError
+
+    shutil.copytree(A, tmp_path / "a")
+    with pytest.raises(UsageError, match="given twice"):
+        load_runs([tmp_path / "a", tmp_path / "a" / "results.json"])

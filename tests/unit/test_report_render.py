@@ -1,0 +1,320 @@
+"""`servebook report`: report.md is GitHub-flavoured markdown with no HTML (it must read
+in a terminal and on a code-hosting site), report.html needs no network, plots are
+written as PNG and SVG, every file is replaced atomically, and bad input exits 2 naming
+the file before anything is written."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+from typer.testing import CliRunner
+
+from servebook.cli import app
+from servebook.report import render
+from servebook.report.render import (
+    PLOTS_DIR,
+    REPORT_HTML,
+    REPORT_MD,
+    build_report,
+    output_paths,
+    write_report,
+)
+from servebook.report.tables import load_runs
+from tests.conftest import CliResult
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"
+A = RESULTS / "mixed-tp2"
+B = RESULTS / "pd-2p2d"
+CPU = RESULTS / "tiny-pd-spec-cpu"
+RUNS = [A, B, CPU]
+
+Cli = Callable[..., CliResult]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("report")
+    assert write_report(RUNS, d) == d / REPORT_HTML
+    return d
+
+
+# --- markdown ------------------------------------------------------------------------------
+
+_DELIM = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
+
+
+def gfm_cells(line: str) -> list[str]:
+    """A table row's cells by GFM's rule: split on every pipe not escaped with a backslash
+    (code spans do not protect a pipe inside a table)."""
+    assert line.startswith("|") and line.endswith("|"), line
+    return re.split(r"(?<!\\)\|", line[1:-1])
+
+
+def gfm_tables(md: str) -> list[list[str]]:
+    """Every table as its lines; fails on a pipe line that is not part of a valid table."""
+    lines = md.splitlines()
+    tables: list[list[str]] = []
+    in_fence = False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or not line.startswith("|"):
+            i += 1
+            continue
+        assert i == 0 or lines[i - 1] == "", f"table at line {i + 1} needs a blank line before"
+        assert _DELIM.match(lines[i + 1]), f"line {i + 2}: not a delimiter row: {lines[i + 1]}"
+        block = [line]
+        i += 1
+        while i < len(lines) and lines[i].startswith("|"):
+            block.append(lines[i])
+            i += 1
+        tables.append(block)
+    return tables
+
+
+def test_markdown_has_no_html(out: Path) -> None:
+    md = (out / REPORT_MD).read_text()
+    tokens = MarkdownIt("commonmark").enable("table").parse(md)
+    kinds = {t.type for t in tokens} | {c.type for t in tokens for c in t.children or []}
+    assert "html_block" not in kinds and "html_inline" not in kinds
+    # Belt and braces: no tag-like text outside code either.
+    prose = re.sub(r"```.*?```", "", md, flags=re.S)
+    prose = re.sub(r"(`+).*?\1", "", prose)
+    assert not re.search(r"<[A-Za-z!/][^>]*>", prose)
+
+
+def test_markdown_tables_are_valid_gfm_and_all_there(out: Path) -> None:
+    md = (out / REPORT_MD).read_text()
+    tables = gfm_tables(md)
+    report = build_report(load_runs(RUNS))
+    assert len(tables) == len(report.tables)
+    for block, table in zip(tables, report.tables, strict=True):
+        width = len(gfm_cells(block[0]))
+        assert width == len(table.columns)
+        assert all(len(gfm_cells(row)) == width for row in block), block[0]
+        assert len(block) == 2 + len(table.rows)
+    tokens = MarkdownIt("commonmark").enable("table").parse(md)
+    assert sum(t.type == "table_open" for t in tokens) == len(report.tables)
+
+
+def test_markdown_links_every_plot_file(out: Path) -> None:
+    md = (out / REPORT_MD).read_text()
+    report = build_report(load_runs(RUNS))
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert sorted(images) == sorted(f"{PLOTS_DIR}/{p.id}.png" for p in report.plots)
+    for p in report.plots:
+        assert (out / PLOTS_DIR / f"{p.id}.png").read_bytes().startswith(b"\x89PNG")
+        assert b"<svg" in (out / PLOTS_DIR / f"{p.id}.svg").read_bytes()
+
+
+def test_markdown_has_the_sections_a_reader_needs(out: Path) -> None:
+    md = (out / REPORT_MD).read_text()
+    for heading in [
+        "## Runs",
+        "## Throughput",
+        "## Latency",
+        "## Pareto view",
+        "## Errors, validity and server evidence",
+        "### Invalid points",
+        "## Provenance",
+        "### What differs between the runs shown",
+        "## How to read this report",
+    ]:
+        assert f"\n{heading}\n" in md
+    # Every role's command line, verbatim, in a code block.
+    assert "python3 -m vllm.entrypoints.openai.api_server --model" in md
+    assert "--kv-transfer-config" in md and "vllm-router --vllm-pd-disaggregation" in md
+    assert "SB403: 300 of 4987 requests failed" in md
+
+
+# --- html ----------------------------------------------------------------------------------
+
+
+def test_html_is_self_contained(out: Path) -> None:
+    html = (out / REPORT_HTML).read_text()
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
+    assert not re.search(r"url\(", html)
+    imgs = re.findall(r'<img [^>]*src="([^"]+)"', html)
+    report = build_report(load_runs(RUNS))
+    assert len(imgs) == len(report.plots)
+    for src in imgs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG")
+    for t in report.tables:
+        assert f'id="table-{t.id}"' in html
+    for p in report.plots:
+        assert f'id="plot-{p.id}"' in html
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def test_no_temporary_files_are_left_and_files_are_readable(out: Path) -> None:
+    names = [p.name for p in out.rglob("*")]
+    assert not [n for n in names if n.endswith(".tmp")]
+    assert (out / REPORT_HTML).stat().st_mode & 0o044  # not mkstemp's 0600
+
+
+def test_a_failure_while_writing_leaves_the_previous_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / REPORT_HTML).write_text("previous report")
+
+    def broken(_spec: object) -> tuple[bytes, bytes]:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(render, "draw", broken)
+    with pytest.raises(RuntimeError):
+        write_report([A], tmp_path)
+    assert (tmp_path / REPORT_HTML).read_text() == "previous report"
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+def test_output_may_name_the_html_file() -> None:
+    assert output_paths(Path("out/r.html")) == (Path("out"), "r.html")
+    assert output_paths(Path("out")) == (Path("out"), REPORT_HTML)
+
+
+def test_report_command_writes_next_to_a_single_run_by_default(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_bytes((A / "results.json").read_bytes())
+    r = CliRunner().invoke(app, ["report", str(run)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert f"report: {run / REPORT_HTML}" in r.output
+    assert (run / REPORT_MD).is_file() and (run / PLOTS_DIR / "pareto.svg").is_file()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no results.json in this directory"),
+        ("{not json", "not JSON (line 1)"),
+        ('{"schema": "servebook.bench/0"}', "not a servebook results file"),
+    ],
+    ids=["missing", "malformed", "schema"],
+)
+def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
+    cli: Cli, tmp_path: Path, content: str | None, message: str
+) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    if content is not None:
+        (bad / "results.json").write_text(content)
+    dest = tmp_path / "out"
+    r = cli("report", str(A), str(bad), "-o", str(dest))
+    assert r.returncode == 2, r.stderr
+    assert str(bad) in r.stderr and message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not dest.exists()
+
+
+# --- in a real browser ---------------------------------------------------------------------
+
+_PROBE = """<script>
+window.addEventListener("load", () => {
+  for (const img of document.images) img.dataset.naturalWidth = String(img.naturalWidth);
+  document.body.dataset.probe = "loaded";
+});
+</script>"""
+
+
+def chromium() -> str:
+    """Debian's chromium (scripts/setup.sh installs it).  Missing: a skip on a
+    workstation, a failure under CI, where the set-up must have installed it."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail("CI is set but chromium is not installed: scripts/setup.sh installs it")
+    pytest.skip("chromium is not installed (as root: apt-get install -y chromium)")
+
+
+class _Dom(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, int] = {}  # id -> body rows
+        self.plots: dict[str, int] = {}  # data-plot -> the image's natural width
+        self.body: dict[str, str] = {}
+        self._table: str | None = None
+        self._plot: str | None = None
+        self._in_body = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "body":
+            self.body = a
+        elif tag == "table":
+            self._table = a.get("data-table")
+            self.tables[self._table or ""] = 0
+        elif tag == "tbody":
+            self._in_body = True
+        elif tag == "tr" and self._table is not None and self._in_body:
+            self.tables[self._table] += 1
+        elif tag == "figure":
+            self._plot = a.get("data-plot")
+        elif tag == "img" and self._plot is not None:
+            self.plots[self._plot] = int(a.get("data-natural-width") or 0)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._table, self._in_body = None, False
+        elif tag == "figure":
+            self._plot = None
+
+
+def test_html_renders_in_headless_chromium_with_every_plot_and_table(
+    out: Path, tmp_path: Path
+) -> None:
+    exe = chromium()
+    # A copy with a probe that records, once the page has loaded, whether each image
+    # decoded (the report itself carries no script).  Name resolution is mapped to nothing,
+    # so a page that needed the network would show broken images.
+    probe = out / "probe.html"
+    probe.write_text((out / REPORT_HTML).read_text().replace("</body>", _PROBE + "</body>"))
+    try:
+        r = subprocess.run(
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        probe.unlink()
+    assert r.returncode == 0, r.stderr[-2000:]
+    dom = _Dom()
+    dom.feed(r.stdout)
+    assert dom.body.get("data-probe") == "loaded", r.stdout[:500]
+    report = build_report(load_runs(RUNS))
+    assert set(dom.plots) == {p.id for p in report.plots}
+    assert all(w > 0 for w in dom.plots.values()), dom.plots
+    for t in report.tables:
+        assert dom.tables.get(t.id) == len(t.rows), t.id
