@@ -10,17 +10,22 @@ output :data:`CROSS_PROVENANCE`.
 
 **Kinds** (what is compared; a provenance field not listed here is not compared):
 
-* ``engine``: engine name and version (the run's ``/version`` and each role's);
-* ``packages``: each role's image, package versions, servebook's version;
+* ``engine``: engine name and version (the run's ``/version``, and the set of versions its
+  engine roles report);
+* ``packages``: the set of images of the engine roles, other roles' images, package
+  versions, servebook's version;
 * ``model``: model name and config.json hash (not its path: the same model may live at
   different paths on different hosts);
 * ``hardware``: the host's accelerator kind, model, count and cores;
 * ``topology``: roles present, accelerators the deployment uses, recipe and other
-  ``target`` keys (not its URL or deployment name);
+  ``target`` keys (not its URL or deployment name), the PD handoff threshold (only a PD
+  deployment has one);
 * ``engine_args``: each role's command line and environment, normalized: the interpreter's
   path, ``--host``/``--port``/``--*-port`` values, URLs and the model's path are replaced
   by placeholders, and device-placement variables (``CUDA_VISIBLE_DEVICES``...) are left
-  out, because those change between deployments of the same thing;
+  out, because those change between deployments of the same thing.  Per-role fields are
+  compared for the roles both runs have; a role on one side only is a ``topology``
+  difference;
 * ``protocol``: every protocol setting except the load levels and the repetition count
   (compare matches the levels both runs have; the intervals account for repetitions);
 * ``workload``: the prompt source (lengths, dataset hash, API), not the tokenizer's path;
