@@ -241,7 +241,7 @@ def test_the_controller_opens_the_window_and_stops_the_load(server: tuple[str, S
     in_window = [
         r
         for r in res.records
-        if r.ok and r.scheduled_ns >= res.window_start_ns and r.end_ns <= res.window_end_ns
+        if r.ok and r.start_ns >= res.window_start_ns and r.end_ns <= res.window_end_ns
     ]
     assert len(in_window) >= 6
     assert any(r.cancelled for r in res.records)  # in flight at the stop: cancelled

@@ -724,7 +724,10 @@ def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool
             if (
                 data[:6] == b"data: "
                 and data[-2:] == b"\n\n"
-                and parser.idle
+                and not parser._buf  # parser.idle, inlined: this runs once per token
+                and not parser._data
+                and not parser._event
+                and not parser._skip_lf
                 and data.count(b"\n") == 2
                 and b"\r" not in data
             ):
