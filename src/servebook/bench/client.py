@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -648,6 +649,7 @@ class LoadResult:
 
 
 _LAG_TICK_NS = 10_000_000
+ADMIT_PER_TURN = 8
 
 
 async def _on_chunk_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -851,15 +853,42 @@ class _Worker:
         if ws and rec.start_ns >= ws:
             c.add(w, _W_WIN_ERR if rec.error is not None else _W_WIN_OK)
 
-    async def _closed_slot(self, session: Any) -> None:
+    async def _closed_slot(self, session: Any, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
+        loop = asyncio.get_running_loop()
         while not self.control.stopped:
             i = self._take()
             if i is None:
                 return
-            await self._send(session, i, now_ns())
+            scheduled = now_ns()
+            turn: asyncio.Future[None] = loop.create_future()
+            admit.put_nowait(turn)
+            await turn
+            await self._send(session, i, scheduled)
+
+    async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
+        """Let at most ADMIT_PER_TURN requests start per event-loop turn.  Starting a
+        request costs ~150 us of aiohttp; when hundreds of streams end together (a
+        closed loop against a server whose requests all take the same time), starting
+        all their successors in one turn held the loop for ~75 ms at 512 streams, and
+        every token that arrived meanwhile was stamped that late.  Spread over turns, the
+        loop reads sockets between every few starts; the wait is recorded as send lag."""
+        n = 0
+        while True:
+            turn = await admit.get()
+            if not turn.done():
+                turn.set_result(None)
+            n += 1
+            if n >= ADMIT_PER_TURN or admit.empty():
+                n = 0
+                await asyncio.sleep(0)
 
     async def _closed_loop(self, session: Any, slots: int) -> None:
-        await asyncio.gather(*(self._closed_slot(session) for _ in range(slots)))
+        admit: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
+        admitter = asyncio.create_task(self._admitter(admit))
+        try:
+            await asyncio.gather(*(self._closed_slot(session, admit) for _ in range(slots)))
+        finally:
+            admitter.cancel()
 
     async def _open_loop(self, session: Any, rate: float, cap: int | None) -> None:
         rng = np.random.default_rng([self.spec.seed, self.worker, 0x5EED])
@@ -936,6 +965,15 @@ class _Worker:
             delay = (c.start_ns - now_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
+            # No automatic garbage collection during the load: a collection pauses the
+            # loop, and every token in flight would be stamped that much late (seen as
+            # multi-ms ITL outliers at 512 streams).  A request leaves no reference
+            # cycles behind (measured: 0 unreachable objects after 5000 requests with
+            # the collector off), so nothing accumulates; collection resumes after.
+            gc.collect()
+            gc.freeze()
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
             cpu0, wall0 = time.process_time_ns(), now_ns()
             lag = asyncio.create_task(self._lag_probe())
             if slots is not None:
@@ -945,11 +983,16 @@ class _Worker:
                 body = self._open_loop(session, rate, cap)
             main = asyncio.create_task(body)
             watch = asyncio.create_task(self._stop_watch(main))
-            with contextlib.suppress(asyncio.CancelledError):
-                await main
-            watch.cancel()
-            lag.cancel()
-            cpu, wall = time.process_time_ns() - cpu0, now_ns() - wall0
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+            finally:
+                watch.cancel()
+                lag.cancel()
+                cpu, wall = time.process_time_ns() - cpu0, now_ns() - wall0
+                gc.unfreeze()
+                if gc_was_enabled:
+                    gc.enable()
         c.add(self.worker, _W_DONE)
         self.records.sort(key=lambda r: r.index)
         return WorkerStats(
