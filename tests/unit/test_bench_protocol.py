@@ -293,6 +293,7 @@ def test_a_good_point_is_valid_with_no_reasons() -> None:
             "10.0% of decode's prompt tokens arrived by KV transfer (threshold 80.0%)",
         ),
         (dict(output_tokens_mismatch=3), {}, "SB408", "3 successful request(s)"),
+        (dict(prompt_tokens_mismatch=2), {}, "SB409", "2 successful request(s) had a server"),
     ],
 )
 def test_each_validity_rule_invalidates_with_its_reason(
@@ -332,7 +333,7 @@ def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:
 
 
 def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
-    ids = [f"SB40{i}" for i in range(1, 9)]
+    ids = [f"SB40{i}" for i in range(1, 10)]
     for i in ids:
         c = REGISTRY[i]
         assert c.title and len(c.rationale) > 60 and len(c.fix) > 30

@@ -123,6 +123,16 @@ def test_a_short_answer_is_counted_as_an_output_length_mismatch() -> None:
     assert p.output_tokens_mismatch == 1
 
 
+def test_a_server_counting_other_prompt_lengths_is_counted_as_a_mismatch() -> None:
+    same, other, unknown = rec(0, 0, [10, 20]), rec(1, 0, [10, 20]), rec(2, 0, [10, 20])
+    for r, counted in ((same, 1007), (other, 1008), (unknown, None)):
+        r.expected_prompt_tokens, r.prompt_tokens = 1007, counted
+    p = point_from_load(
+        load_of([same, other, unknown]), window_start_ns=0, window_end_ns=1000 * MS, repetition=0
+    )
+    assert p.prompt_tokens_mismatch == 1
+
+
 def test_goodput_counts_requests_meeting_every_slo() -> None:
     records = [
         rec(0, 0, [100, 110, 120]),  # ttft 100, tpot 10: good

@@ -180,6 +180,7 @@ class RequestRecord:
     usage_output_tokens: int | None = None
     prompt_tokens: int | None = None
     expected_output_tokens: int | None = None
+    expected_prompt_tokens: int | None = None  # the workload's server-side count
     status: int | None = None
     error: str | None = None
     # Stopped by the load's end (the window closed); neither a success nor an error.
@@ -795,6 +796,7 @@ class _Worker:
             scheduled_ns,
             latency_from="sent" if self.spec.concurrency is not None else "scheduled",
             expected_output_tokens=prompt.output_len,
+            expected_prompt_tokens=prompt.prompt_tokens,
         )
         self.records.append(rec)
         body = json.dumps(request_body(ep, prompt.text, prompt.output_len)).encode()

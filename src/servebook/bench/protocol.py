@@ -123,6 +123,17 @@ OUTPUT_LENGTH = register(
     "do not) and that no proxy rewrites the request body.",
 )
 
+INPUT_LENGTH = register(
+    "SB409",
+    "Every prompt had the input length the workload states",
+    "Prefill cost and TTFT scale with the prompt; when the server counts a different "
+    "number of prompt tokens than the workload claims (a tokenizer that is not the "
+    "deployment's, a chat template added by a proxy), the point is labelled with an input "
+    "length it did not have.",
+    "Pass --tokenizer the deployment's own model directory (servebook uses the "
+    "deployment's by default), and check whether the server adds a chat template.",
+)
+
 # --- parsing the protocol flags ---------------------------------------------------------------
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
@@ -497,6 +508,15 @@ def judge(
         if point.output_tokens_mismatch
         else "every request produced the output length asked for",
         mismatched=point.output_tokens_mismatch,
+    )
+    verdict(
+        INPUT_LENGTH,
+        point.prompt_tokens_mismatch > 0,
+        f"{point.prompt_tokens_mismatch} successful request(s) had a server-counted prompt "
+        "length different from the workload's"
+        if point.prompt_tokens_mismatch
+        else "every prompt had the stated input length (server's count)",
+        mismatched=point.prompt_tokens_mismatch,
     )
     return out
 

@@ -434,6 +434,9 @@ class Point(BaseModel):
     tpot_ms: Latency
     e2e_ms: Latency
     output_tokens_mismatch: int = 0  # successful requests whose count differs from asked
+    # Successful requests whose server-counted prompt length (usage.prompt_tokens) differs
+    # from the workload's: the tokenizer given is not the deployment's.
+    prompt_tokens_mismatch: int = 0
     goodput: Goodput | None = None
     window: WindowInfo
     client: ClientEvidence
@@ -549,6 +552,13 @@ def point_from_load(
             1
             for r in ok
             if r.expected_output_tokens is not None and r.output_tokens != r.expected_output_tokens
+        ),
+        prompt_tokens_mismatch=sum(
+            1
+            for r in ok
+            if r.expected_prompt_tokens is not None
+            and r.prompt_tokens is not None
+            and r.prompt_tokens != r.expected_prompt_tokens
         ),
         goodput=goodput,
         window=WindowInfo(
