@@ -8,7 +8,8 @@ import sys
 from rich.markup import escape
 
 from servebook.commands import app, err
-from servebook.commands import deploy as _deploy  # noqa: F401  (registers commands)
+from servebook.commands import bench as _bench  # noqa: F401  (registers commands)
+from servebook.commands import deploy as _deploy  # noqa: F401
 from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401
 from servebook.commands import preflight as _preflight  # noqa: F401

@@ -61,7 +61,10 @@ def post_json(url: str, body: Any, *, timeout: float) -> Response:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now.  Servers set SO_REUSEADDR, so
+    connections lingering in TIME_WAIT from an earlier server do not count as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

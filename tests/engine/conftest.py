@@ -46,9 +46,11 @@ def _not_zombie(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def deployed(plan: Plan, name: str, timeout_s: float = 480) -> Iterator[local.Deployment]:
+def deployed(
+    plan: Plan, name: str, timeout_s: float = 480, entry_port: int | None = None
+) -> Iterator[local.Deployment]:
     """Up for the body of the with-block; down afterwards, proving nothing is left."""
-    dep = local.up(plan, name=name, timeout_s=timeout_s, say=print)
+    dep = local.up(plan, name=name, timeout_s=timeout_s, entry_port=entry_port, say=print)
     members: set[int] = set()
     try:
         members = local.group_members([r.pid for r in dep.roles])

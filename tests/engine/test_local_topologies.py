@@ -13,6 +13,7 @@ import pytest
 
 from servebook import http
 from servebook.backends import local
+from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.findings import exit_code
 from servebook.metrics.scrape import delta, scrape
 from servebook.recipe.resolve import resolve
@@ -134,15 +135,21 @@ def test_up_fails_fast_with_the_role_log_when_the_engine_dies() -> None:
     assert local.read_state("t-dies") is None  # no half state left for down to trip on
 
 
-def test_servebook_run_is_the_main_job(engine_home: Path) -> None:
+def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "servebook", "run"],
+        [sys.executable, "-m", "servebook", "run", "-o", str(out)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verify tiny-pd: PASS" in r.stdout
     assert "SB302" in r.stdout  # the handoff was judged, not skipped
     assert "router stopped" in r.stdout and "decode stopped" in r.stdout
     assert local.read_state("tiny-pd") is None
+    res = load_results(out / RESULTS_NAME)
+    assert len(res.points) == 4 and all(p.valid for p in res.points)
+    assert all(p.server["handoff_share"] > 0 for p in res.points)
+    assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    assert f"report: {out / 'report.html'}" in r.stdout.replace("\n", "")

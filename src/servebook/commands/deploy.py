@@ -10,6 +10,7 @@ import typer
 
 from servebook.backends import local
 from servebook.commands import app, err, out
+from servebook.commands.bench import BenchArgs
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import MaxTokensOpt
 from servebook.findings import UsageError, exit_code
@@ -146,6 +147,20 @@ def down(
     out.print(f"[green]down:[/] {dep.name}")
 
 
+# The main job's sweep: short windows that a 2-core machine running both servers can
+# finish in about a minute; the relaxed client-lag bound is recorded in the results.
+RUN_SWEEP = BenchArgs(
+    concurrency="1,4",
+    repetitions=2,
+    duration="8s",
+    warmup="3s",
+    min_requests=4,
+    input_len=512,
+    output_len=64,
+    max_client_lag_ms=250.0,
+)
+
+
 @app.command()
 def run(
     recipe: str = typer.Argument(DEFAULT_RECIPE, help="Recipe (default: the built-in tiny-pd)."),
@@ -154,25 +169,52 @@ def run(
     name: str | None = NameOpt,
     timeout: float = TimeoutOpt,
     max_tokens: int = MaxTokensOpt,
+    out_dir: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Where results and the report go (default: ./servebook-runs/NAME-TIME).",
+    ),
 ) -> None:
-    """The main job: up -> verify -> down.
+    """The main job: up -> verify -> a short bench sweep -> report -> down.
 
     With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the
-    tiny model first if it is missing. The exit code is verify's: 0 only when every check
-    passed.
+    tiny model first if it is missing. The sweep runs only when verify passed. Exit 0 only
+    when verify passed and every benchmark point is valid.
 
     Example: servebook run
     """
+    from servebook.bench import target as tgt
+    from servebook.commands.bench import print_points, run_bench
     from servebook.commands.verify import options, print_report, verify_deployment
+    from servebook.report.render import write_report
 
     opts = options(120.0, 5.0, max_tokens, "stop,length")
     dep = _up(recipe, sets, values, name, timeout, None)
+    out_dir = out_dir or Path("servebook-runs") / f"{dep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     rc = 0
     try:
         _say(f"verifying {dep.name} from server-side counters")
         rep = verify_deployment(dep, opts)
         print_report(rep, dep.name)
         rc = exit_code(rep.findings)
+        if rc == 0:
+            _say(f"benchmarking {dep.name}: {RUN_SWEEP}")
+            subject = tgt.from_deployment(
+                dep.name, api="completions", request_timeout_s=120.0, input_len=512
+            )
+            results, path = run_bench(
+                subject,
+                RUN_SWEEP,
+                out_dir,
+                resume=False,
+                tokenizer=None,
+            )
+            print_points(results, path)
+            if not all(p.valid for p in results.points):
+                rc = 1
+            html = write_report([out_dir], out_dir)
+            out.print(f"report: {html}", highlight=False, markup=False)
     finally:
         _, result = local.down(dep.name)
         out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.items()))

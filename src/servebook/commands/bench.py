@@ -1,0 +1,320 @@
+"""`servebook bench`: a load sweep whose numbers reproduce (see bench/protocol.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from servebook.backends import local
+from servebook.bench import target as tgt
+from servebook.bench.client import Progress as LoadProgress
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    Thresholds,
+    parse_duration,
+    parse_levels,
+    parse_rates,
+    parse_warmup,
+    point_order,
+    run_sweep,
+)
+from servebook.bench.results import Results, ResultsWriter, parse_slo
+from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
+from servebook.commands import app, err, out
+from servebook.findings import UsageError
+
+
+class SweepStopped(Exception):
+    """A role of the deployment died: further points would only measure errors."""
+
+
+@dataclasses.dataclass
+class BenchArgs:
+    concurrency: str | None = "1,4,16"
+    rate: str | None = None
+    input_len: int = 1024
+    output_len: int = 128
+    warmup: str | None = None
+    duration: str = "60s"
+    min_requests: int | None = None
+    repetitions: int = 3
+    order: str = "shuffled"
+    seed: int = 0
+    slo: str | None = None
+    api: str = "completions"
+    dataset: Path | None = None
+    workers: int = 1
+    request_timeout: float = 600.0
+    max_point: str | None = None
+    max_client_lag_ms: float = 10.0
+
+
+def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
+    conc = parse_levels(a.concurrency) if a.concurrency else ()
+    rates = parse_rates(a.rate) if a.rate else ()
+    return ProtocolSettings(
+        concurrencies=conc,
+        rates=rates,
+        repetitions=a.repetitions,
+        order=a.order,  # type: ignore[arg-type]
+        seed=a.seed,
+        warmup=parse_warmup(a.warmup) if a.warmup else None,
+        duration_s=parse_duration(a.duration),
+        min_requests=a.min_requests,
+        max_point_s=parse_duration(a.max_point, "--max-point") if a.max_point else None,
+        thresholds=Thresholds(
+            min_handoff_share=min_handoff_share,
+            max_send_lag_p99_ms=a.max_client_lag_ms,
+            max_loop_lag_p99_ms=a.max_client_lag_ms,
+        ),
+    )
+
+
+def prompts_from(a: BenchArgs, tokenizer_dir: str) -> PromptSource:
+    if a.api not in ("completions", "chat"):
+        raise UsageError(f"--api {a.api!r}: choose completions or chat")
+    if a.dataset is not None:
+        return load_dataset(
+            a.dataset,
+            default_output_len=a.output_len,
+            tokenizer=load_tokenizer(tokenizer_dir),
+            api=a.api,  # type: ignore[arg-type]
+        )
+    return RandomPrompts(
+        tokenizer_dir,
+        input_len=a.input_len,
+        output_len=a.output_len,
+        seed=a.seed,
+        api=a.api,  # type: ignore[arg-type]
+    )
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def print_points(results: Results, path: Path) -> None:
+    t = Table(title=f"servebook bench: {path}")
+    for col in (
+        "level",
+        "rep",
+        "valid",
+        "ok",
+        "err",
+        "out tok/s",
+        "req/s",
+        "TTFT p50 ms",
+        "TPOT p50 ms",
+        "handoff",
+        "why invalid",
+    ):
+        t.add_column(col, overflow="fold")
+    for p in sorted(results.points, key=lambda p: (p.concurrency or 0, p.rate or 0, p.repetition)):
+        level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
+        share = p.server.get("handoff_share") if isinstance(p.server, dict) else None
+        t.add_row(
+            level,
+            str(p.repetition),
+            "[green]valid[/]" if p.valid else "[bold red]INVALID[/]",
+            str(p.requests_ok),
+            str(p.errors),
+            _fmt(p.output_tokens_per_s),
+            _fmt(p.requests_per_s, 2),
+            _fmt(p.ttft_ms.p50),
+            _fmt(p.tpot_ms.p50, 2),
+            "-" if share is None else f"{100 * share:.0f}%",
+            escape("; ".join(r.split(":")[0] for r in p.invalid_reasons)),
+        )
+    out.print(t)
+
+
+def run_bench(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    out_dir: Path,
+    *,
+    resume: bool,
+    tokenizer: str | None,
+    alive: Any = None,
+) -> tuple[Results, Path]:
+    """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
+    the names of dead roles (a deployment) so the sweep stops instead of measuring errors."""
+    tok_dir = tgt.tokenizer_dir(subject, tokenizer)
+    share = None
+    if subject.target.decode_role is not None:
+        share = tgt.pd_min_share(
+            subject.target.metrics_urls[subject.target.decode_role], a.input_len
+        )
+    settings = settings_from(a, share)
+    prompts = prompts_from(a, tok_dir)
+    slo = parse_slo(a.slo) if a.slo else None
+    writer = ResultsWriter(out_dir, tgt.provenance(subject, settings, prompts), resume=resume)
+    order = point_order(settings)
+    done_before = len(writer.done_keys())
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} points"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("starting", total=len(order), completed=done_before)
+        current = {"label": "", "t0": time.monotonic()}
+
+        def on_point(spec: PointSpec, outcome: PointOutcome | None) -> None:
+            label = f"{spec.level.label()} rep {spec.repetition}"
+            if outcome is None:
+                current["label"], current["t0"] = label, time.monotonic()
+                bar.update(task, description=f"{label}: warm-up")
+                return
+            p = outcome.point
+            verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
+            bar.console.print(
+                f"{label}: {_fmt(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
+                f"{p.errors} errors, {verdict}",
+                highlight=False,
+                markup=False,
+            )
+            bar.advance(task)
+            if alive is not None:
+                dead = alive()
+                if dead:
+                    raise SweepStopped(
+                        f"role(s) {', '.join(dead)} of the deployment are not running; the "
+                        f"sweep stopped after {label}. Finished points are in "
+                        f"{writer.path}; bring the deployment back and rerun with --resume."
+                    )
+
+        def on_progress(pr: LoadProgress) -> None:
+            phase = "window" if pr.window_start_ns is not None else "warm-up"
+            el = max(pr.elapsed_s, 1e-9)
+            bar.update(
+                task,
+                description=(
+                    f"{current['label']}: {phase}, {pr.completed_ok} ok, {pr.errors} err, "
+                    f"{pr.output_tokens / el:.0f} tok/s"
+                ),
+            )
+
+        results = run_sweep(
+            subject.target,
+            settings,
+            prompts,
+            writer,
+            workers=a.workers,
+            slo_ms=slo,
+            on_point=on_point,
+            on_progress=on_progress,
+        )
+    return results, writer.path
+
+
+HELP = (
+    "Measure a deployment (or any OpenAI-compatible server with --url) with a load sweep "
+    "whose numbers reproduce.\n\n"
+    "Per point: a discarded warm-up, then a window bounded below by duration and completed "
+    "requests; only requests that start and finish inside it count. Points run in an order "
+    "shuffled with the seed (--order ascending to override), repeated --repetitions times "
+    "with 95% confidence intervals. Every point gets a validity verdict with reasons "
+    "(window, request count, errors, client saturation, server evidence, PD handoff share), "
+    "and DIR/results.json is rewritten atomically after each point (--resume continues it)."
+    "\n\nExit 0 when every point is valid, 1 when a point is invalid or the sweep stopped, "
+    "2 on unusable input.\n\n"
+    "Example: servebook bench tiny-pd --concurrency 1,4 --duration 30s -o out/tiny-pd"
+)
+
+
+@app.command(help=HELP)
+def bench(
+    deployment: str | None = typer.Argument(None, help="Deployment (default: the only one)."),
+    url: str | None = typer.Option(None, "--url", help="Benchmark this server instead."),
+    model: str | None = typer.Option(None, "--model", help="With --url: the model name."),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory (default: the deployment's model)."
+    ),
+    concurrency: str | None = typer.Option("1,4,16", "--concurrency", help="e.g. 1,4,16"),
+    rate: str | None = typer.Option(None, "--rate", help="Open-loop rates (req/s), e.g. 2,8"),
+    input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens (server count)."),
+    output_len: int = typer.Option(128, "--output-len", help="Output tokens (ignore_eos)."),
+    warmup: str | None = typer.Option(
+        None, "--warmup", help="e.g. 10s, 200r, 10s,200r (default: 10 s and 2 x level)."
+    ),
+    duration: str = typer.Option("60s", "--duration", help="Window length at least."),
+    min_requests: int | None = typer.Option(
+        None, "--min-requests", help="Window requests at least (default 10 x level)."
+    ),
+    repetitions: int = typer.Option(3, "--repetitions", help="Repetitions of each point."),
+    order: str = typer.Option("shuffled", "--order", help="shuffled or ascending."),
+    seed: int = typer.Option(0, "--seed", help="Seed of prompts, arrivals and order."),
+    slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
+    api: str = typer.Option("completions", "--api", help="completions or chat."),
+    dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
+    workers: int = typer.Option(1, "--workers", help="Client processes."),
+    request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
+    max_client_lag: float = typer.Option(
+        10.0,
+        "--max-client-lag-ms",
+        help="A point whose client send or event-loop lag p99 exceeds this is invalid "
+        "(recorded in the results; raise it only on a machine the server shares).",
+    ),
+    out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for results.json."),
+    resume: bool = typer.Option(False, "--resume", help="Continue DIR/results.json."),
+) -> None:
+    a = BenchArgs(
+        concurrency=None if rate and concurrency == "1,4,16" else concurrency,
+        rate=rate,
+        input_len=input_len,
+        output_len=output_len,
+        warmup=warmup,
+        duration=duration,
+        min_requests=min_requests,
+        repetitions=repetitions,
+        order=order,
+        seed=seed,
+        slo=slo,
+        api=api,
+        dataset=dataset,
+        workers=workers,
+        request_timeout=request_timeout,
+        max_client_lag_ms=max_client_lag,
+    )
+    alive = None
+    if url is not None:
+        if deployment is not None:
+            raise UsageError("give a deployment or --url, not both")
+        if not model:
+            raise UsageError("--url needs --model NAME (the served model name)")
+        subject = tgt.from_url(
+            url, model=model, tokenizer=tokenizer, api=api, request_timeout_s=request_timeout
+        )
+    else:
+        subject = tgt.from_deployment(
+            deployment, api=api, request_timeout_s=request_timeout, input_len=input_len
+        )
+        dep = local.pick_deployment(deployment)
+        assert dep is not None
+
+        def alive() -> list[str]:
+            return [r.name for r in dep.roles if not local.is_ours_alive(r)]
+
+    try:
+        results, path = run_bench(
+            subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive
+        )
+    except SweepStopped as e:
+        err.print(f"[bold red]bench stopped:[/] {escape(str(e))}")
+        raise typer.Exit(1) from None
+    print_points(results, path)
+    if not all(p.valid for p in results.points):
+        raise typer.Exit(1)

@@ -1,0 +1,110 @@
+"""A sweep over tiny-pd on real vLLM: a valid results file with the handoff share per
+point; a server killed mid-run leaves the finished points and an invalid point that says
+why; --resume finishes the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servebook import http
+from servebook.backends import local
+from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.recipe.resolve import resolve
+from tests.engine.conftest import deployed
+
+pytestmark = pytest.mark.engine
+
+# Short windows for a 2-core machine that also runs both servers; the client lag bound is
+# raised for the same reason, and both are recorded in the results' provenance.
+SWEEP = [
+    "--duration",
+    "6s",
+    "--warmup",
+    "2s",
+    "--min-requests",
+    "4",
+    "--input-len",
+    "512",
+    "--output-len",
+    "32",
+    "--order",
+    "ascending",
+    "--max-client-lag-ms",
+    "250",
+]
+
+
+def bench(name: str, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "servebook", "bench", name, *SWEEP, *extra, "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sweep_over_tiny_pd_is_valid_and_records_the_handoff_share(tmp_path: Path) -> None:
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-pd"))
+    with deployed(plan, "b-pd"):
+        proc = bench("b-pd", tmp_path / "sweep", "--concurrency", "1,2", "--repetitions", "1")
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stdout + stderr
+    res = load_results(tmp_path / "sweep" / RESULTS_NAME)
+    threshold = res.provenance.protocol["thresholds"]["min_handoff_share"]
+    assert 0 < threshold < 1
+    assert [(p.concurrency, p.valid) for p in res.points] == [(1, True), (2, True)]
+    for p in res.points:
+        assert p.server["handoff_share"] >= threshold
+        assert p.output_tokens_per_s and p.output_tokens_per_s > 0
+    assert res.provenance.engine_version == "0.32.0"
+    assert {r.name for r in res.provenance.roles} == {"prefill", "decode", "router"}
+
+
+def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_finishes(
+    tmp_path: Path,
+) -> None:
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
+    port = http.free_port()
+    out = tmp_path / "sweep"
+    results = out / RESULTS_NAME
+    args = ("--concurrency", "1,2", "--repetitions", "2")
+    with deployed(plan, "b-kill", entry_port=port) as dep:
+        proc = bench("b-kill", out, *args)
+        deadline = time.monotonic() + 300
+        while not (results.exists() and load_results(results).points):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no point finished in 300 s"
+            time.sleep(1)
+        os.killpg(dep.role("decode").pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=400)
+        assert proc.returncode == 1, stdout + stderr
+        assert "bench stopped" in stderr and "decode" in stderr
+    res = load_results(results)
+    valid = [p for p in res.points if p.valid]
+    invalid = [p for p in res.points if not p.valid]
+    assert valid, "the point finished before the kill must be kept"
+    assert invalid and invalid[-1].invalid_reasons, "the interrupted point must say why"
+    assert any(r.startswith(("SB403", "SB406", "SB402")) for r in invalid[-1].invalid_reasons)
+    assert len(res.points) < 4
+
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
+    with deployed(plan, "b-kill", entry_port=port):
+        proc = bench("b-kill", out, *args, "--resume")
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stdout + stderr
+    res = load_results(results)
+    assert sorted((p.concurrency, p.repetition) for p in res.points) == [
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+    ]
+    assert all(p.valid for p in res.points)
+    assert res.superseded_points, "the invalid point is kept as superseded, not erased"
