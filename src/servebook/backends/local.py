@@ -296,7 +296,11 @@ def ensure_models(plan: Plan, say: Callable[[str], None]) -> None:
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
+    # One log per run: verify reads it for failure signatures, and an earlier run's engine
+    # death must not be reported as this one's.  The previous run's log is kept beside it.
+    if log.exists():
+        os.replace(log, log.with_suffix(".prev.log"))
+    with open(log, "wb") as f:
         f.write(f"# servebook: {datetime.now(UTC).isoformat()} starting: {argv}\n".encode())
         f.flush()
         return subprocess.Popen(
