@@ -611,7 +611,8 @@ def run_point(
         rate=level.rate,
         max_concurrency=settings.max_concurrency if level.rate is not None else None,
         seed=settings.seed * 1_000_003 + position,
-        workers=workers,
+        # A worker needs a slot: --workers 4 still runs c=1 (one worker).
+        workers=min(workers, level.concurrency) if level.concurrency is not None else workers,
         cpus=cpus,
         deadline_s=settings.deadline_for(level),
         index_offset=offset,
