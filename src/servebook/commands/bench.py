@@ -15,6 +15,7 @@ from rich.table import Table
 from servebook.backends import local
 from servebook.bench import target as tgt
 from servebook.bench.client import Progress as LoadProgress
+from servebook.bench.client import default_workers
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -52,7 +53,7 @@ class BenchArgs:
     slo: str | None = None
     api: str = "completions"
     dataset: Path | None = None
-    workers: int = 1
+    workers: int | None = None  # None: one per 256 streams, at most the cores
     request_timeout: float = 600.0
     max_point: str | None = None
     max_client_lag_ms: float = 10.0
@@ -157,6 +158,8 @@ def run_bench(
     settings = settings_from(a, share)
     prompts = prompts_from(a, tok_dir)
     slo = parse_slo(a.slo) if a.slo else None
+    workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
+    subject.info["client_workers"] = workers
     writer = ResultsWriter(out_dir, tgt.provenance(subject, settings, prompts), resume=resume)
     order = point_order(settings)
     done_before = len(writer.done_keys())
@@ -212,7 +215,7 @@ def run_bench(
             settings,
             prompts,
             writer,
-            workers=a.workers,
+            workers=workers,
             slo_ms=slo,
             on_point=on_point,
             on_progress=on_progress,
@@ -260,7 +263,11 @@ def bench(
     slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
-    workers: int = typer.Option(1, "--workers", help="Client processes."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        help="Client processes (default: one per 256 streams, at most the cores).",
+    ),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
     max_client_lag: float = typer.Option(
         10.0,
