@@ -32,7 +32,7 @@ from servebook.findings import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import servebook_home
 from servebook.recipe.schema import Generate
-from servebook.verify.smoke import Claims, Target
+from servebook.verify.smoke import Claims, Target, completion
 
 HOST = "127.0.0.1"
 STATE_FILE = "state.json"
@@ -94,28 +94,29 @@ def state_dir_for(name: str) -> Path:
 # --- process bookkeeping ------------------------------------------------------------------
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 on: [state, ppid, pgrp, ...], or None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
 
 
 def is_ours_alive(proc: RoleProcess) -> bool:
-    ticks = _start_ticks(proc.pid)
-    if ticks is None:
+    fields = _stat_fields(proc.pid)
+    if not fields:
         return False
-    if proc.start_ticks is not None and ticks != proc.start_ticks:
+    if proc.start_ticks is not None and int(fields[19]) != proc.start_ticks:
         return False  # the PID was recycled by an unrelated process
-    try:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    return fields[0] != "Z"
 
 
 def group_members(pgids: Iterable[int]) -> set[int]:
@@ -125,12 +126,8 @@ def group_members(pgids: Iterable[int]) -> set[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        after = stat[stat.rindex(")") + 2 :].split()
-        if int(after[2]) in wanted and after[0] != "Z":
+        fields = _stat_fields(int(entry.name))
+        if fields and int(fields[2]) in wanted and fields[0] != "Z":
             found.add(int(entry.name))
     return found
 
@@ -222,6 +219,18 @@ def list_deployments() -> list[Deployment]:
         if dep is not None:
             out.append(dep)
     return out
+
+
+def require_deployment(
+    name: str | None, hint: str = "Start one with `servebook up RECIPE`."
+) -> Deployment:
+    """The named deployment (or the only one), or unusable input naming what is missing."""
+    dep = pick_deployment(name)
+    if dep is None:
+        raise UsageError(
+            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. {hint}"
+        )
+    return dep
 
 
 def pick_deployment(name: str | None) -> Deployment | None:
@@ -322,18 +331,13 @@ def _health(url: str, timeout: float = 2.0) -> bool:
 
 def smoke_completion(url: str, model: str, timeout: float) -> dict[str, Any]:
     """One real completion through the entry point; raises on anything but a valid one."""
-    resp = http.post_json(
-        url + "/v1/completions",
-        {"model": model, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0},
-        timeout=timeout,
-    )
-    if resp.status != 200:
-        raise http.HTTPError(f"HTTP {resp.status}: {resp.text[:300]}")
-    body = resp.json()
+    body, error = completion(url, model, SMOKE_PROMPT, 8, timeout)
+    if body is None:
+        raise http.HTTPError(error)
     choices = body.get("choices") or []
     if not choices or not isinstance(choices[0].get("text"), str):
-        raise http.HTTPError(f"no completion text in the response: {resp.text[:300]}")
-    return dict(body)
+        raise http.HTTPError(f"no completion text in the response: {str(body)[:300]}")
+    return body
 
 
 def up(
@@ -585,12 +589,10 @@ def dumps(obj: Any) -> str:
 
 def process_state(proc: RoleProcess) -> str:
     """A short description of the role's process for messages ("stopped (SIGSTOP)")."""
-    if not is_ours_alive(proc):
+    fields = _stat_fields(proc.pid)
+    if not fields or not is_ours_alive(proc):
         return f"pid {proc.pid} is not running"
-    try:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return f"pid {proc.pid}"
+    state = fields[0]
     names = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in uninterruptible I/O"}
     return f"pid {proc.pid} {names.get(state, 'running')}"
 

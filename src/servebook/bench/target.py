@@ -37,6 +37,7 @@ class Subject:
     roles: list[RoleProvenance]
     engine_version: str | None
     info: dict[str, Any]  # recipe, topology, deployment, url, api
+    deployment: local.Deployment | None = None  # None: a server given by --url
 
 
 def pd_min_share(decode_url: str, input_len: int) -> float:
@@ -54,13 +55,11 @@ def pd_min_share(decode_url: str, input_len: int) -> float:
 def from_deployment(
     name: str | None, *, api: str, request_timeout_s: float, input_len: int | None
 ) -> Subject:
-    dep = local.pick_deployment(name)
-    if dep is None:
-        raise UsageError(
-            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. Start one with "
-            "`servebook up RECIPE`, or benchmark a running server with --url URL --model NAME "
-            "--tokenizer DIR."
-        )
+    dep = local.require_deployment(
+        name,
+        "Start one with `servebook up RECIPE`, or benchmark a running server with --url URL "
+        "--model NAME --tokenizer DIR.",
+    )
     dead = [r.name for r in dep.roles if not local.is_ours_alive(r)]
     if dead:
         raise UsageError(
@@ -108,6 +107,7 @@ def from_deployment(
             "url": dep.entry_url,
             "api": api,
         },
+        deployment=dep,
     )
 
 

@@ -309,7 +309,7 @@ def bench(
         subject = tgt.from_deployment(
             deployment, api=api, request_timeout_s=request_timeout, input_len=input_len
         )
-        dep = local.pick_deployment(deployment)
+        dep = subject.deployment
         assert dep is not None
 
         def alive() -> list[str]:

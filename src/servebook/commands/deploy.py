@@ -100,12 +100,7 @@ def status(
 
     Example: servebook status tiny-pd --json
     """
-    dep = local.pick_deployment(name)
-    if dep is None:
-        raise UsageError(
-            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. "
-            "Start one with `servebook up RECIPE`."
-        )
+    dep = local.require_deployment(name)
     st = local.status(dep)
     if json_out:
         out.print_json(json.dumps(st))

@@ -126,12 +126,7 @@ def verify(
     finish: str = FinishOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish)
-    dep = local.pick_deployment(name)
-    if dep is None:
-        raise UsageError(
-            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. "
-            "Start one with `servebook up RECIPE`."
-        )
+    dep = local.require_deployment(name)
     rep = verify_deployment(dep, opts)
     if json_out:
         out.print_json(to_json(rep.findings, deployment=dep.name, elapsed_s=rep.elapsed_s))

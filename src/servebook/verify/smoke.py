@@ -91,7 +91,7 @@ def long_prompt(words: int) -> str:
     return f"verify {nonce}: {body}"
 
 
-def _completion(
+def completion(
     url: str, model: str, prompt: str, max_tokens: int, timeout: float
 ) -> tuple[dict[str, Any] | None, str]:
     """(response body, error).  Non-streaming; the timeout bounds the whole request."""
@@ -233,7 +233,7 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
                 f += C.check_metrics_present(t.name, before[t.name], present)
             prompt_tokens: list[int] = []
             t0 = time.monotonic()
-            body, err = _completion(
+            body, err = completion(
                 claims.entry_url,
                 claims.served_model_name,
                 "Say hello to servebook.",
@@ -249,7 +249,7 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
                 prompt_tokens.append(int((body.get("usage") or {}).get("prompt_tokens") or 0))
             if claims.topology == "pd" and body is not None:
                 t0 = time.monotonic()
-                body2, err2 = _completion(
+                body2, err2 = completion(
                     claims.entry_url,
                     claims.served_model_name,
                     long_prompt(opts.pd_prompt_words),
