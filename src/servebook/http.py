@@ -72,6 +72,21 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def hold_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A socket bound (not listening) to the port, 0 for any free one: while it is open the
+    kernel gives the port to no one else.  Close it just before the real server binds.
+    Raises OSError when the port is taken."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Like the servers: connections in TIME_WAIT from an earlier server do not count.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from servebook import http
 from servebook.backends import local
 from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.recipe.resolve import resolve
@@ -71,11 +70,10 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     tmp_path: Path,
 ) -> None:
     plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
-    port = http.free_port()
     out = tmp_path / "sweep"
     results = out / RESULTS_NAME
     args = ("--concurrency", "1,2", "--repetitions", "2")
-    with deployed(plan, "b-kill", entry_port=port) as dep:
+    with deployed(plan, "b-kill") as dep:
         proc = bench("b-kill", out, *args)
         deadline = time.monotonic() + 300
         while not (results.exists() and load_results(results).points):
@@ -95,7 +93,8 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     assert len(res.points) < 4
 
     plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
-    with deployed(plan, "b-kill", entry_port=port):
+    # Up again on ports of its own choosing: the same deployment, so its run resumes.
+    with deployed(plan, "b-kill"):
         proc = bench("b-kill", out, *args, "--resume")
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stdout + stderr

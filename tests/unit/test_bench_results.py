@@ -360,6 +360,21 @@ def test_resume_refuses_a_run_with_different_settings_and_names_them(tmp_path: P
         ResultsWriter(tmp_path, prov(engine_version="0.33.0", seed=1), resume=True)
 
 
+def test_resume_accepts_a_deployment_brought_back_on_new_ports_but_not_another_url(
+    tmp_path: Path,
+) -> None:
+    dep = {"deployment": "d", "recipe": "tiny-pd", "url": "http://127.0.0.1:40001"}
+    ResultsWriter(tmp_path, prov(target=dep)).add(point(4, 0, 10.0, 1.0))
+    moved = {**dep, "url": "http://127.0.0.1:40002"}
+    assert ResultsWriter(tmp_path, prov(target=moved), resume=True).done_keys()
+    with pytest.raises(UsageError, match="differs from the file in target"):
+        ResultsWriter(tmp_path, prov(target={**moved, "recipe": "tiny-mixed"}), resume=True)
+    ext = tmp_path / "ext"
+    ResultsWriter(ext, prov(target={"url": "http://a:8000"})).add(point(4, 0, 10.0, 1.0))
+    with pytest.raises(UsageError, match="differs from the file in target"):
+        ResultsWriter(ext, prov(target={"url": "http://b:8000"}), resume=True)
+
+
 def test_an_existing_results_file_is_not_overwritten_without_resume(tmp_path: Path) -> None:
     ResultsWriter(tmp_path, prov()).add(point(4, 0, 10.0, 1.0))
     with pytest.raises(UsageError, match="--resume"):

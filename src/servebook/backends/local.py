@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ from servebook.verify.smoke import Claims, Target, completion
 HOST = "127.0.0.1"
 STATE_FILE = "state.json"
 SMOKE_PROMPT = "The quick brown fox"
+PORT_RETRIES = 3
+
+
+def port_clash(log_text: str) -> bool:
+    """Whether a role's log says it died because its port was taken."""
+    return "address already in use" in log_text.lower()
 
 
 class RoleProcess(BaseModel):
@@ -361,12 +368,21 @@ def up(
                 + ", ".join(str(r.pid) for r in alive)
                 + f"). Stop it with `servebook down {name}`, or choose another --name."
             )
-    if entry_port is not None and not http.port_is_free(entry_port, HOST):
-        raise UsageError(
-            f"port {entry_port} on {HOST} is already taken. Choose a free one with --port, "
-            "or leave it out and servebook picks one."
-        )
-    ensure_models(plan, say)
+    held: dict[int, socket.socket] = {}
+    if entry_port is not None:
+        try:
+            held[entry_port] = http.hold_port(HOST, entry_port)
+        except OSError:
+            raise UsageError(
+                f"port {entry_port} on {HOST} is already taken. Choose a free one with --port, "
+                "or leave it out and servebook picks one."
+            ) from None
+    try:
+        ensure_models(plan, say)
+    except BaseException:
+        for s in held.values():
+            s.close()
+        raise
 
     sdir = state_dir_for(name)
     (sdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -385,18 +401,32 @@ def up(
         plan=plan.model_dump(mode="json"),
     )
     ports: dict[str, int] = {}
-    for r in plan.roles:
-        if r.name == plan.entry_role and entry_port is not None:
-            ports[r.name] = entry_port
-        else:
-            p = http.free_port(HOST)
-            while p in ports.values() or p == entry_port:
-                p = http.free_port(HOST)
-            ports[r.name] = p
+    fixed = {plan.entry_role} if entry_port is not None else set()
+
+    # Ports are held (bound, not listening) from the moment they are chosen until their role
+    # starts: engines starting meanwhile take ephemeral ports of their own (ZMQ, torch) from
+    # the same range, and the kernel never hands out a port that a socket is bound to.
+
+    def pick_port() -> int:
+        while True:
+            s = http.hold_port(HOST, 0)
+            p = int(s.getsockname()[1])
+            if p not in held and p not in ports.values():
+                held[p] = s
+                return p
+            s.close()
+
+    def release(port: int) -> None:
+        s = held.pop(port, None)
+        if s is not None:
+            s.close()
+
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(role_name: str, argv: list[str], env: dict[str, str], kind: str) -> None:
         log = sdir / "logs" / f"{role_name}.log"
+        for port in [ports[role_name], *_prometheus_port(argv)]:
+            release(port)
         proc = _spawn(argv, env, log)
         procs[role_name] = proc
         dep.roles.append(
@@ -415,31 +445,56 @@ def up(
         write_state(dep)
         say(f"started {role_name} (pid {proc.pid}, port {ports[role_name]}, log {log})")
 
-    deadline = time.monotonic() + timeout_s
-    try:
-        for r in plan.engine_roles:
-            start(
-                r.name,
-                vllm.server_argv(sys.executable, r.args, HOST, ports[r.name]),
-                r.env,
-                "engine",
-            )
-        _wait_healthy(dep, procs, [r.name for r in plan.engine_roles], deadline, say)
-        if router is not None:
-            rr = plan.role("router")
+    def start_role(role_name: str) -> None:
+        if role_name in fixed and entry_port is not None:
+            ports[role_name] = entry_port
+        else:
+            ports[role_name] = pick_port()
+        rr = plan.role(role_name)
+        if rr.kind == "router":
+            assert router is not None
             # vllm-router always binds a Prometheus port (29000 by default): give it a free
             # one so two deployments, or anything else on 29000, cannot make it panic.
-            metrics_port = http.free_port(HOST)
             argv = vllm.router_argv(
                 router,
                 prefill_url=dep.role("prefill").url,
                 decode_url=dep.role("decode").url,
                 host=HOST,
-                port=ports["router"],
-                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
+                port=ports[role_name],
+                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(pick_port())],
             )
-            start("router", argv, rr.env, "router")
-            _wait_healthy(dep, procs, ["router"], deadline, say)
+            start(role_name, argv, rr.env, "router")
+        else:
+            argv = vllm.server_argv(sys.executable, rr.args, HOST, ports[role_name])
+            start(role_name, argv, rr.env, "engine")
+
+    def start_healthy(names: list[str]) -> None:
+        """Start the roles and wait for /health; a role that lost a port servebook chose
+        to another process in the moment between choosing and binding starts again."""
+        for n in names:
+            start_role(n)
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                _wait_healthy(dep, procs, names, deadline, say)
+                return
+            except UpFailed as e:
+                failed = e.role
+                if attempt == PORT_RETRIES or failed is None or failed in fixed:
+                    raise
+                if not port_clash(e.log_tail):
+                    raise
+                say(f"{failed} could not bind port {ports[failed]}: starting it on another one")
+                stop_process_group(dep.role(failed), grace_s=5)
+                with contextlib.suppress(Exception):
+                    procs[failed].wait(timeout=1)
+                dep.roles = [r for r in dep.roles if r.name != failed]
+                start_role(failed)
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        start_healthy([r.name for r in plan.engine_roles])
+        if router is not None:
+            start_healthy(["router"])
         dep.entry_url = dep.role(plan.entry_role).url
         write_state(dep)
         _wait_completion(dep, procs, deadline, say)
@@ -447,6 +502,8 @@ def up(
         write_state(dep)
         return dep
     except BaseException:
+        for port in list(held):
+            release(port)
         # Nothing stray: whatever was started is stopped; logs stay for the post-mortem.
         for rp in reversed(dep.roles):
             stop_process_group(rp, grace_s=5)
@@ -457,6 +514,10 @@ def up(
         for kv in plan.kv_storage:
             shutil.rmtree(kv, ignore_errors=True)
         raise
+
+
+def _prometheus_port(argv: list[str]) -> list[int]:
+    return [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--prometheus-port"]
 
 
 def _check_alive(

@@ -701,6 +701,12 @@ def load_results(path: str | Path) -> Results:
 def resume_mismatches(old: Provenance, new: Provenance) -> list[str]:
     """Provenance keys that differ between a results file and the run meant to resume it."""
     a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    for doc in (a, b):
+        target = doc.get("target")
+        # A deployment brought back up gets new ports: it is the same subject by its name,
+        # recipe and topology; a server given by --url is identified by its URL.
+        if isinstance(target, dict) and target.get("deployment"):
+            doc["target"] = {k: v for k, v in target.items() if k != "url"}
     return [k for k in RESUME_KEYS if a.get(k) != b.get(k)]
 
 

@@ -1,0 +1,63 @@
+"""Port handling of the local backend: held ports and the port-clash retry's trigger."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from servebook import http
+from servebook.backends.local import port_clash
+
+
+def test_a_held_port_is_not_handed_out_and_cannot_be_bound_until_released() -> None:
+    held = http.hold_port("127.0.0.1", 0)
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(OSError):
+            _bind_plain(port)
+        others = [http.hold_port("127.0.0.1", 0) for _ in range(50)]
+        assert port not in {s.getsockname()[1] for s in others}
+        for s in others:
+            s.close()
+    finally:
+        held.close()
+    _bind_plain(port).close()  # released: a server can now bind it
+
+
+def _bind_plain(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def test_a_port_a_server_listens_on_cannot_be_held() -> None:
+    server = _bind_plain(0)
+    server.listen()
+    try:
+        with pytest.raises(OSError):
+            http.hold_port("127.0.0.1", server.getsockname()[1])
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # vllm-router 0.1.x, from a CI run where another process took its port
+        "Error starting router: Address already in use (os error 98)",
+        # uvicorn under `vllm serve`
+        "ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', 41000): "
+        "address already in use",
+    ],
+)
+def test_a_port_clash_is_recognised_in_a_role_log(line: str) -> None:
+    assert port_clash("INFO starting\n" + line + "\nTraceback ...")
+
+
+def test_other_deaths_are_not_port_clashes() -> None:
+    assert not port_clash("RuntimeError: CUDA out of memory\nKilled")
