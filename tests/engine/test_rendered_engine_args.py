@@ -24,13 +24,15 @@ PD = [
 
 def _parser() -> Any:
     pytest.importorskip("vllm")
+    import importlib
+
     try:  # the module moved between vLLM releases
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        mod = importlib.import_module("vllm.entrypoints.launchers.cli_args")
     except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        mod = importlib.import_module("vllm.entrypoints.openai.cli_args")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    return make_arg_parser(FlexibleArgumentParser())
+    return mod.make_arg_parser(FlexibleArgumentParser())
 
 
 @pytest.mark.parametrize(

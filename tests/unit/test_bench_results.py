@@ -109,6 +109,7 @@ def test_per_accelerator_throughput_divides_by_the_deployments_accelerators() ->
         repetition=0,
         accelerators_used=4,
     )
+    assert p.output_tokens_per_s is not None
     assert p.output_tokens_per_s_per_accelerator == pytest.approx(p.output_tokens_per_s / 4)
     cpu = point_from_load(
         load_of(records), window_start_ns=0, window_end_ns=1000 * MS, repetition=0

@@ -4,6 +4,7 @@ and the JSONL dataset mode with its errors."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def test_construction_that_cannot_converge_fails_clearly() -> None:
         def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
             return [7] * (len(text) + 1)
 
-        def decode(self, ids: list[int]) -> str:
+        def decode(self, ids: Sequence[int]) -> str:
             return "ab" * len(ids)
 
         def special_ids(self) -> set[int]:

@@ -369,7 +369,8 @@ def test_levels_only_in_one_run_are_listed_not_compared(tmp_path: Path) -> None:
     d = tmp_path / "a"
     d.mkdir()
     (d / "results.json").write_text(json.dumps(doc))
-    c = cmp.compare(*load_runs([d, RERUN]), ["seed"])
+    a_run, b_run = load_runs([d, RERUN])
+    c = cmp.compare(a_run, b_run, ["seed"])
     assert c.only_b == ["c=16"] and not any(r.level == "c=16" for r in c.rows)
 
 

@@ -528,7 +528,7 @@ class Controller(Protocol):
     module provides the benchmark's; ``None`` means neither: the load runs to
     ``num_requests`` or its deadline)."""
 
-    def __call__(self, progress: Progress) -> Decision: ...
+    def __call__(self, progress: Progress, /) -> Decision: ...
 
 
 def _progress(control: Control, t: int) -> Progress:
