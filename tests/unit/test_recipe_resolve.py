@@ -159,6 +159,27 @@ def test_duplicate_engine_flag_is_refused(tmp_path: Path) -> None:
         resolve(_write(tmp_path, text), ["node=n"])
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        # the same setting spelled two ways: argparse keeps the last, silently
+        ("[-tp, '2', --tensor-parallel-size, '4']", "gives --tensor-parallel-size more than"),
+        ("[--enable-prefix-caching, --no-enable-prefix-caching]", "--enable-prefix-caching more"),
+        # a reserved flag in another spelling is still reserved
+        ("[--served_model_name, other]", "sets --served_model_name, which servebook sets from"),
+        ("['-sc', '{\"method\":\"ngram\"}']", "sets -sc, which servebook sets from"),
+    ],
+)
+def test_engine_flags_are_read_in_every_spelling_argparse_accepts(
+    tmp_path: Path, args: str, words: str
+) -> None:
+    text = MINIMAL.replace(
+        'engine_args: [--tensor-parallel-size, "${gpus}"]', f"engine_args: {args}"
+    )
+    with pytest.raises(UsageError, match=words):
+        resolve(_write(tmp_path, text), ["node=n"])
+
+
 def test_pd_without_connector_is_refused(tmp_path: Path) -> None:
     text = MINIMAL.replace("topology: mixed", "topology: pd").replace(
         "  mixed:\n", "  prefill: {}\n  decode:\n"

@@ -179,6 +179,19 @@ def test_spec_symmetry_ignores_the_draft_path_but_not_the_rest() -> None:
     assert C.check_spec_symmetry({"prefill": [], "decode": []}) == []
 
 
+def test_spec_symmetry_reads_full_command_lines_and_the_dotted_form() -> None:
+    serve = ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    cfg = '{"method":"draft_model","model":"/a","num_speculative_tokens":3}'
+    a = [*serve, f"--speculative-config={cfg}"]
+    # the dotted form overrides one key: the engine would run with 4 speculative tokens
+    b = [*serve, "--speculative-config", cfg, "--speculative-config.num_speculative_tokens", "4"]
+    [f] = C.check_spec_symmetry({"prefill": a, "decode": b})
+    assert f.severity is Severity.FAIL and '"num_speculative_tokens": 4' in f.message
+    broken = [*serve, "--speculative-config", "{method: ngram"]
+    [g] = C.check_spec_symmetry({"prefill": a, "decode": broken})
+    assert g.severity is Severity.FAIL and "unparsed" in g.message
+
+
 def test_log_signature_of_decode_only_speculation() -> None:
     line = (
         "(Worker pid=8529) ERROR 11-29 21:36:42 [multiproc_executor.py:1063] "

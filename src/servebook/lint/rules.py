@@ -13,7 +13,7 @@ What a rule reads:
   and any other mapping with a ``containers`` list.
 * Other YAML (a servebook recipe, a Helm values file): string values only, for
   placeholders, and ``image`` keys for the image-reference rule.
-* Engine command lines, read by ``servebook.lint.engine_args`` from each container.
+* Engine command lines, read by ``servebook.engines.cmdline`` from each container.
 
 Decisions worth knowing before changing a rule:
 
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+from servebook.engines.cmdline import EngineCommand, parse_container
 from servebook.findings import Check, Finding, Severity, register
-from servebook.lint.engine_args import EngineCommand, parse_container
 from servebook.lint.loader import Document, Key, KeyPath, LintSet
 
 # ---------------------------------------------------------------------------------------

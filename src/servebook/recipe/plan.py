@@ -105,14 +105,12 @@ class Plan(BaseModel):
 
 
 def _check_engine_args(origin: str, role: str, args: list[str]) -> None:
-    for a in args:
-        name = vllm.flag_name(a)
-        if name in vllm.RESERVED_FLAGS:
-            raise UsageError(
-                f"{origin}: roles.{role}.engine_args sets {name}, which servebook sets from "
-                f"{vllm.RESERVED_FLAGS[name]}. Remove it from engine_args and set it there "
-                "(defined once, applied identically to every role)."
-            )
+    for written, where in vllm.reserved_flags(args):
+        raise UsageError(
+            f"{origin}: roles.{role}.engine_args sets {written}, which servebook sets from "
+            f"{where}. Remove it from engine_args and set it there "
+            "(defined once, applied identically to every role)."
+        )
     dups = vllm.duplicate_flags(args)
     if dups:
         raise UsageError(

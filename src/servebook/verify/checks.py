@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from servebook.engines import vllm
+from servebook.engines.cmdline import parse_argv, parse_engine_args
 from servebook.engines.vllm import M
 from servebook.findings import Finding, Severity, register
 from servebook.metrics.scrape import Snapshot, delta
@@ -361,19 +362,13 @@ def check_outcomes(role: str, w: Window) -> list[Finding]:
 
 
 def _spec_arg(argv: Sequence[str]) -> dict[str, object] | None:
-    for i, a in enumerate(argv):
-        if a == "--speculative-config" and i + 1 < len(argv):
-            raw = argv[i + 1]
-        elif a.startswith("--speculative-config="):
-            raw = a.split("=", 1)[1]
-        else:
-            continue
-        try:
-            cfg = json.loads(raw)
-        except json.JSONDecodeError:
-            return {"unparsed": raw}
-        return cfg if isinstance(cfg, dict) else {"unparsed": raw}
-    return None
+    """The speculative config a role's full command line sets (dotted keys applied);
+    ``{"unparsed": text}`` when the engine could not read it either."""
+    cmd = parse_argv(argv) or parse_engine_args(argv, positional_model=False)
+    cfg, error = cmd.json_value("--speculative-config")
+    if error is not None:
+        return {"unparsed": cmd.value("--speculative-config") or ""}
+    return cfg
 
 
 def check_spec_symmetry(argv_by_role: Mapping[str, Sequence[str]]) -> list[Finding]:

@@ -1,4 +1,8 @@
-"""Find the vLLM engine command line inside a container and read its flags.
+"""vLLM engine command lines: find one inside a container, read its flags.
+
+This is servebook's one reader of engine command lines: the recipe resolver (reserved and
+repeated flags), the manifest renderer (KV connector, parallel sizes), verify (the
+speculative config each role really started with) and lint all use it.
 
 A container runs vLLM in one of these shapes, all seen in real manifests:
 

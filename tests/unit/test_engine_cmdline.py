@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from servebook.lint.engine_args import parse_argv, parse_container, split_shell
+from servebook.engines.cmdline import parse_argv, parse_container, split_shell
 
 
 def test_vllm_serve_takes_the_model_as_first_positional() -> None:
@@ -159,3 +159,19 @@ def test_unquoted_json_in_yaml_is_read_as_the_json_it_meant() -> None:
     )
     assert cmd is not None
     assert cmd.json_value("--kv-transfer-config") == ({"kv_role": "kv_both"}, None)
+
+
+def test_the_vllm_helpers_read_every_spelling_through_the_one_parser() -> None:
+    from servebook.engines import vllm
+
+    assert vllm.parallel_size(["-tp=2", "--pipeline_parallel_size", "2", "-dp", "3"]) == 12
+    assert vllm.parallel_size(["--enforce-eager"]) == 1
+    assert vllm.kv_connector_of(["--kv-transfer-config.kv_connector", "NixlConnector"]) == (
+        "NixlConnector"
+    )
+    assert vllm.kv_connector_of(['--kv-transfer-config={"kv_connector":"X"}']) == "X"
+    assert vllm.kv_connector_of(["--kv-transfer-config", "{not json"]) is None
+    assert vllm.flag_value(
+        ["--max_model_len", "512", "--max-model-len=1024"], "--max-model-len"
+    ) == ("1024")
+    assert vllm.duplicate_flags(["-q", "fp8", "--quantization", "awq"]) == ["--quantization"]
