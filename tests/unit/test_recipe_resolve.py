@@ -186,3 +186,27 @@ def test_pd_without_connector_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match="needs 'kv_connector:'"):
         resolve(_write(tmp_path, text), ["node=n"])
+
+
+ARGS_PARAM = """\
+  extra:
+    type: args
+    description: More engine flags.
+    default: ""
+"""
+
+
+def test_an_args_parameter_splices_into_a_list_and_only_there(tmp_path: Path) -> None:
+    spliced = MINIMAL.replace("  gpus:\n", ARGS_PARAM + "  gpus:\n", 1).replace(
+        '[--tensor-parallel-size, "${gpus}"]', '[--tensor-parallel-size, "${gpus}", "${extra}"]'
+    )
+    plan = resolve(_write(tmp_path, spliced), ["node=n", "extra=--a 'b c' --d"])
+    args = plan.role("mixed").args
+    i = args.index("--a")
+    assert args[i : i + 3] == ["--a", "b c", "--d"]
+    assert args[i - 2 : i] == ["--tensor-parallel-size", "8"]
+    default = resolve(_write(tmp_path, spliced, "d.yaml"), ["node=n"])
+    assert "--a" not in default.role("mixed").args
+    inside = spliced.replace('"${extra}"]', '"--x=${extra}"]')
+    with pytest.raises(UsageError, match="'extra' holds arguments but is used inside"):
+        resolve(_write(tmp_path, inside, "i.yaml"), ["node=n", "extra=--a"])

@@ -430,3 +430,47 @@ def test_object_names_follow_the_roles() -> None:
     plan_names = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
     assert plan_names == ["vllm-pd-prefill", "vllm-pd-decode", "vllm-pd-router"]
     assert manifests.ENGINE_PORT == 8000
+
+
+# --- extra engine flags ---------------------------------------------------------------------
+
+
+def test_extra_engine_args_reach_every_engine_after_the_recipes_own(tmp_path: Path) -> None:
+    _, objects, files = render_files(
+        "vllm-pd", [*PD, "extra_engine_args=--trust-remote-code --max-num-seqs 64"]
+    )
+    for name in ("vllm-pd-prefill", "vllm-pd-decode"):
+        args = _engine(objects, name)["args"]
+        i = args.index("--trust-remote-code")
+        assert args[i : i + 3] == ["--trust-remote-code", "--max-num-seqs", "64"], name
+        assert i > args.index("--tensor-parallel-size"), name
+    assert "`--trust-remote-code --max-num-seqs 64`" in files[PARAMETERS_FILE]
+    # A values file may give them as a YAML list, quoted words staying one argument.
+    vf = tmp_path / "v.yaml"
+    vf.write_text("extra_engine_args: [--override-generation-config, '{\"a\": 1}']\n")
+    _, objects, _ = render_files("vllm-mixed", MIXED, [vf])
+    args = _engine(objects, "vllm-mixed")["args"]
+    assert _flag(args, "--override-generation-config") == '{"a": 1}'
+    _, objects, _ = render_files("vllm-mixed", MIXED)  # unset: nothing added
+    args = _engine(objects, "vllm-mixed")["args"]
+    assert args[args.index("--tensor-parallel-size") + 2] == "--host"
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("--served-model-name other", "sets --served-model-name, which servebook sets from"),
+        ("-tp 4", "gives --tensor-parallel-size more than once"),
+        ("--kv_transfer_config {}", "sets --kv_transfer_config, which servebook sets"),
+        ("--x 'unclosed", "cannot split it into arguments"),
+    ],
+)
+def test_extra_engine_args_that_cannot_work_exit_2_naming_the_parameter_and_write_nothing(
+    cli: Cli, tmp_path: Path, value: str, words: str
+) -> None:
+    out = tmp_path / "deploy"
+    sets = [a for s in [*PD, f"extra_engine_args={value}"] for a in ("--set", s)]
+    r = cli("render", "vllm-pd", *sets, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "extra_engine_args" in r.stderr
+    assert not out.exists()

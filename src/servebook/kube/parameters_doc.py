@@ -22,6 +22,8 @@ def _value(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):  # arguments
+        return f"`{shlex.join(value)}`" if value else "none"
     return f"`{value}`"
 
 
@@ -42,7 +44,12 @@ def rerender_command(plan: Plan, declared: Mapping[str, Parameter]) -> str:
         if origin in (DEFAULT_ORIGIN, "unset (optional)"):
             continue
         value = plan.params.get(name)
-        text = "" if value is None else str(value).lower() if isinstance(value, bool) else value
+        if isinstance(value, list):
+            text = shlex.join(value)
+        elif isinstance(value, bool):
+            text = str(value).lower()
+        else:
+            text = "" if value is None else str(value)
         lines.append(shlex.join(["--set", f"{name}={text}"]))
     return " \\\n  ".join(lines)
 

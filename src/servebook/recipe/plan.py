@@ -105,17 +105,22 @@ class Plan(BaseModel):
 
 
 def _check_engine_args(origin: str, role: str, args: list[str]) -> None:
-    for written, where in vllm.reserved_flags(args):
-        raise UsageError(
-            f"{origin}: roles.{role}.engine_args sets {written}, which servebook sets from "
-            f"{where}. Remove it from engine_args and set it there "
-            "(defined once, applied identically to every role)."
+    key = f"roles.{role}.engine_args"
+    reserved = vllm.reserved_flags(args)
+    if reserved:
+        written, where = reserved[0]
+        raise RecipeValueError(
+            f"{origin}: {key} sets {written}, which servebook sets from {where}. Remove it "
+            "from engine_args and set it there (defined once, applied identically to every "
+            "role).",
+            [key],
         )
     dups = vllm.duplicate_flags(args)
     if dups:
-        raise UsageError(
-            f"{origin}: roles.{role}.engine_args gives {', '.join(dups)} more than once; the "
-            "engine would silently keep one. Keep a single occurrence."
+        raise RecipeValueError(
+            f"{origin}: {key} gives {', '.join(dups)} more than once; the engine would "
+            "silently keep one. Keep a single occurrence.",
+            [key],
         )
 
 

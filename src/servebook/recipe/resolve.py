@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -164,6 +165,13 @@ def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
             f"It is: {param.description} Supply a valid value with --set {name}=VALUE."
         )
 
+    if param.type is ParamType.ARGS:
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        try:
+            return shlex.split(str(value or ""))
+        except ValueError as e:
+            raise bad(f"cannot split it into arguments ({e}); quote it as a shell would") from None
     text = str(value).strip() if value is not None else ""
     if value is None or text == "":
         raise bad("it is empty")
@@ -248,6 +256,12 @@ def _substitute(node: Any, values: Mapping[str, Any]) -> Any:
 
         def part(m: re.Match[str]) -> str:
             value = values[m.group(1).strip()]
+            if isinstance(value, list):
+                raise UsageError(
+                    f"parameter '{m.group(1).strip()}' holds arguments but is used inside "
+                    f"the larger value {node!r}; arguments can only be a whole element of a "
+                    "list, where they are spliced in. Fix the recipe."
+                )
             if value is None:
                 raise UsageError(
                     f"optional parameter '{m.group(1).strip()}' is unset but used inside "
@@ -260,7 +274,14 @@ def _substitute(node: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(node, Mapping):
         return {k: _substitute(v, values) for k, v in node.items()}
     if isinstance(node, list):
-        return [_substitute(v, values) for v in node]
+        out: list[Any] = []
+        for v in node:
+            new = _substitute(v, values)
+            if isinstance(v, str) and REF.fullmatch(v) and (new is None or isinstance(new, list)):
+                out.extend(new or [])  # arguments spliced in; unset ones leave nothing
+            else:
+                out.append(new)
+        return out
     return node
 
 
@@ -276,7 +297,12 @@ def parse_parameters(src: Source) -> dict[str, Parameter]:
         raise _validation_error(src, e) from None
 
 
-_DUMMY = {ParamType.INT: 1, ParamType.FLOAT: 1.0, ParamType.BOOL: True}
+_DUMMY: dict[ParamType, Any] = {
+    ParamType.INT: 1,
+    ParamType.FLOAT: 1.0,
+    ParamType.BOOL: True,
+    ParamType.ARGS: [],
+}
 
 
 def resolve_values(

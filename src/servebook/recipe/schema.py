@@ -30,6 +30,10 @@ class ParamType(StrEnum):
     NODE = "node"
     LABEL = "label"
     CHOICE = "choice"
+    # Command-line arguments: a YAML list, or one string split the way a shell splits it
+    # (`--set extra_engine_args="--trust-remote-code --max-num-seqs 64"`).  Referenced as
+    # a whole element of a list, the arguments are spliced into that list.
+    ARGS = "args"
 
 
 class Parameter(_Strict):
