@@ -233,6 +233,13 @@ def require_deployment(
 ) -> Deployment:
     """The named deployment (or the only one), or unusable input naming what is missing."""
     dep = pick_deployment(name)
+    if dep is None and name and (state_dir_for(name) / "kube-state.json").is_file():
+        raise UsageError(
+            f"deployment {name!r} runs on Kubernetes; verify and bench reach it through a "
+            "port-forward for now: `kubectl -n NAMESPACE port-forward service/ENTRY 8000:8000` "
+            "(`servebook status " + name + "` names both), then `servebook bench --url "
+            "http://127.0.0.1:8000 --model MODEL --tokenizer DIR`."
+        )
     if dep is None:
         raise UsageError(
             f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. {hint}"

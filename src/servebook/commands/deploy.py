@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from servebook.backends import kubernetes as kube
 from servebook.backends import local
 from servebook.commands import app, err, out
 from servebook.commands.bench import BenchArgs
@@ -23,12 +24,31 @@ def _say(msg: str) -> None:
     err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
 
 
+BACKENDS = ("local", "kubernetes")
+
+
 def _backend_ok(backend: str) -> None:
-    if backend != "local":
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}.")
+
+
+def _up_kubernetes(
+    recipe: str, sets: list[str], values: list[Path], name: str | None, timeout: float | None
+) -> kube.KubeDeployment:
+    dep_name = name or Path(recipe).stem
+    plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
+    if "kubernetes" not in plan.backends or plan.kubernetes is None:
         raise UsageError(
-            f"--backend {backend}: only the local backend can run deployments yet. "
-            "Use --backend local (the default)."
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not Kubernetes. Use a "
+            "vllm-* recipe (`servebook recipes`), or --backend local."
         )
+    # The engines' own startup budget, plus time to pull the image and schedule.
+    wait = timeout if timeout is not None else plan.kubernetes.startup_timeout_s + 600.0
+    try:
+        return kube.up(plan, name=dep_name, timeout_s=wait, say=_say)
+    except local.UpFailed as e:
+        err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
 
 
 def _up(
@@ -36,7 +56,7 @@ def _up(
     sets: list[str],
     values: list[Path],
     name: str | None,
-    timeout: float,
+    timeout: float | None,
     port: int | None,
 ) -> local.Deployment:
     dep_name = name or Path(recipe).stem
@@ -47,7 +67,13 @@ def _up(
             "Use a tiny-* recipe locally (`servebook recipes`)."
         )
     try:
-        return local.up(plan, name=dep_name, timeout_s=timeout, entry_port=port, say=_say)
+        return local.up(
+            plan,
+            name=dep_name,
+            timeout_s=timeout if timeout is not None else 600.0,
+            entry_port=port,
+            say=_say,
+        )
     except local.UpFailed as e:
         err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
@@ -55,30 +81,59 @@ def _up(
 
 NameOpt = typer.Option(None, "--name", help="Deployment name (default: the recipe's name).")
 TimeoutOpt = typer.Option(
-    600.0, "--timeout", help="Seconds to wait for every role to answer a real completion."
+    None,
+    "--timeout",
+    help="Seconds to wait until the deployment is ready (local: 600, every role answers a "
+    "real completion; kubernetes: the recipe's startup_timeout_s + 600, every Pod Ready).",
 )
 
 
 @app.command()
 def up(
     recipe: str = typer.Argument(..., help="Built-in recipe name or path to a recipe YAML."),
-    backend: str = typer.Option("local", "--backend", help="local (processes on this machine)."),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="local (processes on this machine) or kubernetes (the current KUBECONFIG context).",
+    ),
     sets: list[str] = SetOpt,
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
-    timeout: float = TimeoutOpt,
-    port: int | None = typer.Option(None, "--port", help="Port of the entry point."),
+    timeout: float | None = TimeoutOpt,
+    port: int | None = typer.Option(None, "--port", help="Port of the entry point (local)."),
     json_out: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
     """Bring a recipe up and wait until its entry point completes a real request.
 
-    Each role runs as its own process with its log in the deployment's state directory;
-    on early death or timeout, up fails with the role's last log lines and stops what it
-    started.  Stop it with `servebook down`.
+    Local: each role runs as its own process with its log in the deployment's state
+    directory; on early death or timeout, up fails with the role's last log lines and
+    stops what it started.
+
+    Kubernetes: the recipe is rendered, schema-checked and applied to the current
+    context; up then watches every role's Pod and fails as soon as the cluster says it
+    cannot become ready (weights directory absent on the node, image not pullable, engine
+    crashed, Pod unschedulable for 2 minutes), with that evidence.  The objects are left
+    for inspection.  Stop either with `servebook down`.
 
     Example: servebook up tiny-pd
+    Example: servebook up vllm-pd --backend kubernetes -f values.yaml
     """
     _backend_ok(backend)
+    if backend == "kubernetes":
+        if port is not None:
+            raise UsageError("--port is for the local backend; a Kubernetes entry is a Service.")
+        kdep = _up_kubernetes(recipe, sets, values, name, timeout)
+        st = kube.status(kdep.name)
+        if json_out:
+            out.print_json(json.dumps(st))
+        else:
+            out.print(
+                f"[green]up:[/] {kdep.name} ready: {st['entry']} in namespace {kdep.namespace} "
+                f"(model '{kdep.served_model_name}'). To benchmark it: `kubectl -n "
+                f"{kdep.namespace} port-forward service/{kdep.entry_service} 8000:"
+                f"{kdep.entry_port}`, then `servebook bench --url http://127.0.0.1:8000 ...`"
+            )
+        return
     dep = _up(recipe, sets, values, name, timeout, port)
     if json_out:
         out.print_json(json.dumps(local.status(dep)))
@@ -100,6 +155,17 @@ def status(
 
     Example: servebook status tiny-pd --json
     """
+    if name and kube.read_state(name) is not None:
+        st = kube.status(name)
+        if json_out:
+            out.print_json(json.dumps(st))
+        else:
+            out.print(f"[bold]{st['name']}[/] ({st['recipe']}, kubernetes) entry {st['entry']}")
+            for r in st["roles"]:
+                out.print(f"  {r['name']:8} {r['state']:8} {r['summary']}", highlight=False)
+        if not all(r["state"] == "ready" for r in st["roles"]):
+            raise typer.Exit(1)
+        return
     dep = local.require_deployment(name)
     st = local.status(dep)
     if json_out:
@@ -123,13 +189,19 @@ def status(
 def down(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
 ) -> None:
-    """Stop exactly the processes a deployment started, and remove its KV storage.
+    """Stop exactly what a deployment started.
 
-    Processes are found by recorded PID (checked against their start time) and stopped
-    with their process group.  Idempotent.
+    Local: processes are found by recorded PID (checked against their start time) and
+    stopped with their process group; its KV storage is removed.  Kubernetes: the objects
+    `up` applied are deleted (the Namespace only if `up` created it).  Idempotent.
 
     Example: servebook down tiny-pd
     """
+    if name and kube.read_state(name) is not None:
+        for what, done in kube.down(name).items():
+            out.print(f"  {what}: {done}")
+        out.print(f"[green]down:[/] {name}")
+        return
     dep, result = local.down(name)
     if dep is None:
         out.print(f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is up.")
@@ -162,7 +234,7 @@ def run(
     sets: list[str] = SetOpt,
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
-    timeout: float = TimeoutOpt,
+    timeout: float | None = TimeoutOpt,
     max_tokens: int = MaxTokensOpt,
     out_dir: Path | None = typer.Option(
         None,

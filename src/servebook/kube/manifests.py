@@ -52,7 +52,12 @@ def object_name(plan: Plan, role: str) -> str:
 
 
 def selector_labels(plan: Plan, role: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": plan.recipe, "app.kubernetes.io/component": role}
+    return selector_for(plan.recipe, role)
+
+
+def selector_for(recipe: str, role: str) -> dict[str, str]:
+    """The labels that select a role's Pods."""
+    return {"app.kubernetes.io/instance": recipe, "app.kubernetes.io/component": role}
 
 
 def _labels(plan: Plan, role: RolePlan) -> dict[str, str]:

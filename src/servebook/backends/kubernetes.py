@@ -1,0 +1,313 @@
+"""Kubernetes backend: apply a Plan's rendered objects and wait, boundedly, for them.
+
+``up`` renders the Plan (``kube.manifests``), checks every object against the Kubernetes
+schema, applies them in order through the API (kr8s: create, or patch what exists, so a
+second ``up`` is idempotent), records what it applied in the deployment's state
+directory, then polls each role's Pods and the namespace's events.  The verdict is
+``kube.rollout``'s: it fails as soon as the cluster says the rollout cannot succeed (an
+absent weights directory, an image that cannot be pulled, a crashed engine, a Pod the
+scheduler cannot place for two minutes), with that evidence and, for a crashed engine, the
+last lines of its previous log and any known failure signature.  ``--timeout`` bounds the
+whole wait; a timeout is a failure with the last state of every role.
+
+``down`` deletes exactly the objects ``up`` applied (the Namespace only when ``up``
+created it).  Every API request has a timeout.
+
+Not yet: verify and bench reach a Kubernetes deployment only through a port-forward the
+user starts (``kubectl port-forward``, then ``servebook bench --url``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from servebook.backends.local import UpFailed, state_dir_for
+from servebook.engines import vllm
+from servebook.findings import UsageError
+from servebook.kube import manifests
+from servebook.kube.rollout import RoleState, overall, role_state
+from servebook.kube.validate import schema_errors
+from servebook.recipe.plan import Plan
+
+STATE_FILE = "kube-state.json"
+POLL_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
+
+
+class AppliedObject(BaseModel):
+    apiVersion: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+
+class KubeDeployment(BaseModel):
+    name: str
+    backend: str = "kubernetes"
+    recipe: str
+    namespace: str
+    created_namespace: bool
+    created: str
+    objects: list[AppliedObject] = Field(default_factory=list)
+    # role -> Deployment name
+    roles: dict[str, str] = Field(default_factory=dict)
+    entry_service: str = ""
+    entry_port: int = 0
+    served_model_name: str = ""
+    ready: bool = False
+
+
+def state_path(name: str) -> Path:
+    return state_dir_for(name) / STATE_FILE
+
+
+def read_state(name: str) -> KubeDeployment | None:
+    path = state_path(name)
+    if not path.is_file():
+        return None
+    try:
+        return KubeDeployment.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise UsageError(
+            f"{path} is not a servebook Kubernetes state file ({type(e).__name__}). Delete "
+            "the objects by hand (`kubectl delete -f` on the render) and remove the file."
+        ) from None
+
+
+def write_state(dep: KubeDeployment) -> None:
+    path = state_path(dep.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(dep.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float = 15.0) -> Any:
+    """A kr8s client for the current KUBECONFIG/context, with a timeout on every request.
+    Connecting (kr8s asks the server for its version first) is bounded too: a server that
+    never answers is "cannot reach", exit 2, not a hang."""
+    from servebook.kube.snapshot import ClusterUnreachable, _credentials_problem, _describe
+
+    problem = _credentials_problem(None)
+    if problem:
+        raise ClusterUnreachable(
+            f"cannot reach the cluster: {problem}. Point KUBECONFIG at the cluster's config."
+        )
+    import httpx
+    import kr8s
+
+    got: list[Any] = []
+    failed: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            got.append(kr8s.api())
+        except BaseException as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=connect, name="servebook-kube-connect", daemon=True)
+    worker.start()
+    worker.join(connect_timeout_s)
+    if failed or not got:
+        why = (
+            _describe(failed[0], "connecting")
+            if failed
+            else f"no answer within {connect_timeout_s:g} s"
+        )
+        raise ClusterUnreachable(
+            f"cannot reach the cluster: {why}. Check `kubectl get nodes` works with the same "
+            "KUBECONFIG and context."
+        ) from (failed[0] if failed else None)
+    api = got[0]
+    api.timeout = httpx.Timeout(request_timeout_s)
+    return api
+
+
+def _raw(obj: Any) -> dict[str, Any]:
+    return dict(obj.raw) if hasattr(obj, "raw") else dict(obj)
+
+
+def apply(api: Any, objects: list[dict[str, Any]], say: Callable[[str], None]) -> None:
+    """Create each object, or patch it where it exists (an idempotent apply)."""
+    from kr8s.objects import object_from_spec
+
+    for spec in objects:
+        obj = object_from_spec(spec, api=api)
+        what = f"{spec['kind']}/{spec['metadata']['name']}"
+        if obj.exists():
+            obj.patch(spec)
+            say(f"configured {what}")
+        else:
+            obj.create()
+            say(f"created {what}")
+
+
+def _crash_log(api: Any, namespace: str, state: RoleState) -> str:
+    """The crashed container's previous log (last 40 lines) and any known signature."""
+    from kr8s.objects import Pod
+
+    if not state.pod or not state.crashed_container:
+        return ""
+    try:
+        pod = Pod.get(state.pod, namespace=namespace, api=api)
+        lines = list(pod.logs(container=state.crashed_container, previous=True, tail_lines=40))
+    except Exception as e:  # the log is evidence, not a requirement
+        return f"(its previous log could not be read: {type(e).__name__}: {e})"
+    text = "\n".join(lines)
+    found = [
+        f"known failure '{sig.id}': {sig.meaning}. Fix: {sig.fix}"
+        for sig, _ in vllm.match_log(text)
+    ]
+    return "\n".join([*found, "last lines of its previous log:", text])
+
+
+def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]:
+    events = [_raw(e) for e in api.get("events", namespace=dep.namespace)]
+    out = []
+    for role, deployment_name in dep.roles.items():
+        selector = manifests.selector_for(dep.recipe, role)
+        pods = [_raw(p) for p in api.get("pods", namespace=dep.namespace, label_selector=selector)]
+        out.append(
+            role_state(role, deployment_name, pods, events, now=datetime.now(UTC), started=started)
+        )
+    return out
+
+
+def _describe_states(states: list[RoleState]) -> str:
+    return "\n".join(f"  {s.role}: {s.state}: {s.summary}" for s in states)
+
+
+def up(
+    plan: Plan,
+    *,
+    name: str | None = None,
+    timeout_s: float = 2400.0,
+    say: Callable[[str], None] = lambda s: None,
+    poll_s: float = POLL_S,
+) -> KubeDeployment:
+    name = name or plan.recipe
+    objects = manifests.render(plan)
+    errors = schema_errors(objects)
+    if errors:
+        raise UsageError(
+            "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
+        )
+    k8s = plan.kubernetes
+    assert k8s is not None
+    api = _api()
+    from kr8s.objects import Namespace
+
+    existed = Namespace(k8s.namespace, api=api).exists()
+    entry = plan.role(plan.entry_role)
+    dep = KubeDeployment(
+        name=name,
+        recipe=plan.recipe,
+        namespace=k8s.namespace,
+        created_namespace=not existed and any(o["kind"] == "Namespace" for o in objects),
+        created=datetime.now(UTC).isoformat(),
+        objects=[
+            AppliedObject(
+                apiVersion=o["apiVersion"],
+                kind=o["kind"],
+                name=o["metadata"]["name"],
+                namespace=o["metadata"].get("namespace"),
+            )
+            for o in objects
+        ],
+        roles={r.name: manifests.object_name(plan, r.name) for r in plan.roles},
+        entry_service=manifests.object_name(plan, entry.name),
+        entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
+        served_model_name=plan.served_model_name,
+    )
+    started = datetime.now(UTC)
+    write_state(dep)  # before applying: `down` can clean up an interrupted `up`
+    apply(api, objects, say)
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    states: list[RoleState] = []
+    while True:
+        states = _states(api, dep, started)
+        now_text = _describe_states(states)
+        if now_text != last:
+            say(now_text)
+            last = now_text
+        verdict = overall(states)
+        if verdict == "ready":
+            dep.ready = True
+            write_state(dep)
+            return dep
+        if verdict == "failed":
+            parts = []
+            for s in states:
+                if s.state == "failed":
+                    parts.append(f"{s.role}: {s.summary}\n  evidence: {json.dumps(s.evidence)}")
+                    log = _crash_log(api, dep.namespace, s)
+                    if log:
+                        parts.append(log)
+            raise UpFailed(
+                f"deployment {name} cannot become ready:\n" + "\n".join(parts) + "\nThe objects "
+                f"are left for inspection (`kubectl -n {dep.namespace} describe pods`); "
+                f"`servebook down {name}` deletes them.",
+                role=next(s.role for s in states if s.state == "failed"),
+            )
+        if time.monotonic() > deadline:
+            raise UpFailed(
+                f"deployment {name} was not ready within {timeout_s:.0f} s. Last state:\n"
+                f"{now_text}\nRaise --timeout if the weights take longer to load; "
+                f"`servebook down {name}` deletes the objects.",
+            )
+        time.sleep(poll_s)
+
+
+def down(name: str) -> dict[str, str]:
+    """Delete what ``up`` applied, in reverse order; idempotent."""
+    dep = read_state(name)
+    if dep is None:
+        return {}
+    api = _api()
+    from kr8s.objects import object_from_spec
+
+    result: dict[str, str] = {}
+    for o in reversed(dep.objects):
+        if o.kind == "Namespace" and not dep.created_namespace:
+            result[f"{o.kind}/{o.name}"] = "kept (it existed before up)"
+            continue
+        spec: dict[str, Any] = {
+            "apiVersion": o.apiVersion,
+            "kind": o.kind,
+            "metadata": {"name": o.name},
+        }
+        if o.namespace:
+            spec["metadata"]["namespace"] = o.namespace
+        obj = object_from_spec(spec, api=api)
+        if obj.exists():
+            obj.delete(propagation_policy="Foreground")
+            result[f"{o.kind}/{o.name}"] = "deleted"
+        else:
+            result[f"{o.kind}/{o.name}"] = "not found"
+    state_path(name).unlink(missing_ok=True)
+    return result
+
+
+def status(name: str) -> dict[str, Any]:
+    dep = read_state(name)
+    if dep is None:
+        raise UsageError(f"no Kubernetes deployment named {name!r} is recorded.")
+    states = _states(_api(), dep, datetime.fromisoformat(dep.created))
+    roles = [{"name": s.role, "state": s.state, "summary": s.summary, "pod": s.pod} for s in states]
+    return {
+        "name": dep.name,
+        "backend": dep.backend,
+        "recipe": dep.recipe,
+        "namespace": dep.namespace,
+        "entry": f"service/{dep.entry_service} port {dep.entry_port}",
+        "roles": roles,
+    }

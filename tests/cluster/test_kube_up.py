@@ -1,0 +1,66 @@
+"""`servebook up --backend kubernetes` against a real cluster (skipped without one).
+
+A deploy whose weights directory does not exist on the node must fail within minutes,
+naming the path and node (or, on a cluster without the GPU resource, the scheduler's
+reason), not hang; `down` must then delete every object it applied.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from servebook.kube.snapshot import ClusterSnapshot, ClusterUnreachable, read_live
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def live() -> ClusterSnapshot:
+    try:
+        return read_live(connect_timeout_s=10)
+    except ClusterUnreachable as e:
+        pytest.skip(f"no reachable Kubernetes cluster: {e}")
+
+
+def _sb(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servebook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
+    live: ClusterSnapshot,
+) -> None:
+    node = sorted(live.nodes)[0]
+    ns = f"servebook-test-{int(time.time())}"
+    sets = [
+        "image=busybox:1.36",
+        f"namespace={ns}",
+        f"node={node}",
+        "model_dir=/servebook-test/absent-weights",
+        "gpus=1",
+        "tensor_parallel=1",
+        "startup_timeout_s=300",
+    ]
+    args = [a for s in sets for a in ("--set", s)]
+    t0 = time.monotonic()
+    try:
+        r = _sb("up", "vllm-mixed", "--backend", "kubernetes", "--name", ns, *args, timeout=600)
+        took = time.monotonic() - t0
+        assert r.returncode == 1, r.stderr
+        assert "cannot become ready" in r.stderr
+        assert "/servebook-test/absent-weights is absent" in r.stderr or (
+            "could not be scheduled" in r.stderr
+        ), r.stderr
+        assert took < 300, f"took {took:.0f} s to say so"
+    finally:
+        d = _sb("down", ns, timeout=300)
+    assert d.returncode == 0, d.stderr
+    assert "deleted" in d.stdout
