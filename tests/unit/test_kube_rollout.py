@@ -78,6 +78,15 @@ def test_a_pod_the_cluster_refuses_to_create_fails_with_the_controllers_message(
     assert s.state == "failed" and "exceeded quota: gpu-quota" in s.summary
 
 
+def test_an_earlier_deploys_refusal_is_not_this_ones() -> None:
+    items = json.loads((FIXTURES / "quota-refused.json").read_text())["items"]
+    later = APPLIED + timedelta(minutes=30)  # applied again after the quota was raised
+    s = role_state(
+        "prefill", "vllm-pd-prefill", [], items, now=later + timedelta(seconds=10), started=later
+    )
+    assert s.state == "waiting"
+
+
 @pytest.mark.parametrize(("after_s", "verdict"), [(30, "waiting"), (90, "failed")])
 def test_no_pod_at_all_is_waiting_then_a_failure(after_s: float, verdict: str) -> None:
     s = role_state(

@@ -108,8 +108,14 @@ def role_state(
 ) -> RoleState:
     """The state of one role (one Deployment with one replica) from its Pods and the
     namespace's events.  ``started`` is when servebook applied the objects."""
-    failed_create = _events_for(events, "ReplicaSet", deployment_name + "-", exact=False)
-    failed_create = [e for e in failed_create if e.get("reason") == "FailedCreate"]
+    failed_create = [
+        e
+        for e in _events_for(events, "ReplicaSet", deployment_name + "-", exact=False)
+        if e.get("reason") == "FailedCreate"
+        # Events outlive their objects (an hour by default): an earlier deploy's refusal
+        # in the same namespace is not this one's.
+        and (_time(e.get("lastTimestamp") or e.get("eventTime")) or now) >= started
+    ]
     pod = _newest(pods)
     if pod is None:
         if failed_create:
