@@ -13,17 +13,9 @@ import time
 
 import pytest
 
-from servebook.kube.snapshot import ClusterSnapshot, ClusterUnreachable, read_live
+from servebook.kube.snapshot import ClusterSnapshot
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def live() -> ClusterSnapshot:
-    try:
-        return read_live(connect_timeout_s=10)
-    except ClusterUnreachable as e:
-        pytest.skip(f"no reachable Kubernetes cluster: {e}")
 
 
 def _sb(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from servebook.findings import Severity
-from servebook.kube.snapshot import ClusterSnapshot, ClusterUnreachable, read_live
+from servebook.kube.snapshot import ClusterSnapshot
 from servebook.preflight.cluster import (
     ClusterRequirements,
     NodeAsk,
@@ -19,14 +19,6 @@ from servebook.preflight.cluster import (
 )
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def live() -> ClusterSnapshot:
-    try:
-        return read_live(connect_timeout_s=10)
-    except ClusterUnreachable as e:
-        pytest.skip(f"no reachable Kubernetes cluster: {e}")
 
 
 def test_live_snapshot_holds_every_kind_from_every_namespace(live: ClusterSnapshot) -> None:
