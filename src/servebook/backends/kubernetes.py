@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,26 @@ def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float 
     return api
 
 
+def _call(doing: str, fn: Callable[[], Any]) -> Any:
+    """One request to the cluster; any failure is "could not run" (exit 2) naming it."""
+    from servebook.kube.snapshot import ClusterUnreachable, _describe
+
+    try:
+        return fn()
+    except UsageError:
+        raise
+    except Exception as e:
+        raise ClusterUnreachable(f"the cluster request failed: {_describe(e, doing)}") from e
+
+
 def _raw(obj: Any) -> dict[str, Any]:
     return dict(obj.raw) if hasattr(obj, "raw") else dict(obj)
+
+
+def _list(
+    api: Any, kind: str, namespace: str, selector: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    return [_raw(o) for o in api.get(kind, namespace=namespace, label_selector=selector)]
 
 
 def apply(api: Any, objects: list[dict[str, Any]], say: Callable[[str], None]) -> None:
@@ -142,11 +161,11 @@ def apply(api: Any, objects: list[dict[str, Any]], say: Callable[[str], None]) -
     for spec in objects:
         obj = object_from_spec(spec, api=api)
         what = f"{spec['kind']}/{spec['metadata']['name']}"
-        if obj.exists():
-            obj.patch(spec)
+        if _call(f"reading {what}", obj.exists):
+            _call(f"patching {what}", partial(obj.patch, spec))
             say(f"configured {what}")
         else:
-            obj.create()
+            _call(f"creating {what}", obj.create)
             say(f"created {what}")
 
 
@@ -170,11 +189,15 @@ def _crash_log(api: Any, namespace: str, state: RoleState) -> str:
 
 
 def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]:
-    events = [_raw(e) for e in api.get("events", namespace=dep.namespace)]
+    ns = dep.namespace
+    events = _call(f"listing events in {ns}", partial(_list, api, "events", ns))
     out = []
     for role, deployment_name in dep.roles.items():
         selector = manifests.selector_for(dep.recipe, role)
-        pods = [_raw(p) for p in api.get("pods", namespace=dep.namespace, label_selector=selector)]
+        pods = _call(
+            f"listing the Pods of {role}",
+            partial(_list, api, "pods", ns, selector),
+        )
         out.append(
             role_state(role, deployment_name, pods, events, now=datetime.now(UTC), started=started)
         )
@@ -205,7 +228,7 @@ def up(
     api = _api()
     from kr8s.objects import Namespace
 
-    existed = Namespace(k8s.namespace, api=api).exists()
+    existed = _call(f"reading Namespace/{k8s.namespace}", Namespace(k8s.namespace, api=api).exists)
     entry = plan.role(plan.entry_role)
     dep = KubeDeployment(
         name=name,
@@ -229,12 +252,26 @@ def up(
     )
     started = datetime.now(UTC)
     write_state(dep)  # before applying: `down` can clean up an interrupted `up`
-    apply(api, objects, say)
+    try:
+        apply(api, objects, say)
+    except UsageError as e:
+        raise type(e)(
+            f"{e} Whatever was applied before it is recorded: `servebook down {name}` deletes it."
+        ) from e
     deadline = time.monotonic() + timeout_s
     last = ""
     states: list[RoleState] = []
+    misses = 0
     while True:
-        states = _states(api, dep, started)
+        try:
+            states = _states(api, dep, started)
+            misses = 0
+        except UsageError:
+            misses += 1  # one failed poll is a blip; three in a row are the answer
+            if misses >= 3 or time.monotonic() > deadline:
+                raise
+            time.sleep(poll_s)
+            continue
         now_text = _describe_states(states)
         if now_text != last:
             say(now_text)
@@ -288,8 +325,9 @@ def down(name: str) -> dict[str, str]:
         if o.namespace:
             spec["metadata"]["namespace"] = o.namespace
         obj = object_from_spec(spec, api=api)
-        if obj.exists():
-            obj.delete(propagation_policy="Foreground")
+        what = f"{o.kind}/{o.name}"
+        if _call(f"reading {what}", obj.exists):
+            _call(f"deleting {what}", partial(obj.delete, propagation_policy="Foreground"))
             result[f"{o.kind}/{o.name}"] = "deleted"
         else:
             result[f"{o.kind}/{o.name}"] = "not found"
