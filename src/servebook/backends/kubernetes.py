@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from servebook.backends.local import UpFailed, state_dir_for
+from servebook.backends.local import UpFailed, deployments_dir, state_dir_for
 from servebook.engines import vllm
 from servebook.findings import UsageError
 from servebook.kube import manifests
@@ -81,6 +81,16 @@ def read_state(name: str) -> KubeDeployment | None:
             f"{path} is not a servebook Kubernetes state file ({type(e).__name__}). Delete "
             "the objects by hand (`kubectl delete -f` on the render) and remove the file."
         ) from None
+
+
+def recorded_names() -> list[str]:
+    """Names of the Kubernetes deployments this machine recorded."""
+    root = deployments_dir()
+    return (
+        sorted(d.name for d in root.iterdir() if (d / STATE_FILE).is_file())
+        if root.is_dir()
+        else []
+    )
 
 
 def write_state(dep: KubeDeployment) -> None:

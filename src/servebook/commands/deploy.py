@@ -27,6 +27,24 @@ def _say(msg: str) -> None:
 BACKENDS = ("local", "kubernetes")
 
 
+def _kube_name(name: str | None) -> str | None:
+    """The Kubernetes deployment a name-less or named status/down means, if any: the named
+    one, or the only deployment recorded when it runs on Kubernetes."""
+    if name:
+        return name if kube.read_state(name) is not None else None
+    kube_names = kube.recorded_names()
+    local_names = [d.name for d in local.list_deployments()]
+    if len(kube_names) + len(local_names) > 1:
+        raise UsageError(
+            "several deployments are recorded: "
+            + ", ".join(sorted([*kube_names, *local_names]))
+            + ". Name one, e.g. `servebook down "
+            + sorted([*kube_names, *local_names])[0]
+            + "`."
+        )
+    return kube_names[0] if kube_names else None
+
+
 def _backend_ok(backend: str) -> None:
     if backend not in BACKENDS:
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}.")
@@ -155,8 +173,9 @@ def status(
 
     Example: servebook status tiny-pd --json
     """
-    if name and kube.read_state(name) is not None:
-        st = kube.status(name)
+    kname = _kube_name(name)
+    if kname is not None:
+        st = kube.status(kname)
         if json_out:
             out.print_json(json.dumps(st))
         else:
@@ -197,10 +216,11 @@ def down(
 
     Example: servebook down tiny-pd
     """
-    if name and kube.read_state(name) is not None:
-        for what, done in kube.down(name).items():
+    kname = _kube_name(name)
+    if kname is not None:
+        for what, done in kube.down(kname).items():
             out.print(f"  {what}: {done}")
-        out.print(f"[green]down:[/] {name}")
+        out.print(f"[green]down:[/] {kname}")
         return
     dep, result = local.down(name)
     if dep is None:
