@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -15,6 +17,8 @@ from servebook.commands.bench import BenchArgs
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import MaxTokensOpt
 from servebook.findings import UsageError, exit_code
+from servebook.kube import manifests
+from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 
 DEFAULT_RECIPE = "tiny-pd"
@@ -50,23 +54,53 @@ def _backend_ok(backend: str) -> None:
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}.")
 
 
-def _up_kubernetes(
-    recipe: str, sets: list[str], values: list[Path], name: str | None, timeout: float | None
-) -> kube.KubeDeployment:
+# Per backend: what a recipe for the other one is called in the refusal, and what to use.
+_OTHER_BACKEND = {
+    "local": ("not the local backend", "Use a tiny-* recipe locally (`servebook recipes`)."),
+    "kubernetes": (
+        "not Kubernetes",
+        "Use a vllm-* recipe (`servebook recipes`), or --backend local.",
+    ),
+}
+
+
+def _plan_for(
+    recipe: str, sets: list[str], values: list[Path], name: str | None, backend: str
+) -> tuple[str, Plan]:
+    """(deployment name, resolved Plan) of a recipe meant for ``backend``."""
     dep_name = name or Path(recipe).stem
     plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
-    if "kubernetes" not in plan.backends or plan.kubernetes is None:
+    if backend not in plan.backends:
+        not_this, use = _OTHER_BACKEND[backend]
         raise UsageError(
-            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not Kubernetes. Use a "
-            "vllm-* recipe (`servebook recipes`), or --backend local."
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, {not_this}. {use}"
         )
-    # The engines' own startup budget, plus time to pull the image and schedule.
-    wait = timeout if timeout is not None else plan.kubernetes.startup_timeout_s + 600.0
+    return dep_name, plan
+
+
+@contextlib.contextmanager
+def _up_failed_exits() -> Iterator[None]:
+    """A deployment that did not become ready: its evidence on stderr, exit 1."""
     try:
-        return kube.up(plan, name=dep_name, timeout_s=wait, say=_say)
+        yield
     except local.UpFailed as e:
         err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
+
+
+def _up_kubernetes(
+    recipe: str, sets: list[str], values: list[Path], name: str | None, timeout: float | None
+) -> kube.KubeDeployment:
+    dep_name, plan = _plan_for(recipe, sets, values, name, "kubernetes")
+    # The engines' own startup budget, plus time to pull the image and schedule.
+    startup = manifests.settings(plan).startup_timeout_s
+    with _up_failed_exits():
+        return kube.up(
+            plan,
+            name=dep_name,
+            timeout_s=timeout if timeout is not None else startup + 600.0,
+            say=_say,
+        )
 
 
 def _up(
@@ -77,14 +111,8 @@ def _up(
     timeout: float | None,
     port: int | None,
 ) -> local.Deployment:
-    dep_name = name or Path(recipe).stem
-    plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
-    if "local" not in plan.backends:
-        raise UsageError(
-            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not the local backend. "
-            "Use a tiny-* recipe locally (`servebook recipes`)."
-        )
-    try:
+    dep_name, plan = _plan_for(recipe, sets, values, name, "local")
+    with _up_failed_exits():
         return local.up(
             plan,
             name=dep_name,
@@ -92,9 +120,6 @@ def _up(
             entry_port=port,
             say=_say,
         )
-    except local.UpFailed as e:
-        err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(e.exit_code) from None
 
 
 NameOpt = typer.Option(None, "--name", help="Deployment name (default: the recipe's name).")

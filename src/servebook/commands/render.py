@@ -155,7 +155,7 @@ def render(
     )
     entry = manifests.object_name(plan, plan.entry_role)
     port = manifests.ROUTER_PORT if plan.topology == "pd" else manifests.ENGINE_PORT
-    namespace = plan.kubernetes.namespace if plan.kubernetes else "servebook"
+    namespace = manifests.settings(plan).namespace
     out.print(
         f"apply: kubectl apply -f {output}/   entry point: service/{entry} port {port} "
         f"in namespace {namespace}",

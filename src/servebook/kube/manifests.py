@@ -45,6 +45,11 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 Obj = dict[str, Any]
 
 
+def settings(plan: Plan) -> Kubernetes:
+    """The recipe's Kubernetes settings, or the defaults when it gives none."""
+    return plan.kubernetes or Kubernetes()
+
+
 def object_name(plan: Plan, role: str) -> str:
     """The Deployment and Service name of a role: the recipe's name for a mixed server,
     ``RECIPE-ROLE`` for the PD roles (vllm-pd-prefill, vllm-pd-decode, vllm-pd-router)."""
@@ -309,7 +314,7 @@ def render(plan: Plan) -> list[Obj]:
             "Use `servebook up` for it, or render a recipe with `backends: [kubernetes]` "
             "(`servebook recipes` lists them)."
         )
-    k8s = plan.kubernetes or Kubernetes()
+    k8s = settings(plan)
     for role in plan.roles:
         name = object_name(plan, role.name)
         if not _DNS_LABEL.match(name):
