@@ -30,15 +30,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from servebook.backends.local import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.local import UpFailed, deployments_dir, state_dir_for
 from servebook.engines import vllm
+from servebook.files import read_model, write_atomic
 from servebook.findings import UsageError
 from servebook.kube import manifests
 from servebook.kube.rollout import RoleState, overall, role_state
 from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import Plan
 
-STATE_FILE = "kube-state.json"
 POLL_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 
@@ -71,16 +72,12 @@ def state_path(name: str) -> Path:
 
 
 def read_state(name: str) -> KubeDeployment | None:
-    path = state_path(name)
-    if not path.is_file():
-        return None
-    try:
-        return KubeDeployment.model_validate_json(path.read_text())
-    except ValueError as e:
-        raise UsageError(
-            f"{path} is not a servebook Kubernetes state file ({type(e).__name__}). Delete "
-            "the objects by hand (`kubectl delete -f` on the render) and remove the file."
-        ) from None
+    return read_model(
+        state_path(name),
+        KubeDeployment,
+        "a servebook Kubernetes state file",
+        "Delete the objects by hand (`kubectl delete -f` on the render) and remove the file.",
+    )
 
 
 def recorded_names() -> list[str]:
@@ -94,11 +91,7 @@ def recorded_names() -> list[str]:
 
 
 def write_state(dep: KubeDeployment) -> None:
-    path = state_path(dep.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dep.model_dump_json(indent=2))
-    tmp.replace(path)
+    write_atomic(state_path(dep.name), dep.model_dump_json(indent=2))
 
 
 def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float = 15.0) -> Any:
@@ -233,19 +226,19 @@ def up(
         raise UsageError(
             "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
         )
-    k8s = plan.kubernetes
-    assert k8s is not None
+    k8s = manifests.settings(plan)
     api = _api()
     from kr8s.objects import Namespace
 
     existed = _call(f"reading Namespace/{k8s.namespace}", Namespace(k8s.namespace, api=api).exists)
     entry = plan.role(plan.entry_role)
+    started = datetime.now(UTC)
     dep = KubeDeployment(
         name=name,
         recipe=plan.recipe,
         namespace=k8s.namespace,
         created_namespace=not existed and any(o["kind"] == "Namespace" for o in objects),
-        created=datetime.now(UTC).isoformat(),
+        created=started.isoformat(),
         objects=[
             AppliedObject(
                 apiVersion=o["apiVersion"],
@@ -260,7 +253,6 @@ def up(
         entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
         served_model_name=plan.served_model_name,
     )
-    started = datetime.now(UTC)
     write_state(dep)  # before applying: `down` can clean up an interrupted `up`
     try:
         apply(api, objects, say)
@@ -324,8 +316,9 @@ def down(name: str) -> dict[str, str]:
 
     result: dict[str, str] = {}
     for o in reversed(dep.objects):
+        what = f"{o.kind}/{o.name}"
         if o.kind == "Namespace" and not dep.created_namespace:
-            result[f"{o.kind}/{o.name}"] = "kept (it existed before up)"
+            result[what] = "kept (it existed before up)"
             continue
         spec: dict[str, Any] = {
             "apiVersion": o.apiVersion,
@@ -335,12 +328,11 @@ def down(name: str) -> dict[str, str]:
         if o.namespace:
             spec["metadata"]["namespace"] = o.namespace
         obj = object_from_spec(spec, api=api)
-        what = f"{o.kind}/{o.name}"
         if _call(f"reading {what}", obj.exists):
             _call(f"deleting {what}", partial(obj.delete, propagation_policy="Foreground"))
-            result[f"{o.kind}/{o.name}"] = "deleted"
+            result[what] = "deleted"
         else:
-            result[f"{o.kind}/{o.name}"] = "not found"
+            result[what] = "not found"
     state_path(name).unlink(missing_ok=True)
     return result
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from servebook import http
 from servebook.engines import vllm
+from servebook.files import read_model, write_atomic
 from servebook.findings import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import servebook_home
@@ -37,6 +38,8 @@ from servebook.verify.smoke import Claims, Target, completion
 
 HOST = "127.0.0.1"
 STATE_FILE = "state.json"
+# A Kubernetes deployment's record, beside where a local one's would be (backends.kubernetes).
+KUBE_STATE_FILE = "kube-state.json"
 SMOKE_PROMPT = "The quick brown fox"
 PORT_RETRIES = 3
 
@@ -195,25 +198,17 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
 
 
 def write_state(dep: Deployment) -> None:
-    """Atomically (write then rename): a reader never sees half a state file."""
-    d = Path(dep.state_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{STATE_FILE}.tmp"
-    tmp.write_text(dep.model_dump_json(indent=2))
-    os.replace(tmp, d / STATE_FILE)
+    """Atomically: a reader never sees half a state file."""
+    write_atomic(Path(dep.state_dir) / STATE_FILE, dep.model_dump_json(indent=2))
 
 
 def read_state(name: str) -> Deployment | None:
-    path = state_dir_for(name) / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        return Deployment.model_validate_json(path.read_text())
-    except ValueError as e:
-        raise UsageError(
-            f"{path} is not a servebook state file ({e.__class__.__name__}). Remove it if "
-            "no processes of that deployment are running."
-        ) from None
+    return read_model(
+        state_dir_for(name) / STATE_FILE,
+        Deployment,
+        "a servebook state file",
+        "Remove it if no processes of that deployment are running.",
+    )
 
 
 def list_deployments() -> list[Deployment]:
@@ -233,7 +228,7 @@ def require_deployment(
 ) -> Deployment:
     """The named deployment (or the only one), or unusable input naming what is missing."""
     dep = pick_deployment(name)
-    if dep is None and name and (state_dir_for(name) / "kube-state.json").is_file():
+    if dep is None and name and (state_dir_for(name) / KUBE_STATE_FILE).is_file():
         raise UsageError(
             f"deployment {name!r} runs on Kubernetes; verify and bench reach it through a "
             "port-forward for now: `kubectl -n NAMESPACE port-forward service/ENTRY 8000:8000` "
@@ -432,8 +427,7 @@ def up(
 
     def start(role_name: str, argv: list[str], env: dict[str, str], kind: str) -> None:
         log = sdir / "logs" / f"{role_name}.log"
-        for port in [ports[role_name], *_prometheus_port(argv)]:
-            release(port)
+        release(ports[role_name])
         proc = _spawn(argv, env, log)
         procs[role_name] = proc
         dep.roles.append(
@@ -462,14 +456,16 @@ def up(
             assert router is not None
             # vllm-router always binds a Prometheus port (29000 by default): give it a free
             # one so two deployments, or anything else on 29000, cannot make it panic.
+            metrics_port = pick_port()
             argv = vllm.router_argv(
                 router,
                 prefill_url=dep.role("prefill").url,
                 decode_url=dep.role("decode").url,
                 host=HOST,
                 port=ports[role_name],
-                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(pick_port())],
+                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
             )
+            release(metrics_port)
             start(role_name, argv, rr.env, "router")
         else:
             argv = vllm.server_argv(sys.executable, rr.args, HOST, ports[role_name])
@@ -521,10 +517,6 @@ def up(
         for kv in plan.kv_storage:
             shutil.rmtree(kv, ignore_errors=True)
         raise
-
-
-def _prometheus_port(argv: list[str]) -> list[int]:
-    return [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--prometheus-port"]
 
 
 def _check_alive(

@@ -47,7 +47,6 @@ import os
 import platform
 import re
 import socket
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from servebook.bench import stats
 from servebook.bench.client import LoadResult, RequestRecord
 from servebook.engines.vllm import BAD_FINISH_REASONS, REQUIRED_METRICS, SOURCE_EXTERNAL, M
+from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.metrics.scrape import Snapshot, delta
 
@@ -648,29 +648,6 @@ class Results(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def load_results(path: str | Path) -> Results:

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 
 from servebook.commands import app, err, out
+from servebook.files import write_atomic
 from servebook.findings import EXIT_FAIL
 from servebook.report import compare as cmp
 from servebook.report.render import (
@@ -22,7 +23,6 @@ from servebook.report.render import (
     md_table,
     md_text,
     output_paths,
-    write_bytes_atomic,
     write_report,
 )
 from servebook.report.tables import Table, load_runs
@@ -151,8 +151,8 @@ def compare(
         raise typer.Exit(EXIT_FAIL) from None
     doc = cmp.to_json(c)
     if output is not None:
-        write_bytes_atomic(output / "compare.md", compare_markdown(c).encode("utf-8"))
-        write_bytes_atomic(output / "compare.json", json.dumps(doc, indent=2).encode("utf-8"))
+        write_atomic(output / "compare.md", compare_markdown(c))
+        write_atomic(output / "compare.json", json.dumps(doc, indent=2))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return

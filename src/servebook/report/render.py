@@ -11,17 +11,15 @@ Nothing is written until every results file has loaded.
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
-import os
 import re
 import shlex
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servebook import __version__
+from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.report.compare import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
@@ -357,30 +355,6 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
 # --- files ---------------------------------------------------------------------------------
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds the old bytes or the new ones, never a mix (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; a report is meant to be read by others (the umask decides).
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def output_paths(out: Path) -> tuple[Path, str]:
     """``-o DIR`` or ``-o FILE.html`` -> (directory, html file name)."""
     if out.suffix.lower() in (".html", ".htm"):
@@ -400,10 +374,10 @@ def write_report(result_dirs: list[Path], out_dir: Path, html_name: str = REPORT
     for spec in report.plots:
         png, svg = draw(spec)
         pngs[spec.id] = png
-        write_bytes_atomic(out_dir / PLOTS_DIR / f"{spec.id}.png", png)
-        write_bytes_atomic(out_dir / PLOTS_DIR / f"{spec.id}.svg", svg)
+        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.png", png)
+        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.svg", svg)
     md_name = Path(html_name).with_suffix(".md").name
-    write_bytes_atomic(out_dir / md_name, to_markdown(report).encode("utf-8"))
+    write_atomic(out_dir / md_name, to_markdown(report))
     html_path = out_dir / html_name
-    write_bytes_atomic(html_path, to_html(report, pngs).encode("utf-8"))
+    write_atomic(html_path, to_html(report, pngs))
     return html_path
