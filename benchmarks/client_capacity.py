@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -449,6 +450,14 @@ def main() -> None:
     print_table(rows, time.monotonic() - t_start)
 
 
+def _cells(rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
+    """(row, client, that client's figures) for every client measured in every row."""
+    for r in rows:
+        for who in ("servebook", "vllm"):
+            if who in r:
+                yield r, who, r[who]
+
+
 def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
     print()
     print("client capacity (server streams with no delay; client pinned to its own core)")
@@ -456,19 +465,15 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
         f"{'conc':>5} {'client':<10} {'out tok/s':>10} {'client CPU':>10} {'CPU us/tok':>10} "
         f"{'ratio':>6} {'other load':>10} {'VM steal':>8}"
     )
-    for r in rows:
-        for who in ("servebook", "vllm"):
-            if who not in r:
-                continue
-            x = r[who]
-            ratio = ""
-            if who == "servebook" and "vllm" in r:
-                ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
-            print(
-                f"{r['c']:>5} {who:<10} {x['tok_s']:>10.0f} {100 * x['cpu_share']:>9.0f}% "
-                f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6} {100 * x['others']:>9.0f}% "
-                f"{100 * x['steal']:>7.1f}%"
-            )
+    for r, who, x in _cells(rows):
+        ratio = ""
+        if who == "servebook" and "vllm" in r:
+            ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
+        print(
+            f"{r['c']:>5} {who:<10} {x['tok_s']:>10.0f} {100 * x['cpu_share']:>9.0f}% "
+            f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6} {100 * x['others']:>9.0f}% "
+            f"{100 * x['steal']:>7.1f}%"
+        )
     print("ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 1, aim 0.5)")
     print("other load = CPU used by other processes during the runs (max of the two runs);")
     print("  above ~10% the machine was shared and that row's figures are not clean;")
@@ -483,17 +488,14 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
         f"{'conc':>5} {'client':<10} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>9} {'ITL p99':>9}"
         f" {'worst TTFT p99':>14} {'worst ITL p99':>13}"
     )
-    for r in rows:
-        for who in ("servebook", "vllm"):
-            if who not in r:
-                continue
-            e = r[who]["err"]
-            w = r[who]["worst"]
-            print(
-                f"{r['c']:>5} {who:<10} {e['ttft_p50']:>+9.3f} {e['ttft_p99']:>+9.3f} "
-                f"{e['itl_p50']:>+9.3f} {e['itl_p99']:>+9.3f} {w['ttft_p99']:>+14.3f} "
-                f"{w['itl_p99']:>+13.3f}"
-            )
+    for r, who, x in _cells(rows):
+        e = x["err"]
+        w = x["worst"]
+        print(
+            f"{r['c']:>5} {who:<10} {e['ttft_p50']:>+9.3f} {e['ttft_p99']:>+9.3f} "
+            f"{e['itl_p50']:>+9.3f} {e['itl_p99']:>+9.3f} {w['ttft_p99']:>+14.3f} "
+            f"{w['itl_p99']:>+13.3f}"
+        )
     print("targets: |p50| <= 1 ms, |p99| <= 3 ms")
     print()
     print("where the TTFT error comes from, per request matched by id (ms, median of runs):")
@@ -501,15 +503,12 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
     print("  server's own queueing in a burst); downstream = server wrote the first token ->")
     print("  client stamped it (the client's stamping delay)")
     print(f"{'conc':>5} {'client':<10} {'up p50':>8} {'up p99':>8} {'down p50':>9} {'down p99':>9}")
-    for r in rows:
-        for who in ("servebook", "vllm"):
-            if who not in r:
-                continue
-            d = r[who]["dec"]
-            print(
-                f"{r['c']:>5} {who:<10} {d['up_p50']:>8.3f} {d['up_p99']:>8.3f} "
-                f"{d['down_p50']:>9.3f} {d['down_p99']:>9.3f}"
-            )
+    for r, who, x in _cells(rows):
+        d = x["dec"]
+        print(
+            f"{r['c']:>5} {who:<10} {d['up_p50']:>8.3f} {d['up_p99']:>8.3f} "
+            f"{d['down_p50']:>9.3f} {d['down_p99']:>9.3f}"
+        )
     print(f"total {elapsed:.0f} s")
 
 

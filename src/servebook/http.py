@@ -60,18 +60,6 @@ def post_json(url: str, body: Any, *, timeout: float) -> Response:
     return request("POST", url, timeout=timeout, body=body)
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could listen on the port now.  Servers set SO_REUSEADDR, so
-    connections lingering in TIME_WAIT from an earlier server do not count as taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def hold_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A socket bound (not listening) to the port, 0 for any free one: while it is open the
     kernel gives the port to no one else.  Close it just before the real server binds.
@@ -85,9 +73,3 @@ def hold_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
         s.close()
         raise
     return s
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

@@ -650,7 +650,6 @@ class LoadResult:
 
 
 _LAG_TICK_NS = 10_000_000
-ADMIT_PER_TURN = 1
 
 
 async def _on_chunk_sent(session: Any, ctx: Any, params: Any) -> None:
@@ -894,7 +893,7 @@ class _Worker:
             await self._send(session, i, scheduled)
 
     async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
-        """Let at most ADMIT_PER_TURN requests start per event-loop turn.  Starting a
+        """Let one request start per event-loop turn.  Starting a
         request costs ~150 us of aiohttp; when hundreds of streams end together (a
         closed loop against a server whose requests all take the same time), starting
         all their successors in one turn held the loop for ~75 ms at 512 streams, and
@@ -903,15 +902,11 @@ class _Worker:
         per turn (benchmarks/client_capacity.py at 512 streams, ITL 20 ms): the p99 delay
         from the server's token write to the client's stamp was 1.5 ms with eight per turn,
         0.7 ms with two and 0.3 ms with one."""
-        n = 0
         while True:
             turn = await admit.get()
             if not turn.done():
                 turn.set_result(None)
-            n += 1
-            if n >= ADMIT_PER_TURN or admit.empty():
-                n = 0
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)
 
     async def _closed_loop(self, session: Any, slots: int) -> None:
         admit: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
