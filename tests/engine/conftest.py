@@ -13,6 +13,7 @@ import pytest
 
 from servebook.backends import local
 from servebook.recipe.plan import Plan
+from servebook.verify.smoke import Claims, Target
 
 pytestmark = pytest.mark.engine
 
@@ -64,3 +65,9 @@ def deployed(
         assert_all_stopped(dep, members)
         for kv in dep.kv_storage:
             assert not Path(kv).exists(), f"connector storage {kv} left behind"
+
+
+def seen(dep: local.Deployment) -> tuple[list[Target], Claims]:
+    """What verify sees of a local deployment: the backend's view's targets and claims."""
+    view = local.view(dep)
+    return view.targets(), view.claims()

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.engine
 
 
 def verify(dep: local.Deployment, **kw: Any) -> Report:
-    return verify_run(local.targets(dep), local.claims(dep), Options(max_tokens=32, **kw))
+    return verify_run(
+        local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=32, **kw)
+    )
 
 
 def failing(rep: Report) -> list[Finding]:

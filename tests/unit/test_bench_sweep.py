@@ -158,3 +158,36 @@ def test_a_dead_server_leaves_the_finished_points_and_an_invalid_one_then_resume
     final = load_results(tmp_path / "results.json")
     assert [(p.concurrency, p.valid) for p in final.points] == [(1, True), (3, True)]
     assert [(p.concurrency, p.valid) for p in final.superseded_points] == [(3, False)]
+
+
+def test_a_role_lost_during_a_point_makes_that_point_invalid_naming_the_role(
+    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """The backend's word that a role's forward broke (or its process died, or its Pod was
+    replaced) during a point joins that point's verdict (SB410), though every request of
+    the point succeeded; the points before it stay valid."""
+    url, srv = server
+    srv.down = False
+    lost: dict[str, str] = {}
+
+    def lose_decode_during_second(ps: PointSpec, outcome: PointOutcome | None) -> None:
+        if outcome is None and ps.level.concurrency == 3:
+            lost["decode"] = "Pod tiny-pd-decode-7f9c on node n1: port-forward to 8000 broke"
+
+    t = target(url)
+    res = run_sweep(
+        Target(t.endpoint, t.metrics_urls, t.decode_role, problems=lambda: dict(lost)),
+        SETTINGS,
+        DatasetPrompts([Prompt("x", 4)], "memory", "0"),
+        ResultsWriter(tmp_path, provenance()),
+        scrape_fn=FakeScrape(),
+        on_point=lose_decode_during_second,
+    )
+    first, second = res.points
+    assert first.valid, first.invalid_reasons
+    assert second.errors == 0 and not second.valid
+    assert second.invalid_reasons == [
+        "SB410: decode during the point: Pod tiny-pd-decode-7f9c on node n1: port-forward to "
+        "8000 broke"
+    ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
@@ -91,5 +92,14 @@ def test_a_recorded_kubernetes_deployment_is_found_by_status_down_and_verify(
         # the only deployment recorded is found without its name too: never "nothing to stop"
         assert r.returncode == 2 and "cannot reach the cluster" in r.stderr, (args, r.stderr)
     assert (d / "kube-state.json").exists(), "down kept the record when it could not delete"
-    r = cli("verify", "moe", env=refusing)
-    assert r.returncode == 2 and "runs on Kubernetes" in r.stderr and "port-forward" in r.stderr
+    # verify and bench reach it through the backend contract: without its plan recorded
+    # (an older servebook's record), unusable; with it, they ask the cluster.
+    for args in (["verify", "moe"], ["bench", "moe", "-o", str(sb_home / "out")]):
+        r = cli(*args, env=refusing)
+        assert r.returncode == 2 and "up again" in r.stderr, (args, r.stderr)
+    state["plan"] = resolve("vllm-pd", [], [VALUES]).model_dump(mode="json")
+    (d / "kube-state.json").write_text(json.dumps(state))
+    for args in (["verify", "moe"], ["bench", "moe", "-o", str(sb_home / "out")]):
+        r = cli(*args, env=refusing)
+        assert r.returncode == 2 and "cannot reach the cluster" in r.stderr, (args, r.stderr)
+    assert not (sb_home / "out").exists(), "bench wrote results for a deployment it never reached"

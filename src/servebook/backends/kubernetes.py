@@ -13,16 +13,18 @@ whole wait; a timeout is a failure with the last state of every role.
 ``down`` deletes exactly the objects ``up`` applied (the Namespace only when ``up``
 created it).  Every API request has a timeout.
 
-Not yet: verify and bench reach a Kubernetes deployment only through a port-forward the
-user starts (``kubectl port-forward``, then ``servebook bench --url``).
+``open_view`` is how verify, bench and run reach the deployment: a port-forward that
+servebook opens and holds (``kube.portforward``) to each role's Ready Pod for the length of
+the command, and the command lines and environment read from those Pods.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -30,11 +32,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from servebook.backends.base import Down, Ready
 from servebook.backends.local import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.local import UpFailed, deployments_dir, state_dir_for
+from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
-from servebook.findings import UsageError
+from servebook.findings import Finding, UsageError
 from servebook.kube import manifests
 from servebook.kube.rollout import RoleState, overall, role_state
 from servebook.kube.validate import schema_errors
@@ -65,6 +69,7 @@ class KubeDeployment(BaseModel):
     entry_port: int = 0
     served_model_name: str = ""
     ready: bool = False
+    plan: dict[str, Any] = Field(default_factory=dict)
 
 
 def state_path(name: str) -> Path:
@@ -252,6 +257,7 @@ def up(
         entry_service=manifests.object_name(plan, entry.name),
         entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
         served_model_name=plan.served_model_name,
+        plan=plan.model_dump(mode="json"),
     )
     write_state(dep)  # before applying: `down` can clean up an interrupted `up`
     try:
@@ -342,12 +348,201 @@ def status(name: str) -> dict[str, Any]:
     if dep is None:
         raise UsageError(f"no Kubernetes deployment named {name!r} is recorded.")
     states = _states(_api(), dep, datetime.fromisoformat(dep.created))
-    roles = [{"name": s.role, "state": s.state, "summary": s.summary, "pod": s.pod} for s in states]
+    roles = [
+        {
+            "name": s.role,
+            "kind": "router" if s.role == "router" else "engine",
+            "state": s.state,
+            "ok": s.state == "ready",
+            "summary": s.summary,
+            "pod": s.pod,
+            "evidence": s.evidence,
+        }
+        for s in states
+    ]
     return {
         "name": dep.name,
         "backend": dep.backend,
         "recipe": dep.recipe,
         "namespace": dep.namespace,
-        "entry": f"service/{dep.entry_service} port {dep.entry_port}",
+        "entry": f"service/{dep.entry_service} port {dep.entry_port} in namespace {dep.namespace}",
         "roles": roles,
     }
+
+
+# --- the deployment view: port-forwards held for the length of a command ------------------
+
+
+def _ready_pod(api: Any, dep: KubeDeployment, role: str) -> dict[str, Any]:
+    """The role's newest Ready Pod that is not being deleted; unusable (exit 2) without one."""
+    pods = _call(
+        f"listing the Pods of {role}",
+        partial(_list, api, "pods", dep.namespace, manifests.selector_for(dep.recipe, role)),
+    )
+    ready = [
+        p
+        for p in pods
+        if not p.get("metadata", {}).get("deletionTimestamp")
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in p.get("status", {}).get("conditions", [])
+        )
+    ]
+    if not ready:
+        raise UsageError(
+            f"deployment {dep.name}: role {role} has no Ready Pod in namespace "
+            f"{dep.namespace} ({len(pods)} Pod(s) found). Run `servebook status {dep.name}`."
+        )
+    return max(ready, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") == name:
+            return dict(c)
+    return dict(pod.get("spec", {}).get("containers", [{}])[0])
+
+
+def _pod_log(api: Any, namespace: str, pod: str, container: str) -> Callable[[], str]:
+    from kr8s.objects import Pod
+
+    def read() -> str:
+        try:
+            obj = Pod.get(pod, namespace=namespace, api=api)
+            return "\n".join(obj.logs(container=container, tail_lines=4000))
+        except Exception as e:  # the log is evidence, not a requirement
+            return f"(the log of Pod {pod} could not be read: {type(e).__name__}: {e})"
+
+    return read
+
+
+@contextlib.contextmanager
+def open_view(name: str, *, forward_timeout_s: float = 10.0) -> Iterator[DeploymentView]:
+    """The deployment as a command reaches it: a port-forward servebook holds to each
+    role's Ready Pod (engine API and metrics; router API and metrics) for the body of the
+    with-block.  A forward that dies or a Pod replaced meanwhile makes that role not alive,
+    with the reason in its description; the view's users fail naming the role."""
+    from servebook.kube.portforward import Forwards, Kr8sDialer, kr8s_pod_identity
+
+    dep = read_state(name)
+    if dep is None:
+        raise UsageError(f"no Kubernetes deployment named {name!r} is recorded.")
+    if not dep.plan:
+        raise UsageError(
+            f"deployment {name} was recorded by an older servebook without its plan: "
+            f"`servebook down {name}`, then up again."
+        )
+    plan = Plan.model_validate(dep.plan)
+    api = _api()
+    pods = {r.name: _ready_pod(api, dep, r.name) for r in plan.roles}
+    with Forwards(
+        Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
+    ) as fw:
+        roles: list[RoleView] = []
+        for r in plan.roles:
+            pod = pods[r.name]
+            pod_name = str(pod["metadata"]["name"])
+            node = pod.get("spec", {}).get("nodeName", "?")
+            container = _container(pod, "router" if r.kind == "router" else "engine")
+            api_url = fw.open(
+                role=r.name,
+                pod=pod_name,
+                namespace=dep.namespace,
+                remote_port=manifests.ROUTER_PORT if r.kind == "router" else manifests.ENGINE_PORT,
+            )
+            metrics_url = (
+                fw.open(
+                    role=r.name,
+                    pod=pod_name,
+                    namespace=dep.namespace,
+                    remote_port=manifests.ROUTER_METRICS_PORT,
+                )
+                if r.kind == "router"
+                else api_url
+            )
+
+            def describe(role: str = r.name, pod: str = pod_name, node: str = node) -> str:
+                problem = fw.problems().get(role)
+                where = f"Pod {pod} on node {node}"
+                return f"{where}: {problem}" if problem else where
+
+            roles.append(
+                RoleView(
+                    name=r.name,
+                    kind=r.kind,
+                    api_url=api_url,
+                    metrics_url=metrics_url,
+                    argv=[*container.get("command", []), *container.get("args", [])],
+                    env={
+                        str(e["name"]): str(e["value"])
+                        for e in container.get("env", [])
+                        if "value" in e
+                    },
+                    alive=lambda role=r.name: fw.alive(role),  # type: ignore[misc]
+                    describe=describe,
+                    log=_pod_log(api, dep.namespace, pod_name, str(container.get("name", ""))),
+                )
+            )
+        gpus = sum(manifests.gpu_count(r) for r in plan.engine_roles)
+        yield DeploymentView(
+            name=dep.name,
+            backend=dep.backend,
+            recipe=dep.recipe,
+            plan=plan,
+            served_model_name=dep.served_model_name,
+            entry_url=next(v.api_url for v in roles if v.name == plan.entry_role),
+            roles=roles,
+            local_model_dir=None,  # the weights live on the nodes: bench asks the server
+            accelerators=gpus or None,
+        )
+
+
+class KubernetesBackend:
+    """``Backend`` for a Kubernetes cluster (module docstring)."""
+
+    name = "kubernetes"
+    up_cost = (
+        "for a GPU deployment of a large model 10-40 minutes (image pull, weight load from "
+        "the node's disk, compilation) before the first request"
+    )
+
+    def recorded(self) -> list[str]:
+        return recorded_names()
+
+    def has(self, name: str) -> bool:
+        return read_state(name) is not None
+
+    def preflight(self, plan: Plan) -> list[Finding]:
+        from servebook.preflight.live import plan_findings
+
+        return plan_findings(plan)
+
+    def up(
+        self,
+        plan: Plan,
+        *,
+        name: str,
+        timeout_s: float | None,
+        say: Callable[[str], None],
+        port: int | None = None,
+    ) -> Ready:
+        if port is not None:
+            raise UsageError("--port is for the local backend; a Kubernetes entry is a Service.")
+        # The engines' own startup budget, plus time to pull the image and schedule.
+        budget = manifests.settings(plan).startup_timeout_s + 600.0
+        dep = up(plan, name=name, timeout_s=timeout_s if timeout_s is not None else budget, say=say)
+        return Ready(
+            dep.name,
+            f"ready: service/{dep.entry_service} port {dep.entry_port} in namespace "
+            f"{dep.namespace} (model '{dep.served_model_name}'). `servebook verify {dep.name}` "
+            f"and `servebook bench {dep.name}` reach it through port-forwards of their own.",
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return status(name)
+
+    def down(self, name: str) -> Down:
+        return Down(name, down(name))
+
+    def open(self, name: str) -> contextlib.AbstractContextManager[DeploymentView]:
+        return open_view(name)

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from servebook import http
+from servebook.backends.base import Down, Ready
+from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
-from servebook.findings import UsageError
+from servebook.findings import Finding, UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import servebook_home
 from servebook.recipe.schema import Generate
-from servebook.verify.smoke import Claims, Target, completion
+from servebook.verify.smoke import completion
 
 HOST = "127.0.0.1"
 STATE_FILE = "state.json"
@@ -59,6 +61,8 @@ class RoleProcess(BaseModel):
     log: str
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
+    # A port of its own for /metrics (the router's Prometheus port); None: the API port.
+    metrics_port: int | None = None
 
 
 class Deployment(BaseModel):
@@ -221,25 +225,6 @@ def list_deployments() -> list[Deployment]:
         if dep is not None:
             out.append(dep)
     return out
-
-
-def require_deployment(
-    name: str | None, hint: str = "Start one with `servebook up RECIPE`."
-) -> Deployment:
-    """The named deployment (or the only one), or unusable input naming what is missing."""
-    dep = pick_deployment(name)
-    if dep is None and name and (state_dir_for(name) / KUBE_STATE_FILE).is_file():
-        raise UsageError(
-            f"deployment {name!r} runs on Kubernetes; verify and bench reach it through a "
-            "port-forward for now: `kubectl -n NAMESPACE port-forward service/ENTRY 8000:8000` "
-            "(`servebook status " + name + "` names both), then `servebook bench --url "
-            "http://127.0.0.1:8000 --model MODEL --tokenizer DIR`."
-        )
-    if dep is None:
-        raise UsageError(
-            f"no deployment {'named ' + repr(name) + ' ' if name else ''}is up. {hint}"
-        )
-    return dep
 
 
 def pick_deployment(name: str | None) -> Deployment | None:
@@ -425,7 +410,13 @@ def up(
 
     procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(role_name: str, argv: list[str], env: dict[str, str], kind: str) -> None:
+    def start(
+        role_name: str,
+        argv: list[str],
+        env: dict[str, str],
+        kind: str,
+        metrics_port: int | None = None,
+    ) -> None:
         log = sdir / "logs" / f"{role_name}.log"
         release(ports[role_name])
         proc = _spawn(argv, env, log)
@@ -441,6 +432,7 @@ def up(
                 log=str(log),
                 argv=argv,
                 env=env,
+                metrics_port=metrics_port,
             )
         )
         write_state(dep)
@@ -466,7 +458,7 @@ def up(
                 extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
             )
             release(metrics_port)
-            start(role_name, argv, rr.env, "router")
+            start(role_name, argv, rr.env, "router", metrics_port)
         else:
             argv = vllm.server_argv(sys.executable, rr.args, HOST, ports[role_name])
             start(role_name, argv, rr.env, "engine")
@@ -617,15 +609,20 @@ def status(dep: Deployment) -> dict[str, Any]:
     roles = []
     for rp in dep.roles:
         alive = is_ours_alive(rp)
+        healthy = alive and _health(rp.url)
+        state = "healthy" if healthy else ("alive, not healthy" if alive else "down")
         roles.append(
             {
                 "name": rp.name,
                 "kind": rp.kind,
+                "state": state,
+                "ok": alive,
+                "summary": f"pid {rp.pid:>7}  {rp.url}",
                 "pid": rp.pid,
                 "port": rp.port,
                 "url": rp.url,
                 "alive": alive,
-                "healthy": alive and _health(rp.url),
+                "healthy": healthy,
                 "log": rp.log,
             }
         )
@@ -633,6 +630,7 @@ def status(dep: Deployment) -> dict[str, Any]:
         "name": dep.name,
         "backend": dep.backend,
         "recipe": dep.recipe,
+        "entry": dep.entry_url,
         "entry_url": dep.entry_url,
         "served_model_name": dep.served_model_name,
         "state_dir": dep.state_dir,
@@ -657,30 +655,89 @@ def process_state(proc: RoleProcess) -> str:
     return f"pid {proc.pid} {names.get(state, 'running')}"
 
 
-def targets(dep: Deployment) -> list[Target]:
-    """The deployment's roles as verify targets (liveness, logs, actual command lines)."""
-    out = []
-    for rp in dep.roles:
-        out.append(
-            Target(
-                name=rp.name,
-                kind=rp.kind,
-                url=rp.url,
-                argv=list(rp.argv),
-                alive=lambda rp=rp: is_ours_alive(rp),  # type: ignore[misc]
-                log=lambda rp=rp: log_tail(rp.log, lines=4000),  # type: ignore[misc]
-                describe=lambda rp=rp: process_state(rp),  # type: ignore[misc]
-            )
-        )
-    return out
-
-
-def claims(dep: Deployment) -> Claims:
-    """What the deployment claims: from its recipe's Plan, not from how roles were started."""
+def view(dep: Deployment) -> DeploymentView:
+    """The deployment as verify, bench and run see it: processes on this machine."""
     plan = Plan.model_validate(dep.plan)
-    return Claims(
-        topology=plan.topology,
-        speculative=plan.speculative is not None,
+    roles = [
+        RoleView(
+            name=rp.name,
+            kind=rp.kind,
+            api_url=rp.url,
+            metrics_url=f"http://{HOST}:{rp.metrics_port}" if rp.metrics_port else rp.url,
+            argv=list(rp.argv),
+            env=dict(rp.env),
+            alive=lambda rp=rp: is_ours_alive(rp),  # type: ignore[misc]
+            describe=lambda rp=rp: process_state(rp),  # type: ignore[misc]
+            log=lambda rp=rp: log_tail(rp.log, lines=4000),  # type: ignore[misc]
+        )
+        for rp in dep.roles
+    ]
+    return DeploymentView(
+        name=dep.name,
+        backend=dep.backend,
+        recipe=dep.recipe,
+        plan=plan,
         served_model_name=dep.served_model_name,
         entry_url=dep.entry_url,
+        roles=roles,
+        local_model_dir=plan.engine_roles[0].model_path,
+        accelerators=None,  # CPU processes: per-accelerator figures are n/a
     )
+
+
+class LocalBackend:
+    """``Backend`` for processes on this machine (module docstring)."""
+
+    name = "local"
+    up_cost = "about a minute on a 2-core machine (vLLM's CPU build, the tiny model)"
+
+    def recorded(self) -> list[str]:
+        return [d.name for d in list_deployments()]
+
+    def has(self, name: str) -> bool:
+        return read_state(name) is not None
+
+    def preflight(self, plan: Plan) -> list[Finding]:
+        return []  # up itself refuses a missing engine, router or model at once
+
+    def up(
+        self,
+        plan: Plan,
+        *,
+        name: str,
+        timeout_s: float | None,
+        say: Callable[[str], None],
+        port: int | None = None,
+    ) -> Ready:
+        dep = up(
+            plan,
+            name=name,
+            timeout_s=timeout_s if timeout_s is not None else 600.0,
+            entry_port=port,
+            say=say,
+        )
+        return Ready(
+            dep.name,
+            f"ready at {dep.entry_url} (model '{dep.served_model_name}'); state in {dep.state_dir}",
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return status(self._require(name))
+
+    def down(self, name: str) -> Down:
+        dep, result = down(name)
+        return Down(
+            dep.name if dep else None,
+            result,
+            complete=all(v != "still running" for v in result.values()),
+        )
+
+    @contextlib.contextmanager
+    def open(self, name: str) -> Iterator[DeploymentView]:
+        yield view(self._require(name))
+
+    def _require(self, name: str) -> Deployment:
+        dep = read_state(name)
+        if dep is None:
+            raise UsageError(f"no local deployment named {name!r} is up.")
+        return dep

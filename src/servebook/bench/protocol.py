@@ -133,6 +133,15 @@ INPUT_LENGTH = register(
     "Pass --tokenizer the deployment's own model directory (servebook uses the "
     "deployment's by default), and check whether the server adds a chat template.",
 )
+REACH = register(
+    "SB410",
+    "Every role stayed reachable and the same for the whole point",
+    "A role whose process died, whose port-forward broke or whose Pod was replaced during "
+    "a point was measured across two incarnations, or not at all: its counters' deltas "
+    "and the requests it served belong to neither.",
+    "Run `servebook status NAME` for the role's state; bring it back and rerun the point "
+    "(`servebook bench NAME --resume -o DIR`).",
+)
 
 # --- parsing the protocol flags ---------------------------------------------------------------
 
@@ -548,6 +557,9 @@ class Target:
     metrics_urls: Mapping[str, str] = field(default_factory=dict)
     decode_role: str | None = None
     accelerators_used: int | None = None
+    # role -> why it cannot be trusted now (process gone, forward broken, Pod replaced);
+    # read after every point, whose verdict it joins (SB410).  None: nothing to ask.
+    problems: Callable[[], Mapping[str, str]] | None = None
 
     @property
     def pd(self) -> bool:
@@ -656,7 +668,16 @@ def run_point(
         pd=target.pd,
         stop_reason=stop_reason,
     )
+    findings += reach_findings(target.problems() if target.problems else {})
     return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
+
+
+def reach_findings(problems: Mapping[str, str]) -> list[Finding]:
+    """SB410 for the roles a backend says it lost during the point."""
+    return [
+        REACH.finding(Severity.FAIL, role, f"{role} during the point: {why}")
+        for role, why in sorted(problems.items())
+    ]
 
 
 def run_sweep(

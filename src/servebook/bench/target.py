@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servebook.backends import local
 from servebook.bench.client import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.results import (
@@ -22,9 +21,9 @@ from servebook.bench.results import (
     redact_env,
 )
 from servebook.bench.workload import PromptSource
+from servebook.deployment import DeploymentView
 from servebook.findings import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
-from servebook.recipe.plan import Plan
 from servebook.verify.checks import block_size, handoff_required_tokens
 
 
@@ -37,7 +36,7 @@ class Subject:
     roles: list[RoleProvenance]
     engine_version: str | None
     info: dict[str, Any]  # recipe, topology, deployment, url, api
-    deployment: local.Deployment | None = None  # None: a server given by --url
+    view: DeploymentView | None = None  # None: a server given by --url
 
 
 def pd_min_share(decode_url: str, input_len: int) -> float:
@@ -52,62 +51,57 @@ def pd_min_share(decode_url: str, input_len: int) -> float:
     return handoff_required_tokens([input_len], block) / input_len
 
 
-def from_deployment(
-    name: str | None, *, api: str, request_timeout_s: float, input_len: int | None
-) -> Subject:
-    dep = local.require_deployment(
-        name,
-        "Start one with `servebook up RECIPE`, or benchmark a running server with --url URL "
-        "--model NAME --tokenizer DIR.",
-    )
-    dead = [r.name for r in dep.roles if not local.is_ours_alive(r)]
+def from_deployment(view: DeploymentView, *, api: str, request_timeout_s: float) -> Subject:
+    """A deployment's subject: its entry point, every engine's counters, and provenance
+    from the command lines as applied.  A role known to be down is unusable input."""
+    dead = view.dead_roles()
     if dead:
         raise UsageError(
-            f"deployment {dep.name}: role(s) {', '.join(dead)} not running. Run "
-            f"`servebook status {dep.name}`, then `servebook down {dep.name}` and up again."
+            f"deployment {view.name}: role(s) {', '.join(dead)} not running. Run "
+            f"`servebook status {view.name}`, then `servebook down {view.name}` and up again."
         )
-    plan = Plan.model_validate(dep.plan)
-    engines = [r for r in dep.roles if r.kind == "engine"]
-    metrics = {r.name: r.url for r in engines}
-    version = fetch_engine_version(engines[0].url)
+    plan = view.plan
+    engines = view.engines
+    metrics = {r.name: r.metrics_url for r in engines}
+    version = fetch_engine_version(engines[0].api_url)
     roles = [
         RoleProvenance(
             name=r.name,
             command=list(r.argv),
             env=redact_env(r.env),
-            url=r.url,
-            engine_version=fetch_engine_version(r.url) if r.kind == "engine" else None,
+            url=r.api_url,
+            engine_version=fetch_engine_version(r.api_url) if r.kind == "engine" else None,
         )
-        for r in dep.roles
+        for r in view.roles
     ]
     decode = "decode" if plan.topology == "pd" else None
     target = Target(
         endpoint=Endpoint(
-            base_url=dep.entry_url,
-            model=dep.served_model_name,
+            base_url=view.entry_url,
+            model=view.served_model_name,
             api=api,  # type: ignore[arg-type]
             request_timeout_s=request_timeout_s,
         ),
         metrics_urls=metrics,
         decode_role=decode,
-        accelerators_used=None,  # CPU deployments: per-accelerator figures are n/a
+        accelerators_used=view.accelerators,
+        problems=lambda: {r.name: r.describe() for r in view.roles if r.alive() is False},
     )
-    model_dir = plan.engine_roles[0].model_path
     return Subject(
         target=target,
-        model_dir=model_dir,
+        model_dir=view.local_model_dir,
         roles=roles,
         engine_version=version,
         info={
-            "deployment": dep.name,
-            "recipe": dep.recipe,
+            "deployment": view.name,
+            "recipe": view.recipe,
             "topology": plan.topology,
             "speculative": plan.speculative,
-            "backend": dep.backend,
-            "url": dep.entry_url,
+            "backend": view.backend,
+            "url": view.entry_url,
             "api": api,
         },
-        deployment=dep,
+        view=view,
     )
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servebook.backends import local
+from servebook.backends import base
 from servebook.bench import target as tgt
 from servebook.bench.client import Progress as LoadProgress
 from servebook.bench.client import default_workers
@@ -145,7 +145,7 @@ def run_bench(
     *,
     resume: bool,
     tokenizer: str | None,
-    alive: Any = None,
+    alive: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
     the names of dead roles (a deployment) so the sweep stops instead of measuring errors."""
@@ -238,6 +238,22 @@ HELP = (
 )
 
 
+def _sweep(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    out_dir: Path,
+    resume: bool,
+    tokenizer: str | None,
+    alive: Callable[[], list[str]] | None,
+) -> tuple[Results, Path]:
+    """run_bench, with a sweep stopped by a dead role ending the command with exit 1."""
+    try:
+        return run_bench(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
+    except SweepStopped as e:
+        err.print(f"[bold red]bench stopped:[/] {escape(str(e))}")
+        raise typer.Exit(1) from None
+
+
 @app.command(help=HELP)
 def bench(
     deployment: str | None = typer.Argument(None, help="Deployment (default: the only one)."),
@@ -296,7 +312,6 @@ def bench(
         request_timeout=request_timeout,
         max_client_lag_ms=max_client_lag,
     )
-    alive = None
     if url is not None:
         if deployment is not None:
             raise UsageError("give a deployment or --url, not both")
@@ -305,23 +320,16 @@ def bench(
         subject = tgt.from_url(
             url, model=model, tokenizer=tokenizer, api=api, request_timeout_s=request_timeout
         )
+        results, path = _sweep(subject, a, out_dir, resume, tokenizer, None)
     else:
-        subject = tgt.from_deployment(
-            deployment, api=api, request_timeout_s=request_timeout, input_len=input_len
+        backend, name = base.locate(
+            deployment,
+            "Start one with `servebook up RECIPE`, or benchmark a running server with "
+            "--url URL --model NAME.",
         )
-        dep = subject.deployment
-        assert dep is not None
-
-        def alive() -> list[str]:
-            return [r.name for r in dep.roles if not local.is_ours_alive(r)]
-
-    try:
-        results, path = run_bench(
-            subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive
-        )
-    except SweepStopped as e:
-        err.print(f"[bold red]bench stopped:[/] {escape(str(e))}")
-        raise typer.Exit(1) from None
+        with backend.open(name) as view:
+            subject = tgt.from_deployment(view, api=api, request_timeout_s=request_timeout)
+            results, path = _sweep(subject, a, out_dir, resume, tokenizer, view.dead_roles)
     print_points(results, path)
     if not all(p.valid for p in results.points):
         raise typer.Exit(1)

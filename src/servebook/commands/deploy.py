@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
-from servebook.backends import kubernetes as kube
-from servebook.backends import local
+from servebook.backends import base, local
+from servebook.backends.base import Backend, Down, Ready
+from servebook.backends.kubernetes import KubernetesBackend
+from servebook.backends.local import LocalBackend, UpFailed
 from servebook.commands import app, err, out
 from servebook.commands.bench import BenchArgs
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import MaxTokensOpt
 from servebook.findings import UsageError, exit_code
-from servebook.kube import manifests
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 
@@ -26,32 +26,6 @@ DEFAULT_RECIPE = "tiny-pd"
 
 def _say(msg: str) -> None:
     err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
-
-
-BACKENDS = ("local", "kubernetes")
-
-
-def _kube_name(name: str | None) -> str | None:
-    """The Kubernetes deployment a name-less or named status/down means, if any: the named
-    one, or the only deployment recorded when it runs on Kubernetes."""
-    if name:
-        return name if kube.read_state(name) is not None else None
-    kube_names = kube.recorded_names()
-    local_names = [d.name for d in local.list_deployments()]
-    if len(kube_names) + len(local_names) > 1:
-        raise UsageError(
-            "several deployments are recorded: "
-            + ", ".join(sorted([*kube_names, *local_names]))
-            + ". Name one, e.g. `servebook down "
-            + sorted([*kube_names, *local_names])[0]
-            + "`."
-        )
-    return kube_names[0] if kube_names else None
-
-
-def _backend_ok(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}.")
 
 
 # Per backend: what a recipe for the other one is called in the refusal, and what to use.
@@ -78,50 +52,23 @@ def _plan_for(
     return dep_name, plan
 
 
-@contextlib.contextmanager
-def _up_failed_exits() -> Iterator[None]:
-    """A deployment that did not become ready: its evidence on stderr, exit 1."""
+def _up(
+    backend: Backend, dep_name: str, plan: Plan, timeout: float | None, port: int | None
+) -> Ready:
+    """Bring the Plan up on ``backend``; a deployment that did not become ready prints
+    its evidence on stderr and exits 1."""
     try:
-        yield
-    except local.UpFailed as e:
+        return backend.up(plan, name=dep_name, timeout_s=timeout, say=_say, port=port)
+    except UpFailed as e:
         err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
 
 
-def _up_kubernetes(
-    recipe: str, sets: list[str], values: list[Path], name: str | None, timeout: float | None
-) -> kube.KubeDeployment:
-    dep_name, plan = _plan_for(recipe, sets, values, name, "kubernetes")
-    # The engines' own startup budget, plus time to pull the image and schedule.
-    startup = manifests.settings(plan).startup_timeout_s
-    with _up_failed_exits():
-        return kube.up(
-            plan,
-            name=dep_name,
-            timeout_s=timeout if timeout is not None else startup + 600.0,
-            say=_say,
-        )
-
-
-def _up(
-    recipe: str,
-    sets: list[str],
-    values: list[Path],
-    name: str | None,
-    timeout: float | None,
-    port: int | None,
-) -> local.Deployment:
-    dep_name, plan = _plan_for(recipe, sets, values, name, "local")
-    with _up_failed_exits():
-        return local.up(
-            plan,
-            name=dep_name,
-            timeout_s=timeout if timeout is not None else 600.0,
-            entry_port=port,
-            say=_say,
-        )
-
-
+BackendOpt = typer.Option(
+    "local",
+    "--backend",
+    help="local (processes on this machine) or kubernetes (the current KUBECONFIG context).",
+)
 NameOpt = typer.Option(None, "--name", help="Deployment name (default: the recipe's name).")
 TimeoutOpt = typer.Option(
     None,
@@ -134,11 +81,7 @@ TimeoutOpt = typer.Option(
 @app.command()
 def up(
     recipe: str = typer.Argument(..., help="Built-in recipe name or path to a recipe YAML."),
-    backend: str = typer.Option(
-        "local",
-        "--backend",
-        help="local (processes on this machine) or kubernetes (the current KUBECONFIG context).",
-    ),
+    backend: str = BackendOpt,
     sets: list[str] = SetOpt,
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
@@ -146,45 +89,31 @@ def up(
     port: int | None = typer.Option(None, "--port", help="Port of the entry point (local)."),
     json_out: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
-    """Bring a recipe up and wait until its entry point completes a real request.
+    """Bring a recipe up and wait until it is ready.
 
     Local: each role runs as its own process with its log in the deployment's state
-    directory; on early death or timeout, up fails with the role's last log lines and
-    stops what it started.
+    directory; ready means the entry point completed a real request.  On early death or
+    timeout, up fails with the role's last log lines and stops what it started.
 
     Kubernetes: the recipe is rendered, schema-checked and applied to the current
     context; up then watches every role's Pod and fails as soon as the cluster says it
     cannot become ready (weights directory absent on the node, image not pullable, engine
     crashed, Pod unschedulable for 2 minutes), with that evidence.  The objects are left
-    for inspection.  Stop either with `servebook down`.
+    for inspection.
+
+    Then `servebook verify NAME` and `servebook bench NAME` reach it on either backend;
+    stop it with `servebook down NAME`.
 
     Example: servebook up tiny-pd
     Example: servebook up vllm-pd --backend kubernetes -f values.yaml
     """
-    _backend_ok(backend)
-    if backend == "kubernetes":
-        if port is not None:
-            raise UsageError("--port is for the local backend; a Kubernetes entry is a Service.")
-        kdep = _up_kubernetes(recipe, sets, values, name, timeout)
-        st = kube.status(kdep.name)
-        if json_out:
-            out.print_json(json.dumps(st))
-        else:
-            out.print(
-                f"[green]up:[/] {kdep.name} ready: {st['entry']} in namespace {kdep.namespace} "
-                f"(model '{kdep.served_model_name}'). To benchmark it: `kubectl -n "
-                f"{kdep.namespace} port-forward service/{kdep.entry_service} 8000:"
-                f"{kdep.entry_port}`, then `servebook bench --url http://127.0.0.1:8000 ...`"
-            )
-        return
-    dep = _up(recipe, sets, values, name, timeout, port)
+    chosen = base.get(backend)
+    dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
+    ready = _up(chosen, dep_name, plan, timeout, port)
     if json_out:
-        out.print_json(json.dumps(local.status(dep)))
+        out.print_json(json.dumps(chosen.status(ready.name)))
     else:
-        out.print(
-            f"[green]up:[/] {dep.name} ready at {dep.entry_url} "
-            f"(model '{dep.served_model_name}'); state in {dep.state_dir}"
-        )
+        out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
 
 
 @app.command()
@@ -192,40 +121,32 @@ def status(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
-    """Show a deployment's roles: pid, port, URL, alive and healthy.
+    """Show a deployment's roles and whether each can serve.
+
+    Local: pid, port, URL, alive and healthy.  Kubernetes: per role its Pod, node, ready,
+    restarts, and the evidence of a failure.
 
     Exit 1 when a role is down, 2 when there is no such deployment.
 
     Example: servebook status tiny-pd --json
     """
-    kname = _kube_name(name)
-    if kname is not None:
-        st = kube.status(kname)
-        if json_out:
-            out.print_json(json.dumps(st))
-        else:
-            out.print(f"[bold]{st['name']}[/] ({st['recipe']}, kubernetes) entry {st['entry']}")
-            for r in st["roles"]:
-                out.print(f"  {r['name']:8} {r['state']:8} {r['summary']}", highlight=False)
-        if not all(r["state"] == "ready" for r in st["roles"]):
-            raise typer.Exit(1)
-        return
-    dep = local.require_deployment(name)
-    st = local.status(dep)
+    backend, dep_name = base.locate(name)
+    st = backend.status(dep_name)
     if json_out:
         out.print_json(json.dumps(st))
     else:
-        out.print(
-            f"[bold]{st['name']}[/] ({st['recipe']}, {st['backend']}) entry {st['entry_url']}"
-        )
+        out.print(f"[bold]{st['name']}[/] ({st['recipe']}, {st['backend']}) entry {st['entry']}")
         for r in st["roles"]:
-            state = (
-                "[green]healthy[/]"
-                if r["healthy"]
-                else ("[yellow]alive, not healthy[/]" if r["alive"] else "[red]down[/]")
+            colour = (
+                "green"
+                if r["ok"] and r["state"] in ("healthy", "ready")
+                else ("yellow" if r["ok"] or r["state"] == "waiting" else "red")
             )
-            out.print(f"  {r['name']:8} pid {r['pid']:>7}  {r['url']}  {state}", highlight=False)
-    if not all(r["alive"] for r in st["roles"]):
+            out.print(
+                f"  {r['name']:8} [{colour}]{r['state']:8}[/] {escape(r['summary'])}",
+                highlight=False,
+            )
+    if not all(r["ok"] for r in st["roles"]):
         raise typer.Exit(1)
 
 
@@ -241,22 +162,21 @@ def down(
 
     Example: servebook down tiny-pd
     """
-    kname = _kube_name(name)
-    if kname is not None:
-        for what, done in kube.down(kname).items():
-            out.print(f"  {what}: {done}")
-        out.print(f"[green]down:[/] {kname}")
-        return
-    dep, result = local.down(name)
-    if dep is None:
+    found = base.find(name)
+    if found is None:
         out.print(f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is up.")
         return
-    for role, what in result.items():
-        out.print(f"  {role}: {what}")
-    if any(v == "still running" for v in result.values()):
+    backend, dep_name = found
+    _print_down(backend.down(dep_name))
+
+
+def _print_down(result: Down) -> None:
+    for what, done in result.done.items():
+        out.print(f"  {what}: {done}")
+    if not result.complete:
         err.print("[bold red]some processes did not stop[/]; state kept for another try.")
         raise typer.Exit(1)
-    out.print(f"[green]down:[/] {dep.name}")
+    out.print(f"[green]down:[/] {result.name}")
 
 
 # The main job's sweep: short windows that a 2-core machine running both servers can
@@ -273,14 +193,35 @@ RUN_SWEEP = BenchArgs(
 )
 
 
-@app.command()
+RUN_HELP = """The main job: [preflight ->] up -> verify -> a short bench sweep -> report -> down.
+
+With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the tiny
+model first if it is missing.  On Kubernetes it first runs the recipe's preflight (cluster
+checks and the node probe) and deploys nothing when a check fails.  The sweep runs only
+when verify passed.  Exit 0 only when verify passed and every benchmark point is valid.
+
+The deployment is taken down at the end unless --keep.  Bringing one up again costs:
+local, {local}; Kubernetes, {kube}.  With --keep, `servebook bench NAME` and
+`servebook verify NAME` reuse it and `servebook down NAME` removes it.
+
+Example: servebook run
+
+Example: servebook run vllm-pd --backend kubernetes -f values.yaml --keep
+"""
+
+
+@app.command(help=RUN_HELP.format(local=LocalBackend.up_cost, kube=KubernetesBackend.up_cost))
 def run(
     recipe: str = typer.Argument(DEFAULT_RECIPE, help="Recipe (default: the built-in tiny-pd)."),
+    backend: str = BackendOpt,
     sets: list[str] = SetOpt,
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
     timeout: float | None = TimeoutOpt,
     max_tokens: int = MaxTokensOpt,
+    keep: bool = typer.Option(
+        False, "--keep", help="Leave the deployment up afterwards (see above for what it costs)."
+    ),
     out_dir: Path | None = typer.Option(
         None,
         "-o",
@@ -288,46 +229,54 @@ def run(
         help="Where results and the report go (default: ./servebook-runs/NAME-TIME).",
     ),
 ) -> None:
-    """The main job: up -> verify -> a short bench sweep -> report -> down.
-
-    With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the
-    tiny model first if it is missing. The sweep runs only when verify passed. Exit 0 only
-    when verify passed and every benchmark point is valid.
-
-    Example: servebook run
-    """
     from servebook.bench import target as tgt
     from servebook.commands.bench import print_points, run_bench
     from servebook.commands.verify import options, print_report, verify_deployment
+    from servebook.findings import print_table
     from servebook.report.render import write_report
 
+    chosen = base.get(backend)
     opts = options(120.0, 5.0, max_tokens, "stop,length")
-    dep = _up(recipe, sets, values, name, timeout, None)
-    out_dir = out_dir or Path("servebook-runs") / f"{dep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
+    checks = chosen.preflight(plan)
+    if checks:
+        print_table(checks, title=f"servebook preflight {recipe}", console=out)
+        code = exit_code(checks)
+        if code:
+            err.print("[bold red]preflight failed:[/] nothing was deployed.")
+            raise typer.Exit(code)
+    ready = _up(chosen, dep_name, plan, timeout, None)
+    out_dir = out_dir or Path("servebook-runs") / f"{ready.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     rc = 0
     try:
-        _say(f"verifying {dep.name} from server-side counters")
-        rep = verify_deployment(dep, opts)
-        print_report(rep, dep.name)
-        rc = exit_code(rep.findings)
-        if rc == 0:
-            _say(f"benchmarking {dep.name}: {RUN_SWEEP}")
-            subject = tgt.from_deployment(
-                dep.name, api="completions", request_timeout_s=120.0, input_len=512
-            )
-            results, path = run_bench(
-                subject,
-                RUN_SWEEP,
-                out_dir,
-                resume=False,
-                tokenizer=None,
-            )
-            print_points(results, path)
-            if not all(p.valid for p in results.points):
-                rc = 1
-            html = write_report([out_dir], out_dir)
-            out.print(f"report: {html}", highlight=False, markup=False)
+        with chosen.open(ready.name) as view:
+            _say(f"verifying {view.name} from server-side counters")
+            rep = verify_deployment(view, opts)
+            print_report(rep, view.name)
+            rc = exit_code(rep.findings)
+            if rc == 0:
+                _say(f"benchmarking {view.name}: {RUN_SWEEP}")
+                subject = tgt.from_deployment(view, api="completions", request_timeout_s=120.0)
+                results, path = run_bench(
+                    subject,
+                    RUN_SWEEP,
+                    out_dir,
+                    resume=False,
+                    tokenizer=None,
+                    alive=view.dead_roles,
+                )
+                print_points(results, path)
+                if not all(p.valid for p in results.points):
+                    rc = 1
+                html = write_report([out_dir], out_dir)
+                out.print(f"report: {html}", highlight=False, markup=False)
     finally:
-        _, result = local.down(dep.name)
-        out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.items()))
+        if keep:
+            out.print(
+                f"kept: {ready.name} is still up (`servebook down {ready.name}` removes it).",
+                highlight=False,
+            )
+        else:
+            result = chosen.down(ready.name)
+            out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.done.items()))
     raise typer.Exit(rc)

@@ -8,10 +8,9 @@ import typer
 
 from servebook.commands import app, out
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.findings import Finding, Severity, UsageError, exit_code, print_table, to_json
-from servebook.kube.probe_pod import PROBE_POD, probe_targets, run_probe_pod
-from servebook.kube.snapshot import SNAPSHOT_COMMAND, load_snapshot, read_live
-from servebook.preflight.cluster import check_cluster, requirements_from_plan
+from servebook.findings import Finding, UsageError, exit_code, print_table, to_json
+from servebook.kube.snapshot import SNAPSHOT_COMMAND
+from servebook.preflight.live import plan_findings
 from servebook.recipe.resolve import resolve
 
 
@@ -29,24 +28,9 @@ def preflight_findings(
             f"recipe {plan.recipe} runs on the local backend only; preflight checks a "
             "Kubernetes cluster for a Kubernetes recipe (e.g. vllm-pd)."
         )
-    # servebook render always emits the Namespace, so the set creates it.
-    req = requirements_from_plan(plan, creates_namespace=True)
-    snap = load_snapshot(snapshot) if snapshot else read_live(kubeconfig=kubeconfig)
-    findings = check_cluster(snap, req)
-    targets = probe_targets(plan)
-    if snapshot is not None:
-        findings.append(
-            PROBE_POD.finding(
-                Severity.INFO,
-                ", ".join(t.node for t in targets) or "-",
-                "node probes were not run: --snapshot reads no live cluster, so no Pod can "
-                "check the model directories; the verdict is the cluster checks' alone",
-            )
-        )
-        return findings
-    for t in targets:
-        findings += run_probe_pod(t, namespace=req.namespace, deadline_s=probe_deadline)
-    return findings
+    return plan_findings(
+        plan, snapshot=snapshot, kubeconfig=kubeconfig, probe_deadline=probe_deadline
+    )
 
 
 @app.command()

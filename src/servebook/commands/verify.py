@@ -8,8 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from servebook.backends import local
+from servebook.backends import base
 from servebook.commands import app, out
+from servebook.deployment import DeploymentView
 from servebook.findings import REGISTRY, Finding, UsageError, exit_code, to_json
 from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
 from servebook.verify.smoke import Options, Report, run
@@ -72,8 +73,8 @@ def print_report(rep: Report, name: str) -> None:
     out.print(f"verify {name}: {verdict} in {rep.elapsed_s:.1f} s")
 
 
-def verify_deployment(dep: local.Deployment, opts: Options) -> Report:
-    return run(local.targets(dep), local.claims(dep), opts)
+def verify_deployment(view: DeploymentView, opts: Options) -> Report:
+    return run(view.targets(), view.claims(), opts)
 
 
 def options(timeout: float, health_timeout: float, max_tokens: int, finish: str) -> Options:
@@ -126,12 +127,13 @@ def verify(
     finish: str = FinishOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish)
-    dep = local.require_deployment(name)
-    rep = verify_deployment(dep, opts)
+    backend, dep_name = base.locate(name)
+    with backend.open(dep_name) as view:
+        rep = verify_deployment(view, opts)
     if json_out:
-        out.print_json(to_json(rep.findings, deployment=dep.name, elapsed_s=rep.elapsed_s))
+        out.print_json(to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s))
     else:
-        print_report(rep, dep.name)
+        print_report(rep, dep_name)
     code = exit_code(rep.findings)
     if code:
         raise typer.Exit(code)

@@ -95,7 +95,7 @@ def _startup_failures(budget_s: int) -> int:
     return max(1, math.ceil(budget_s / PROBE_PERIOD_S))
 
 
-def _gpu_count(role: RolePlan) -> int:
+def gpu_count(role: RolePlan) -> int:
     gpus = role.resources.gpus
     try:
         return int(gpus)
@@ -108,7 +108,7 @@ def _gpu_count(role: RolePlan) -> int:
 def _engine_resources(role: RolePlan) -> Obj:
     r = role.resources
     limits: dict[str, Any] = {}
-    gpus = _gpu_count(role)
+    gpus = gpu_count(role)
     if gpus > 0:
         limits[r.gpu_resource] = gpus
     if r.rdma_resource:

@@ -57,6 +57,11 @@ class Target:
     alive: Callable[[], bool | None] = lambda: None  # None: the backend cannot tell
     log: Callable[[], str] | None = None
     describe: Callable[[], str] = lambda: ""
+    metrics_url: str = ""  # where its /metrics is, when not at ``url``
+
+    @property
+    def counters_url(self) -> str:
+        return self.metrics_url or self.url
 
 
 @dataclass
@@ -192,14 +197,14 @@ def _scrape_all(
     findings: list[Finding] = []
     for t in engines:
         try:
-            snaps[t.name] = scrape(t.url, timeout=opts.health_timeout_s)
+            snaps[t.name] = scrape(t.counters_url, timeout=opts.health_timeout_s)
         except ScrapeError as e:
             findings.append(
                 C.REACHABLE.finding(
                     Severity.FAIL,
                     t.name,
                     f"{t.name}: could not read /metrics {phase} the window: {e}",
-                    evidence={"url": t.url, "error": str(e)},
+                    evidence={"url": t.counters_url, "error": str(e)},
                 )
             )
     return snaps, findings

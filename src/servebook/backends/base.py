@@ -1,0 +1,136 @@
+"""The one contract every backend implements, and how a command finds a deployment's backend.
+
+A backend runs a Plan somewhere (``local``: processes on this machine; ``kubernetes``: the
+objects rendered from it, in a cluster) and meets the rest of servebook only through
+``Backend``: ``up``, ``status``, ``down``, and ``open``, which yields a
+``servebook.deployment.DeploymentView`` for the length of a command.  ``verify``,
+``bench``, ``status`` and ``run`` take that view and never import a particular backend;
+the command modules ask ``locate`` which backend holds a deployment instead of branching
+on the backend's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from servebook.deployment import DeploymentView
+from servebook.findings import Finding, UsageError
+from servebook.recipe.plan import Plan
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Ready:
+    """What ``up`` hands back: the deployment's name and one line on where it is."""
+
+    name: str
+    where: str  # "ready at http://127.0.0.1:8000 (model 'tiny'); state in ..."
+
+
+@dataclass
+class Down:
+    """What ``down`` did, per role or object; ``complete`` is False when something is left
+    running (the record is then kept for another try)."""
+
+    name: str | None
+    done: dict[str, str] = field(default_factory=dict)
+    complete: bool = True
+
+
+class Backend(Protocol):
+    """A place deployments run.  Every method is bounded in time; a failure to reach the
+    place is ``UsageError`` (exit 2) naming what failed."""
+
+    name: str
+    # What bringing a deployment up again costs, for --help and --keep messages.
+    up_cost: str
+
+    def recorded(self) -> list[str]:
+        """Names of the deployments this machine has a record of on this backend."""
+        ...
+
+    def has(self, name: str) -> bool: ...
+
+    def preflight(self, plan: Plan) -> list[Finding]:
+        """Checks worth their time before ``up`` (a cluster's; none for processes)."""
+        ...
+
+    def up(
+        self,
+        plan: Plan,
+        *,
+        name: str,
+        timeout_s: float | None,
+        say: Say,
+        port: int | None = None,
+    ) -> Ready: ...
+
+    def status(self, name: str) -> dict[str, Any]:
+        """``{"name", "backend", "recipe", "entry", "roles": [{"name", "kind", "state",
+        "ok", "summary", ...backend details}]}``; a role is ``ok`` when it can serve."""
+        ...
+
+    def down(self, name: str) -> Down: ...
+
+    def open(self, name: str) -> AbstractContextManager[DeploymentView]:
+        """The deployment as a command reaches it, for the body of a with-block (on
+        Kubernetes the port-forwards live exactly that long).  Unusable (exit 2) when the
+        deployment is not up."""
+        ...
+
+
+def _registry() -> dict[str, Backend]:
+    from servebook.backends.kubernetes import KubernetesBackend
+    from servebook.backends.local import LocalBackend
+
+    return {"local": LocalBackend(), "kubernetes": KubernetesBackend()}
+
+
+NAMES = ("local", "kubernetes")
+
+
+def get(name: str) -> Backend:
+    if name not in NAMES:
+        raise UsageError(f"--backend {name}: choose one of {', '.join(NAMES)}.")
+    return _registry()[name]
+
+
+def find(name: str | None) -> tuple[Backend, str] | None:
+    """(backend, deployment name) of the named deployment, or of the only deployment
+    recorded on any backend when no name is given; None when there is none.  Several
+    deployments and no name is unusable input (exit 2) listing them."""
+    backends = _registry()
+    if name:
+        for b in backends.values():
+            if b.has(name):
+                return b, name
+        return None
+    everything = sorted((n, b.name) for b in backends.values() for n in b.recorded())
+    if len(everything) > 1:
+        raise UsageError(
+            "several deployments are recorded: "
+            + ", ".join(f"{n} ({b})" for n, b in everything)
+            + f". Name one, e.g. `servebook status {everything[0][0]}`."
+        )
+    if not everything:
+        return None
+    only, where = everything[0]
+    return backends[where], only
+
+
+def locate(
+    name: str | None, hint: str = "Start one with `servebook up RECIPE`."
+) -> tuple[Backend, str]:
+    """``find``, or unusable input (exit 2) naming what is missing."""
+    found = find(name)
+    if found is None:
+        what = f"named {name!r} " if name else ""
+        raise UsageError(f"no deployment {what}is up. {hint}")
+    return found
+
+
+__all__ = ["NAMES", "Backend", "Down", "Ready", "Say", "find", "get", "locate"]

@@ -1,0 +1,104 @@
+"""The deployment view: what verify, bench, status and run see of a running deployment,
+whichever backend runs it.
+
+A backend (``servebook.backends``) opens a view for the length of a command
+(``Backend.open``).  The view names every role with its kind, a base URL reachable from
+this machine for its API and one for its ``/metrics`` (on the local backend the processes'
+own ports; on Kubernetes the port-forwards servebook holds while the view is open), the
+command line and environment as applied, a liveness check, a one-line description of its
+state for messages, and its log when the backend can read it.
+
+This module is data and small pure helpers only: it imports no backend, so ``verify`` and
+``bench`` can take a view without knowing where the deployment runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from servebook.recipe.plan import Plan
+from servebook.verify.smoke import Claims, Target
+
+
+def _unknown() -> bool | None:
+    return None
+
+
+def _nothing() -> str:
+    return ""
+
+
+@dataclass
+class RoleView:
+    """One role as a command reaches it from this machine."""
+
+    name: str
+    kind: str  # engine | router
+    api_url: str  # base URL of its HTTP API (no trailing slash, no /v1)
+    metrics_url: str  # base URL whose /metrics holds its counters
+    argv: list[str] = field(default_factory=list)  # as applied
+    env: dict[str, str] = field(default_factory=dict)  # as applied
+    alive: Callable[[], bool | None] = _unknown  # None: the backend cannot tell
+    describe: Callable[[], str] = _nothing  # "pid 123 running", "Pod x Ready on node y"
+    log: Callable[[], str] | None = None  # its log, when the backend can read it
+
+
+@dataclass
+class DeploymentView:
+    """A deployment as one command sees it (``Backend.open`` yields it)."""
+
+    name: str
+    backend: str
+    recipe: str
+    plan: Plan
+    served_model_name: str
+    entry_url: str
+    roles: list[RoleView]
+    # A directory on this machine holding the model's tokenizer, or None when the weights
+    # live elsewhere (a cluster's nodes): bench then tokenizes through the server.
+    local_model_dir: str | None = None
+    # Accelerators the deployment uses (per-accelerator figures); None when unknown.
+    accelerators: int | None = None
+
+    def role(self, name: str) -> RoleView:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    @property
+    def engines(self) -> list[RoleView]:
+        return [r for r in self.roles if r.kind == "engine"]
+
+    def dead_roles(self) -> list[str]:
+        """Roles the backend knows are not running (not those it cannot tell about)."""
+        return [r.name for r in self.roles if r.alive() is False]
+
+    def claims(self) -> Claims:
+        """What the deployment claims: from its recipe's Plan, not from how it runs."""
+        return Claims(
+            topology=self.plan.topology,
+            speculative=self.plan.speculative is not None,
+            served_model_name=self.served_model_name,
+            entry_url=self.entry_url,
+        )
+
+    def targets(self) -> list[Target]:
+        """The roles as verify's targets."""
+        return [
+            Target(
+                name=r.name,
+                kind=r.kind,
+                url=r.api_url,
+                metrics_url=r.metrics_url,
+                argv=list(r.argv),
+                alive=r.alive,
+                log=r.log,
+                describe=r.describe,
+            )
+            for r in self.roles
+        ]
+
+
+__all__ = ["DeploymentView", "RoleView"]
