@@ -1,5 +1,6 @@
-"""The rollout verdict of the Kubernetes backend, over `kubectl get pods,events -o json`
-fixtures of each way a deploy fails (built by scripts/make_rollout_fixtures.py)."""
+"""The rollout verdict of the Kubernetes backend, over `kubectl get
+deployments,replicasets,pods,events -o json` fixtures of each way a deploy fails and of each
+step of a re-`up` (built by scripts/make_rollout_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from servebook.kube.rollout import RoleState, overall, role_state
+from servebook.kube.rollout import RoleState, overall, restart_counts, role_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rollout"
 APPLIED = datetime(2026, 11, 30, 10, 0, 0, tzinfo=UTC)  # the Pods were created at 10:00:05
@@ -106,3 +107,174 @@ def test_overall_is_failed_if_any_role_failed_and_ready_only_if_all_are() -> Non
     assert overall([ready, waiting]) == "waiting"
     assert overall([ready, waiting, failed]) == "failed"
     assert overall([]) == "waiting"
+
+
+# A re-`up`: the fixtures hold `kubectl get deployments,replicasets,pods,events -o json`.
+OLD_POD = "vllm-pd-prefill-7f5b8c4d9-h4tzm"
+NEW_POD = "vllm-pd-prefill-6c8d9f7b5-x2k9q"
+IMAGE = "vllm/vllm-openai:v0.11.0"
+
+
+def objects(case: str) -> dict[str, list[dict[str, Any]]]:
+    items: list[dict[str, Any]] = json.loads((FIXTURES / f"{case}.json").read_text())["items"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for i in items:
+        out.setdefault(i["kind"], []).append(i)
+    return out
+
+
+def rollout(
+    case: str, after_s: float = 30, baseline: dict[str, int] | None = None, **kw: Any
+) -> RoleState:
+    o = objects(case)
+    (deployment,) = o["Deployment"]
+    return role_state(
+        "prefill",
+        "vllm-pd-prefill",
+        o.get("Pod", []),
+        o.get("Event", []),
+        now=APPLIED + timedelta(seconds=after_s),
+        started=APPLIED,
+        deployment=deployment,
+        replicasets=o["ReplicaSet"],
+        restart_baseline=baseline,
+        **kw,
+    )
+
+
+def test_a_new_generation_the_controller_has_not_observed_is_waiting_not_the_old_ready_pod() -> (
+    None
+):
+    assert state("reup-not-observed", after_s=1).state == "ready"  # the false success
+    s = rollout("reup-not-observed", after_s=1)
+    assert s.state == "waiting"
+    assert s.summary.startswith("rollout of generation 2 not yet observed")
+    assert f"old Pod {OLD_POD} still Ready (not counted)" in s.summary
+    assert s.pod is None and not s.ready and s.old_pods == (OLD_POD,)
+
+
+def test_recreate_waiting_for_the_old_pod_to_stop_is_waiting_however_long_it_takes() -> None:
+    for after_s in (2, 90):  # past the no-Pod grace: the controller is waiting, not stuck
+        s = rollout("reup-old-terminating", after_s=after_s)
+        assert s.state == "waiting"
+        assert "has not created this apply's ReplicaSet yet" in s.summary
+        assert f"old Pod {OLD_POD} terminating" in s.summary
+        assert s.pod is None and s.revision is None
+
+
+def test_the_old_pod_still_ready_does_not_make_the_role_ready_while_the_new_one_loads() -> None:
+    s = rollout("reup-new-starting", after_s=60)
+    assert s.state == "waiting"
+    assert s.summary.startswith("engine starting on gpu-node-1 for 29 s")
+    assert f"old Pod {OLD_POD} still Ready (not counted)" in s.summary
+    assert s.pod == NEW_POD and not s.ready and s.revision == "2"
+    assert s.evidence["replicaset"] == "vllm-pd-prefill-6c8d9f7b5"
+
+
+def test_the_new_pod_ready_is_ready_and_the_old_one_is_ignored() -> None:
+    s = rollout("reup-ready", after_s=600)
+    assert s.state == "ready"
+    assert s.pod == NEW_POD and s.ready and s.node == "gpu-node-1" and s.image == IMAGE
+    assert s.revision == "2" and s.old_pods == (OLD_POD,)
+    assert s.restarts_since_apply == 0 and s.crashed_container is None
+
+
+def test_without_the_replicasets_the_deployments_counters_still_gate_readiness() -> None:
+    o = objects("reup-new-starting")
+    s = role_state(
+        "prefill",
+        "vllm-pd-prefill",
+        [p for p in o["Pod"] if p["metadata"]["name"] == OLD_POD],  # the new Pod not listed
+        [],
+        now=APPLIED + timedelta(seconds=10),
+        started=APPLIED,
+        deployment={**o["Deployment"][0], "status": {"observedGeneration": 2}},
+    )
+    assert s.state == "waiting" and "0 of 1 Pod(s) of this apply's template" in s.summary
+
+
+def test_restart_counts_is_the_baseline_to_record_when_applying() -> None:
+    pods = objects("restarted-before-apply")["Pod"]
+    assert restart_counts(pods) == {pods[0]["metadata"]["uid"]: 1}
+    assert restart_counts([{"metadata": {"uid": "u"}, "status": {}}]) == {"u": 0}
+
+
+def test_a_restart_before_this_apply_is_not_a_crash_of_this_deploy() -> None:
+    baseline = restart_counts(objects("restarted-before-apply")["Pod"])
+    assert rollout("restarted-before-apply").state == "failed"  # every restart counts
+    s = rollout("restarted-before-apply", baseline=baseline)
+    assert s.state == "ready" and s.pod == OLD_POD and s.ready
+    assert s.restarts_since_apply == 0 and s.crashed_container is None
+    assert s.node == "gpu-node-1" and s.image == IMAGE
+
+
+def test_a_crash_after_this_apply_fails_counting_restarts_from_the_apply() -> None:
+    baseline = restart_counts(objects("restarted-before-apply")["Pod"])
+    s = rollout("crashed-after-apply", after_s=240, baseline=baseline)
+    assert s.state == "failed" and s.crashed_container == "engine"
+    assert "exited with code 1 (Error) and was restarted 1 time(s) since this apply" in s.summary
+    assert s.restarts_since_apply == 1 and s.evidence["restarts"] == 2
+    assert not s.ready and s.failure_signature is None
+
+
+def test_a_crash_loop_fails_whatever_the_baseline() -> None:
+    # Restarted before the apply and backing off now: it is crash-looping still.
+    o = objects("crashed-after-apply")
+    (pod,) = o["Pod"]
+    s = rollout("crashed-after-apply", after_s=240, baseline={pod["metadata"]["uid"]: 2})
+    assert s.state == "failed" and "is crash-looping (CrashLoopBackOff)" in s.summary
+    assert s.restarts_since_apply == 0 and s.crashed_container == "engine"
+
+
+def test_a_container_that_has_exited_now_is_failed() -> None:
+    (pod,) = objects("loading")["Pod"]
+    ended = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "x"}}
+    pod["status"]["containerStatuses"][0]["state"] = ended
+    s = role_state("prefill", "vllm-pd-prefill", [pod], [], now=APPLIED, started=APPLIED)
+    assert s.state == "failed" and "has exited: its last run exited with code 137" in s.summary
+
+
+FIRST_UP = [
+    "hostpath-absent",
+    "image-pull-backoff",
+    "unschedulable",
+    "crash-loop",
+    "loading",
+    "ready",
+    "quota-refused",
+]
+
+
+@pytest.mark.parametrize("case", FIRST_UP)
+@pytest.mark.parametrize("after_s", [30, 200, 420])
+def test_on_a_first_up_the_deployment_and_replicasets_change_no_verdict(
+    case: str, after_s: float
+) -> None:
+    before, after = state(case, after_s), rollout(case, after_s, baseline={})
+    assert (after.state, after.pod, after.crashed_container) == (
+        before.state,
+        before.pod,
+        before.crashed_container,
+    )
+    # A first up's baseline is empty: every restart is one since this apply.
+    assert after.summary.replace(" since this apply", "").startswith(before.summary)
+    assert {k: v for k, v in after.evidence.items() if k in before.evidence} == before.evidence
+
+
+def test_each_role_carries_what_status_shows() -> None:
+    crashed = state("crash-loop", after_s=420)
+    assert (crashed.node, crashed.ready, crashed.restarts_since_apply, crashed.image) == (
+        "gpu-node-1",
+        False,
+        1,
+        IMAGE,
+    )
+    ready = state("ready", after_s=600)
+    assert (ready.pod, ready.node, ready.ready, ready.restarts_since_apply) == (
+        NEW_POD,
+        "gpu-node-1",
+        True,
+        0,
+    )
+    assert state("unschedulable", 60).node == "gpu-node-1"  # pinned, not yet bound
+    assert state("quota-refused").pod is None and not state("quota-refused").ready

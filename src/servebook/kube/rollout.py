@@ -14,6 +14,25 @@ itself: a Pod the scheduler cannot place (an autoscaler may add a node) and a De
 with no Pod at all (a ReplicaSet is created asynchronously).  Everything else listed
 above is conclusive at once: a hostPath mount failure never heals, and a crashed engine
 is restarted into the same crash.
+
+Only *this* apply's Pods count.  A re-``up`` after a change leaves the previous Pod Ready
+for a while (or listed while it terminates); reporting it as the role's Ready Pod would be
+a false success.  Given the role's Deployment and ReplicaSets, ``role_state`` follows the
+Deployment controller: while it has not observed the applied generation
+(``status.observedGeneration < metadata.generation``) the role is waiting; otherwise the
+current ReplicaSet is the one the Deployment owns whose ``deployment.kubernetes.io/revision``
+annotation equals the Deployment's and that is scaled up, and its ``pod-template-hash``
+label selects this apply's Pods.  Under ``Recreate`` the controller keeps the previous
+revision's annotation (its ReplicaSet scaled to 0) until the old Pods have stopped, so no
+Pod counts then.  Pods of another template hash are reported as old, never judged and never
+counted Ready; and the role is ready only when ``status.updatedReplicas`` has reached
+``spec.replicas``.  Without the Deployment and ReplicaSets the newest Pod is judged, as
+before.
+
+Restarts count from this apply: ``restart_counts(pods)`` taken when the objects are applied
+is the ``restart_baseline``.  A container that restarted before it (and runs now) is not a
+crash of this deploy; one that restarted since, or that is crash-looping or has exited now,
+is.
 """
 
 from __future__ import annotations
@@ -38,6 +57,11 @@ FATAL_WAITING = {
 _HOSTPATH = re.compile(r"hostPath type check failed: (?P<path>\S+) is not a directory")
 
 
+REVISION = "deployment.kubernetes.io/revision"
+TEMPLATE_HASH = "pod-template-hash"
+ENGINE_CONTAINER = "engine"
+
+
 @dataclass(frozen=True)
 class RoleState:
     role: str
@@ -45,9 +69,42 @@ class RoleState:
     summary: str
     # Evidence for a person: the event or status text that decided, the node, the Pod.
     evidence: dict[str, Any] = field(default_factory=dict)
+    # This apply's Pod that was judged (None when it has none yet).
     pod: str | None = None
     # Set when a container exited: read its previous log for the cause.
     crashed_container: str | None = None
+    # What `servebook status` shows per role, all of the judged Pod: its node (where it is
+    # scheduled, else the node it is pinned to), whether it is Ready, its containers'
+    # restarts since this apply (beyond the baseline), the engine container's image.
+    node: str | None = None
+    ready: bool = False
+    restarts_since_apply: int = 0
+    image: str | None = None
+    # The known failure signature of the crashed container's previous log; role_state
+    # never sets it (it reads no logs): the backend fills it in.
+    failure_signature: str | None = None
+    # The Deployment revision this apply rolls out, when the Deployment was given.
+    revision: str | None = None
+    # Pods of an earlier revision (or being deleted) that are not this role's Pods.
+    old_pods: tuple[str, ...] = ()
+
+
+def restart_counts(pods: Iterable[Obj]) -> dict[str, int]:
+    """Pod uid -> the sum of its containers' ``restartCount``: record it when applying and
+    pass it back as ``role_state(..., restart_baseline=...)``."""
+    out = {}
+    for p in pods:
+        uid = p.get("metadata", {}).get("uid")
+        if uid:
+            out[str(uid)] = _restarts(p)
+    return out
+
+
+def _restarts(pod: Obj) -> int:
+    return sum(
+        int(cs.get("restartCount") or 0)
+        for cs in pod.get("status", {}).get("containerStatuses") or []
+    )
 
 
 def _time(text: str | None) -> datetime | None:
@@ -95,6 +152,126 @@ def _age_s(since: datetime | None, now: datetime) -> float:
     return (now - since).total_seconds() if since else 0.0
 
 
+def _labels(obj: Obj) -> Mapping[str, Any]:
+    return obj.get("metadata", {}).get("labels") or {}
+
+
+def _annotation(obj: Obj, key: str) -> str | None:
+    value = (obj.get("metadata", {}).get("annotations") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _owned_by(rs: Obj, deployment_name: str, uid: str | None) -> bool:
+    for ref in rs.get("metadata", {}).get("ownerReferences") or []:
+        if (
+            ref.get("kind") == "Deployment"
+            and ref.get("name") == deployment_name
+            and ref.get("controller", True) is not False
+            and (not uid or not ref.get("uid") or ref.get("uid") == uid)
+        ):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    """What the Deployment and its ReplicaSets say about the rollout of this apply."""
+
+    known: bool = False  # False: neither was given; judge the newest Pod as before
+    unobserved: str | None = None  # the controller has not yet observed the applied spec
+    replicaset: str | None = None  # the current ReplicaSet's name
+    template_hash: str | None = None  # selects this apply's Pods; None: no Pod counts yet
+    revision: str | None = None  # the current ReplicaSet's revision
+    desired: int = 1
+    updated: int | None = None  # status.updatedReplicas, when the Deployment was given
+
+
+def _rollout(
+    deployment_name: str, deployment: Obj | None, replicasets: Sequence[Obj] | None
+) -> _Rollout:
+    if deployment is None and replicasets is None:
+        return _Rollout()
+    revision = None
+    desired = 1
+    updated = None
+    uid = None
+    if deployment is not None:
+        meta = deployment.get("metadata", {})
+        status = deployment.get("status") or {}
+        uid = meta.get("uid")
+        generation = _int(meta.get("generation"), 0)
+        observed = _int(status.get("observedGeneration"), 0)
+        if observed < generation:
+            return _Rollout(
+                known=True,
+                unobserved=f"rollout of generation {generation} not yet observed by the "
+                f"Deployment controller (it has observed {observed or 'none'})",
+            )
+        revision = _annotation(deployment, REVISION)
+        desired = _int((deployment.get("spec") or {}).get("replicas"), 1)
+        updated = _int(status.get("updatedReplicas"), 0)  # omitted when 0
+    if replicasets is None:
+        # Without the ReplicaSets the template hash is unknown: the Deployment's counters
+        # still gate readiness, and the newest Pod is judged.
+        return _Rollout(known=True, desired=desired, updated=updated)
+    owned = [rs for rs in replicasets if _owned_by(rs, deployment_name, uid)]
+    if deployment is None:
+        # No Deployment: the highest revision is the current one.
+        owned = sorted(owned, key=lambda rs: _int(_annotation(rs, REVISION), -1))[-1:]
+        revision = _annotation(owned[0], REVISION) if owned else None
+    current = [
+        rs
+        for rs in owned
+        if revision is not None
+        and _annotation(rs, REVISION) == revision
+        # Under Recreate the Deployment keeps the old revision, its ReplicaSet scaled to
+        # 0, until the old Pods have stopped and the new ReplicaSet is created.
+        and (_int((rs.get("spec") or {}).get("replicas"), 1) > 0 or desired == 0)
+    ]
+    rs = current[0] if current else None
+    return _Rollout(
+        known=True,
+        replicaset=str(rs.get("metadata", {}).get("name", "")) if rs else None,
+        template_hash=(
+            str(_labels(rs).get(TEMPLATE_HASH) or "")
+            or str(
+                (((rs.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}).get(
+                    TEMPLATE_HASH, ""
+                )
+            )
+            or None
+        )
+        if rs
+        else None,
+        revision=revision if rs else None,
+        desired=desired,
+        updated=updated,
+    )
+
+
+def _engine_image(pod: Obj) -> str | None:
+    containers = pod.get("spec", {}).get("containers") or []
+    engine = [c for c in containers if c.get("name") == ENGINE_CONTAINER] or containers[:1]
+    if engine and engine[0].get("image"):
+        return str(engine[0]["image"])
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        if cs.get("name") == ENGINE_CONTAINER and cs.get("image"):
+            return str(cs["image"])
+    return None
+
+
+def _terminated_at(cs: Obj) -> str:
+    last = (cs.get("lastState") or {}).get("terminated") or {}
+    return str(last.get("finishedAt") or "")
+
+
 def role_state(
     role: str,
     deployment_name: str,
@@ -105,18 +282,84 @@ def role_state(
     started: datetime,
     unschedulable_grace_s: float = 120.0,
     no_pod_grace_s: float = 60.0,
+    deployment: Obj | None = None,
+    replicasets: Sequence[Obj] | None = None,
+    restart_baseline: Mapping[str, int] | None = None,
 ) -> RoleState:
     """The state of one role (one Deployment with one replica) from its Pods and the
-    namespace's events.  ``started`` is when servebook applied the objects."""
+    namespace's events.  ``started`` is when servebook applied the objects.
+
+    ``deployment`` (the role's apps/v1 Deployment) and ``replicasets`` (the ReplicaSets
+    of the namespace, or of the role's selector) make the verdict one on this apply's
+    rollout; ``restart_baseline`` (``restart_counts`` of the role's Pods when applying)
+    makes restarts count from this apply.  Without them, the newest Pod is judged and
+    every restart counts."""
+    ro = _rollout(deployment_name, deployment, replicasets)
+
+    def old_of(mine: Sequence[Obj], chosen: Obj | None) -> tuple[str, ...]:
+        if not ro.known:
+            return ()
+        names = []
+        for p in pods:
+            if p is chosen:
+                continue
+            meta = p.get("metadata", {})
+            if not any(p is m for m in mine) or meta.get("deletionTimestamp"):
+                names.append(str(meta.get("name", "")))
+        return tuple(sorted(names))
+
+    def old_note(old: tuple[str, ...]) -> str:
+        if not old:
+            return ""
+        by_name = {str(p.get("metadata", {}).get("name", "")): p for p in pods}
+        parts = []
+        for n in old:
+            p = by_name.get(n, {})
+            if p.get("metadata", {}).get("deletionTimestamp"):
+                parts.append(f"old Pod {n} terminating")
+            elif _ready(p):
+                parts.append(f"old Pod {n} still Ready (not counted)")
+            else:
+                parts.append(f"old Pod {n} not counted")
+        return "; " + "; ".join(parts)
+
+    if ro.unobserved:
+        old = old_of([], None)
+        return RoleState(
+            role,
+            "waiting",
+            ro.unobserved + old_note(old),
+            {"old_pods": list(old)},
+            old_pods=old,
+        )
+
+    if ro.template_hash is not None:
+        mine: Sequence[Obj] = [p for p in pods if _labels(p).get(TEMPLATE_HASH) == ro.template_hash]
+    elif ro.known and replicasets is not None:
+        mine = []  # the current ReplicaSet does not exist yet: no Pod is this apply's
+    else:
+        mine = pods
+
     failed_create = [
         e
-        for e in _events_for(events, "ReplicaSet", deployment_name + "-", exact=False)
+        for e in (
+            _events_for(events, "ReplicaSet", ro.replicaset, exact=True)
+            if ro.replicaset
+            else _events_for(events, "ReplicaSet", deployment_name + "-", exact=False)
+        )
         if e.get("reason") == "FailedCreate"
         # Events outlive their objects (an hour by default): an earlier deploy's refusal
         # in the same namespace is not this one's.
         and (_time(e.get("lastTimestamp") or e.get("eventTime")) or now) >= started
     ]
-    pod = _newest(pods)
+    pod = _newest(mine)
+    old = old_of(mine, pod)
+    note = old_note(old)
+    rollout: dict[str, Any] = {}
+    if ro.known:
+        rollout = {"revision": ro.revision, "old_pods": list(old)}
+        if ro.replicaset:
+            rollout["replicaset"] = ro.replicaset
     if pod is None:
         if failed_create:
             msg = str(failed_create[-1].get("message", ""))
@@ -124,92 +367,150 @@ def role_state(
                 role,
                 "failed",
                 f"the cluster refused to create its Pod: {msg}",
-                {"event": msg, "reason": "FailedCreate"},
+                {"event": msg, "reason": "FailedCreate", **rollout},
+                revision=ro.revision,
+                old_pods=old,
             )
         waited = _age_s(started, now)
+        if old and ro.known:
+            # The controller creates this apply's Pod once the old ones have stopped.
+            what = (
+                f"no Pod of ReplicaSet {ro.replicaset} yet"
+                if ro.replicaset
+                else "the Deployment controller has not created this apply's ReplicaSet yet"
+                if replicasets is not None
+                else "no Pod of this apply yet"
+            )
+            return RoleState(
+                role,
+                "waiting",
+                what + note,
+                {**rollout, "waited_s": round(waited)},
+                revision=ro.revision,
+                old_pods=old,
+            )
         if waited > no_pod_grace_s:
             return RoleState(
                 role,
                 "failed",
                 f"no Pod was created for Deployment {deployment_name} in {waited:.0f} s "
                 "(`kubectl describe deployment` and the namespace's events say why)",
-                {"waited_s": round(waited)},
+                {"waited_s": round(waited), **rollout},
+                revision=ro.revision,
+                old_pods=old,
             )
-        return RoleState(role, "waiting", "no Pod yet")
+        return RoleState(
+            role, "waiting", "no Pod yet" + note, rollout, revision=ro.revision, old_pods=old
+        )
 
-    name = str(pod.get("metadata", {}).get("name", ""))
+    meta = pod.get("metadata", {})
+    name = str(meta.get("name", ""))
     node = pod.get("spec", {}).get("nodeName") or pod.get("spec", {}).get("nodeSelector", {}).get(
         "kubernetes.io/hostname"
     )
     status = pod.get("status", {})
+    total_restarts = _restarts(pod)
+    since_apply = max(
+        0, total_restarts - int((restart_baseline or {}).get(str(meta.get("uid", "")), 0))
+    )
+    pod_ready = _ready(pod)
     base: dict[str, Any] = {"pod": name, "node": node}
+    per_role: dict[str, Any] = {
+        "pod": name,
+        "node": None if node is None else str(node),
+        "ready": pod_ready,
+        "restarts_since_apply": since_apply,
+        "image": _engine_image(pod),
+        "revision": ro.revision,
+        "old_pods": old,
+    }
+
+    def result(
+        state: Literal["ready", "waiting", "failed"],
+        summary: str,
+        evidence: dict[str, Any],
+        crashed: str | None = None,
+    ) -> RoleState:
+        return RoleState(
+            role,
+            state,
+            summary + note,
+            {**evidence, **rollout},
+            crashed_container=crashed,
+            **per_role,
+        )
+
     pod_events = _events_for(events, "Pod", name, exact=True)
 
     for e in reversed(pod_events):
         msg = str(e.get("message", ""))
         m = _HOSTPATH.search(msg)
         if e.get("reason") == "FailedMount" and m:
-            return RoleState(
-                role,
+            return result(
                 "failed",
                 f"{m.group('path')} is absent on node {node}: the hostPath mount failed. Put "
                 "the weights there, or fix the model directory parameter and render again.",
                 {**base, "event": msg, "reason": "FailedMount"},
-                pod=name,
             )
         if e.get("reason") == "FailedMount":
-            return RoleState(
-                role,
+            return result(
                 "failed",
                 f"a volume of Pod {name} cannot be mounted on node {node}: {msg}",
                 {**base, "event": msg, "reason": "FailedMount"},
-                pod=name,
             )
 
     phase = status.get("phase")
     if phase in ("Failed", "Succeeded"):
         why = status.get("message") or status.get("reason") or phase
-        return RoleState(
-            role, "failed", f"Pod {name} ended ({phase}): {why}", {**base, "phase": phase}, pod=name
-        )
+        return result("failed", f"Pod {name} ended ({phase}): {why}", {**base, "phase": phase})
 
     sched = _condition(pod, "PodScheduled")
     if sched is not None and sched.get("status") == "False":
         msg = str(sched.get("message") or sched.get("reason") or "")
-        waited = _age_s(_time(str(pod.get("metadata", {}).get("creationTimestamp"))), now)
+        waited = _age_s(_time(str(meta.get("creationTimestamp"))), now)
         if waited > unschedulable_grace_s:
-            return RoleState(
-                role,
+            return result(
                 "failed",
                 f"Pod {name} could not be scheduled for {waited:.0f} s: {msg}",
                 {**base, "scheduler": msg, "waited_s": round(waited)},
-                pod=name,
             )
-        return RoleState(role, "waiting", f"not scheduled yet: {msg}", {**base, "scheduler": msg})
+        return result("waiting", f"not scheduled yet: {msg}", {**base, "scheduler": msg})
 
-    for cs in status.get("containerStatuses") or []:
+    statuses = list(status.get("containerStatuses") or [])
+    # The restarts beyond the baseline are the container's whose last exit is the newest.
+    restarted = sorted(
+        (
+            cs
+            for cs in statuses
+            if _int(cs.get("restartCount")) > 0 and (cs.get("lastState") or {}).get("terminated")
+        ),
+        key=_terminated_at,
+    )
+    crashed_since_apply = str(restarted[-1].get("name", "")) if since_apply and restarted else None
+    for cs in statuses:
         cname = str(cs.get("name", ""))
-        waiting = (cs.get("state") or {}).get("waiting") or {}
+        now_state = cs.get("state") or {}
+        waiting = now_state.get("waiting") or {}
         reason = str(waiting.get("reason", ""))
         if reason in FATAL_WAITING:
             msg = str(waiting.get("message", ""))
-            return RoleState(
-                role,
+            return result(
                 "failed",
                 f"{FATAL_WAITING[reason]} ({reason}): {msg or cs.get('image', '')}",
                 {**base, "container": cname, "reason": reason, "message": msg},
-                pod=name,
             )
         last = (cs.get("lastState") or {}).get("terminated")
-        restarts = int(cs.get("restartCount") or 0)
-        if restarts > 0 and last:
+        restarts = _int(cs.get("restartCount"))
+        ended = now_state.get("terminated")
+        if cname == crashed_since_apply and last:
+            n = min(since_apply, restarts)
+            when = " since this apply" if restart_baseline is not None else ""
             code = last.get("exitCode")
             why = last.get("reason") or "Error"
-            return RoleState(
-                role,
+            return result(
                 "failed",
                 f"container {cname} exited with code {code} ({why}) and was restarted "
-                f"{restarts} time(s); it will restart into the same failure",
+                f"{n} time(s){when}; it will restart into the same failure",
                 {
                     **base,
                     "container": cname,
@@ -217,24 +518,56 @@ def role_state(
                     "reason": why,
                     "message": last.get("message"),
                     "restarts": restarts,
+                    "restarts_since_apply": n,
                 },
-                pod=name,
-                crashed_container=cname,
+                crashed=cname,
+            )
+        if reason == "CrashLoopBackOff" or ended:
+            # Crash-looping or exited now, whenever its restarts were counted.
+            exit_ = ended or last or {}
+            code = exit_.get("exitCode")
+            why = exit_.get("reason") or "Error"
+            doing = "is crash-looping (CrashLoopBackOff)" if reason else "has exited"
+            return result(
+                "failed",
+                f"container {cname} {doing}: its last run exited with code {code} ({why}); "
+                "it will restart into the same failure",
+                {
+                    **base,
+                    "container": cname,
+                    "exit_code": code,
+                    "reason": why,
+                    "message": exit_.get("message"),
+                    "restarts": restarts,
+                    "restarts_since_apply": since_apply,
+                },
+                crashed=cname,
             )
 
-    if _ready(pod):
-        return RoleState(role, "ready", f"Pod {name} is Ready on {node}", base, pod=name)
+    if pod_ready:
+        live_mine = [p for p in mine if not p.get("metadata", {}).get("deletionTimestamp")]
+        ready_n = sum(1 for p in live_mine if _ready(p))
+        if ro.updated is not None and ro.updated < ro.desired:
+            return result(
+                "waiting",
+                f"Pod {name} is Ready on {node}, but the Deployment reports {ro.updated} of "
+                f"{ro.desired} Pod(s) of this apply's template",
+                base,
+            )
+        if ro.known and ready_n < ro.desired:
+            return result("waiting", f"{ready_n} of {ro.desired} Pods Ready", base)
+        return result("ready", f"Pod {name} is Ready on {node}", base)
     running_since = None
-    for cs in status.get("containerStatuses") or []:
+    for cs in statuses:
         running_since = _time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     if running_since is not None:
         what = f"engine starting on {node} for {_age_s(running_since, now):.0f} s"
     else:
         reason = ""
-        for cs in status.get("containerStatuses") or []:
+        for cs in statuses:
             reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason") or reason
         what = f"{reason or phase or 'Pending'} on {node}"
-    return RoleState(role, "waiting", what, base, pod=name)
+    return result("waiting", what, base)
 
 
 def overall(states: Sequence[RoleState]) -> Literal["ready", "waiting", "failed"]:
