@@ -103,12 +103,13 @@ def write_atomically(path: Path, files: Mapping[str, str]) -> None:
 
 
 def render_files(
-    recipe: str, sets: Sequence[str] = (), values: Sequence[Path] = ()
+    recipe: str, sets: Sequence[str] = (), values: Sequence[Path] = (), name: str | None = None
 ) -> tuple[Plan, list[dict[str, Any]], dict[str, str]]:
-    """Everything a render writes, checked, without writing it: the Plan, the objects, and
-    file name -> text (the manifests in apply order, then PARAMETERS.md)."""
+    """Everything a render writes, checked, without writing it: the Plan, the objects of
+    deployment ``name`` (default: the recipe's name), and file name -> text (the manifests
+    in apply order, then PARAMETERS.md)."""
     plan = resolve(recipe, sets, values)
-    objects = manifests.render(plan)
+    objects = manifests.render(plan, name)
     check_schema(objects)
     files = manifests.manifest_files(plan, objects)
     declared = parse_parameters(load_source(recipe))
@@ -132,6 +133,12 @@ def render(
         help="Directory to write the manifests and PARAMETERS.md to (created, or replaced "
         "when it holds an earlier render). Without it the manifests go to stdout.",
     ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        help="Deployment name the objects are named and labelled after (default: the "
+        "recipe's name), as `servebook up --name` would apply them.",
+    ),
 ) -> None:
     """Render a recipe to Kubernetes manifests that need no editing.
 
@@ -141,7 +148,7 @@ def render(
     """
     if output is not None:
         check_output_dir(output)
-    plan, objects, files = render_files(recipe, sets, values)
+    plan, objects, files = render_files(recipe, sets, values, name)
     if output is None:
         sys.stdout.write("---\n".join(v for k, v in files.items() if k != PARAMETERS_FILE))
         return
@@ -153,7 +160,7 @@ def render(
         markup=False,
         soft_wrap=True,
     )
-    entry = manifests.object_name(plan, plan.entry_role)
+    entry = manifests.object_name(plan, plan.entry_role, name)
     port = manifests.ROUTER_PORT if plan.topology == "pd" else manifests.ENGINE_PORT
     namespace = manifests.settings(plan).namespace
     out.print(

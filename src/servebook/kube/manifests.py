@@ -37,6 +37,17 @@ ROUTER_METRICS_PORT = 29000
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 PROBE_PERIOD_S = 10
 MANAGED_BY = "servebook"
+# Every object of a deployment carries its deployment's name under this label, and every
+# role's Pod selector includes it: two deployments of one recipe in one namespace never
+# select each other's Pods, and `down a` finds (and deletes) only a's objects.
+DEPLOYMENT_LABEL = "servebook.io/deployment"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# The recipe a deployment was made from (annotation on its Deployments and Services).
+RECIPE_ANNOTATION = "servebook.io/recipe"
+# On a Namespace servebook created: the deployment that created it (only such a namespace
+# is ever deleted by `down`).
+CREATED_BY_ANNOTATION = "servebook.io/created-by"
 # Namespaces every cluster has: emitting a Namespace object for them would only relabel
 # them (and `kubectl delete -f` would try to delete them).
 BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
@@ -50,35 +61,45 @@ def settings(plan: Plan) -> Kubernetes:
     return plan.kubernetes or Kubernetes()
 
 
-def object_name(plan: Plan, role: str) -> str:
-    """The Deployment and Service name of a role: the recipe's name for a mixed server,
-    ``RECIPE-ROLE`` for the PD roles (vllm-pd-prefill, vllm-pd-decode, vllm-pd-router)."""
-    return plan.recipe if role == "mixed" else f"{plan.recipe}-{role}"
+def role_object_name(deployment: str, role: str) -> str:
+    """The Deployment and Service name of a role of deployment ``deployment``: the
+    deployment's name for a mixed server, ``NAME-ROLE`` for the PD roles (vllm-pd-prefill,
+    vllm-pd-decode, vllm-pd-router for a deployment named vllm-pd)."""
+    return deployment if role == "mixed" else f"{deployment}-{role}"
 
 
-def selector_labels(plan: Plan, role: str) -> dict[str, str]:
-    return selector_for(plan.recipe, role)
+def object_name(plan: Plan, role: str, name: str | None = None) -> str:
+    """``role_object_name`` of deployment ``name`` (default: the recipe's name)."""
+    return role_object_name(name or plan.recipe, role)
 
 
-def selector_for(recipe: str, role: str) -> dict[str, str]:
-    """The labels that select a role's Pods."""
-    return {"app.kubernetes.io/instance": recipe, "app.kubernetes.io/component": role}
+def selector_for(deployment: str, role: str) -> dict[str, str]:
+    """The labels that select a role's Pods: its deployment's and its role's."""
+    return {DEPLOYMENT_LABEL: deployment, COMPONENT_LABEL: role}
 
 
-def _labels(plan: Plan, role: RolePlan) -> dict[str, str]:
+def deployment_selector(deployment: str) -> str:
+    """A label selector (query text) for every object of a deployment."""
+    return f"{DEPLOYMENT_LABEL}={deployment}"
+
+
+def _labels(plan: Plan, role: RolePlan, name: str) -> dict[str, str]:
     app = "vllm-router" if role.kind == "router" else plan.engine
     return {
         "app.kubernetes.io/name": app,
-        **selector_labels(plan, role.name),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/instance": name,
+        COMPONENT_LABEL: role.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        DEPLOYMENT_LABEL: name,
     }
 
 
-def _metadata(plan: Plan, role: RolePlan, namespace: str) -> Obj:
+def _metadata(plan: Plan, role: RolePlan, namespace: str, name: str) -> Obj:
     return {
-        "name": object_name(plan, role.name),
+        "name": object_name(plan, role.name, name),
         "namespace": namespace,
-        "labels": _labels(plan, role),
+        "labels": _labels(plan, role, name),
+        "annotations": {RECIPE_ANNOTATION: plan.recipe},
     }
 
 
@@ -151,7 +172,7 @@ def _engine_ports(role: RolePlan) -> list[Obj]:
     return ports
 
 
-def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> Obj:
+def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes, name: str) -> Obj:
     if not role.image:
         raise UsageError(
             f"recipe {plan.recipe} names no image for role {role.name}: set the recipe's "
@@ -216,31 +237,31 @@ def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> Obj:
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
     pod["volumes"] = volumes
-    return _deployment(plan, role, k8s.namespace, pod)
+    return _deployment(plan, role, k8s.namespace, pod, name)
 
 
-def _deployment(plan: Plan, role: RolePlan, namespace: str, pod: Obj) -> Obj:
+def _deployment(plan: Plan, role: RolePlan, namespace: str, pod: Obj, name: str) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(plan, role, namespace),
+        "metadata": _metadata(plan, role, namespace, name),
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector_labels(plan, role.name)},
-            "template": {"metadata": {"labels": _labels(plan, role)}, "spec": pod},
+            "selector": {"matchLabels": selector_for(name, role.name)},
+            "template": {"metadata": {"labels": _labels(plan, role, name)}, "spec": pod},
         },
     }
 
 
-def _service(plan: Plan, role: RolePlan, namespace: str, ports: list[Obj]) -> Obj:
+def _service(plan: Plan, role: RolePlan, namespace: str, ports: list[Obj], name: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(plan, role, namespace),
+        "metadata": _metadata(plan, role, namespace, name),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(plan, role.name),
+            "selector": selector_for(name, role.name),
             "ports": [
                 {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
                 for p in ports
@@ -249,7 +270,9 @@ def _service(plan: Plan, role: RolePlan, namespace: str, ports: list[Obj]) -> Ob
     }
 
 
-def _router_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> tuple[Obj, list[Obj]]:
+def _router_deployment(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, name: str
+) -> tuple[Obj, list[Obj]]:
     if not role.image:
         raise UsageError(
             f"recipe {plan.recipe}: the router has no image; set router.image (the "
@@ -259,8 +282,8 @@ def _router_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> tuple[Obj
     net = vllm.connector_network(connector)
     argv = vllm.router_argv(
         "vllm-router",
-        prefill_url=f"http://{object_name(plan, 'prefill')}:{ENGINE_PORT}",
-        decode_url=f"http://{object_name(plan, 'decode')}:{ENGINE_PORT}",
+        prefill_url=f"http://{object_name(plan, 'prefill', name)}:{ENGINE_PORT}",
+        decode_url=f"http://{object_name(plan, 'decode', name)}:{ENGINE_PORT}",
         host="0.0.0.0",
         port=ROUTER_PORT,
         extra=[
@@ -301,12 +324,13 @@ def _router_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes) -> tuple[Obj
         pod["tolerations"] = k8s.tolerations
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
-    return _deployment(plan, role, k8s.namespace, pod), ports
+    return _deployment(plan, role, k8s.namespace, pod, name), ports
 
 
-def render(plan: Plan) -> list[Obj]:
-    """Every object of the deployment, in apply order: Namespace, then per role (engines
-    first, router last) its Deployment and Service."""
+def render(plan: Plan, name: str | None = None) -> list[Obj]:
+    """Every object of deployment ``name`` (default: the recipe's name), in apply order:
+    Namespace, then per role (engines first, router last) its Deployment and Service.
+    Object names, labels and Pod selectors derive from the deployment's name."""
     if "kubernetes" not in plan.backends:
         raise UsageError(
             f"recipe {plan.recipe} runs on the {', '.join(plan.backends)} backend only "
@@ -314,14 +338,16 @@ def render(plan: Plan) -> list[Obj]:
             "Use `servebook up` for it, or render a recipe with `backends: [kubernetes]` "
             "(`servebook recipes` lists them)."
         )
+    name = name or plan.recipe
+    whose = f"recipe name {name!r}" if name == plan.recipe else f"deployment name {name!r}"
+    fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
-    for role in plan.roles:
-        name = object_name(plan, role.name)
-        if not _DNS_LABEL.match(name):
+    for obj_name in [name, *(object_name(plan, role.name, name) for role in plan.roles)]:
+        if not _DNS_LABEL.match(obj_name):
             raise UsageError(
-                f"recipe name {plan.recipe!r} makes the object name {name!r}, which is not a "
-                "valid Kubernetes name (at most 63 lowercase letters, digits and '-'). "
-                "Shorten the recipe's name."
+                f"{whose} makes the object name {obj_name!r}, which is not a valid "
+                "Kubernetes name (at most 63 lowercase letters, digits and '-', starting and "
+                f"ending with a letter or digit). {fix}"
             )
     objects: list[Obj] = []
     if k8s.namespace not in BUILTIN_NAMESPACES:
@@ -331,17 +357,17 @@ def render(plan: Plan) -> list[Obj]:
                 "kind": "Namespace",
                 "metadata": {
                     "name": k8s.namespace,
-                    "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+                    "labels": {MANAGED_BY_LABEL: MANAGED_BY},
                 },
             }
         )
     for role in plan.roles:
         if role.kind == "engine":
-            dep = _engine_deployment(plan, role, k8s)
+            dep = _engine_deployment(plan, role, k8s, name)
             ports = dep["spec"]["template"]["spec"]["containers"][0]["ports"]
         else:
-            dep, ports = _router_deployment(plan, role, k8s)
-        objects += [dep, _service(plan, role, k8s.namespace, ports)]
+            dep, ports = _router_deployment(plan, role, k8s, name)
+        objects += [dep, _service(plan, role, k8s.namespace, ports, name)]
     return objects
 
 
