@@ -25,6 +25,13 @@ a fresh sample drawn from the same seeded generator, and after ``MAX_RESTARTS`` 
 it raises ``UsageError`` naming the target length and the tokenizer: silently returning a
 prompt of the wrong length is the failure this module exists to prevent.
 
+**Without a local tokenizer** (weights on cluster nodes only) the same construction runs
+through the server's own ``/tokenize`` and ``/detokenize``
+(``servebook.bench.server_tokenizer.ServerTokenizer``): the counts are the server's by
+definition, chat prompts are counted by ``/tokenize`` with ``messages``, and ids are
+sampled from a checked, built-in set instead of the whole vocabulary (that module's
+docstring says which and why).
+
 **Seeding.**  Prompt ``i`` of a workload is drawn from ``numpy.random.default_rng([seed,
 i])``: the same seed gives the same prompts, in any order, from any worker process.  Every
 prompt is distinct random text, so no prompt hits another's prefix cache (except the BOS).
@@ -41,7 +48,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -149,6 +156,22 @@ class HFTokenizer:
         )
 
 
+@runtime_checkable
+class CountsChat(Protocol):
+    """A tokenizer that counts a chat prompt itself (the server's ``/tokenize`` with
+    ``messages``) instead of rendering the chat template here."""
+
+    def chat_token_count(self, content: str) -> int: ...
+
+
+@runtime_checkable
+class HasSampleIds(Protocol):
+    """A tokenizer that names the ids prompts are sampled from (already checked to decode
+    cleanly), for tokenizers where decoding the whole vocabulary id by id is too slow."""
+
+    def sampleable_ids(self) -> list[int]: ...
+
+
 def load_tokenizer(path: str | Path) -> HFTokenizer:
     p = Path(path)
     if not p.exists():
@@ -161,6 +184,8 @@ def server_token_count(tok: TextTokenizer, text: str, api: Api = "completions") 
     one user message of a chat request."""
     if api == "completions":
         return len(tok.encode(text, add_special_tokens=True))
+    if isinstance(tok, CountsChat):
+        return tok.chat_token_count(text)
     rendered = tok.render_chat(text)
     if rendered is None:
         raise UsageError(
@@ -185,22 +210,35 @@ def _vocab(tok: TextTokenizer) -> _Vocab:
     cached = _VOCAB_CACHE.get(tok)
     if cached is not None:
         return cached
-    special = tok.special_ids()
-    ok = []
-    for i in range(tok.vocab_size):
-        if i in special:
-            continue
-        s = tok.decode([i])
-        # Byte-level pieces of multi-byte characters decode to U+FFFD alone; sampled next
-        # to each other they make text whose length in tokens is unpredictable.
-        if not s.strip() or "\ufffd" in s:
-            continue
-        ok.append(i)
+    if isinstance(tok, HasSampleIds):
+        special = tok.special_ids()
+        ok = [i for i in tok.sampleable_ids() if i not in special]
+    else:
+        ok = _clean_vocab_ids(tok)
     if len(ok) < 16:
         raise UsageError("tokenizer has fewer than 16 ordinary tokens to sample prompts from")
     v = _Vocab(np.asarray(ok, dtype=np.int64))
     _VOCAB_CACHE[tok] = v
     return v
+
+
+def clean_piece(s: str) -> bool:
+    """Whether one token's text may be sampled: not blank, and whole characters.  Byte-level
+    pieces of multi-byte characters decode to U+FFFD alone; sampled next to each other they
+    make text whose length in tokens is unpredictable."""
+    return bool(s.strip()) and "\ufffd" not in s
+
+
+def _clean_vocab_ids(tok: TextTokenizer) -> list[int]:
+    """Every id of the vocabulary that decodes, alone, to clean text (one decode per id)."""
+    special = tok.special_ids()
+    ok = []
+    for i in range(tok.vocab_size):
+        if i in special:
+            continue
+        if clean_piece(tok.decode([i])):
+            ok.append(i)
+    return ok
 
 
 def _overhead(tok: TextTokenizer, api: Api, vocab: _Vocab) -> int:
@@ -262,11 +300,16 @@ class PromptSource(Protocol):
 
 class RandomPrompts:
     """Random prompts of exactly ``input_len`` server-side tokens, ``output_len`` output
-    tokens each (sent with ``ignore_eos``)."""
+    tokens each (sent with ``ignore_eos``).
+
+    ``tokenizer`` is the model directory (loaded lazily in each process), or a tokenizer
+    object that pickles by its settings, such as
+    :class:`servebook.bench.server_tokenizer.ServerTokenizer` (the server's own
+    ``/tokenize`` and ``/detokenize``, for when the weights are on the cluster only)."""
 
     def __init__(
         self,
-        tokenizer_dir: str | Path,
+        tokenizer: str | Path | TextTokenizer,
         *,
         input_len: int,
         output_len: int,
@@ -277,22 +320,30 @@ class RandomPrompts:
             raise UsageError(
                 f"--input-len and --output-len must be at least 1 (got {input_len}, {output_len})"
             )
-        self.tokenizer_dir = str(tokenizer_dir)
+        self.tokenizer_dir: str | None = None
+        self._given: TextTokenizer | None = None
+        if isinstance(tokenizer, str | Path):
+            self.tokenizer_dir = str(tokenizer)
+        else:
+            self._given = tokenizer
         self.input_len = input_len
         self.output_len = output_len
         self.seed = seed
         self.api: Api = api
-        self._tok: HFTokenizer | None = None
+        self._tok: TextTokenizer | None = self._given
         self._cache: dict[int, Prompt] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_tok"] = None  # a Rust tokenizer does not travel; each process loads its own
+        # A Rust tokenizer does not travel; each process loads its own.  A given tokenizer
+        # object (a server's /tokenize) travels as its settings.
+        state["_tok"] = self._given
         return state
 
     @property
-    def tokenizer(self) -> HFTokenizer:
+    def tokenizer(self) -> TextTokenizer:
         if self._tok is None:
+            assert self.tokenizer_dir is not None
             self._tok = load_tokenizer(self.tokenizer_dir)
         return self._tok
 
@@ -311,9 +362,13 @@ class RandomPrompts:
             self.get(i)
 
     def describe(self) -> dict[str, Any]:
+        if self.tokenizer_dir is not None:
+            which = self.tokenizer_dir
+        else:
+            which = str(getattr(self._given, "description", type(self._given).__name__))
         return {
             "kind": "random",
-            "tokenizer": self.tokenizer_dir,
+            "tokenizer": which,
             "input_len": self.input_len,
             "input_len_counts": "server-side prompt tokens, special tokens included",
             "output_len": self.output_len,
