@@ -5,12 +5,16 @@ for both, completions and chat."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from servebook import http
 from servebook.backends import local
+from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import RandomPrompts, load_tokenizer, server_token_count
 from servebook.recipe.resolve import resolve
@@ -35,7 +39,9 @@ def prompt_tokens(url: str, model: str, text: str, api: str) -> int:
     return int(resp.json()["usage"]["prompt_tokens"])
 
 
-def test_server_tokenizer_prompts_have_the_lengths_local_tokenizer_prompts_have() -> None:
+def test_server_tokenizer_prompts_have_the_lengths_local_tokenizer_prompts_have(
+    tmp_path: Path,
+) -> None:
     pytest.importorskip("transformers")  # the local chat path renders the template
     plan = resolve("tiny-mixed", state_dir=local.state_dir_for("st-mixed"))
     with deployed(plan, "st-mixed") as dep:
@@ -62,3 +68,45 @@ def test_server_tokenizer_prompts_have_the_lengths_local_tokenizer_prompts_have(
         assert server.requests / checked <= 10, server.requests
         described = RandomPrompts(server, input_len=8, output_len=1, seed=7).describe()
         assert described["tokenizer"] == f"server /tokenize at {url} (model {model})"
+        # The path users run: `servebook bench --url` with no --tokenizer builds its
+        # prompts on the server, says so in the results, and the server counts exactly
+        # the workload's prompt length for every request (SB409 holds).
+        out = tmp_path / "sweep"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "servebook",
+                "bench",
+                "--url",
+                url,
+                "--model",
+                model,
+                "--concurrency",
+                "2",
+                "--repetitions",
+                "1",
+                "--duration",
+                "4s",
+                "--warmup",
+                "1s",
+                "--min-requests",
+                "4",
+                "--input-len",
+                "200",
+                "--output-len",
+                "8",
+                "--max-client-lag-ms",
+                "250",
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = load_results(out / RESULTS_NAME)
+    assert res.provenance.workload["tokenizer"].startswith("server /tokenize at " + url)
+    (point,) = res.points
+    assert point.valid and point.requests_ok >= 4 and point.prompt_tokens_mismatch == 0

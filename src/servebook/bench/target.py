@@ -20,6 +20,7 @@ from servebook.bench.results import (
     make_provenance,
     redact_env,
 )
+from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment import DeploymentView
 from servebook.findings import UsageError
@@ -37,6 +38,7 @@ class Subject:
     engine_version: str | None
     info: dict[str, Any]  # recipe, topology, deployment, url, api
     view: DeploymentView | None = None  # None: a server given by --url
+    tokenize_url: str = ""  # an engine's base URL for /tokenize (not a router's)
 
 
 def pd_min_share(decode_url: str, input_len: int) -> float:
@@ -102,6 +104,7 @@ def from_deployment(view: DeploymentView, *, api: str, request_timeout_s: float)
             "api": api,
         },
         view=view,
+        tokenize_url=engines[0].api_url,
     )
 
 
@@ -132,6 +135,7 @@ def from_url(
         roles=[RoleProvenance(name="server", url=base, engine_version=version)],
         engine_version=version,
         info={"url": base, "api": api, "topology": "external"},
+        tokenize_url=base,
     )
 
 
@@ -150,17 +154,32 @@ def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSour
     )
 
 
-def tokenizer_dir(subject: Subject, given: str | None) -> str:
-    d = given or subject.model_dir
-    if not d or (
-        not (Path(d) / "tokenizer.json").is_file()
-        and not (Path(d) / "tokenizer_config.json").is_file()
-    ):
-        raise UsageError(
-            f"no tokenizer found in {d or '(none given)'}: exact-length prompts need the "
-            "deployment's own tokenizer. Pass --tokenizer DIR (the model directory)."
-        )
-    return str(d)
+def tokenizer_for(subject: Subject, given: str | None) -> str | ServerTokenizer:
+    """What builds the exact-length prompts: ``--tokenizer DIR`` when given (it must hold a
+    tokenizer); else the deployment's model directory when it is on this machine; else the
+    server's own ``/tokenize`` and ``/detokenize`` (a cluster's weights live on its nodes,
+    and a ``--url`` server's anywhere), asked at an engine, not a router."""
+    if given is not None:
+        if not _has_tokenizer(given):
+            raise UsageError(
+                f"--tokenizer {given}: no tokenizer.json or tokenizer_config.json there. Pass "
+                "the model directory, or leave --tokenizer out to tokenize on the server."
+            )
+        return given
+    if subject.model_dir and _has_tokenizer(subject.model_dir):
+        return subject.model_dir
+    return ServerTokenizer(subject.tokenize_url, subject.target.endpoint.model)
 
 
-__all__ = ["Subject", "from_deployment", "from_url", "pd_min_share", "provenance"]
+def _has_tokenizer(d: str) -> bool:
+    return (Path(d) / "tokenizer.json").is_file() or (Path(d) / "tokenizer_config.json").is_file()
+
+
+__all__ = [
+    "Subject",
+    "from_deployment",
+    "from_url",
+    "pd_min_share",
+    "provenance",
+    "tokenizer_for",
+]

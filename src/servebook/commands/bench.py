@@ -29,6 +29,7 @@ from servebook.bench.protocol import (
     run_sweep,
 )
 from servebook.bench.results import Results, ResultsWriter, parse_slo
+from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
 from servebook.findings import UsageError
@@ -80,18 +81,18 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
     )
 
 
-def prompts_from(a: BenchArgs, tokenizer_dir: str) -> PromptSource:
+def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.dataset is not None:
         return load_dataset(
             a.dataset,
             default_output_len=a.output_len,
-            tokenizer=load_tokenizer(tokenizer_dir),
+            tokenizer=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
             api=a.api,  # type: ignore[arg-type]
         )
     return RandomPrompts(
-        tokenizer_dir,
+        tokenizer,
         input_len=a.input_len,
         output_len=a.output_len,
         seed=a.seed,
@@ -149,14 +150,14 @@ def run_bench(
 ) -> tuple[Results, Path]:
     """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
     the names of dead roles (a deployment) so the sweep stops instead of measuring errors."""
-    tok_dir = tgt.tokenizer_dir(subject, tokenizer)
+    tok = tgt.tokenizer_for(subject, tokenizer)
     share = None
     if subject.target.decode_role is not None:
         share = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
     settings = settings_from(a, share)
-    prompts = prompts_from(a, tok_dir)
+    prompts = prompts_from(a, tok)
     slo = parse_slo(a.slo) if a.slo else None
     workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
@@ -260,7 +261,10 @@ def bench(
     url: str | None = typer.Option(None, "--url", help="Benchmark this server instead."),
     model: str | None = typer.Option(None, "--model", help="With --url: the model name."),
     tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Tokenizer directory (default: the deployment's model)."
+        None,
+        "--tokenizer",
+        help="Tokenizer directory (default: the deployment's model directory when it is on "
+        "this machine, else the server's own /tokenize and /detokenize).",
     ),
     concurrency: str | None = typer.Option("1,4,16", "--concurrency", help="e.g. 1,4,16"),
     rate: str | None = typer.Option(None, "--rate", help="Open-loop rates (req/s), e.g. 2,8"),
