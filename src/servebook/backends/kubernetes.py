@@ -1,8 +1,13 @@
 """Kubernetes backend: apply a Plan's rendered objects and wait, boundedly, for them.
 
-``up`` renders the Plan (``kube.manifests``), checks every object against the Kubernetes
-schema, applies them in order through the API (kr8s: create, or patch what exists, so a
-second ``up`` is idempotent), records what it applied in the deployment's state
+``up`` renders the Plan for the deployment's name (``kube.manifests``: object names,
+labels and Pod selectors derive from it, so two deployments of one recipe share a
+namespace without touching each other), checks every object against the Kubernetes
+schema, refuses any object that exists and is not this deployment's (another deployment's
+``servebook.io/deployment`` label, or none), and applies the objects server-side (field
+manager ``servebook``, never forced: a conflict with another manager is reported, exit 2).
+A namespace that exists is used as it is; one ``up`` creates carries an annotation naming
+the deployment that created it.  ``up`` records what it applied in the deployment's state
 directory, then polls each role's Pods and the namespace's events.  The verdict is
 ``kube.rollout``'s: it fails as soon as the cluster says the rollout cannot succeed (an
 absent weights directory, an image that cannot be pulled, a crashed engine, a Pod the
@@ -10,8 +15,13 @@ scheduler cannot place for two minutes), with that evidence and, for a crashed e
 last lines of its previous log and any known failure signature.  ``--timeout`` bounds the
 whole wait; a timeout is a failure with the last state of every role.
 
-``down`` deletes exactly the objects ``up`` applied (the Namespace only when ``up``
-created it).  Every API request has a timeout.
+The local record is a cache: ``status`` and ``down`` find a deployment's objects in the
+cluster by their label (``recover_record`` rebuilds the record from them, the plan
+included, which ``up`` stores as an annotation on the entry Deployment), so they work from
+another machine or after the record is lost.  ``down`` deletes exactly that deployment's
+objects (the Namespace only when this deployment created it and no other servebook
+deployment is left in it).  Every API request goes through kr8s's ``Api.call_api`` and
+has a timeout.
 
 ``open_view`` is how verify, bench and run reach the deployment: a port-forward that
 servebook opens and holds (``kube.portforward``) to each role's Ready Pod for the length of
@@ -22,11 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +51,26 @@ from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
 from servebook.findings import Finding, UsageError
 from servebook.kube import manifests
+from servebook.kube.manifests import (
+    COMPONENT_LABEL,
+    CREATED_BY_ANNOTATION,
+    DEPLOYMENT_LABEL,
+    RECIPE_ANNOTATION,
+)
 from servebook.kube.rollout import RoleState, overall, role_state
 from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import Plan
 
 POLL_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
+FIELD_MANAGER = "servebook"
+# On the entry role's Deployment (added by `up`, not by `render`): the resolved Plan as
+# JSON, so a deployment found in the cluster can be reached (open_view) without a record.
+PLAN_ANNOTATION = "servebook.io/plan"
+# The order roles are applied and listed in when no plan says it: engines, then the router.
+_ROLE_ORDER = ("mixed", "prefill", "decode", "router")
+
+Obj = dict[str, Any]
 
 
 class AppliedObject(BaseModel):
@@ -99,11 +124,225 @@ def write_state(dep: KubeDeployment) -> None:
     write_atomic(state_path(dep.name), dep.model_dump_json(indent=2))
 
 
+# --- recovering state from the cluster: pure functions over API objects -------------------
+
+
+def _meta(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _labels_of(obj: Obj) -> dict[str, str]:
+    return dict(_meta(obj).get("labels") or {})
+
+
+def _annotations_of(obj: Obj) -> dict[str, str]:
+    return dict(_meta(obj).get("annotations") or {})
+
+
+def _role_rank(role: str) -> tuple[int, str]:
+    return (_ROLE_ORDER.index(role) if role in _ROLE_ORDER else len(_ROLE_ORDER), role)
+
+
+def _flag_value(argv: Sequence[Any], flag: str) -> str:
+    args = [str(a) for a in argv]
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
+    """Deployment ``name``'s record rebuilt from API objects (Deployments, Services and
+    Namespaces, shaped like the items of ``kubectl get deployments,services,namespaces -o
+    json``): its namespace, objects (in apply order), roles, entry Service and port,
+    recipe, plan (when ``up`` stored it), and whether it created its Namespace (the
+    Namespace's ``servebook.io/created-by`` annotation names it).  None when no
+    Deployment or Service carries its label; unusable (exit 2) when they lie in several
+    namespaces."""
+    mine = [
+        o
+        for o in objects
+        if o.get("kind") in ("Deployment", "Service")
+        and _labels_of(o).get(DEPLOYMENT_LABEL) == name
+    ]
+    if not mine:
+        return None
+    namespaces = sorted({str(_meta(o).get("namespace", "")) for o in mine})
+    if len(namespaces) > 1:
+        raise UsageError(
+            f"deployment {name} has objects in several namespaces ({', '.join(namespaces)}): "
+            f"name one with -n, e.g. `-n {namespaces[0]}`."
+        )
+    namespace = namespaces[0]
+    plan: dict[str, Any] = {}
+    recipe = ""
+    for o in mine:
+        ann = _annotations_of(o)
+        recipe = recipe or ann.get(RECIPE_ANNOTATION, "")
+        if not plan and ann.get(PLAN_ANNOTATION):
+            with contextlib.suppress(ValueError):
+                loaded = json.loads(ann[PLAN_ANNOTATION])
+                plan = loaded if isinstance(loaded, dict) else {}
+    role_names = [str(r["name"]) for r in plan.get("roles", []) if isinstance(r, dict)]
+    by_role: dict[str, dict[str, Obj]] = {}
+    for o in mine:
+        role = _labels_of(o).get(COMPONENT_LABEL, "")
+        by_role.setdefault(role, {})[str(o["kind"])] = o
+
+    def rank(role: str) -> tuple[int, tuple[int, str]]:
+        return (role_names.index(role) if role in role_names else len(role_names), _role_rank(role))
+
+    order = sorted(by_role, key=rank)
+    roles = {
+        r: str(_meta(by_role[r]["Deployment"])["name"]) for r in order if "Deployment" in by_role[r]
+    }
+    ns_obj = next(
+        (o for o in objects if o.get("kind") == "Namespace" and _meta(o).get("name") == namespace),
+        None,
+    )
+    created_ns = ns_obj is not None and _annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
+    applied: list[AppliedObject] = []
+    if created_ns:
+        applied.append(AppliedObject(apiVersion="v1", kind="Namespace", name=namespace))
+    for r in order:
+        for kind in ("Deployment", "Service"):
+            found = by_role[r].get(kind)
+            if found is not None:
+                applied.append(
+                    AppliedObject(
+                        apiVersion=str(
+                            found.get("apiVersion") or ("apps/v1" if kind == "Deployment" else "v1")
+                        ),
+                        kind=kind,
+                        name=str(_meta(found)["name"]),
+                        namespace=namespace,
+                    )
+                )
+    if plan.get("topology"):
+        entry_role = "router" if plan["topology"] == "pd" else "mixed"
+    else:
+        entry_role = "router" if "router" in by_role else (order[0] if order else "")
+    entry_svc = by_role.get(entry_role, {}).get("Service")
+    entry_port = manifests.ROUTER_PORT if entry_role == "router" else manifests.ENGINE_PORT
+    if entry_svc is not None:
+        for port in entry_svc.get("spec", {}).get("ports", []):
+            if port.get("name") == "http" and isinstance(port.get("port"), int):
+                entry_port = port["port"]
+    served = str(plan.get("served_model_name") or "")
+    if not served:
+        for r in order:
+            d = by_role[r].get("Deployment")
+            for c in (
+                (d or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            ):
+                served = served or _flag_value(
+                    [*c.get("command", []), *c.get("args", [])], "--served-model-name"
+                )
+    stamps = sorted(
+        str(_meta(o).get("creationTimestamp")) for o in mine if _meta(o).get("creationTimestamp")
+    )
+    deployments = [by_role[r]["Deployment"] for r in order if "Deployment" in by_role[r]]
+    return KubeDeployment(
+        name=name,
+        recipe=recipe or str(plan.get("recipe") or ""),
+        namespace=namespace,
+        created_namespace=created_ns,
+        created=stamps[0] if stamps else "1970-01-01T00:00:00+00:00",
+        objects=applied,
+        roles=roles,
+        entry_service=(
+            str(_meta(entry_svc)["name"])
+            if entry_svc is not None
+            else manifests.role_object_name(name, entry_role)
+        ),
+        entry_port=entry_port,
+        served_model_name=served,
+        ready=bool(deployments)
+        and all(
+            int(d.get("status", {}).get("readyReplicas") or 0)
+            >= int(d.get("spec", {}).get("replicas", 1))
+            for d in deployments
+        ),
+        plan=plan,
+    )
+
+
+@dataclass(frozen=True)
+class FoundDeployment:
+    """A servebook deployment found in the cluster by its label."""
+
+    name: str
+    namespace: str
+    recipe: str
+    roles: tuple[str, ...]
+
+
+def deployments_found(objects: Sequence[Obj]) -> list[FoundDeployment]:
+    """Every servebook deployment the API objects (Deployments and Services, shaped like
+    the items of ``kubectl get deployments,services -o json``) carry the label of, one per
+    (namespace, name), sorted; its roles from its Deployments' component labels."""
+    groups: dict[tuple[str, str], list[Obj]] = {}
+    for o in objects:
+        if o.get("kind") not in ("Deployment", "Service"):
+            continue
+        name = _labels_of(o).get(DEPLOYMENT_LABEL)
+        if not name:
+            continue
+        groups.setdefault((str(_meta(o).get("namespace", "")), name), []).append(o)
+    out = []
+    for (namespace, name), objs in sorted(groups.items()):
+        recipe = next(
+            (
+                _annotations_of(o)[RECIPE_ANNOTATION]
+                for o in objs
+                if RECIPE_ANNOTATION in _annotations_of(o)
+            ),
+            "",
+        )
+        roles = sorted(
+            {
+                _labels_of(o)[COMPONENT_LABEL]
+                for o in objs
+                if o.get("kind") == "Deployment" and COMPONENT_LABEL in _labels_of(o)
+            },
+            key=_role_rank,
+        )
+        out.append(FoundDeployment(name, namespace, recipe, tuple(roles)))
+    return out
+
+
+def with_plan(objects: list[Obj], plan: Plan, name: str) -> list[Obj]:
+    """The objects, the entry role's Deployment annotated with the Plan (for recovery)."""
+    entry = manifests.object_name(plan, plan.entry_role, name)
+    out = []
+    for o in objects:
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == entry:
+            meta = dict(o["metadata"])
+            meta["annotations"] = {
+                **meta.get("annotations", {}),
+                PLAN_ANNOTATION: plan.model_dump_json(),
+            }
+            o = {**o, "metadata": meta}
+        out.append(o)
+    return out
+
+
+# --- requests: every one through kr8s's Api.call_api, bounded by the Api's timeout ---------
+
+
 def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float = 15.0) -> Any:
     """A kr8s client for the current KUBECONFIG/context, with a timeout on every request.
     Connecting (kr8s asks the server for its version first) is bounded too: a server that
     never answers is "cannot reach", exit 2, not a hang."""
-    from servebook.kube.snapshot import ClusterUnreachable, _credentials_problem, _describe
+    from servebook.kube.snapshot import (
+        ClusterUnreachable,
+        _credentials_problem,
+        _describe,
+        _kubeconfig_paths,
+    )
 
     problem = _credentials_problem(None)
     if problem:
@@ -113,12 +352,15 @@ def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float 
     import httpx
     import kr8s
 
+    # kr8s caches one Api per set of arguments: name the kubeconfig, so a changed
+    # KUBECONFIG is honoured.
+    config = os.pathsep.join(str(p) for p in _kubeconfig_paths(None) if p.is_file()) or None
     got: list[Any] = []
     failed: list[BaseException] = []
 
     def connect() -> None:
         try:
-            got.append(kr8s.api())
+            got.append(kr8s.api(kubeconfig=config))
         except BaseException as e:
             failed.append(e)
 
@@ -140,41 +382,351 @@ def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float 
     return api
 
 
-def _call(doing: str, fn: Callable[[], Any]) -> Any:
-    """One request to the cluster; any failure is "could not run" (exit 2) naming it."""
+_PLURALS = {
+    "Namespace": "namespaces",
+    "Deployment": "deployments",
+    "Service": "services",
+    "Pod": "pods",
+    "Event": "events",
+}
+
+
+@dataclass(frozen=True)
+class _Where:
+    """One resource path: kr8s's (version, namespace, url) and how a person reads it."""
+
+    version: str
+    namespace: str | None
+    url: str
+
+    @property
+    def path(self) -> str:
+        base = "/api" if self.version == "v1" else "/apis"
+        ns = f"/namespaces/{self.namespace}" if self.namespace else ""
+        return f"{base}/{self.version}{ns}/{self.url}"
+
+
+def _where(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> _Where:
+    plural = _PLURALS[kind]
+    ns = None if kind == "Namespace" else namespace
+    return _Where(api_version, ns, f"{plural}/{name}" if name else plural)
+
+
+def _what(obj: AppliedObject | Obj) -> str:
+    if isinstance(obj, AppliedObject):
+        kind, name, ns = obj.kind, obj.name, obj.namespace
+    else:
+        kind, name, ns = obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace")
+    return f"{kind}/{name}" + (f" in namespace {ns}" if ns and kind != "Namespace" else "")
+
+
+class Conflict(UsageError):
+    """A server-side apply that conflicts with another field manager (HTTP 409)."""
+
+
+def _status_of(err: Any) -> Obj:
+    status = getattr(err, "status", None)
+    if isinstance(status, dict):
+        return status
+    response = getattr(err, "response", None)
+    with contextlib.suppress(Exception):
+        body = response.json() if response is not None else None
+        if isinstance(body, dict):
+            return body
+    return {}
+
+
+def _conflict_text(status: Obj) -> str:
+    causes = (status.get("details") or {}).get("causes") or []
+    parts = [
+        f"{c.get('field', '?')} ({c.get('message', c.get('reason', 'conflict'))})"
+        for c in causes
+        if isinstance(c, dict)
+    ]
+    return "; ".join(parts) or str(status.get("message", "conflict"))
+
+
+def _request(
+    api: Any,
+    method: str,
+    where: _Where,
+    doing: str,
+    *,
+    params: dict[str, str] | None = None,
+    body: Obj | None = None,
+    content_type: str = "application/json",
+    missing_ok: bool = False,
+) -> Obj | None:
+    """One request through kr8s's ``Api.call_api`` (its session, credentials and
+    re-authentication; the Api's timeout bounds it), run on kr8s's event loop.  The answer's
+    JSON; None for a 404 when ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the
+    request: a 409 is a ``Conflict`` naming the fields and their manager."""
+    from kr8s import ServerError
+    from kr8s._async_utils import as_sync_func
+
     from servebook.kube.snapshot import ClusterUnreachable, _describe
 
+    kwargs: dict[str, Any] = {}
+    if params:
+        kwargs["params"] = params
+    if body is not None:
+        kwargs["content"] = json.dumps(body)
+        kwargs["headers"] = {"Content-Type": content_type}
+
+    async def go() -> Obj:
+        async with api.call_api(
+            method, version=where.version, namespace=where.namespace, url=where.url, **kwargs
+        ) as resp:
+            data = resp.json() if resp.content else {}
+            return data if isinstance(data, dict) else {}
+
+    request = f"{method} {where.path}"
     try:
-        return fn()
+        return as_sync_func(go)()
+    except ServerError as e:
+        code = getattr(e.response, "status_code", None)
+        status = _status_of(e)
+        message = str(status.get("message") or e)
+        if code == 404 and missing_ok:
+            return None
+        if code == 409:
+            raise Conflict(
+                f"{doing}: the server-side apply conflicts with another field manager: "
+                f"{_conflict_text(status)}. servebook applies as field manager "
+                f"'{FIELD_MANAGER}' and never forces: undo the other change (or delete the "
+                "object), then up again."
+            ) from e
+        if code in (401, 403):
+            raise UsageError(
+                f"{doing}: the API server refused {request} ({code} "
+                f"{status.get('reason', 'Forbidden')}: {message}). servebook needs get, list, "
+                "patch and delete on deployments and services in the namespace, and get and "
+                "patch on namespaces to create one."
+            ) from e
+        if code == 422:
+            raise UsageError(f"{doing}: the API server rejected it as invalid: {message}") from e
+        raise ClusterUnreachable(
+            f"the cluster request failed: {doing}: the API server answered {code} to "
+            f"{request}: {message}"
+        ) from e
     except UsageError:
         raise
     except Exception as e:
-        raise ClusterUnreachable(f"the cluster request failed: {_describe(e, doing)}") from e
+        raise ClusterUnreachable(
+            f"the cluster request failed: {_describe(e, doing)} ({request})"
+        ) from e
 
 
-def _raw(obj: Any) -> dict[str, Any]:
-    return dict(obj.raw) if hasattr(obj, "raw") else dict(obj)
+def _get(api: Any, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+    return _request(
+        api,
+        "GET",
+        _where(api_version, kind, namespace, name),
+        f"reading {kind}/{name}",
+        missing_ok=True,
+    )
 
 
 def _list(
-    api: Any, kind: str, namespace: str, selector: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
-    return [_raw(o) for o in api.get(kind, namespace=namespace, label_selector=selector)]
+    api: Any,
+    kind: str,
+    namespace: str | None,
+    selector: dict[str, str] | str | None = None,
+) -> list[Obj]:
+    """The items of a list (every namespace when ``namespace`` is None), each with its
+    ``kind`` and ``apiVersion`` set as ``kubectl get -o json`` writes them."""
+    api_version = "apps/v1" if kind in ("Deployment", "deployments") else "v1"
+    kind = {v: k for k, v in _PLURALS.items()}.get(kind, kind)
+    if isinstance(selector, dict):
+        selector = ",".join(f"{k}={v}" for k, v in selector.items())
+    where = _where(api_version, kind, namespace)
+    doing = f"listing {_PLURALS[kind]}" + (f" in namespace {namespace}" if namespace else "")
+    got = _request(
+        api, "GET", where, doing, params={"labelSelector": selector} if selector else None
+    )
+    items = (got or {}).get("items") or []
+    return [{"apiVersion": api_version, "kind": kind, **i} for i in items if isinstance(i, dict)]
 
 
-def apply(api: Any, objects: list[dict[str, Any]], say: Callable[[str], None]) -> None:
-    """Create each object, or patch it where it exists (an idempotent apply)."""
-    from kr8s.objects import object_from_spec
+def _namespace_exists(api: Any, namespace: str) -> Obj | None:
+    return _get(api, "v1", "Namespace", None, namespace)
 
+
+def check_ownership(api: Any, objects: list[Obj], name: str) -> dict[str, bool]:
+    """Whether each object (by ``_what``) exists; unusable (exit 2), before anything is
+    applied, when one exists and is not deployment ``name``'s: servebook never adopts an
+    object of another deployment or one it did not make."""
+    existed: dict[str, bool] = {}
     for spec in objects:
-        obj = object_from_spec(spec, api=api)
-        what = f"{spec['kind']}/{spec['metadata']['name']}"
-        if _call(f"reading {what}", obj.exists):
-            _call(f"patching {what}", partial(obj.patch, spec))
-            say(f"configured {what}")
-        else:
-            _call(f"creating {what}", obj.create)
-            say(f"created {what}")
+        meta = spec["metadata"]
+        what = _what(spec)
+        got = _get(api, spec["apiVersion"], spec["kind"], meta.get("namespace"), meta["name"])
+        existed[what] = got is not None
+        if got is None:
+            continue
+        owner = _labels_of(got).get(DEPLOYMENT_LABEL)
+        if owner != name:
+            whose = (
+                f"servebook deployment {owner!r}"
+                if owner
+                else f"no servebook deployment (it has no {DEPLOYMENT_LABEL} label)"
+            )
+            raise UsageError(
+                f"{what} already exists and belongs to {whose}; servebook does not adopt "
+                f"it. Bring this one up under another --name, or delete that object if it is "
+                "yours and unused."
+            )
+    return existed
+
+
+def apply(
+    api: Any,
+    objects: list[Obj],
+    say: Callable[[str], None],
+    existed: dict[str, bool] | None = None,
+) -> None:
+    """Server-side apply of each object, in order, as field manager ``servebook`` (no
+    force: a conflict is a ``Conflict``, exit 2)."""
+    for spec in objects:
+        meta = spec["metadata"]
+        what = _what(spec)
+        _request(
+            api,
+            "PATCH",
+            _where(spec["apiVersion"], spec["kind"], meta.get("namespace"), meta["name"]),
+            f"applying {what}",
+            params={"fieldManager": FIELD_MANAGER},
+            body=spec,
+            content_type="application/apply-patch+yaml",
+        )
+        say(f"{'configured' if (existed or {}).get(what) else 'created'} {what}")
+
+
+def apply_deployment(
+    api: Any, plan: Plan, name: str, say: Callable[[str], None] = lambda s: None
+) -> KubeDeployment:
+    """Everything ``up`` does before it waits: render deployment ``name``, schema-check,
+    refuse objects that are not its own, record, create the namespace if it is absent
+    (annotated as created by ``name``) and apply the rest server-side."""
+    objects = with_plan(manifests.render(plan, name), plan, name)
+    errors = schema_errors(objects)
+    if errors:
+        raise UsageError(
+            "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
+        )
+    k8s = manifests.settings(plan)
+    ns_obj = _namespace_exists(api, k8s.namespace)
+    created_ns = any(o["kind"] == "Namespace" for o in objects) and (
+        ns_obj is None or _annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
+    )
+    to_apply: list[Obj] = []
+    for o in objects:
+        if o["kind"] != "Namespace":
+            to_apply.append(o)
+        elif ns_obj is None:
+            # Only a namespace this deployment creates is applied (and later deleted); one
+            # that exists is used as it is, nothing merged into it.
+            meta = o["metadata"]
+            to_apply.append(
+                {
+                    **o,
+                    "metadata": {
+                        **meta,
+                        "labels": {**meta.get("labels", {}), DEPLOYMENT_LABEL: name},
+                        "annotations": {CREATED_BY_ANNOTATION: name},
+                    },
+                }
+            )
+    existed = check_ownership(api, [o for o in to_apply if o["kind"] != "Namespace"], name)
+    entry = plan.role(plan.entry_role)
+    dep = KubeDeployment(
+        name=name,
+        recipe=plan.recipe,
+        namespace=k8s.namespace,
+        created_namespace=created_ns,
+        created=datetime.now(UTC).isoformat(),
+        objects=[
+            AppliedObject(
+                apiVersion=o["apiVersion"],
+                kind=o["kind"],
+                name=o["metadata"]["name"],
+                namespace=o["metadata"].get("namespace"),
+            )
+            for o in objects
+        ],
+        roles={r.name: manifests.object_name(plan, r.name, name) for r in plan.roles},
+        entry_service=manifests.object_name(plan, entry.name, name),
+        entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
+        served_model_name=plan.served_model_name,
+        plan=plan.model_dump(mode="json"),
+    )
+    write_state(dep)  # before applying: `down` can clean up an interrupted `up`
+    try:
+        apply(api, to_apply, say, existed)
+    except UsageError as e:
+        raise type(e)(
+            f"{e} Whatever was applied before it is recorded: `servebook down {name}` deletes it."
+        ) from e
+    return dep
+
+
+def _cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[Obj]:
+    """servebook's Deployments and Services (of deployment ``name``, or of every
+    deployment) in ``namespace`` or, when None, every namespace; with the Namespace of each
+    found when it can be read."""
+    selector = manifests.deployment_selector(name) if name else DEPLOYMENT_LABEL
+    try:
+        found = [
+            *_list(api, "Deployment", namespace, selector),
+            *_list(api, "Service", namespace, selector),
+        ]
+    except UsageError as e:
+        if namespace is None and "refused" in str(e):
+            raise UsageError(
+                f"{e} Listing across namespaces is not allowed with these credentials: give "
+                "the deployment's namespace with -n NAMESPACE."
+            ) from e
+        raise
+    for ns in sorted({str(_meta(o).get("namespace", "")) for o in found}):
+        with contextlib.suppress(UsageError):  # a namespace we may not read: not ours
+            got = _namespace_exists(api, ns)
+            if got is not None:
+                found.append({"apiVersion": "v1", "kind": "Namespace", **got})
+    return found
+
+
+def find_deployment(api: Any, name: str, namespace: str | None = None) -> KubeDeployment | None:
+    """Deployment ``name`` as the cluster has it (``recover_record`` over its labelled
+    objects), in ``namespace``, else the recorded namespace, else any namespace; the local
+    record fills in what the cluster cannot say (the plan of an older apply).  Without
+    labelled objects, the local record (an older servebook's apply, or an interrupted up)."""
+    local = read_state(name)
+    ns = namespace or (local.namespace if local else None)
+    dep = recover_record(name, _cluster_objects(api, name, ns))
+    if dep is None:
+        return local if local is not None and namespace in (None, local.namespace) else None
+    if local is not None and local.namespace == dep.namespace:
+        dep.plan = dep.plan or local.plan
+        dep.served_model_name = dep.served_model_name or local.served_model_name
+        dep.recipe = dep.recipe or local.recipe
+        dep.created_namespace = dep.created_namespace or (
+            local.created_namespace
+            and not any(o.kind == "Namespace" for o in dep.objects)
+            and _ns_created_by(api, dep.namespace) in (None, name)
+        )
+    return dep
+
+
+def _ns_created_by(api: Any, namespace: str) -> str | None:
+    with contextlib.suppress(UsageError):
+        got = _namespace_exists(api, namespace)
+        return _annotations_of(got).get(CREATED_BY_ANNOTATION) if got else None
+    return None
+
+
+def list_deployments(namespace: str | None = None) -> list[FoundDeployment]:
+    """servebook's deployments in the cluster, found by their label."""
+    return deployments_found(_cluster_objects(_api(), None, namespace))
 
 
 def _crash_log(api: Any, namespace: str, state: RoleState) -> str:
@@ -198,14 +750,10 @@ def _crash_log(api: Any, namespace: str, state: RoleState) -> str:
 
 def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]:
     ns = dep.namespace
-    events = _call(f"listing events in {ns}", partial(_list, api, "events", ns))
+    events = _list(api, "Event", ns)
     out = []
     for role, deployment_name in dep.roles.items():
-        selector = manifests.selector_for(dep.recipe, role)
-        pods = _call(
-            f"listing the Pods of {role}",
-            partial(_list, api, "pods", ns, selector),
-        )
+        pods = _list(api, "Pod", ns, manifests.selector_for(dep.name, role))
         out.append(
             role_state(role, deployment_name, pods, events, now=datetime.now(UTC), started=started)
         )
@@ -225,47 +773,9 @@ def up(
     poll_s: float = POLL_S,
 ) -> KubeDeployment:
     name = name or plan.recipe
-    objects = manifests.render(plan)
-    errors = schema_errors(objects)
-    if errors:
-        raise UsageError(
-            "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
-        )
-    k8s = manifests.settings(plan)
     api = _api()
-    from kr8s.objects import Namespace
-
-    existed = _call(f"reading Namespace/{k8s.namespace}", Namespace(k8s.namespace, api=api).exists)
-    entry = plan.role(plan.entry_role)
-    started = datetime.now(UTC)
-    dep = KubeDeployment(
-        name=name,
-        recipe=plan.recipe,
-        namespace=k8s.namespace,
-        created_namespace=not existed and any(o["kind"] == "Namespace" for o in objects),
-        created=started.isoformat(),
-        objects=[
-            AppliedObject(
-                apiVersion=o["apiVersion"],
-                kind=o["kind"],
-                name=o["metadata"]["name"],
-                namespace=o["metadata"].get("namespace"),
-            )
-            for o in objects
-        ],
-        roles={r.name: manifests.object_name(plan, r.name) for r in plan.roles},
-        entry_service=manifests.object_name(plan, entry.name),
-        entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
-        served_model_name=plan.served_model_name,
-        plan=plan.model_dump(mode="json"),
-    )
-    write_state(dep)  # before applying: `down` can clean up an interrupted `up`
-    try:
-        apply(api, objects, say)
-    except UsageError as e:
-        raise type(e)(
-            f"{e} Whatever was applied before it is recorded: `servebook down {name}` deletes it."
-        ) from e
+    dep = apply_deployment(api, plan, name, say)
+    started = datetime.fromisoformat(dep.created)
     deadline = time.monotonic() + timeout_s
     last = ""
     states: list[RoleState] = []
@@ -312,42 +822,87 @@ def up(
         time.sleep(poll_s)
 
 
-def down(name: str) -> dict[str, str]:
-    """Delete what ``up`` applied, in reverse order; idempotent."""
-    dep = read_state(name)
+def _not_found(name: str, namespace: str | None) -> UsageError:
+    where = f"namespace {namespace}" if namespace else "any namespace"
+    return UsageError(
+        f"no Kubernetes deployment named {name!r} is recorded on this machine or labelled "
+        f"{DEPLOYMENT_LABEL}={name} in {where}. `servebook status --backend kubernetes` "
+        "lists the deployments the cluster has."
+    )
+
+
+def down(name: str, namespace: str | None = None) -> dict[str, str]:
+    """Delete deployment ``name``'s objects, found in the cluster by its label (and in the
+    local record), in reverse apply order; idempotent.  An object carrying another
+    deployment's label is never touched; the Namespace goes only when this deployment
+    created it and no other servebook deployment is left in it."""
+    local = read_state(name)
+    api = _api()
+    dep = find_deployment(api, name, namespace)
     if dep is None:
         return {}
-    api = _api()
-    from kr8s.objects import object_from_spec
-
     result: dict[str, str] = {}
+    deleted_any = False
     for o in reversed(dep.objects):
-        what = f"{o.kind}/{o.name}"
-        if o.kind == "Namespace" and not dep.created_namespace:
-            result[what] = "kept (it existed before up)"
+        what = _what(o)
+        if o.kind == "Namespace":
             continue
-        spec: dict[str, Any] = {
-            "apiVersion": o.apiVersion,
-            "kind": o.kind,
-            "metadata": {"name": o.name},
-        }
-        if o.namespace:
-            spec["metadata"]["namespace"] = o.namespace
-        obj = object_from_spec(spec, api=api)
-        if _call(f"reading {what}", obj.exists):
-            _call(f"deleting {what}", partial(obj.delete, propagation_policy="Foreground"))
-            result[what] = "deleted"
-        else:
+        got = _get(api, o.apiVersion, o.kind, o.namespace, o.name)
+        if got is None:
             result[what] = "not found"
-    state_path(name).unlink(missing_ok=True)
+            continue
+        owner = _labels_of(got).get(DEPLOYMENT_LABEL)
+        if owner is not None and owner != name:
+            result[what] = f"kept (it belongs to deployment {owner})"
+            continue
+        _request(
+            api,
+            "DELETE",
+            _where(o.apiVersion, o.kind, o.namespace, o.name),
+            f"deleting {what}",
+            body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"},
+            missing_ok=True,
+        )
+        result[what] = "deleted"
+        deleted_any = True
+    ns_what = f"Namespace/{dep.namespace}"
+    if dep.created_namespace:
+        others = sorted(
+            {
+                f.name
+                for f in deployments_found(_cluster_objects(api, None, dep.namespace))
+                if f.name != name
+            }
+        )
+        if others:
+            result[ns_what] = f"kept (deployment {', '.join(others)} is in it)"
+        else:
+            gone = _request(
+                api,
+                "DELETE",
+                _where("v1", "Namespace", None, dep.namespace),
+                f"deleting {ns_what}",
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "propagationPolicy": "Foreground",
+                },
+                missing_ok=True,
+            )
+            result[ns_what] = "deleted" if gone is not None else "not found"
+    elif any(o.kind == "Namespace" for o in dep.objects) or deleted_any:
+        result[ns_what] = "kept (this deployment did not create it)"
+    if local is not None and local.namespace == dep.namespace:
+        state_path(name).unlink(missing_ok=True)
     return result
 
 
-def status(name: str) -> dict[str, Any]:
-    dep = read_state(name)
+def status(name: str, namespace: str | None = None) -> dict[str, Any]:
+    api = _api()
+    dep = find_deployment(api, name, namespace)
     if dep is None:
-        raise UsageError(f"no Kubernetes deployment named {name!r} is recorded.")
-    states = _states(_api(), dep, datetime.fromisoformat(dep.created))
+        raise _not_found(name, namespace)
+    states = _states(api, dep, datetime.fromisoformat(dep.created))
     roles = [
         {
             "name": s.role,
@@ -375,10 +930,7 @@ def status(name: str) -> dict[str, Any]:
 
 def _ready_pod(api: Any, dep: KubeDeployment, role: str) -> dict[str, Any]:
     """The role's newest Ready Pod that is not being deleted; unusable (exit 2) without one."""
-    pods = _call(
-        f"listing the Pods of {role}",
-        partial(_list, api, "pods", dep.namespace, manifests.selector_for(dep.recipe, role)),
-    )
+    pods = _list(api, "Pod", dep.namespace, manifests.selector_for(dep.name, role))
     ready = [
         p
         for p in pods
@@ -424,16 +976,20 @@ def open_view(name: str, *, forward_timeout_s: float = 10.0) -> Iterator[Deploym
     with the reason in its description; the view's users fail naming the role."""
     from servebook.kube.portforward import Forwards, Kr8sDialer, kr8s_pod_identity
 
+    api = None
     dep = read_state(name)
-    if dep is None:
-        raise UsageError(f"no Kubernetes deployment named {name!r} is recorded.")
+    if dep is None:  # not recorded here: as the cluster has it
+        api = _api()
+        dep = find_deployment(api, name)
+        if dep is None:
+            raise _not_found(name, None)
     if not dep.plan:
         raise UsageError(
             f"deployment {name} was recorded by an older servebook without its plan: "
             f"`servebook down {name}`, then up again."
         )
     plan = Plan.model_validate(dep.plan)
-    api = _api()
+    api = api or _api()
     pods = {r.name: _ready_pod(api, dep, r.name) for r in plan.roles}
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
@@ -538,11 +1094,15 @@ class KubernetesBackend:
             f"and `servebook bench {dep.name}` reach it through port-forwards of their own.",
         )
 
-    def status(self, name: str) -> dict[str, Any]:
-        return status(name)
+    def status(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return status(name, namespace)
 
-    def down(self, name: str) -> Down:
-        return Down(name, down(name))
+    def down(self, name: str, namespace: str | None = None) -> Down:
+        return Down(name, down(name, namespace))
+
+    def found(self, namespace: str | None = None) -> list[FoundDeployment]:
+        """servebook's deployments in the cluster (by label), not this machine's records."""
+        return list_deployments(namespace)
 
     def open(self, name: str) -> contextlib.AbstractContextManager[DeploymentView]:
         return open_view(name)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -116,22 +118,82 @@ def up(
         out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
 
 
+ClusterBackendOpt = typer.Option(
+    None,
+    "--backend",
+    help="kubernetes: ask the cluster (a deployment's objects are found by their "
+    "servebook.io/deployment label), not this machine's records; it works from any machine.",
+)
+NamespaceOpt = typer.Option(
+    None,
+    "-n",
+    "--namespace",
+    help="With --backend kubernetes: the namespace to look in (default: the recorded one, "
+    "else every namespace the credentials may list).",
+)
+
+
+def _cluster(backend: str | None, namespace: str | None) -> KubernetesBackend | None:
+    """The Kubernetes backend when --backend kubernetes asks for the cluster itself."""
+    if backend is not None and base.get(backend).name == "kubernetes":
+        return KubernetesBackend()
+    if namespace is not None:
+        raise UsageError("-n/--namespace is for --backend kubernetes.")
+    return None
+
+
+def _print_found(found: list[Any], namespace: str | None, json_out: bool) -> None:
+    if json_out:
+        out.print_json(json.dumps([dataclasses.asdict(f) for f in found]))
+        return
+    where = f"namespace {namespace}" if namespace else "the cluster"
+    if not found:
+        out.print(f"no servebook deployments in {where}.", highlight=False)
+        return
+    out.print(f"servebook deployments in {where}:", highlight=False)
+    for f in found:
+        out.print(
+            f"  {f.name:20} namespace {f.namespace:16} recipe {f.recipe or '?':16} "
+            f"roles {','.join(f.roles)}",
+            highlight=False,
+            markup=False,
+        )
+
+
 @app.command()
 def status(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
+    backend: str | None = ClusterBackendOpt,
+    namespace: str | None = NamespaceOpt,
 ) -> None:
     """Show a deployment's roles and whether each can serve.
 
     Local: pid, port, URL, alive and healthy.  Kubernetes: per role its Pod, node, ready,
     restarts, and the evidence of a failure.
 
+    With --backend kubernetes the deployment is found in the cluster by its label, with
+    or without a record on this machine; without NAME it lists servebook's deployments
+    there (name, namespace, recipe, roles).
+
     Exit 1 when a role is down, 2 when there is no such deployment.
 
     Example: servebook status tiny-pd --json
+    Example: servebook status --backend kubernetes -n moe-pd
     """
-    backend, dep_name = base.locate(name)
-    st = backend.status(dep_name)
+    kube = _cluster(backend, namespace)
+    if kube is not None and name is None:
+        _print_found(kube.found(namespace), namespace, json_out)
+        return
+    if kube is not None and name is not None:
+        st = kube.status(name, namespace)
+    else:
+        found_backend, dep_name = base.locate(
+            name,
+            "Start one with `servebook up RECIPE`; one on Kubernetes brought up elsewhere: "
+            "`servebook status --backend kubernetes`.",
+        )
+        st = found_backend.status(dep_name)
     if json_out:
         out.print_json(json.dumps(st))
     else:
@@ -153,6 +215,8 @@ def status(
 @app.command()
 def down(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    backend: str | None = ClusterBackendOpt,
+    namespace: str | None = NamespaceOpt,
 ) -> None:
     """Stop exactly what a deployment started.
 
@@ -160,14 +224,29 @@ def down(
     stopped with their process group; its KV storage is removed.  Kubernetes: the objects
     `up` applied are deleted (the Namespace only if `up` created it).  Idempotent.
 
+    With --backend kubernetes the objects are found in the cluster by their label, with or
+    without a record on this machine (-n names the namespace).
+
     Example: servebook down tiny-pd
+    Example: servebook down moe --backend kubernetes -n moe-pd
     """
+    kube = _cluster(backend, namespace)
+    if kube is not None:
+        if name is None:
+            raise UsageError("down --backend kubernetes needs the deployment's NAME.")
+        _print_down(kube.down(name, namespace))
+        return
     found = base.find(name)
     if found is None:
-        out.print(f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is up.")
+        out.print(
+            f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is recorded "
+            "here (one on Kubernetes brought up elsewhere: `servebook down NAME --backend "
+            "kubernetes`).",
+            highlight=False,
+        )
         return
-    backend, dep_name = found
-    _print_down(backend.down(dep_name))
+    owner, dep_name = found
+    _print_down(owner.down(dep_name))
 
 
 def _print_down(result: Down) -> None:

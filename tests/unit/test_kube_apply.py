@@ -1,0 +1,249 @@
+"""The kubernetes backend's apply, down and status over real HTTP, against a stand-in API
+server (tests/unit/kube_standin.py) that keeps objects in memory and answers as the real
+one does: server-side apply as field manager servebook, deployments named and labelled by
+their name beside each other, refusals (another deployment's object, a field-manager
+conflict, a 403) as exit 2 naming the object or request, and state recovered from labels
+when the local record is gone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from servebook.backends import kubernetes as kube
+from servebook.findings import UsageError
+from servebook.kube.manifests import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
+from servebook.recipe.plan import Plan
+from servebook.recipe.resolve import resolve
+from tests.conftest import CliResult
+from tests.unit.kube_standin import Server, StandIn, dump, serve
+
+Cli = Callable[..., CliResult]
+VALUES = Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml"
+NS = "moe-pd"  # the namespace VALUES names
+UP = ["up", "vllm-pd", "--backend", "kubernetes", "-f", str(VALUES)]
+
+
+@pytest.fixture
+def cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[StandIn, dict[str, str]]]:
+    server: Server = serve()
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    try:
+        yield server.standin, {"KUBECONFIG": str(cfg)}
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def plan() -> Plan:
+    return resolve("vllm-pd", [], [VALUES])
+
+
+def _mine(st: StandIn, name: str) -> list[str]:
+    return sorted(
+        f"{p}/{n}"
+        for (p, _, n), o in st.objects.items()
+        if (o["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == name
+        and p not in ("pods", "namespaces")
+    )
+
+
+def _patches(st: StandIn) -> list[str]:
+    return [r.path for r in st.requests if r.method == "PATCH"]
+
+
+def test_apply_is_server_side_and_idempotent(
+    cluster: tuple[StandIn, dict[str, str]], plan: Plan
+) -> None:
+    st, _ = cluster
+    api = kube._api()
+    kube.apply_deployment(api, plan, "vllm-pd")
+    first = {k: v["metadata"]["uid"] for k, v in st.objects.items()}
+    kube.apply_deployment(api, plan, "vllm-pd")
+    assert st.names("deployments", NS) == [
+        "vllm-pd-decode",
+        "vllm-pd-prefill",
+        "vllm-pd-router",
+    ], dump(st)
+    assert st.names("services", NS) == st.names("deployments", NS)
+    assert st.names("namespaces") == [NS]
+    # the same objects, applied again in place (not deleted and re-created)
+    assert {k: v["metadata"]["uid"] for k, v in st.objects.items()} == first
+    patches = [r for r in st.requests if r.method == "PATCH"]
+    # Namespace once (it did not exist), then 6 objects, twice
+    assert len(patches) == 1 + 6 + 6, [r.path for r in patches]
+    for r in patches:
+        assert r.content_type == "application/apply-patch+yaml", r
+        assert r.query == {"fieldManager": "servebook"}, r  # never force
+    assert not [r for r in st.requests if r.method in ("POST", "PUT")]
+    ns = st.objects[("namespaces", "", NS)]
+    assert ns["metadata"]["annotations"][CREATED_BY_ANNOTATION] == "vllm-pd"
+    prefill = st.objects[("deployments", NS, "vllm-pd-prefill")]
+    assert prefill["metadata"]["managedFields"][0]["manager"] == "servebook"
+    assert prefill["spec"]["selector"]["matchLabels"][DEPLOYMENT_LABEL] == "vllm-pd"
+
+
+def test_two_deployments_of_one_recipe_coexist_and_down_removes_exactly_its_own(
+    cluster: tuple[StandIn, dict[str, str]], plan: Plan
+) -> None:
+    st, _ = cluster
+    api = kube._api()
+    kube.apply_deployment(api, plan, "a")
+    kube.apply_deployment(api, plan, "b")
+    a_objs, b_objs = _mine(st, "a"), _mine(st, "b")
+    assert a_objs == [
+        "deployments/a-decode",
+        "deployments/a-prefill",
+        "deployments/a-router",
+        "services/a-decode",
+        "services/a-prefill",
+        "services/a-router",
+    ]
+    assert b_objs == [o.replace("/a-", "/b-") for o in a_objs]
+    # b's router reaches b's engines, not a's
+    router = st.objects[("deployments", NS, "b-router")]["spec"]["template"]["spec"]
+    args = " ".join(router["containers"][0]["args"])
+    assert "http://b-prefill:8000" in args and "a-prefill" not in args
+    # a created the namespace; b found it there and used it as it is
+    assert st.objects[("namespaces", "", NS)]["metadata"]["annotations"] == {
+        CREATED_BY_ANNOTATION: "a"
+    }
+    assert len([p for p in _patches(st) if p == f"/api/v1/namespaces/{NS}"]) == 1
+
+    done = kube.down("a")
+    assert _mine(st, "a") == [], dump(st)
+    assert _mine(st, "b") == b_objs
+    assert done[f"Namespace/{NS}"].startswith("kept (deployment b"), done
+    assert {k: v for k, v in done.items() if k != f"Namespace/{NS}"} == {
+        f"{o}": "deleted"
+        for o in (
+            f"{kind}/a-{role} in namespace {NS}"
+            for kind in ("Deployment", "Service")
+            for role in ("prefill", "decode", "router")
+        )
+    }
+    assert st.names("namespaces") == [NS]
+    assert kube.down("a") == {}  # idempotent: nothing of a is left to find
+
+
+@pytest.mark.parametrize(
+    ("labels", "words"),
+    [
+        ({DEPLOYMENT_LABEL: "other"}, "servebook deployment 'other'"),
+        ({"app.kubernetes.io/name": "vllm"}, f"no {DEPLOYMENT_LABEL} label"),
+    ],
+)
+def test_an_object_of_another_deployment_is_refused_and_nothing_is_applied(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]], labels: dict[str, str], words: str
+) -> None:
+    st, env = cluster
+    st.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    st.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "vllm-pd-decode", "namespace": NS, "labels": labels},
+            "spec": {"ports": [{"port": 80}]},
+        }
+    )
+    r = cli(*UP, env=env)
+    assert r.returncode == 2, r.stderr
+    assert f"Service/vllm-pd-decode in namespace {NS}" in r.stderr and words in r.stderr
+    assert "does not adopt" in r.stderr
+    assert _patches(st) == []
+    assert st.objects[("services", NS, "vllm-pd-decode")]["metadata"]["labels"] == labels
+
+
+def test_a_field_manager_conflict_is_reported_naming_the_object_not_overwritten(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]], plan: Plan
+) -> None:
+    st, env = cluster
+    kube.apply_deployment(kube._api(), plan, "vllm-pd")
+    # someone scaled the prefill Deployment with `kubectl scale` (another field manager)
+    key = ("deployments", NS, "vllm-pd-prefill")
+    st.objects[key]["spec"]["replicas"] = 0
+    st.owned_by_other[key] = {".spec.replicas": "kubectl"}
+    r = cli(*UP, env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"applying Deployment/vllm-pd-prefill in namespace {NS}" in r.stderr
+    assert "conflicts with another field manager" in r.stderr
+    assert ".spec.replicas" in r.stderr and '"kubectl"' in r.stderr
+    assert st.objects[key]["spec"]["replicas"] == 0  # not forced over
+    assert all("force" not in q.query for q in st.requests)
+
+
+def test_a_403_is_exit_2_naming_the_request(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]]
+) -> None:
+    st, env = cluster
+    st.forbidden.append(("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/"))
+    r = cli(*UP, env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"PATCH /apis/apps/v1/namespaces/{NS}/deployments/vllm-pd-prefill" in r.stderr
+    assert "403 Forbidden" in r.stderr
+    assert st.names("deployments", NS) == []
+
+
+def test_status_and_down_recover_the_deployment_from_labels_without_the_record(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]], sb_home: Path
+) -> None:
+    st, env = cluster
+    st.ready_pods = True
+    for name in ("a", "b"):
+        r = cli(*UP, "--name", name, "--timeout", "60", env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"up: {name} ready: service/{name}-router port 8000" in r.stdout, r.stdout
+    shutil.rmtree(sb_home / "deployments")  # another machine: no local record
+
+    r = cli("status", "a", env=env)
+    assert r.returncode == 2 and "--backend kubernetes" in r.stderr, r.stderr
+    r = cli("status", "a", "--backend", "kubernetes", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    st_a = json.loads(r.stdout)
+    assert st_a["namespace"] == NS and st_a["recipe"] == "vllm-pd"
+    assert [x["name"] for x in st_a["roles"]] == ["prefill", "decode", "router"]
+    assert all(x["ok"] for x in st_a["roles"]), st_a
+    assert st_a["entry"] == f"service/a-router port 8000 in namespace {NS}"
+
+    r = cli("status", "--backend", "kubernetes", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [
+        {"name": n, "namespace": NS, "recipe": "vllm-pd", "roles": ["prefill", "decode", "router"]}
+        for n in ("a", "b")
+    ]
+    r = cli("status", "--backend", "kubernetes", "-n", "elsewhere", env=env)
+    assert r.returncode == 0 and "no servebook deployments in namespace elsewhere" in r.stdout
+
+    r = cli("down", "b", "--backend", "kubernetes", "-n", NS, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"Namespace/{NS}: kept (this deployment did not create it)" in r.stdout, r.stdout
+    assert _mine(st, "b") == [] and len(_mine(st, "a")) == 6
+    r = cli("down", "a", "--backend", "kubernetes", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"Namespace/{NS}: deleted" in r.stdout, r.stdout  # a created it; nothing else is in it
+    assert st.objects == {}, dump(st)
+
+
+def test_status_of_a_deployment_the_cluster_does_not_have_is_exit_2(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]]
+) -> None:
+    _, env = cluster
+    r = cli("status", "ghost", "--backend", "kubernetes", env=env)
+    assert r.returncode == 2, r.stderr
+    assert "servebook.io/deployment=ghost" in r.stderr
+
+
+def test_listing_across_namespaces_refused_asks_for_a_namespace(
+    cluster: tuple[StandIn, dict[str, str]],
+) -> None:
+    st, _ = cluster
+    st.forbidden.append(("GET", "/apis/apps/v1/deployments"))
+    with pytest.raises(UsageError, match="-n NAMESPACE"):
+        kube.list_deployments()
