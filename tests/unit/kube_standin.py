@@ -8,14 +8,23 @@ namespaces) with ``labelSelector``; and ``Status`` bodies for 404, 409 and 403.
 
 What a test arranges: ``owned_by_other`` (a field another field manager owns, so an apply
 that changes it is a 409 FieldManagerConflict), ``forbidden`` (method and path prefix that
-answer 403), and ``ready_pods`` (a Deployment applied gets a Ready Pod, as its controller
-and the kubelet would make one).  ``requests`` records every request the server saw.
+answer 403), and ``ready_pods`` (a Deployment applied gets what its controller and the
+kubelet would make: a generation observed, a ReplicaSet per Pod template with its
+``pod-template-hash`` and revision, and a Ready Pod of it).  ``requests`` records every
+request the server saw.
+
+Port-forwards: ``pods/POD/portforward`` speaks the ``v4.channel.k8s.io`` WebSocket protocol
+and relays to ``forward_to["ROLE:PORT"]`` (ROLE is the Pod's
+``app.kubernetes.io/component`` label), a local address standing in for the container's
+port; a role in ``forward_errors`` gets kubelet's error on the error channel instead.
+``replace_pod(role)`` replaces a role's Pod the way a node failure or an eviction does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import itertools
 import json
 import threading
@@ -37,7 +46,10 @@ KINDS = {
     "pods": ("v1", "Pod", ""),
     "events": ("v1", "Event", ""),
     "deployments": ("apps/v1", "Deployment", "apps"),
+    "replicasets": ("apps/v1", "ReplicaSet", "apps"),
 }
+PORTFORWARD_PROTOCOL = "v4.channel.k8s.io"
+REVISION = "deployment.kubernetes.io/revision"
 
 
 @dataclass
@@ -59,7 +71,35 @@ class StandIn:
     # (method, path prefix) pairs answered 403
     forbidden: list[tuple[str, str]] = field(default_factory=list)
     ready_pods: bool = False
+    forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
+    forward_errors: set[str] = field(default_factory=set)
+    # A changed Deployment waits here, its new generation not yet observed and its old Pod
+    # still Ready, until ``release_rollouts`` (the controller being slow, as it may be).
+    hold_rollouts: bool = False
+    held: list[tuple[str, str, str]] = field(default_factory=list)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
+
+    def pods_of(self, role: str) -> list[Obj]:
+        return [
+            o
+            for (p, _, _), o in sorted(self.objects.items())
+            if p == "pods"
+            and o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == role
+        ]
+
+    def replace_pod(self, role: str) -> str:
+        """Delete the role's Pod and start another from the same ReplicaSet (a new uid and
+        name, as after an eviction); returns the new Pod's name."""
+        (old,) = self.pods_of(role)
+        meta = old["metadata"]
+        del self.objects[("pods", meta["namespace"], meta["name"])]
+        rs = next(
+            o
+            for (p, _, _), o in self.objects.items()
+            if p == "replicasets"
+            and any(r["uid"] == o["metadata"]["uid"] for r in meta["ownerReferences"])
+        )
+        return _start_pod(self, rs, suffix="new")
 
     def put(self, obj: Obj) -> None:
         """Put an object as if someone else had made it."""
@@ -156,11 +196,13 @@ def _app(st: StandIn) -> web.Application:
         if plural not in KINDS:
             return _status(404, "NotFound", "the server could not find the requested resource")
         selector = request.query.get("labelSelector", "")
+        only = request.query.get("fieldSelector", "").removeprefix("metadata.name=")
         items = [
             copy.deepcopy(o)
-            for (p, n, _), o in sorted(st.objects.items())
+            for (p, n, name), o in sorted(st.objects.items())
             if p == plural
             and (not ns or n == ns)
+            and (not only or name == only)
             and _matches(o["metadata"].get("labels") or {}, selector)
         ]
         for i in items:  # the real server's list items carry no kind/apiVersion
@@ -197,11 +239,8 @@ def _app(st: StandIn) -> web.Application:
         if plural == "namespaces":
             for key in [k for k in st.objects if k[1] == name]:
                 del st.objects[key]
-        if plural == "deployments":
-            for key, o in list(st.objects.items()):
-                refs = o["metadata"].get("ownerReferences") or []
-                if any(r.get("uid") == obj["metadata"]["uid"] for r in refs):
-                    del st.objects[key]
+        if plural in ("deployments", "replicasets"):
+            _collect_garbage(st, obj["metadata"]["uid"])
         return web.json_response(obj)
 
     async def apply(request: web.Request) -> web.Response:
@@ -258,16 +297,74 @@ def _app(st: StandIn) -> web.Application:
         if old is not None:
             for k in ("uid", "creationTimestamp"):
                 meta[k] = old["metadata"][k]
+        if plural == "deployments":
+            generation = int((old or {}).get("metadata", {}).get("generation", 0))
+            changed = old is None or old.get("spec") != obj.get("spec")
+            meta["generation"] = generation + 1 if changed else generation
+            if old is not None:
+                obj["status"] = old.get("status", {})
+                anns = old["metadata"].get("annotations", {})
+                if REVISION in anns:
+                    meta.setdefault("annotations", {})[REVISION] = anns[REVISION]
         st._stamp(obj)
         meta["managedFields"] = [
             {"manager": manager, "operation": "Apply", "apiVersion": api_version}
         ]
         st.objects[key] = obj
         if plural == "deployments" and st.ready_pods:
-            _make_ready_pod(st, obj)
+            if st.hold_rollouts and old is not None and old.get("spec") != obj.get("spec"):
+                st.held.append(key)
+            else:
+                _roll_out(st, obj)
         return web.json_response(obj, status=200 if old else 201)
 
+    async def portforward(request: web.Request) -> web.StreamResponse:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = st.objects.get(("pods", ns, name))
+        if pod is None:
+            return not_found("pods", name)
+        role = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component", "")
+        port = int(request.query.get("ports", "0"))
+        ws = web.WebSocketResponse(protocols=(PORTFORWARD_PROTOCOL,))
+        await ws.prepare(request)
+        prefix = port.to_bytes(2, "little")
+        await ws.send_bytes(b"\x00" + prefix)
+        await ws.send_bytes(b"\x01" + prefix)
+        address = st.forward_to.get(f"{role}:{port}")
+        if role in st.forward_errors or address is None:
+            message = (
+                f"error forwarding port {port} to pod {pod['metadata']['uid']}, uid : failed "
+                f"to execute portforward in network namespace: failed to connect to "
+                f"localhost:{port} inside namespace: connect: connection refused"
+            )
+            await ws.send_bytes(b"\x01" + message.encode())
+            await ws.close()
+            return ws
+        try:
+            reader, writer = await asyncio.open_connection(*address)
+        except OSError as e:
+            await ws.send_bytes(b"\x01" + f"error forwarding port {port}: {e}".encode())
+            await ws.close()
+            return ws
+
+        async def pod_to_client() -> None:
+            while data := await reader.read(65536):
+                await ws.send_bytes(b"\x00" + data)
+            await ws.close()
+
+        relay = asyncio.ensure_future(pod_to_client())
+        try:
+            async for msg in ws:
+                if msg.type == web.WSMsgType.BINARY and msg.data[:1] == b"\x00":
+                    writer.write(msg.data[1:])
+                    await writer.drain()
+        finally:
+            relay.cancel()
+            writer.close()
+        return ws
+
     app = web.Application(middlewares=[record])
+    app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/portforward", portforward)
     app.router.add_get("/version", version)
     app.router.add_get("/version/", version)  # kr8s asks with the slash
     for prefix in ("/api/v1", "/apis/apps/v1"):
@@ -282,16 +379,95 @@ def _app(st: StandIn) -> web.Application:
     return app
 
 
-def _make_ready_pod(st: StandIn, dep: Obj) -> None:
-    """The Pod a Deployment's controller would start, Ready (replacing an older one)."""
-    meta = dep["metadata"]
-    ns = meta["namespace"]
+def _collect_garbage(st: StandIn, owner_uid: str) -> None:
+    """Delete what ``owner_uid`` owns, and what that owns (the garbage collector)."""
     for key, o in list(st.objects.items()):
         refs = o["metadata"].get("ownerReferences") or []
-        if key[0] == "pods" and any(r.get("uid") == meta["uid"] for r in refs):
+        if key in st.objects and any(r.get("uid") == owner_uid for r in refs):
             del st.objects[key]
+            _collect_garbage(st, o["metadata"]["uid"])
+
+
+def _owner(obj: Obj) -> Obj:
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _roll_out(st: StandIn, dep: Obj) -> None:
+    """What the Deployment controller and the kubelet do with a Recreate Deployment: one
+    ReplicaSet per Pod template (named by its ``pod-template-hash``, annotated with its
+    revision), the older ones scaled to 0 and their Pods gone, one Ready Pod of the
+    current one, and the Deployment's status observing its generation."""
+    meta = dep["metadata"]
+    ns = meta["namespace"]
     template = dep["spec"]["template"]
-    name = f"{meta['name']}-{meta['resourceVersion']}-abcde"
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+    mine = [
+        o
+        for (p, n, _), o in st.objects.items()
+        if p == "replicasets"
+        and n == ns
+        and any(r["uid"] == meta["uid"] for r in o["metadata"].get("ownerReferences", []))
+    ]
+    current = next(
+        (o for o in mine if o["metadata"]["labels"].get("pod-template-hash") == digest), None
+    )
+    revisions = [int(o["metadata"]["annotations"][REVISION]) for o in mine]
+    for o in mine:
+        if o is not current:
+            o["spec"]["replicas"] = 0
+            o["status"] = {"replicas": 0, "observedGeneration": 1}
+            _collect_garbage(st, o["metadata"]["uid"])
+    revision = str(max(revisions, default=0) + 1)
+    if current is None:
+        labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
+        current = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{meta['name']}-{digest}",
+                "namespace": ns,
+                "labels": labels,
+                "annotations": {REVISION: revision},
+                "ownerReferences": [_owner(dep)],
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
+            },
+        }
+        st.put(current)
+    else:
+        current["metadata"]["annotations"][REVISION] = revision
+    if not [o for o in st.objects.values() if _owned_by(o, current)]:
+        _start_pod(st, current, suffix=digest[:5])
+    meta.setdefault("annotations", {})[REVISION] = revision
+    dep["status"] = {
+        "observedGeneration": meta["generation"],
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": 1,
+        "availableReplicas": 1,
+    }
+
+
+def _owned_by(obj: Obj, owner: Obj) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == owner["metadata"]["uid"] for r in refs)
+
+
+def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
+    """A Ready Pod of ReplicaSet ``rs``, on node-1; returns its name."""
+    template = rs["spec"]["template"]
+    name = f"{rs['metadata']['name']}-{suffix}-{next(st._rv)}"
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     containers = template["spec"]["containers"]
     pod: Obj = {
@@ -299,16 +475,9 @@ def _make_ready_pod(st: StandIn, dep: Obj) -> None:
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "namespace": ns,
-            "labels": dict(template["metadata"]["labels"]),
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                }
-            ],
+            "namespace": rs["metadata"]["namespace"],
+            "labels": dict(rs["metadata"]["labels"]),
+            "ownerReferences": [_owner(rs)],
         },
         "spec": {**copy.deepcopy(template["spec"]), "nodeName": "node-1"},
         "status": {
@@ -332,6 +501,7 @@ def _make_ready_pod(st: StandIn, dep: Obj) -> None:
         },
     }
     st.put(pod)
+    return name
 
 
 KUBECONFIG = """\
@@ -363,6 +533,22 @@ class Server:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn(standin)`` on the server's own thread (objects change only there)."""
+
+        async def run() -> Any:
+            return fn(self.standin)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def release_rollouts(self) -> None:
+        def release(st: StandIn) -> None:
+            for key in st.held:
+                _roll_out(st, st.objects[key])
+            st.held.clear()
+
+        self.call(release)
 
     def write_kubeconfig(self, path: Path) -> Path:
         path.write_text(KUBECONFIG.format(url=self.standin.url))

@@ -51,7 +51,7 @@ def _mine(st: StandIn, name: str) -> list[str]:
         f"{p}/{n}"
         for (p, _, n), o in st.objects.items()
         if (o["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL) == name
-        and p not in ("pods", "namespaces")
+        and p not in ("pods", "replicasets", "namespaces")
     )
 
 

@@ -57,7 +57,7 @@ from servebook.kube.manifests import (
     DEPLOYMENT_LABEL,
     RECIPE_ANNOTATION,
 )
-from servebook.kube.rollout import RoleState, overall, role_state
+from servebook.kube.rollout import RoleState, overall, restart_counts, role_state
 from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import Plan
 
@@ -95,6 +95,8 @@ class KubeDeployment(BaseModel):
     served_model_name: str = ""
     ready: bool = False
     plan: dict[str, Any] = Field(default_factory=dict)
+    # Pod uid -> container restarts before this apply: restarts count from the apply.
+    restart_baseline: dict[str, int] = Field(default_factory=dict)
 
 
 def state_path(name: str) -> Path:
@@ -388,6 +390,7 @@ _PLURALS = {
     "Service": "services",
     "Pod": "pods",
     "Event": "events",
+    "ReplicaSet": "replicasets",
 }
 
 
@@ -535,7 +538,9 @@ def _list(
 ) -> list[Obj]:
     """The items of a list (every namespace when ``namespace`` is None), each with its
     ``kind`` and ``apiVersion`` set as ``kubectl get -o json`` writes them."""
-    api_version = "apps/v1" if kind in ("Deployment", "deployments") else "v1"
+    api_version = (
+        "apps/v1" if kind in ("Deployment", "deployments", "ReplicaSet", "replicasets") else "v1"
+    )
     kind = {v: k for k, v in _PLURALS.items()}.get(kind, kind)
     if isinstance(selector, dict):
         selector = ",".join(f"{k}={v}" for k, v in selector.items())
@@ -659,6 +664,11 @@ def apply_deployment(
         entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
         served_model_name=plan.served_model_name,
         plan=plan.model_dump(mode="json"),
+        restart_baseline=restart_counts(
+            _list(api, "Pod", k8s.namespace, manifests.deployment_selector(name))
+            if ns_obj is not None
+            else []
+        ),
     )
     write_state(dep)  # before applying: `down` can clean up an interrupted `up`
     try:
@@ -749,15 +759,64 @@ def _crash_log(api: Any, namespace: str, state: RoleState) -> str:
 
 
 def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]:
+    """Every role's verdict on the rollout of this apply (``kube.rollout``): its Pods, its
+    Deployment and ReplicaSets (so an old Pod is never this apply's), and the namespace's
+    events; restarts count from the baseline recorded at apply time."""
     ns = dep.namespace
     events = _list(api, "Event", ns)
+    selector = manifests.deployment_selector(dep.name)
+    deployments = {str(_meta(d).get("name")): d for d in _list(api, "Deployment", ns, selector)}
+    replicasets = _list(api, "ReplicaSet", ns, selector)
     out = []
     for role, deployment_name in dep.roles.items():
         pods = _list(api, "Pod", ns, manifests.selector_for(dep.name, role))
         out.append(
-            role_state(role, deployment_name, pods, events, now=datetime.now(UTC), started=started)
+            role_state(
+                role,
+                deployment_name,
+                pods,
+                events,
+                now=datetime.now(UTC),
+                started=started,
+                deployment=deployments.get(deployment_name),
+                replicasets=replicasets,
+                restart_baseline=dep.restart_baseline or None,
+            )
         )
     return out
+
+
+def _signature(api: Any, namespace: str, state: RoleState) -> str | None:
+    """The known failure signature in a crashed container's previous log, if any."""
+    log = _crash_log(api, namespace, state)
+    found = [line for line in log.splitlines() if line.startswith("known failure")]
+    return found[0] if found else None
+
+
+def role_status(s: RoleState, signature: str | None = None) -> dict[str, Any]:
+    """One role's line of `servebook status`: its Pod, node, readiness, restarts since this
+    apply, image and the last known failure signature, with the verdict and evidence."""
+    where = f"Pod {s.pod} on node {s.node or '?'}" if s.pod else "no Pod yet"
+    parts = [where, f"restarts since apply {s.restarts_since_apply}"]
+    if s.image:
+        parts.append(f"image {s.image}")
+    summary = ", ".join(parts) + f": {s.summary}"
+    if signature:
+        summary += f" ({signature})"
+    return {
+        "name": s.role,
+        "kind": "router" if s.role == "router" else "engine",
+        "state": s.state,
+        "ok": s.state == "ready",
+        "summary": summary,
+        "pod": s.pod,
+        "node": s.node,
+        "ready": s.ready,
+        "restarts_since_apply": s.restarts_since_apply,
+        "image": s.image,
+        "failure_signature": signature,
+        "evidence": s.evidence,
+    }
 
 
 def _describe_states(states: list[RoleState]) -> str:
@@ -903,18 +962,7 @@ def status(name: str, namespace: str | None = None) -> dict[str, Any]:
     if dep is None:
         raise _not_found(name, namespace)
     states = _states(api, dep, datetime.fromisoformat(dep.created))
-    roles = [
-        {
-            "name": s.role,
-            "kind": "router" if s.role == "router" else "engine",
-            "state": s.state,
-            "ok": s.state == "ready",
-            "summary": s.summary,
-            "pod": s.pod,
-            "evidence": s.evidence,
-        }
-        for s in states
-    ]
+    roles = [role_status(s, _signature(api, dep.namespace, s)) for s in states]
     return {
         "name": dep.name,
         "backend": dep.backend,

@@ -181,6 +181,7 @@ def _reachable(t: Target, opts: Options) -> Finding:
             f"{t.name}: /health answered in {1000 * waited:.0f} ms",
             evidence={"url": t.url, "seconds": waited},
         )
+    extra = t.describe()  # again: the failure may have told the backend more (a forward)
     return C.REACHABLE.finding(
         Severity.FAIL,
         t.name,

@@ -1,0 +1,266 @@
+"""verify, bench and status by name on a Kubernetes deployment, over real HTTP: a stand-in
+API server (tests/unit/kube_standin.py) that applies, rolls out and port-forwards as the
+real one does, relaying each Pod's ports to a local stand-in engine that serves the
+endpoints servebook reads (/health, /version, /metrics with counters captured from vLLM
+0.32.0, streaming /v1/completions).
+
+What is pinned: a re-up after a change waits for the new Pod instead of reporting the old
+one; a forward that fails and a Pod replaced mid-command each end the command naming the
+role, within its bound; status shows each role's Pod, node, readiness, restarts and image.
+A real engine behind the forwards is tests/engine/test_kube_view.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from servebook.backends import kubernetes as kube
+from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.recipe.resolve import resolve
+from tests.conftest import CliResult
+from tests.unit.kube_standin import Server, serve
+
+Cli = Callable[..., CliResult]
+VALUES = Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml"
+METRICS = Path(__file__).parent / "fixtures" / "metrics"
+NS = "moe-pd"
+UP = ["up", "vllm-pd", "--backend", "kubernetes", "-f", str(VALUES), "--timeout", "60"]
+
+
+class Engine:
+    """A stand-in engine behind a Pod's forwarded port (see the module docstring)."""
+
+    def __init__(self, role: str) -> None:
+        name = "decode" if role == "decode" else "prefill"
+        self.metrics = (METRICS / f"vllm-0.32.0-cpu-pd-spec-{name}-after.prom").read_text()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> Engine:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.scrape)
+        app.router.add_post("/v1/completions", self.complete)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics, content_type="text/plain")
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = int(body.get("max_tokens") or 1)
+        if not body.get("stream"):
+            return web.json_response(
+                {
+                    "choices": [{"index": 0, "text": "ab" * n, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": n},
+                }
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(n):
+            choice = {"index": 0, "text": "a", "finish_reason": None}
+            await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+            await asyncio.sleep(0.002)
+        usage = {"prompt_tokens": 3, "completion_tokens": n}
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+def cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    server = serve()
+    server.standin.ready_pods = True
+    engines = {role: Engine(role).start() for role in ("prefill", "decode", "router")}
+    for role, e in engines.items():
+        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
+    # The router's Prometheus port: its counters are not read by verify or bench.
+    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    try:
+        yield server, {"KUBECONFIG": str(cfg)}
+    finally:
+        for e in engines.values():
+            e.stop()
+        server.stop()
+
+
+def _pod(server: Server, role: str) -> dict[str, Any]:
+    pods: list[dict[str, Any]] = server.call(lambda st: st.pods_of(role))
+    (pod,) = pods
+    return pod
+
+
+def test_status_shows_each_roles_pod_node_readiness_restarts_and_image(
+    cli: Cli, cluster: tuple[Server, dict[str, str]]
+) -> None:
+    server, env = cluster
+    r = cli(*UP, env=env)
+    assert r.returncode == 0, r.stderr
+    r = cli("status", "vllm-pd", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    roles = {x["name"]: x for x in json.loads(r.stdout)["roles"]}
+    assert set(roles) == {"prefill", "decode", "router"}
+    for role, x in roles.items():
+        assert x["state"] == "ready" and x["ok"] and x["ready"] is True
+        assert x["pod"] == _pod(server, role)["metadata"]["name"]
+        assert x["node"] == "node-1" and x["restarts_since_apply"] == 0
+        assert x["image"] and x["image"] in r.stdout
+    r = cli("status", "vllm-pd", env=env)
+    assert r.returncode == 0 and "restarts since apply 0" in r.stdout, r.stdout
+
+
+def test_a_reup_after_a_change_waits_for_the_new_pod(
+    cli: Cli, cluster: tuple[Server, dict[str, str]]
+) -> None:
+    """While the controller has not rolled out the changed template, the old Pod is still
+    Ready; up must wait for this apply's Pod, not report the old one."""
+    server, env = cluster
+    r = cli(*UP, env=env)
+    assert r.returncode == 0, r.stderr
+    old = _pod(server, "decode")["metadata"]["name"]
+    server.standin.hold_rollouts = True
+    changed = resolve("vllm-pd", ["extra_engine_args=--max-num-seqs 64"], [VALUES])
+    done: dict[str, Any] = {}
+
+    def reup() -> None:
+        try:
+            done["dep"] = kube.up(changed, name="vllm-pd", timeout_s=30, poll_s=0.1)
+        except BaseException as e:
+            done["error"] = e
+
+    t = threading.Thread(target=reup, daemon=True)
+    t.start()
+    time.sleep(1.5)  # many polls: each saw the old Ready Pod and an unobserved generation
+    assert t.is_alive() and not done, f"up returned before the new Pod existed: {done}"
+    server.release_rollouts()
+    t.join(20)
+    assert "dep" in done, done
+    new = _pod(server, "decode")
+    assert new["metadata"]["name"] != old
+    assert "--max-num-seqs" in json.dumps(new["spec"]["containers"][0])
+
+
+def test_verify_names_the_role_whose_forward_fails_within_its_bound(
+    cli: Cli, cluster: tuple[Server, dict[str, str]]
+) -> None:
+    server, env = cluster
+    assert cli(*UP, env=env).returncode == 0
+    server.standin.forward_errors.add("decode")
+    t0 = time.monotonic()
+    r = cli("verify", "vllm-pd", "--json", "--timeout", "10", "--health-timeout", "3", env=env)
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert took < 60, took
+    failed = [f for f in json.loads(r.stdout)["findings"] if f["severity"] == "fail"]
+    assert {f["subject"] for f in failed} >= {"decode"}, failed
+    (reach,) = [f for f in failed if f["subject"] == "decode" and f["check"] == "SB305"]
+    # The role's description carries the forward's failure: its Pod and the kubelet's word.
+    pod = _pod(server, "decode")["metadata"]["name"]
+    assert pod in reach["message"] and "error forwarding port 8000" in reach["message"], reach
+    assert {f["subject"] for f in failed if f["check"] == "SB305"} == {"decode"}, failed
+
+
+def test_bench_stops_naming_the_role_whose_pod_was_replaced(
+    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path, sb_home: Path
+) -> None:
+    """A Pod replaced mid-sweep: the point in flight is invalid naming the role (SB410),
+    the sweep stops with exit 1 naming it, and nothing waits past the bound."""
+    from servebook.models.tiny import make_tiny_model
+
+    server, env = cluster
+    assert cli(*UP, env=env).returncode == 0
+    tok = tmp_path / "tok"
+    make_tiny_model(tok)
+    out = tmp_path / "sweep"
+    args = [
+        *("--tokenizer", str(tok), "--concurrency", "1,2", "--repetitions", "3"),
+        *("--duration", "2s", "--warmup", "0s", "--min-requests", "1", "--input-len", "8"),
+        *("--output-len", "4", "--order", "ascending", "--max-client-lag-ms", "1000"),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servebook", "bench", "vllm-pd", *args, "-o", str(out)],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    results = out / RESULTS_NAME
+    while not (results.exists() and load_results(results).points):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no point finished in 60 s"
+        time.sleep(0.2)
+    replaced_at = time.monotonic()
+    old = _pod(server, "decode")["metadata"]["name"]
+    server.call(lambda st: st.replace_pod("decode"))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - replaced_at < 30
+    assert proc.returncode == 1, stdout + stderr
+    assert "bench stopped" in stderr and "decode" in stderr, stderr
+    res = load_results(results)
+    assert len(res.points) < 6
+    last = res.points[-1]
+    assert any(r.startswith("SB410: decode") and old in r for r in last.invalid_reasons), (
+        last.invalid_reasons
+    )
+
+
+def test_open_view_reads_argv_and_env_from_the_pods_as_applied(
+    cluster: tuple[Server, dict[str, str]],
+) -> None:
+    server, _ = cluster
+    plan = resolve("vllm-pd", [], [VALUES])
+    kube.up(plan, name="vllm-pd", timeout_s=30, poll_s=0.1)
+    with kube.open_view("vllm-pd") as view:
+        assert [r.name for r in view.roles] == [r.name for r in plan.roles]
+        decode = view.role("decode")
+        container = _pod(server, "decode")["spec"]["containers"][0]
+        assert decode.argv == [*container.get("command", []), *container.get("args", [])]
+        assert decode.alive() is True and decode.api_url.startswith("http://127.0.0.1:")
+        assert view.entry_url == view.role("router").api_url
+        assert view.local_model_dir is None and view.accelerators
+        assert "node-1" in decode.describe()
+        port = int(decode.api_url.rsplit(":", 1)[1])
+    with socket.socket() as s:  # the forwards are closed: their ports are free again
+        s.bind(("127.0.0.1", port))
