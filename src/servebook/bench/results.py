@@ -57,7 +57,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servebook.bench import stats
 from servebook.bench.client import LoadResult, RequestRecord
-from servebook.engines.vllm import BAD_FINISH_REASONS, REQUIRED_METRICS, SOURCE_EXTERNAL, M
+from servebook.engines import SGLANG, VLLM, counters_of, sglang
+from servebook.engines.vllm import BAD_FINISH_REASONS, SOURCE_EXTERNAL, M
 from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.metrics.scrape import Snapshot, delta
@@ -252,7 +253,8 @@ def server_evidence(
     *,
     decode_role: str | None = None,
 ) -> dict[str, Any]:
-    """What every role's counters say about one window: per-role deltas, and
+    """What every role's counters say about one window, read under each role's engine's
+    own names (vLLM's or SGLang's, ``servebook.engines``): per-role deltas, and
     ``handoff_share`` (share of decode's prompt tokens that arrived by KV transfer, when
     ``decode_role`` is given), ``spec_acceptance`` (accepted / draft tokens over roles),
     ``preemptions`` and ``request_errors`` (finished with error or abort).  A role given as
@@ -261,7 +263,7 @@ def server_evidence(
     missing: list[str] = []
     roles: dict[str, Any] = {}
     totals: dict[str, float] = {}
-    names = {
+    vllm_names: dict[str, tuple[str, dict[str, str]]] = {
         "prompt_tokens": (M.PROMPT_TOKENS, {}),
         "generation_tokens": (M.GENERATION_TOKENS, {}),
         "preemptions": (M.PREEMPTIONS, {}),
@@ -277,6 +279,26 @@ def server_evidence(
             missing.append(f"{role}: /metrics not read ({err})")
             roles[role] = {"scraped": False, "error": err}
             continue
+        engine = counters_of(set(a.samples))
+        if engine is None:
+            missing.append(
+                f"{role}: metric(s) absent: no counters of vLLM "
+                f"({', '.join(VLLM.required)}) or SGLang ({', '.join(SGLANG.required)})"
+            )
+            roles[role] = {"scraped": True, "url": a.url, "engine": None}
+            continue
+        names: dict[str, tuple[str, dict[str, str]]]
+        if engine is SGLANG:
+            names = {
+                "prompt_tokens": (sglang.M.PROMPT_TOKENS, {}),
+                "generation_tokens": (sglang.M.GENERATION_TOKENS, {}),
+                "preemptions": (sglang.M.RETRACTED_REQUESTS, {}),
+                "cached_prompt_tokens": (sglang.M.CACHED_TOKENS, {}),
+                "requests": (sglang.M.REQUESTS, {}),
+                "request_errors": (sglang.M.ABORTED_REQUESTS, {}),
+            }
+        else:
+            names = vllm_names
         counters: dict[str, float | None] = {}
         resets: list[str] = []
         for key, (name, labels) in names.items():
@@ -286,18 +308,25 @@ def server_evidence(
                 resets.append(name)
             if d.value is not None:
                 totals[key] = totals.get(key, 0.0) + d.value
-        bad = 0.0
-        for reason in BAD_FINISH_REASONS:
-            d = delta(b, a, M.REQUEST_SUCCESS, finished_reason=reason)
-            bad += d.value or 0.0
-        counters["request_errors"] = bad
-        totals["request_errors"] = totals.get("request_errors", 0.0) + bad
-        absent = [n for n in REQUIRED_METRICS if not a.has(n)]
+        if engine is not SGLANG:
+            bad = 0.0
+            for reason in BAD_FINISH_REASONS:
+                d = delta(b, a, M.REQUEST_SUCCESS, finished_reason=reason)
+                bad += d.value or 0.0
+            counters["request_errors"] = bad
+            totals["request_errors"] = totals.get("request_errors", 0.0) + bad
+        absent = [n for n in engine.required if not a.has(n)]
         if absent:
             missing.append(f"{role}: metric(s) absent: {', '.join(absent)}")
         if resets:
             missing.append(f"{role}: counters went backwards (the role restarted in the window)")
-        roles[role] = {"scraped": True, "url": a.url, "counters": counters, "reset": resets}
+        roles[role] = {
+            "scraped": True,
+            "url": a.url,
+            "engine": engine.engine,
+            "counters": counters,
+            "reset": resets,
+        }
     share = None
     if decode_role is not None:
         c = roles.get(decode_role, {}).get("counters") or {}
@@ -410,10 +439,21 @@ class WindowInfo(BaseModel):
 
 
 class ClientEvidence(BaseModel):
+    """What the client did in the window, for SB404/SB405 (``protocol.judge``)."""
+
     workers: int
-    cpu_fraction: float  # busiest worker's share of one core over the load
+    cpu_fraction: float  # busiest worker's share of one core over the window
+    # Closed loop: slot free -> bytes out.  Open loop: scheduled -> bytes out (lateness).
     send_lag_p99_ms: float | None
-    loop_lag_p99_ms: float | None
+    loop_lag_p99_ms: float | None  # reported; not a verdict on its own
+    # Time-weighted mean of requests in flight (bytes out -> stream end) over the window,
+    # and what the level asked for (closed loop: its concurrency).
+    achieved_concurrency: float | None = None
+    target_concurrency: int | None = None
+    # Open loop: requests sent per second in the window (the offered rate, as achieved).
+    offered_rate: float | None = None
+    prompt_waits: int = 0  # requests that waited for their prompt to be built
+    prompts_ran_out: bool = False  # the prompts built before the point ran out
 
 
 class Point(BaseModel):
@@ -476,6 +516,26 @@ def window_records(
         else:
             unfinished += 1
     return ok, err, unfinished
+
+
+def achieved_concurrency(
+    records: Iterable[RequestRecord], start_ns: int, end_ns: int, load_end_ns: int
+) -> float | None:
+    """Time-weighted mean of the requests in flight over ``[start, end]``: each request
+    counts from when its bytes went out until its stream ended (a request still open at the
+    load's end counts to then).  A slot waiting for the client to send again is not in
+    flight, so a client that cannot keep up shows here, in what it cost the load; a slot
+    restarted a few loop turns late costs almost nothing."""
+    if end_ns <= start_ns:
+        return None
+    busy = 0
+    for r in records:
+        s = r.sent_ns or r.scheduled_ns
+        e = r.end_ns or load_end_ns
+        a, b = max(s, start_ns), min(e, end_ns)
+        if b > a:
+            busy += b - a
+    return busy / (end_ns - start_ns)
 
 
 def _error_samples(errs: Sequence[RequestRecord]) -> list[str]:
@@ -572,6 +632,13 @@ def point_from_load(
             cpu_fraction=load.cpu_fraction_between(window_start_ns, window_end_ns),
             send_lag_p99_ms=float(np.percentile(lags, 99)) * ms if lags else None,
             loop_lag_p99_ms=(float(np.percentile(loop_lag, 99)) * ms if loop_lag.size else None),
+            achieved_concurrency=achieved_concurrency(
+                load.records, window_start_ns, window_end_ns, load.end_ns
+            ),
+            target_concurrency=load.spec.concurrency,
+            offered_rate=len(lags) / win_s if load.spec.rate is not None and win_s > 0 else None,
+            prompt_waits=load.prompt_waits,
+            prompts_ran_out=load.prompts_ran_out,
         ),
         server=dict(server or {}),
         started_at=started_at,

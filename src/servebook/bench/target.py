@@ -23,6 +23,7 @@ from servebook.bench.results import (
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment import DeploymentView
+from servebook.engines import counters_of
 from servebook.findings import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.verify.checks import block_size, handoff_required_tokens
@@ -115,11 +116,16 @@ def from_url(
         raise UsageError(f"--url {url!r}: give a base URL such as http://127.0.0.1:8000")
     base = url.rstrip("/").removesuffix("/v1")
     version = fetch_engine_version(base)
+    # Any OpenAI-compatible server: its counters are evidence when they are an engine's
+    # servebook reads (vLLM's, SGLang's); otherwise points stand on the client's figures
+    # and say "no server evidence" (--require-server-evidence makes them invalid).
+    engine: str | None = None
     try:
-        scrape(base, timeout=5.0)
-        metrics = {"server": base}
+        counters = counters_of(set(scrape(base, timeout=5.0).samples))
+        engine = counters.engine if counters is not None else None
     except ScrapeError:
-        metrics = {}  # not vLLM, or metrics off: points will say server evidence is missing
+        pass
+    metrics = {"server": base} if engine is not None else {}
     target = Target(
         endpoint=Endpoint(
             base_url=base,
@@ -134,7 +140,7 @@ def from_url(
         model_dir=tokenizer,
         roles=[RoleProvenance(name="server", url=base, engine_version=version)],
         engine_version=version,
-        info={"url": base, "api": api, "topology": "external"},
+        info={"url": base, "api": api, "topology": "external", "engine": engine},
         tokenize_url=base,
     )
 
