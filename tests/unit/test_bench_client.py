@@ -76,7 +76,9 @@ class Server:
                     )
                     break
                 await asyncio.sleep(ITL_MS / 1000)
-            usage = {"prompt_tokens": 3, "completion_tokens": sent}
+            # A list prompt is token ids: the server counts them, as vLLM does.
+            counted = len(prompt) if isinstance(prompt, list) else 3
+            usage = {"prompt_tokens": counted, "completion_tokens": sent}
             await resp.write(
                 b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
             )

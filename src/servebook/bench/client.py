@@ -33,14 +33,23 @@ late is charged its lateness (field notes: a late client must not hide server la
 Closed loop: there is no schedule, and latency is measured from when the request's bytes
 were handed to the socket (aiohttp's request-chunk-sent trace); the client's own delay
 between a slot coming free and its request going out is *send lag*, recorded per request
-and judged by SB404, instead of being added to the server's latency.  (On Python < 3.12
-aiohttp writes a request body from a separate task that runs after every other ready
-task: in a burst of 512 sends, a stamp taken before ``post()`` is tens of ms early.)  The
-event loop's own lag is sampled too, as evidence of client saturation.
+and reported, instead of being added to the server's latency; what it costs the load shows
+in the achieved concurrency (time-weighted requests in flight), which SB404 judges.
+(On Python < 3.12 aiohttp writes a request body from a separate task that runs after
+every other ready task: in a burst of 512 sends, a stamp taken before ``post()`` is tens of
+ms early.)  The event loop's own lag is sampled too, and reported.
 
 **Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
 closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
 each gives a ``RequestRecord`` with ``error`` set; nothing is dropped.
+
+**Prompts are never built here.**  A source that builds its prompts
+(``workload.BuildsPrompts``) is read, never asked to build, while the load runs: a prompt
+is either built before the load (``pregenerate``) or built ahead of need by a *producer*
+process of this worker's own, which writes batches into a pipe that the event loop reads
+without blocking (``_Feed``).  A slot whose prompt is not there yet waits for it (counted,
+and it lowers the achieved concurrency); a source that cannot build during the load (a
+server's ``/tokenize``) ends a slot when its prompts run out (``prompts_ran_out``).
 
 **Worker processes.**  One process runs one event loop (uvloop when importable).  With
 ``workers = W > 1`` the load is split: closed loop gives each worker ``concurrency / W``
@@ -60,6 +69,7 @@ import gc
 import json
 import multiprocessing as mp
 import os
+import pickle
 import time
 from array import array
 from collections.abc import Callable, Sequence
@@ -68,14 +78,19 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from servebook.bench.workload import Api, PromptSource
+from servebook.bench.workload import Api, BuildsPrompts, Prompt, PromptSource
 
 try:  # orjson parses a stream chunk several times faster; json is the fallback.
     import orjson
 
     _loads: Callable[[bytes], Any] = orjson.loads
+    _dumps: Callable[[Any], bytes] = orjson.dumps
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
 
 now_ns = time.monotonic_ns
 
@@ -171,7 +186,7 @@ class RequestRecord:
     sent_ns: int = 0
     # Where latency is measured from: "scheduled" (open loop: a late client is charged)
     # or "sent" (closed loop: there is no schedule; the client's own delay before the
-    # bytes went out is send lag, judged by SB404, not server latency).
+    # bytes went out is send lag, reported, not server latency).
     latency_from: Literal["scheduled", "sent"] = "scheduled"
     end_ns: int = 0  # the stream closed (or the error happened); 0 while in flight
     chunk_ns: array = field(default_factory=lambda: array("q"))
@@ -358,12 +373,15 @@ class Endpoint:
         return self.base_url.rstrip("/") + path
 
 
-def request_body(endpoint: Endpoint, text: str, max_tokens: int) -> dict[str, Any]:
+def request_body(endpoint: Endpoint, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+    """The request for one prompt: text, or (completions only) a list of token ids."""
     body: dict[str, Any] = {"model": endpoint.model}
     if endpoint.api == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        if not isinstance(prompt, str):
+            raise ValueError("the chat API takes text, not token ids")
+        body["messages"] = [{"role": "user", "content": prompt}]
     else:
-        body["prompt"] = text
+        body["prompt"] = prompt
     body.update(
         {
             "max_tokens": max_tokens,
@@ -589,6 +607,9 @@ class WorkerStats:
     tick_ns: array = field(default_factory=lambda: array("q"))  # ...at these times,
     tick_cpu_ns: array = field(default_factory=lambda: array("q"))  # ...with this CPU used
     cpus: tuple[int, ...] | None = None
+    prompt_waits: int = 0  # requests that waited for their prompt from the producer
+    prompt_wait_ns: int = 0
+    prompts_ran_out: bool = False  # a slot ended because no prompt was left
 
     @property
     def cpu_fraction(self) -> float:
@@ -639,6 +660,14 @@ class LoadResult:
             for w in self.workers
         ]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    @property
+    def prompt_waits(self) -> int:
+        return sum(w.prompt_waits for w in self.workers)
+
+    @property
+    def prompts_ran_out(self) -> bool:
+        return any(w.prompts_ran_out for w in self.workers)
 
     def cpu_fraction_between(self, t0: int, t1: int) -> float:
         """Busiest worker's share of a core within ``[t0, t1]`` (whole load if unknown)."""
@@ -772,6 +801,196 @@ def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool
     return True
 
 
+# --- prompts, ready before they are needed ----------------------------------------------------
+
+#: Prompts per batch a producer writes; and how many a worker keeps ready before it stops
+#: reading the pipe (the producer then blocks on the full pipe: memory stays bounded).
+PRODUCER_BATCH = 32
+READY_HIGH = 1024
+
+
+def _produce(source: BuildsPrompts, first: int, step: int, conn: Any) -> None:
+    """Body of a producer process: build prompts ``first, first + step, ...`` in batches
+    and write each batch to the pipe as a length-prefixed pickle, until the reader goes.
+    It runs at a lower priority than the load it feeds."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    fd = conn.fileno()
+    i = first
+    try:
+        while True:
+            idx = [i + k * step for k in range(PRODUCER_BATCH)]
+            data = pickle.dumps(
+                list(zip(idx, source.build_many(idx), strict=True)), pickle.HIGHEST_PROTOCOL
+            )
+            view = memoryview(len(data).to_bytes(4, "little") + data)
+            while view:
+                view = view[os.write(fd, view) :]
+            i += PRODUCER_BATCH * step
+    except (BrokenPipeError, KeyboardInterrupt):
+        return
+
+
+@dataclass
+class Producer:
+    process: Any
+    conn: Any  # the read end, for the worker
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        self.process.terminate()
+        self.process.join(timeout=5)
+        if self.process.is_alive():  # pragma: no cover - a producer that ignored SIGTERM
+            self.process.kill()
+            self.process.join(timeout=5)
+
+
+def _first_unbuilt(prompts: PromptSource, spec: LoadSpec, worker: int) -> int | None:
+    """This worker's first request index that was not built before the load; ``None`` when
+    nothing is left to build (the source looks its prompts up, or every request of a
+    bounded load is built)."""
+    if not isinstance(prompts, BuildsPrompts):
+        return None
+    i = spec.index_offset + worker
+    end = spec.index_offset + spec.num_requests if spec.num_requests is not None else None
+    while prompts.cached(i) is not None:
+        i += spec.workers
+    if end is not None and i >= end:
+        return None
+    return i
+
+
+def start_producers(prompts: PromptSource, spec: LoadSpec) -> list[Producer | None]:
+    """One producer process per worker whose prompts will run out, when the source can
+    build during the load (``workload.BuildsPrompts.producible``)."""
+    out: list[Producer | None] = []
+    for w in range(spec.workers):
+        first = _first_unbuilt(prompts, spec, w)
+        if first is None or not isinstance(prompts, BuildsPrompts) or not prompts.producible:
+            out.append(None)
+            continue
+        ctx = mp.get_context("spawn")
+        read_end, write_end = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_produce,
+            args=(prompts.detached(), first, spec.workers, write_end),
+            name=f"servebook-bench-prompts-{w}",
+            daemon=True,
+        )
+        p.start()
+        write_end.close()
+        out.append(Producer(p, read_end))
+    return out
+
+
+class _Feed:
+    """One worker's prompts during the load, without building any: looked up (a dataset),
+    built before the load (the source's cache), or read from the producer's pipe.  The pipe
+    is read with non-blocking reads from the event loop, so a slow producer never holds
+    the loop: a request whose prompt is not there yet waits for it instead."""
+
+    def __init__(self, prompts: PromptSource, conn: Any = None) -> None:
+        self.prompts = prompts
+        self.builds = isinstance(prompts, BuildsPrompts)
+        self.conn = conn
+        self.ready: dict[int, Prompt] = {}
+        self.waiters: dict[int, asyncio.Future[Prompt | None]] = {}
+        self.buf = bytearray()
+        self.reading = False
+        self.closed = conn is None
+        self.waits = 0
+        self.wait_ns = 0
+        self.ran_out = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        if self.conn is None:
+            return
+        self._loop = asyncio.get_running_loop()
+        os.set_blocking(self.conn.fileno(), False)
+        self._resume()
+
+    def stop(self) -> None:
+        if self.reading and self._loop is not None:
+            self._loop.remove_reader(self.conn.fileno())
+            self.reading = False
+        self._close()
+
+    def _resume(self) -> None:
+        if not self.reading and not self.closed and self._loop is not None:
+            self._loop.add_reader(self.conn.fileno(), self._on_readable)
+            self.reading = True
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self.conn.close()
+        for fut in self.waiters.values():
+            if not fut.done():
+                fut.set_result(None)
+        self.waiters.clear()
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self.conn.fileno(), 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the producer is gone
+            self.stop()
+            return
+        buf = self.buf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 4:
+            n = int.from_bytes(buf[pos : pos + 4], "little")
+            if len(buf) - pos - 4 < n:
+                break
+            batch = pickle.loads(buf[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+            for i, p in batch:
+                fut = self.waiters.pop(i, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(p)
+                else:
+                    self.ready[i] = p
+        if pos:
+            del buf[:pos]
+        if len(self.ready) >= READY_HIGH and self.reading and self._loop is not None:
+            self._loop.remove_reader(self.conn.fileno())
+            self.reading = False
+
+    async def get(self, index: int) -> Prompt | None:
+        """Prompt ``index``; ``None`` when none is left for it (the slot ends)."""
+        prompts = self.prompts
+        if not isinstance(prompts, BuildsPrompts):
+            return prompts.get(index)
+        p = prompts.cached(index)
+        if p is not None:
+            return p
+        p = self.ready.pop(index, None)
+        if p is None:
+            if self.closed:
+                self.ran_out = True
+                return None
+            fut: asyncio.Future[Prompt | None] = asyncio.get_running_loop().create_future()
+            self.waiters[index] = fut
+            self.waits += 1
+            t0 = now_ns()
+            self._resume()
+            p = await fut
+            self.wait_ns += now_ns() - t0
+            if p is None:
+                self.ran_out = True
+                return None
+        if len(self.ready) < READY_HIGH // 2:
+            self._resume()
+        return p
+
+
 class _Worker:
     # Read bodies through the unbuffered hook (module note above); tests turn it off to
     # pin that both paths give the same records.
@@ -784,11 +1003,13 @@ class _Worker:
         spec: LoadSpec,
         prompts: PromptSource,
         control: Control,
+        prompt_conn: Any = None,
     ) -> None:
         self.worker = worker
         self.endpoint = endpoint
         self.spec = spec
         self.prompts = prompts
+        self.feed = _Feed(prompts, prompt_conn)
         self.control = control
         self.records: list[RequestRecord] = []
         self.lag = array("q")
@@ -803,16 +1024,20 @@ class _Worker:
 
     def _take(self) -> int | None:
         i = self._next
-        if self._end is not None and i >= self._end:
+        if (self._end is not None and i >= self._end) or self.feed.ran_out:
             return None
         self._next += self.spec.workers
         return i
 
-    async def _send(self, session: Any, index: int, scheduled_ns: int) -> None:
+    async def _send(self, session: Any, index: int, scheduled_ns: int) -> bool:
+        """Send request ``index`` and read its stream; False when there was no prompt for
+        it (the prompts built before the load ran out), so nothing was sent."""
         import aiohttp
 
         ep, c, w = self.endpoint, self.control, self.worker
-        prompt = self.prompts.get(index)
+        prompt = await self.feed.get(index)
+        if prompt is None:
+            return False
         rec = RequestRecord(
             index,
             w,
@@ -822,7 +1047,8 @@ class _Worker:
             expected_prompt_tokens=prompt.prompt_tokens,
         )
         self.records.append(rec)
-        body = json.dumps(request_body(ep, prompt.text, prompt.output_len)).encode()
+        sent: str | list[int] = prompt.token_ids if prompt.token_ids is not None else prompt.text
+        body = _dumps(request_body(ep, sent, prompt.output_len))
         headers = dict(self._headers)
         headers["X-Request-Id"] = f"{ep.request_id_prefix}{index}"
         parser = SSEParser()
@@ -879,6 +1105,7 @@ class _Worker:
         ws = c.window_start_ns
         if ws and rec.start_ns >= ws:
             c.add(w, _W_WIN_ERR if rec.error is not None else _W_WIN_OK)
+        return True
 
     async def _closed_slot(self, session: Any, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
         loop = asyncio.get_running_loop()
@@ -890,7 +1117,8 @@ class _Worker:
             turn: asyncio.Future[None] = loop.create_future()
             admit.put_nowait(turn)
             await turn
-            await self._send(session, i, scheduled)
+            if not await self._send(session, i, scheduled):
+                return
 
     async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
         """Let one request start per event-loop turn.  Starting a
@@ -1004,6 +1232,7 @@ class _Worker:
             skip_auto_headers=["User-Agent"],
         ) as session:
             await self._open_connections(session, slots if slots is not None else cap or 16)
+            self.feed.start()
             c.add(self.worker, _W_READY)
             while not c.start_ns:
                 await asyncio.sleep(0.001)
@@ -1034,6 +1263,7 @@ class _Worker:
             finally:
                 watch.cancel()
                 lag.cancel()
+                self.feed.stop()
                 cpu, wall = time.process_time_ns() - cpu0, now_ns() - wall0
                 gc.unfreeze()
                 if gc_was_enabled:
@@ -1049,6 +1279,9 @@ class _Worker:
             self.ticks,
             self.tick_cpu,
             self.spec.cpus,
+            prompt_waits=self.feed.waits,
+            prompt_wait_ns=self.feed.wait_ns,
+            prompts_ran_out=self.feed.ran_out,
         )
 
 
@@ -1072,12 +1305,13 @@ def _worker_entry(
     prompts: PromptSource,
     arr: Any,
     conn: Any,
+    prompt_conn: Any,
 ) -> None:
     """Body of a worker process: run its share of the load, send back what it saw."""
     try:
         _pin(spec, worker)
         _install_uvloop()
-        w = _Worker(worker, endpoint, spec, prompts, Control(spec.workers, arr))
+        w = _Worker(worker, endpoint, spec, prompts, Control(spec.workers, arr), prompt_conn)
         stats = asyncio.run(w.run())
         conn.send((w.records, stats))
     except BaseException as e:  # the parent must hear about it, not wait forever
@@ -1104,24 +1338,32 @@ async def run_load_async(
     if spec.workers != 1:
         raise ValueError("run_load_async runs one worker; use run_load for worker processes")
     control = Control(1, array("q", bytes(8 * (_G_N + _W_N))))
-    w = _Worker(0, endpoint, spec, prompts, control)
-    task = asyncio.create_task(w.run())
-    while not control.get(0, _W_READY):
-        await asyncio.sleep(0.001)
-    start = now_ns()
-    control.arr[_G_START] = start
-    while not task.done():
-        await asyncio.sleep(poll_s)
-        opened, stop = _decide(control, controller, spec, on_progress)
-        # Hooks do blocking I/O (scraping /metrics): in a thread, so this loop keeps
-        # reading streams and stamping tokens meanwhile.
-        if opened and on_window is not None:
-            await asyncio.to_thread(on_window, "open")
-        if stop is not None:
-            if on_window is not None and control.window_start_ns:
-                await asyncio.to_thread(on_window, "close")
-            control.stop(stop)
-    stats = task.result()
+    (producer,) = start_producers(prompts, spec)
+    try:
+        w = _Worker(0, endpoint, spec, prompts, control, producer.conn if producer else None)
+        task = asyncio.create_task(w.run())
+        while not control.get(0, _W_READY) and not task.done():
+            await asyncio.sleep(0.001)
+        start = now_ns()
+        control.arr[_G_START] = start
+        while not task.done():
+            await asyncio.sleep(poll_s)
+            opened, stop = _decide(control, controller, spec, on_progress)
+            # Hooks do blocking I/O (scraping /metrics): in a thread, so this loop keeps
+            # reading streams and stamping tokens meanwhile.
+            if opened and on_window is not None:
+                await asyncio.to_thread(on_window, "open")
+            if stop is not None:
+                if on_window is not None and control.window_start_ns:
+                    await asyncio.to_thread(on_window, "close")
+                control.stop(stop)
+        try:
+            stats = task.result()
+        except Exception as e:
+            raise ClientError(f"the bench client failed: {type(e).__name__}: {e}") from e
+    finally:
+        if producer is not None:
+            producer.stop()
     end = now_ns()
     return LoadResult(
         spec,
@@ -1163,16 +1405,28 @@ def run_load(
     ctx = mp.get_context("spawn")
     control = Control(spec.workers)
     conns, procs = [], []
+    producers = start_producers(prompts, spec)
     for w in range(spec.workers):
         parent_end, child_end = ctx.Pipe(duplex=False)
+        prod = producers[w]
         p = ctx.Process(
             target=_worker_entry,
-            args=(w, endpoint, spec, prompts, control.arr, child_end),
+            args=(
+                w,
+                endpoint,
+                spec,
+                prompts,
+                control.arr,
+                child_end,
+                prod.conn if prod is not None else None,
+            ),
             name=f"servebook-bench-worker-{w}",
             daemon=True,
         )
         p.start()
         child_end.close()
+        if prod is not None:
+            prod.conn.close()  # the worker holds its own copy of the read end
         conns.append(parent_end)
         procs.append(p)
     results: dict[int, tuple[list[RequestRecord], WorkerStats]] = {}
@@ -1202,6 +1456,9 @@ def run_load(
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        for prod in producers:
+            if prod is not None:
+                prod.stop()
     end = now_ns()
     records = sorted((r for recs, _ in results.values() for r in recs), key=lambda r: r.index)
     stats = [results[w][1] for w in sorted(results)]

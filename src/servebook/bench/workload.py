@@ -32,6 +32,31 @@ definition, chat prompts are counted by ``/tokenize`` with ``messages``, and ids
 sampled from a checked, built-in set instead of the whole vocabulary (that module's
 docstring says which and why).
 
+**Fast construction (what a benchmark uses).**  Building a 1024-token prompt by the loop
+above costs milliseconds (several encodes of 5 KB of text); a benchmark at thousands of
+requests per second needs more.  So ``RandomPrompts`` first finds, once per tokenizer,
+its *word* tokens: ids whose text is one space followed by letters (`` the``, `` house``)
+and which, joined together in a long random order, re-encode to exactly one token each
+(one encode checks the whole set; a tokenizer for which this fails keeps the loop above).
+A pre-tokenizer that splits text at spaces (byte-level BPE, SentencePiece) cannot merge
+across two such words, so any sequence of them has as many tokens as words.  A prompt is
+then ``input_len - overhead`` words sampled with the prompt's seed and joined, checked
+with one count of its own (batched: one ``encode_batch`` for many prompts); a prompt the
+check rejects falls back to the loop.  Through a server's ``/tokenize`` there is no
+per-prompt check (it would be HTTP during the load): the whole-set check, the argument
+above, and SB409 (the server's own count of every request) stand for it.
+
+**Token ids** (``prompt_format="ids"``, completions only): the prompt is sent as a list of
+token ids, the ids the server adds on its own (BOS) followed by ids sampled from the clean
+vocabulary; its length on the server is exact by construction, and nothing is tokenized.
+
+**Building is never done in the sending loop.**  ``pregenerate`` builds a range before a
+point's warm-up; the load generator (``client.py``) builds the rest in a process of its
+own, ahead of need, when the source is ``producible`` (it needs no I/O: a local tokenizer,
+token ids, or a verified word table); a source that is not (a server's ``/tokenize``
+without a word table) sends only what was built before the point.  ``built`` counts the
+prompts this object built, so a test can show none was built during a load.
+
 **Seeding.**  Prompt ``i`` of a workload is drawn from ``numpy.random.default_rng([seed,
 i])``: the same seed gives the same prompts, in any order, from any worker process.  Every
 prompt is distinct random text, so no prompt hits another's prefix cache (except the BOS).
@@ -43,6 +68,7 @@ optional ``"output_len"`` (a positive integer); blank lines are skipped.  A bad 
 
 from __future__ import annotations
 
+import copy
 import json
 import weakref
 from collections.abc import Sequence
@@ -55,6 +81,7 @@ import numpy as np
 from servebook.findings import UsageError
 
 Api = Literal["completions", "chat"]
+PromptFormat = Literal["text", "ids"]
 
 MAX_PASSES = 16
 MAX_RESTARTS = 8
@@ -63,11 +90,13 @@ MAX_RESTARTS = 8
 @dataclass(frozen=True)
 class Prompt:
     """One request's input.  ``prompt_tokens`` is the server-side count when known
-    (``None`` for dataset prompts read without a tokenizer)."""
+    (``None`` for dataset prompts read without a tokenizer).  ``token_ids``, when set, is
+    sent as the prompt instead of ``text`` (``--prompt-format ids``)."""
 
     text: str
     output_len: int
     prompt_tokens: int | None = None
+    token_ids: list[int] | None = field(default=None, compare=False)
 
 
 class TextTokenizer(Protocol):
@@ -131,6 +160,14 @@ class HFTokenizer:
         if self._fast is not None:
             return list(self._fast.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(self._auto.encode(text, add_special_tokens=add_special_tokens))
+
+    def count_many(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[int]:
+        """Token counts of many texts in one call (the Rust tokenizer batches them)."""
+        if self._fast is not None:
+            enc = getattr(self._fast, "encode_batch_fast", self._fast.encode_batch)
+            return [len(e.ids) for e in enc(list(texts), add_special_tokens=add_special_tokens)]
+        ids = self._auto(list(texts), add_special_tokens=add_special_tokens)["input_ids"]
+        return [len(x) for x in ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._fast is not None:
@@ -197,10 +234,13 @@ def server_token_count(tok: TextTokenizer, text: str, api: Api = "completions") 
 
 @dataclass
 class _Vocab:
-    """Ids that are safe to sample: ordinary tokens whose text decodes cleanly."""
+    """Ids that are safe to sample: ordinary tokens whose text decodes cleanly (and that
+    text, when it was decoded here)."""
 
     ids: np.ndarray
     overhead: dict[str, int] = field(default_factory=dict)
+    pieces: list[str] | None = None
+    words: dict[str, Words | None] = field(default_factory=dict)
 
 
 _VOCAB_CACHE: weakref.WeakKeyDictionary[Any, _Vocab] = weakref.WeakKeyDictionary()
@@ -210,14 +250,15 @@ def _vocab(tok: TextTokenizer) -> _Vocab:
     cached = _VOCAB_CACHE.get(tok)
     if cached is not None:
         return cached
+    pieces: list[str] | None = None
     if isinstance(tok, HasSampleIds):
         special = tok.special_ids()
         ok = [i for i in tok.sampleable_ids() if i not in special]
     else:
-        ok = _clean_vocab_ids(tok)
+        ok, pieces = _clean_vocab_ids(tok)
     if len(ok) < 16:
         raise UsageError("tokenizer has fewer than 16 ordinary tokens to sample prompts from")
-    v = _Vocab(np.asarray(ok, dtype=np.int64))
+    v = _Vocab(np.asarray(ok, dtype=np.int64), pieces=pieces)
     _VOCAB_CACHE[tok] = v
     return v
 
@@ -229,16 +270,79 @@ def clean_piece(s: str) -> bool:
     return bool(s.strip()) and "\ufffd" not in s
 
 
-def _clean_vocab_ids(tok: TextTokenizer) -> list[int]:
-    """Every id of the vocabulary that decodes, alone, to clean text (one decode per id)."""
+def _clean_vocab_ids(tok: TextTokenizer) -> tuple[list[int], list[str]]:
+    """Every id of the vocabulary that decodes, alone, to clean text (one decode per id),
+    with that text."""
     special = tok.special_ids()
-    ok = []
+    ok: list[int] = []
+    pieces: list[str] = []
     for i in range(tok.vocab_size):
         if i in special:
             continue
-        if clean_piece(tok.decode([i])):
+        piece = tok.decode([i])
+        if clean_piece(piece):
             ok.append(i)
-    return ok
+            pieces.append(piece)
+    return ok, pieces
+
+
+#: Separates pieces when many ids are decoded in one call (``decode_each``).
+_SEPARATOR = "|"
+
+
+def decode_each(tok: TextTokenizer, ids: Sequence[int]) -> list[str]:
+    """Each id decoded alone, in one call when the tokenizer gives ``|`` a token of its
+    own (``a | b | c`` decoded once and split), else one call per id."""
+    sep = tok.encode(_SEPARATOR, add_special_tokens=False)
+    if len(sep) == 1 and ids:
+        joined: list[int] = []
+        for i in ids:
+            joined += [int(i), sep[0]]
+        parts = tok.decode(joined[:-1]).split(_SEPARATOR)
+        if len(parts) == len(ids):
+            return parts
+    return [tok.decode([int(i)]) for i in ids]
+
+
+@dataclass(frozen=True)
+class Words:
+    """Word tokens (module docstring, "fast construction") and their text."""
+
+    ids: np.ndarray
+    pieces: np.ndarray  # dtype object: str
+
+    def sample(self, rng: np.random.Generator, n: int) -> str:
+        return "".join(self.pieces[rng.integers(0, len(self.pieces), size=n)].tolist())
+
+
+MIN_WORDS = 64
+
+
+def is_word(piece: str) -> bool:
+    return len(piece) > 1 and piece[0] == " " and piece[1:].isalpha()
+
+
+def word_table(tok: TextTokenizer, api: Api = "completions") -> Words | None:
+    """The tokenizer's word tokens, checked by one count of all of them joined in a seeded
+    random order (``None`` when there are too few, or when they do not keep one token each
+    in a sequence: then prompts come from ``exact_length_prompt``)."""
+    vocab = _vocab(tok)
+    if api in vocab.words:
+        return vocab.words[api]
+    table: Words | None = None
+    pieces = vocab.pieces if vocab.pieces is not None else decode_each(tok, vocab.ids.tolist())
+    pairs = [(int(i), p) for i, p in zip(vocab.ids.tolist(), pieces, strict=True) if is_word(p)]
+    if len(pairs) >= MIN_WORDS:
+        order = np.random.default_rng(0x5B11).permutation(len(pairs))
+        text = "".join(pairs[k][1] for k in order)
+        overhead = _overhead(tok, api, vocab)
+        if server_token_count(tok, text, api) == len(pairs) + overhead:
+            table = Words(
+                np.asarray([i for i, _ in pairs], dtype=np.int64),
+                np.asarray([p for _, p in pairs], dtype=object),
+            )
+    vocab.words[api] = table
+    return table
 
 
 def _overhead(tok: TextTokenizer, api: Api, vocab: _Vocab) -> int:
@@ -298,14 +402,42 @@ class PromptSource(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
+class BuildsPrompts(Protocol):
+    """A source whose prompts cost work to make (``RandomPrompts``), as opposed to one that
+    only looks them up (``DatasetPrompts``).  The load generator never calls ``get`` on it
+    during a load: it sends what ``pregenerate`` built before the point, and what another
+    process builds with ``build_many`` meanwhile when ``producible``."""
+
+    built: int
+
+    @property
+    def producible(self) -> bool: ...
+
+    def cached(self, index: int) -> Prompt | None: ...
+
+    def build_many(self, indices: Sequence[int]) -> list[Prompt]: ...
+
+    def pregenerate(self, indices: Sequence[int]) -> None: ...
+
+    def detached(self) -> BuildsPrompts: ...
+
+
+BATCH = 256
+
+
 class RandomPrompts:
     """Random prompts of exactly ``input_len`` server-side tokens, ``output_len`` output
-    tokens each (sent with ``ignore_eos``).
+    tokens each (sent with ``ignore_eos``), as text (the default) or as token ids
+    (``prompt_format="ids"``, completions only).
 
     ``tokenizer`` is the model directory (loaded lazily in each process), or a tokenizer
     object that pickles by its settings, such as
     :class:`servebook.bench.server_tokenizer.ServerTokenizer` (the server's own
-    ``/tokenize`` and ``/detokenize``, for when the weights are on the cluster only)."""
+    ``/tokenize`` and ``/detokenize``, for when the weights are on the cluster only).  What
+    a prompt is built from (the word table, the ids to sample, the server's own tokens) is
+    worked out once, pickles with the object, and so needs no tokenizer in a process that
+    receives it unless prompts are checked there (a local tokenizer)."""
 
     def __init__(
         self,
@@ -315,10 +447,18 @@ class RandomPrompts:
         output_len: int,
         seed: int,
         api: Api = "completions",
+        prompt_format: PromptFormat = "text",
     ) -> None:
         if input_len < 1 or output_len < 1:
             raise UsageError(
                 f"--input-len and --output-len must be at least 1 (got {input_len}, {output_len})"
+            )
+        if prompt_format not in ("text", "ids"):
+            raise UsageError(f"--prompt-format {prompt_format!r}: choose text or ids")
+        if prompt_format == "ids" and api != "completions":
+            raise UsageError(
+                "--prompt-format ids sends token ids, which only the completions API takes; "
+                "use --api completions, or --prompt-format text for chat"
             )
         self.tokenizer_dir: str | None = None
         self._given: TextTokenizer | None = None
@@ -330,8 +470,15 @@ class RandomPrompts:
         self.output_len = output_len
         self.seed = seed
         self.api: Api = api
+        self.prompt_format: PromptFormat = prompt_format
+        self.built = 0
         self._tok: TextTokenizer | None = self._given
         self._cache: dict[int, Prompt] = {}
+        self._ready = False
+        self._words: Words | None = None
+        self._sample_ids: np.ndarray | None = None
+        self._prefix: list[int] = []
+        self._content = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -347,19 +494,102 @@ class RandomPrompts:
             self._tok = load_tokenizer(self.tokenizer_dir)
         return self._tok
 
+    @property
+    def _local(self) -> bool:
+        """Counting is in-process (not a server's /tokenize): each prompt is checked."""
+        return not isinstance(self.tokenizer, HasSampleIds)
+
+    def _setup(self) -> None:
+        """What prompts are built from, worked out once (module docstring)."""
+        if self._ready:
+            return
+        tok = self.tokenizer
+        vocab = _vocab(tok)
+        overhead = _overhead(tok, self.api, vocab)
+        self._content = self.input_len - overhead
+        if self.prompt_format == "ids":
+            if self._content < 0:
+                raise UsageError(
+                    f"input length {self.input_len} is too short: the server adds {overhead} "
+                    f"token(s) of its own to every prompt (BOS), so the least is {overhead}"
+                )
+            self._prefix = [int(i) for i in tok.encode("", add_special_tokens=True)]
+            self._content = self.input_len - len(self._prefix)
+            self._sample_ids = vocab.ids
+        elif self._content >= 1:
+            self._words = word_table(tok, self.api)
+        self._ready = True
+
+    @property
+    def producible(self) -> bool:
+        """Whether more prompts can be built during a load, in another process, with no
+        I/O: not through a server's /tokenize without a word table (module docstring)."""
+        self._setup()
+        return (
+            self.tokenizer_dir is not None
+            or self.prompt_format == "ids"
+            or self._words is not None
+            or self._local
+        )
+
+    def cached(self, index: int) -> Prompt | None:
+        return self._cache.get(index)
+
     def get(self, index: int) -> Prompt:
         p = self._cache.get(index)
         if p is None:
-            rng = np.random.default_rng([self.seed, index])
-            text = exact_length_prompt(self.tokenizer, self.input_len, rng, self.api)
-            p = Prompt(text, self.output_len, self.input_len)
+            (p,) = self.build_many([index])
             self._cache[index] = p
         return p
 
-    def pregenerate(self, indices: range) -> None:
+    def pregenerate(self, indices: Sequence[int]) -> None:
         """Build prompts ahead of the load so the sending loop does no tokenizer work."""
-        for i in indices:
-            self.get(i)
+        todo = [i for i in indices if i not in self._cache]
+        for start in range(0, len(todo), BATCH):
+            chunk = todo[start : start + BATCH]
+            for i, p in zip(chunk, self.build_many(chunk), strict=True):
+                self._cache[i] = p
+
+    def detached(self) -> RandomPrompts:
+        """This source without the prompts it holds: what a producer process needs."""
+        clone = copy.copy(self)
+        clone._cache = {}
+        clone.built = 0
+        return clone
+
+    def build_many(self, indices: Sequence[int]) -> list[Prompt]:
+        """Prompts ``indices``, built now (not cached): one sample each from its own seed,
+        and one batched count for all of them where counting is local."""
+        self._setup()
+        self.built += len(indices)
+        if self.prompt_format == "ids":
+            assert self._sample_ids is not None
+            ids = self._sample_ids
+            out = []
+            for i in indices:
+                rng = np.random.default_rng([self.seed, i])
+                content = ids[rng.integers(0, len(ids), size=self._content)].tolist()
+                out.append(Prompt("", self.output_len, self.input_len, self._prefix + content))
+            return out
+        words = self._words
+        if words is None:
+            return [self._slow(i) for i in indices]
+        texts = [
+            words.sample(np.random.default_rng([self.seed, i]), self._content) for i in indices
+        ]
+        if self._local:
+            counts = _count_many(self.tokenizer, texts, self.api)
+        else:
+            counts = [self.input_len] * len(texts)
+        return [
+            Prompt(t, self.output_len, self.input_len) if n == self.input_len else self._slow(i)
+            for i, t, n in zip(indices, texts, counts, strict=True)
+        ]
+
+    def _slow(self, index: int) -> Prompt:
+        rng = np.random.default_rng([self.seed, index])
+        text = exact_length_prompt(self.tokenizer, self.input_len, rng, self.api)
+        return Prompt(text, self.output_len, self.input_len)
 
     def describe(self) -> dict[str, Any]:
         if self.tokenizer_dir is not None:
@@ -374,7 +604,16 @@ class RandomPrompts:
             "output_len": self.output_len,
             "seed": self.seed,
             "api": self.api,
+            "prompt_format": self.prompt_format,
         }
+
+
+def _count_many(tok: TextTokenizer, texts: Sequence[str], api: Api) -> list[int]:
+    """Server-side counts of many prompts: one batched encode where the tokenizer has one."""
+    many = getattr(tok, "count_many", None)
+    if api == "completions" and many is not None:
+        return list(many(texts, add_special_tokens=True))
+    return [server_token_count(tok, t, api) for t in texts]
 
 
 class DatasetPrompts:
@@ -393,7 +632,13 @@ class DatasetPrompts:
         return self.prompts[index % len(self.prompts)]
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "dataset", "path": self.path, "sha256": self.sha256, "n": len(self.prompts)}
+        return {
+            "kind": "dataset",
+            "path": self.path,
+            "sha256": self.sha256,
+            "n": len(self.prompts),
+            "prompt_format": "text",
+        }
 
 
 def load_dataset(
