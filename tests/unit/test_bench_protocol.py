@@ -252,22 +252,29 @@ def test_a_good_point_is_valid_with_no_reasons() -> None:
         (
             dict(
                 client=ClientEvidence(
-                    workers=1, cpu_fraction=0.3, send_lag_p99_ms=25.0, loop_lag_p99_ms=0.5
+                    workers=1,
+                    cpu_fraction=0.3,
+                    send_lag_p99_ms=25.0,
+                    loop_lag_p99_ms=0.5,
+                    achieved_concurrency=3.8,
+                    target_concurrency=4,
                 )
             ),
             {},
             "SB404",
-            "send lag p99 25.0 ms",
+            "client-limited: achieved concurrency 3.8 of 4 (95.0%, below 98%)",
         ),
         (
             dict(
+                concurrency=None,
+                rate=2.0,
                 client=ClientEvidence(
-                    workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.1, loop_lag_p99_ms=40.0
-                )
+                    workers=1, cpu_fraction=0.3, send_lag_p99_ms=40.0, loop_lag_p99_ms=0.5
+                ),
             ),
             {},
             "SB404",
-            "event-loop lag p99",
+            "client-limited: requests went out late (lateness p99 40.0 ms",
         ),
         (
             dict(
@@ -277,7 +284,7 @@ def test_a_good_point_is_valid_with_no_reasons() -> None:
             ),
             {},
             "SB405",
-            "used 97% of a core",
+            "client-limited: its core was saturated: busiest client worker used 97% of a core",
         ),
         (dict(server={}), {}, "SB406", "no server evidence collected"),
         (
@@ -321,6 +328,46 @@ def test_server_evidence_can_be_waived_for_a_server_without_metrics() -> None:
     assert p.valid
 
 
+def test_a_server_without_counters_gives_valid_points_that_say_no_server_evidence() -> None:
+    point = make_point(server=dict(protocol.NO_SERVER_EVIDENCE))
+    found = judge(
+        point, duration_s=60, min_requests=40, thresholds=Thresholds(require_server_evidence=False)
+    )
+    assert apply_verdict(point, found).valid
+    (sb406,) = [f for f in found if f.check == "SB406"]
+    assert not sb406.failed and sb406.message.startswith("no server evidence: ")
+    # --require-server-evidence (and every servebook deployment) makes the same point invalid.
+    strict = verdict_of(point, thresholds=Thresholds(require_server_evidence=True))
+    assert strict.invalid_reasons == [
+        "SB406: server evidence missing: the server exposes no counters servebook reads "
+        "(vLLM's or SGLang's /metrics)"
+    ]
+
+
+def test_send_and_loop_lag_alone_do_not_make_a_closed_loop_point_client_limited() -> None:
+    """The wave of the issue: streams that all end together and restart over a few loop
+    turns have a large send lag p99 while the load is kept; reported, not judged."""
+    client = ClientEvidence(
+        workers=1,
+        cpu_fraction=0.15,
+        send_lag_p99_ms=70.0,
+        loop_lag_p99_ms=30.0,
+        achieved_concurrency=63.8,
+        target_concurrency=64,
+    )
+    found = judge(
+        make_point(concurrency=64, client=client),
+        duration_s=60,
+        min_requests=40,
+        thresholds=Thresholds(),
+    )
+    (sb404,) = [f for f in found if f.check == "SB404"]
+    assert not sb404.failed
+    assert sb404.message == (
+        "achieved concurrency 63.8 of 64 (99.7%); send lag p99 70.0 ms; event-loop lag p99 30.0 ms"
+    )
+
+
 def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:
     low = make_point(server={"handoff_share": 0.0, "missing": []})
     assert verdict_of(low).valid
@@ -333,7 +380,7 @@ def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:
 
 
 def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
-    ids = [f"SB40{i}" for i in range(1, 10)]
+    ids = [f"SB40{i}" for i in range(1, 10)] + ["SB410"]
     for i in ids:
         c = REGISTRY[i]
         assert c.title and len(c.rationale) > 60 and len(c.fix) > 30

@@ -4,6 +4,7 @@ fails because the server died, and --resume finishing the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from servebook.bench.protocol import (
     run_sweep,
 )
 from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_results
+from servebook.bench.target import from_url
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
@@ -58,6 +60,7 @@ SETTINGS = ProtocolSettings(
         max_send_lag_p99_ms=1000,
         max_loop_lag_p99_ms=1000,
         max_client_cpu=1.0,
+        min_achieved_concurrency=0.5,
         min_handoff_share=0.9,
     ),
 )
@@ -191,3 +194,41 @@ def test_a_role_lost_during_a_point_makes_that_point_invalid_naming_the_role(
         "SB410: decode during the point: Pod tiny-pd-decode-7f9c on node n1: port-forward to "
         "8000 broke"
     ]
+
+
+def test_a_url_server_without_counters_gives_valid_points_that_say_no_server_evidence(
+    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """Any OpenAI-compatible server: this one answers completions and has no /metrics at
+    all.  ``--url`` finds no counters, and its points stand on the client's figures."""
+    url, srv = server
+    srv.down = False
+    subject = from_url(url, model="tiny", tokenizer=None, api="completions", request_timeout_s=30)
+    assert subject.target.metrics_urls == {} and subject.info["engine"] is None
+    lenient = dataclasses.replace(
+        SETTINGS,
+        thresholds=dataclasses.replace(SETTINGS.thresholds, require_server_evidence=False),
+    )
+    res = run_sweep(
+        subject.target,
+        lenient,
+        DatasetPrompts([Prompt("x", 4)], "memory", "0"),
+        ResultsWriter(tmp_path, provenance()),
+    )
+    for p in res.points:
+        assert p.valid, p.invalid_reasons
+        assert p.server["evidence"] == "none"
+    strict = dataclasses.replace(
+        SETTINGS,
+        concurrencies=(1,),
+        thresholds=dataclasses.replace(SETTINGS.thresholds, require_server_evidence=True),
+    )
+    res = run_sweep(
+        subject.target,
+        strict,
+        DatasetPrompts([Prompt("x", 4)], "memory", "0"),
+        ResultsWriter(tmp_path / "strict", provenance()),
+    )
+    (p,) = res.points
+    assert not p.valid and p.invalid_reasons[0].startswith("SB406: server evidence missing")

@@ -43,7 +43,7 @@ from servebook.bench.results import (
     server_evidence,
     utc_now,
 )
-from servebook.bench.workload import PromptSource
+from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, Severity, UsageError, register
 from servebook.metrics.scrape import ScrapeError, Snapshot, scrape
 
@@ -80,19 +80,24 @@ ERROR_RATE = register(
 )
 CLIENT_LAG = register(
     "SB404",
-    "Client sent on time (send lag and event-loop lag under the threshold)",
-    "A saturated client sends late and stamps late: its lateness is added to every latency "
-    "it reports, and in closed loop it quietly lowers the offered load. That is client "
-    "overhead counted as server latency.",
+    "Client kept the load it was asked for (closed loop: achieved concurrency at least 98% "
+    "of the level; open loop: requests sent on schedule)",
+    "A client that cannot keep up quietly lowers the load: in closed loop fewer requests "
+    "are in flight than the level says (the point is labelled c=64 while the server saw "
+    "c=50), in open loop requests go out late. Judged by what it harms, the time-weighted "
+    "mean of requests in flight over the window, not by send lag alone: streams that end "
+    "together and restart a few event-loop turns later cost the load almost nothing.",
     "Run the client with more worker processes (--workers) or on a machine with free "
-    "cores, away from the server; see benchmarks/client_capacity.py for what one client "
-    "core sustains.",
+    "cores, away from the server; if the point says requests waited for prompts, use "
+    "--prompt-format ids or a local --tokenizer; see benchmarks/client_capacity.py for what "
+    "one client core sustains.",
 )
 CLIENT_CPU = register(
     "SB405",
     "Client CPU below the saturation threshold",
     "A client process near 100% of a core cannot read every stream promptly: token "
-    "timestamps slip and ITL spreads out, while the server is blameless.",
+    "timestamps slip and ITL spreads out, while the server is blameless. The client is "
+    "then the limit of the point even when it still keeps its streams open.",
     "Use more client worker processes (--workers), pin the client away from the server's "
     "cores, or lower the concurrency per worker.",
 )
@@ -238,9 +243,12 @@ def parse_rates(text: str) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class Thresholds:
     max_error_rate: float = 0.01
+    # Open loop: lateness p99 (scheduled -> sent).  Closed loop: reported, not judged.
     max_send_lag_p99_ms: float = 10.0
-    max_loop_lag_p99_ms: float = 10.0
+    max_loop_lag_p99_ms: float = 10.0  # reported, not judged (kept for the record)
     max_client_cpu: float = 0.90  # share of one core, busiest worker
+    # Closed loop: achieved concurrency / level below this is a client-limited point.
+    min_achieved_concurrency: float = 0.98
     require_server_evidence: bool = True
     min_handoff_share: float | None = None  # PD deployments: the verify threshold
 
@@ -456,32 +464,17 @@ def judge(
         errors=point.errors,
         total=total,
     )
+    verdict(CLIENT_LAG, *_client_kept_load(point, thresholds))
     c = point.client
-    lag_bad = [
-        f"send lag p99 {v:.1f} ms"
-        for v in [c.send_lag_p99_ms]
-        if v is not None and v > thresholds.max_send_lag_p99_ms
-    ] + [
-        f"event-loop lag p99 {v:.1f} ms"
-        for v in [c.loop_lag_p99_ms]
-        if v is not None and v > thresholds.max_loop_lag_p99_ms
-    ]
-    verdict(
-        CLIENT_LAG,
-        bool(lag_bad),
-        (
-            f"client saturated: {', '.join(lag_bad)} (thresholds "
-            f"{thresholds.max_send_lag_p99_ms:g} / {thresholds.max_loop_lag_p99_ms:g} ms)"
-        )
-        if lag_bad
-        else "client sent and stamped on time",
-        send_lag_p99_ms=c.send_lag_p99_ms,
-        loop_lag_p99_ms=c.loop_lag_p99_ms,
-    )
     verdict(
         CLIENT_CPU,
         c.cpu_fraction > thresholds.max_client_cpu,
-        f"busiest client worker used {100 * c.cpu_fraction:.0f}% of a core "
+        (
+            "client-limited: its core was saturated: "
+            if c.cpu_fraction > thresholds.max_client_cpu
+            else ""
+        )
+        + f"busiest client worker used {100 * c.cpu_fraction:.0f}% of a core "
         f"(threshold {100 * thresholds.max_client_cpu:.0f}%, {c.workers} worker(s))",
         cpu_fraction=c.cpu_fraction,
         workers=c.workers,
@@ -495,6 +488,22 @@ def judge(
             "server evidence missing: " + "; ".join(missing)
             if missing
             else "counters read from every role before and after the window",
+            missing=missing,
+        )
+    elif missing:
+        # A server without counters (not vLLM or SGLang, or metrics off): its points stand
+        # on their client-side figures, and say so.
+        verdict(
+            SERVER_EVIDENCE,
+            False,
+            (
+                "no server evidence"
+                if server.get("evidence") == "none"
+                else "server evidence incomplete"
+            )
+            + ": "
+            + "; ".join(missing)
+            + " (figures are the client's own; --require-server-evidence makes this invalid)",
             missing=missing,
         )
     if pd and thresholds.min_handoff_share is not None:
@@ -528,6 +537,47 @@ def judge(
         mismatched=point.prompt_tokens_mismatch,
     )
     return out
+
+
+def _client_kept_load(point: Point, thresholds: Thresholds) -> tuple[bool, str]:
+    """SB404: (failed, message).  Closed loop: the achieved concurrency against the level;
+    open loop: the lateness of sends against the schedule.  Send lag and event-loop lag
+    are reported beside it."""
+    c = point.client
+    lag = f"send lag p99 {c.send_lag_p99_ms:.1f} ms" if c.send_lag_p99_ms is not None else None
+    loop = (
+        f"event-loop lag p99 {c.loop_lag_p99_ms:.1f} ms" if c.loop_lag_p99_ms is not None else None
+    )
+    waits = f"{c.prompt_waits} request(s) waited for their prompt" if c.prompt_waits else None
+    ran_out = "the prompts built before the point ran out" if c.prompts_ran_out else None
+    notes = "".join(f"; {x}" for x in (lag, loop, waits, ran_out) if x)
+    if point.concurrency is not None:
+        target = c.target_concurrency or point.concurrency
+        got = c.achieved_concurrency
+        if got is None:
+            return False, "achieved concurrency unknown (no window)" + notes
+        share = got / target
+        if share < thresholds.min_achieved_concurrency:
+            return True, (
+                f"client-limited: achieved concurrency {got:.1f} of {target} "
+                f"({100 * share:.1f}%, below {100 * thresholds.min_achieved_concurrency:g}%)"
+                + notes
+            )
+        return False, f"achieved concurrency {got:.1f} of {target} ({100 * share:.1f}%)" + notes
+    late = c.send_lag_p99_ms is not None and c.send_lag_p99_ms > thresholds.max_send_lag_p99_ms
+    rate = (
+        f"offered {c.offered_rate:.2f} req/s of {point.rate:g}"
+        if c.offered_rate is not None
+        else ""
+    )
+    head = (
+        f"client-limited: requests went out late (lateness p99 {c.send_lag_p99_ms:.1f} ms, "
+        f"threshold {thresholds.max_send_lag_p99_ms:g} ms)"
+        if late
+        else "requests sent on schedule"
+    )
+    extra = "; ".join(x for x in (rate, loop, waits, ran_out) if x)
+    return late or c.prompts_ran_out, head + (f"; {extra}" if extra else "")
 
 
 def reasons(findings: Sequence[Finding]) -> list[str]:
@@ -588,10 +638,20 @@ class PointOutcome:
     stop_reason: str | None
 
 
+#: What a point whose server gives no counters records as its server evidence.
+NO_SERVER_EVIDENCE = {
+    "evidence": "none",
+    "missing": ["the server exposes no counters servebook reads (vLLM's or SGLang's /metrics)"],
+}
+
+
 def _pregenerate(prompts: PromptSource, first: int, count: int) -> None:
-    pre = getattr(prompts, "pregenerate", None)
-    if pre is not None:
-        pre(range(first, first + count))
+    """Build a point's first ``count`` prompts before its warm-up starts.  A source that
+    cannot build during the load (a server's /tokenize) gets twice as many: it has only
+    what is built here."""
+    if isinstance(prompts, BuildsPrompts):
+        n = count if prompts.producible else 2 * count
+        prompts.pregenerate(range(first, first + n))
 
 
 def run_point(
@@ -641,7 +701,7 @@ def run_point(
     )
     ws = load.window_start_ns or load.end_ns
     we = load.window_end_ns or load.end_ns
-    server: dict[str, Any] = {}
+    server: dict[str, Any] = dict(NO_SERVER_EVIDENCE)
     if target.metrics_urls:
         if "open" in edges and "close" in edges:
             server = server_evidence(edges["open"], edges["close"], decode_role=target.decode_role)
@@ -658,7 +718,12 @@ def run_point(
         started_at=started,
     )
     stop_reason = controller.stop_reason or (
-        "the point's time limit" if load.window_end_ns else "the load ran out"
+        "the point's time limit"
+        if load.window_end_ns
+        else "the prompts built before the point ran out (a server's /tokenize is not asked "
+        "during the load: use --prompt-format ids or a local --tokenizer DIR)"
+        if load.prompts_ran_out
+        else "the load ran out"
     )
     findings = judge(
         point,

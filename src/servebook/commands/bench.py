@@ -14,8 +14,8 @@ from rich.table import Table
 
 from servebook.backends import base
 from servebook.bench import target as tgt
+from servebook.bench.client import ClientError, default_workers
 from servebook.bench.client import Progress as LoadProgress
-from servebook.bench.client import default_workers
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -28,10 +28,11 @@ from servebook.bench.protocol import (
     point_order,
     run_sweep,
 )
-from servebook.bench.results import Results, ResultsWriter, parse_slo
+from servebook.bench.results import RESULTS_NAME, Results, ResultsWriter, parse_slo
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
+from servebook.commands.verify import NamespaceOpt, PlaceOpt
 from servebook.findings import UsageError
 
 
@@ -58,9 +59,18 @@ class BenchArgs:
     request_timeout: float = 600.0
     max_point: str | None = None
     max_client_lag_ms: float = 10.0
+    min_achieved_concurrency: float = 0.98
+    prompt_format: str = "text"
+    # Points without server counters are invalid (always for servebook's own deployments).
+    require_server_evidence: bool = True
 
 
 def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
+    if not 0 < a.min_achieved_concurrency <= 1:
+        raise UsageError(
+            f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
+            "level between 0 and 1, e.g. 0.98"
+        )
     conc = parse_levels(a.concurrency) if a.concurrency else ()
     rates = parse_rates(a.rate) if a.rate else ()
     return ProtocolSettings(
@@ -77,6 +87,8 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
             min_handoff_share=min_handoff_share,
             max_send_lag_p99_ms=a.max_client_lag_ms,
             max_loop_lag_p99_ms=a.max_client_lag_ms,
+            require_server_evidence=a.require_server_evidence,
+            min_achieved_concurrency=a.min_achieved_concurrency,
         ),
     )
 
@@ -84,7 +96,11 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
 def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
+    if a.prompt_format not in ("text", "ids"):
+        raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
     if a.dataset is not None:
+        if a.prompt_format != "text":
+            raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
         return load_dataset(
             a.dataset,
             default_output_len=a.output_len,
@@ -97,6 +113,7 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         output_len=a.output_len,
         seed=a.seed,
         api=a.api,  # type: ignore[arg-type]
+        prompt_format=a.prompt_format,  # type: ignore[arg-type]
     )
 
 
@@ -184,6 +201,8 @@ def run_bench(
                 return
             p = outcome.point
             verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
+            if isinstance(p.server, dict) and p.server.get("evidence") == "none":
+                verdict += " (no server evidence)"
             bar.console.print(
                 f"{label}: {_fmt(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
                 f"{p.errors} errors, {verdict}",
@@ -233,6 +252,10 @@ HELP = (
     "with 95% confidence intervals. Every point gets a validity verdict with reasons "
     "(window, request count, errors, client saturation, server evidence, PD handoff share), "
     "and DIR/results.json is rewritten atomically after each point (--resume continues it)."
+    "\n\nOn Kubernetes every role is reached through a port-forward servebook opens to its "
+    "Ready Pod; a forward that breaks or a Pod replaced during a point makes that point "
+    "invalid (SB410) and stops the sweep, naming the role. Without --tokenizer and without "
+    "the model on this machine, prompts are built with the server's own /tokenize."
     "\n\nExit 0 when every point is valid, 1 when a point is invalid or the sweep stopped, "
     "2 on unusable input.\n\n"
     "Example: servebook bench tiny-pd --concurrency 1,4 --duration 30s -o out/tiny-pd"
@@ -253,6 +276,15 @@ def _sweep(
     except SweepStopped as e:
         err.print(f"[bold red]bench stopped:[/] {escape(str(e))}")
         raise typer.Exit(1) from None
+    except ClientError as e:
+        # The load generator itself failed: nothing this point measured is usable.
+        err.print(
+            f"[bold red]bench could not run:[/] {escape(str(e))}. Points finished before it "
+            f"are in {escape(str(out_dir / RESULTS_NAME))}; rerun with --resume.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(2) from None
 
 
 @app.command(help=HELP)
@@ -292,11 +324,33 @@ def bench(
     max_client_lag: float = typer.Option(
         10.0,
         "--max-client-lag-ms",
-        help="A point whose client send or event-loop lag p99 exceeds this is invalid "
-        "(recorded in the results; raise it only on a machine the server shares).",
+        help="Open loop: a point whose requests go out later than their schedule by more "
+        "than this (p99) is invalid. Closed loop is judged by achieved concurrency; its "
+        "send lag is reported.",
+    ),
+    min_achieved: float = typer.Option(
+        0.98,
+        "--min-achieved-concurrency",
+        help="Closed loop: a point whose time-weighted requests in flight fall below this "
+        "share of the level is client-limited, so invalid (recorded; lower it only on a "
+        "machine the server shares).",
+    ),
+    prompt_format: str = typer.Option(
+        "text",
+        "--prompt-format",
+        help="text, or ids: send token ids (completions API; exact lengths, no tokenizer "
+        "work in the run). Recorded in the results.",
+    ),
+    require_server_evidence: bool = typer.Option(
+        False,
+        "--require-server-evidence",
+        help="With --url: a point without server counters (vLLM's or SGLang's /metrics) "
+        "is invalid. Always on for servebook's own deployments.",
     ),
     out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for results.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue DIR/results.json."),
+    backend: str | None = PlaceOpt,
+    namespace: str | None = NamespaceOpt,
 ) -> None:
     a = BenchArgs(
         concurrency=None if rate and concurrency == "1,4,16" else concurrency,
@@ -315,10 +369,13 @@ def bench(
         workers=workers,
         request_timeout=request_timeout,
         max_client_lag_ms=max_client_lag,
+        min_achieved_concurrency=min_achieved,
+        prompt_format=prompt_format,
+        require_server_evidence=require_server_evidence or url is None,
     )
     if url is not None:
-        if deployment is not None:
-            raise UsageError("give a deployment or --url, not both")
+        if deployment is not None or backend is not None:
+            raise UsageError("give a deployment (with --backend) or --url, not both")
         if not model:
             raise UsageError("--url needs --model NAME (the served model name)")
         subject = tgt.from_url(
@@ -326,12 +383,13 @@ def bench(
         )
         results, path = _sweep(subject, a, out_dir, resume, tokenizer, None)
     else:
-        backend, name = base.locate(
+        owner, name = base.locate(
             deployment,
             "Start one with `servebook up RECIPE`, or benchmark a running server with "
             "--url URL --model NAME.",
+            backend=backend,
         )
-        with backend.open(name) as view:
+        with owner.open(name, namespace) as view:
             subject = tgt.from_deployment(view, api=api, request_timeout_s=request_timeout)
             results, path = _sweep(subject, a, out_dir, resume, tokenizer, view.dead_roles)
     print_points(results, path)
