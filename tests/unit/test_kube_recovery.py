@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from servebook.backends.base import Found
 from servebook.backends.kubernetes import (
     PLAN_ANNOTATION,
-    FoundDeployment,
     deployments_found,
     recover_record,
     with_plan,
@@ -182,8 +182,8 @@ def test_the_deployments_are_listed_from_labelled_objects(pd: Plan) -> None:
     }
     items = json.loads(json.dumps(listed))["items"]
     assert deployments_found(items) == [
-        FoundDeployment("vllm-mixed", "dense-8b", "vllm-mixed", ("mixed",)),
-        FoundDeployment("a", "moe-pd", "vllm-pd", ("prefill", "decode", "router")),
-        FoundDeployment("b", "moe-pd", "vllm-pd", ("prefill", "decode", "router")),
+        Found("vllm-mixed", "dense-8b", "vllm-mixed", ("mixed",)),
+        Found("a", "moe-pd", "vllm-pd", ("prefill", "decode", "router")),
+        Found("b", "moe-pd", "vllm-pd", ("prefill", "decode", "router")),
     ]
     assert PLAN_ANNOTATION in items[4]["metadata"]["annotations"]  # the router's Deployment

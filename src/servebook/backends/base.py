@@ -41,6 +41,16 @@ class Down:
     complete: bool = True
 
 
+@dataclass(frozen=True)
+class Found:
+    """A deployment as its place lists it (``Backend.found``)."""
+
+    name: str
+    namespace: str  # "" where the place has no namespaces
+    recipe: str
+    roles: tuple[str, ...]
+
+
 class Backend(Protocol):
     """A place deployments run.  Every method is bounded in time; a failure to reach the
     place is ``UsageError`` (exit 2) naming what failed."""
@@ -69,14 +79,24 @@ class Backend(Protocol):
         port: int | None = None,
     ) -> Ready: ...
 
-    def status(self, name: str) -> dict[str, Any]:
+    # ``namespace`` below scopes where a backend looks for a deployment that this machine
+    # may have no record of (a cluster's namespace); a backend without such a scope refuses
+    # one as unusable input.
+
+    def found(self, namespace: str | None = None) -> list[Found]:
+        """The deployments the place itself has (a cluster: by label), whoever made them."""
+        ...
+
+    def status(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         """``{"name", "backend", "recipe", "entry", "roles": [{"name", "kind", "state",
         "ok", "summary", ...backend details}]}``; a role is ``ok`` when it can serve."""
         ...
 
-    def down(self, name: str) -> Down: ...
+    def down(self, name: str, namespace: str | None = None) -> Down: ...
 
-    def open(self, name: str) -> AbstractContextManager[DeploymentView]:
+    def open(
+        self, name: str, namespace: str | None = None
+    ) -> AbstractContextManager[DeploymentView]:
         """The deployment as a command reaches it, for the body of a with-block (on
         Kubernetes the port-forwards live exactly that long).  Unusable (exit 2) when the
         deployment is not up."""
@@ -123,9 +143,25 @@ def find(name: str | None) -> tuple[Backend, str] | None:
 
 
 def locate(
-    name: str | None, hint: str = "Start one with `servebook up RECIPE`."
+    name: str | None,
+    hint: str = "Start one with `servebook up RECIPE`.",
+    *,
+    backend: str | None = None,
 ) -> tuple[Backend, str]:
-    """``find``, or unusable input (exit 2) naming what is missing."""
+    """``find``, or unusable input (exit 2) naming what is missing.  With ``backend``
+    named, the deployment is that backend's to find (with no record on this machine: a
+    cluster's deployment brought up elsewhere)."""
+    if backend is not None:
+        chosen = get(backend)
+        if name:
+            return chosen, name
+        names = chosen.recorded()
+        if len(names) != 1:
+            raise UsageError(
+                f"name the deployment: {len(names)} are recorded here on {chosen.name} "
+                f"(`servebook status --backend {chosen.name}` lists what it has)."
+            )
+        return chosen, names[0]
     found = find(name)
     if found is None:
         what = f"named {name!r} " if name else ""
@@ -133,4 +169,4 @@ def locate(
     return found
 
 
-__all__ = ["NAMES", "Backend", "Down", "Ready", "Say", "find", "get", "locate"]
+__all__ = ["NAMES", "Backend", "Down", "Found", "Ready", "Say", "find", "get", "locate"]

@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from servebook.backends.base import Down, Ready
+from servebook.backends.base import Down, Found, Ready
 from servebook.backends.local import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.local import UpFailed, deployments_dir, state_dir_for
 from servebook.deployment import DeploymentView, RoleView
@@ -272,17 +272,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     )
 
 
-@dataclass(frozen=True)
-class FoundDeployment:
-    """A servebook deployment found in the cluster by its label."""
-
-    name: str
-    namespace: str
-    recipe: str
-    roles: tuple[str, ...]
-
-
-def deployments_found(objects: Sequence[Obj]) -> list[FoundDeployment]:
+def deployments_found(objects: Sequence[Obj]) -> list[Found]:
     """Every servebook deployment the API objects (Deployments and Services, shaped like
     the items of ``kubectl get deployments,services -o json``) carry the label of, one per
     (namespace, name), sorted; its roles from its Deployments' component labels."""
@@ -312,7 +302,7 @@ def deployments_found(objects: Sequence[Obj]) -> list[FoundDeployment]:
             },
             key=_role_rank,
         )
-        out.append(FoundDeployment(name, namespace, recipe, tuple(roles)))
+        out.append(Found(name, namespace, recipe, tuple(roles)))
     return out
 
 
@@ -734,7 +724,7 @@ def _ns_created_by(api: Any, namespace: str) -> str | None:
     return None
 
 
-def list_deployments(namespace: str | None = None) -> list[FoundDeployment]:
+def list_deployments(namespace: str | None = None) -> list[Found]:
     """servebook's deployments in the cluster, found by their label."""
     return deployments_found(_cluster_objects(_api(), None, namespace))
 
@@ -1017,7 +1007,9 @@ def _pod_log(api: Any, namespace: str, pod: str, container: str) -> Callable[[],
 
 
 @contextlib.contextmanager
-def open_view(name: str, *, forward_timeout_s: float = 10.0) -> Iterator[DeploymentView]:
+def open_view(
+    name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
+) -> Iterator[DeploymentView]:
     """The deployment as a command reaches it: a port-forward servebook holds to each
     role's Ready Pod (engine API and metrics; router API and metrics) for the body of the
     with-block.  A forward that dies or a Pod replaced meanwhile makes that role not alive,
@@ -1026,11 +1018,11 @@ def open_view(name: str, *, forward_timeout_s: float = 10.0) -> Iterator[Deploym
 
     api = None
     dep = read_state(name)
-    if dep is None:  # not recorded here: as the cluster has it
-        api = _api()
-        dep = find_deployment(api, name)
+    if dep is None or (namespace is not None and dep.namespace != namespace):
+        api = _api()  # not recorded here: as the cluster has it
+        dep = find_deployment(api, name, namespace)
         if dep is None:
-            raise _not_found(name, None)
+            raise _not_found(name, namespace)
     if not dep.plan:
         raise UsageError(
             f"deployment {name} was recorded by an older servebook without its plan: "
@@ -1148,9 +1140,11 @@ class KubernetesBackend:
     def down(self, name: str, namespace: str | None = None) -> Down:
         return Down(name, down(name, namespace))
 
-    def found(self, namespace: str | None = None) -> list[FoundDeployment]:
+    def found(self, namespace: str | None = None) -> list[Found]:
         """servebook's deployments in the cluster (by label), not this machine's records."""
         return list_deployments(namespace)
 
-    def open(self, name: str) -> contextlib.AbstractContextManager[DeploymentView]:
-        return open_view(name)
+    def open(
+        self, name: str, namespace: str | None = None
+    ) -> contextlib.AbstractContextManager[DeploymentView]:
+        return open_view(name, namespace=namespace)

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from servebook import http
-from servebook.backends.base import Down, Ready
+from servebook.backends.base import Down, Found, Ready
 from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
@@ -685,6 +685,11 @@ def view(dep: Deployment) -> DeploymentView:
     )
 
 
+def _no_namespace(namespace: str | None) -> None:
+    if namespace is not None:
+        raise UsageError("-n/--namespace is for --backend kubernetes (a cluster's namespace).")
+
+
 class LocalBackend:
     """``Backend`` for processes on this machine (module docstring)."""
 
@@ -721,10 +726,18 @@ class LocalBackend:
             f"ready at {dep.entry_url} (model '{dep.served_model_name}'); state in {dep.state_dir}",
         )
 
-    def status(self, name: str) -> dict[str, Any]:
+    def found(self, namespace: str | None = None) -> list[Found]:
+        _no_namespace(namespace)
+        return [
+            Found(d.name, "", d.recipe, tuple(r.name for r in d.roles)) for d in list_deployments()
+        ]
+
+    def status(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        _no_namespace(namespace)
         return status(self._require(name))
 
-    def down(self, name: str) -> Down:
+    def down(self, name: str, namespace: str | None = None) -> Down:
+        _no_namespace(namespace)
         dep, result = down(name)
         return Down(
             dep.name if dep else None,
@@ -733,7 +746,8 @@ class LocalBackend:
         )
 
     @contextlib.contextmanager
-    def open(self, name: str) -> Iterator[DeploymentView]:
+    def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:
+        _no_namespace(namespace)
         yield view(self._require(name))
 
     def _require(self, name: str) -> Deployment:

@@ -6,13 +6,12 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
 
 from servebook.backends import base, local
-from servebook.backends.base import Backend, Down, Ready
+from servebook.backends.base import Backend, Down, Found, Ready
 from servebook.backends.kubernetes import KubernetesBackend
 from servebook.backends.local import LocalBackend, UpFailed
 from servebook.commands import app, err, out
@@ -118,11 +117,12 @@ def up(
         out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
 
 
-ClusterBackendOpt = typer.Option(
+PlaceOpt = typer.Option(
     None,
     "--backend",
-    help="kubernetes: ask the cluster (a deployment's objects are found by their "
-    "servebook.io/deployment label), not this machine's records; it works from any machine.",
+    help="Ask the backend itself, not this machine's records: with kubernetes, the "
+    "deployment's objects are found by their servebook.io/deployment label, so it works "
+    "from any machine.",
 )
 NamespaceOpt = typer.Option(
     None,
@@ -133,28 +133,21 @@ NamespaceOpt = typer.Option(
 )
 
 
-def _cluster(backend: str | None, namespace: str | None) -> KubernetesBackend | None:
-    """The Kubernetes backend when --backend kubernetes asks for the cluster itself."""
-    if backend is not None and base.get(backend).name == "kubernetes":
-        return KubernetesBackend()
-    if namespace is not None:
-        raise UsageError("-n/--namespace is for --backend kubernetes.")
-    return None
-
-
-def _print_found(found: list[Any], namespace: str | None, json_out: bool) -> None:
+def _print_found(
+    backend: Backend, namespace: str | None, found: list[Found], json_out: bool
+) -> None:
     if json_out:
         out.print_json(json.dumps([dataclasses.asdict(f) for f in found]))
         return
-    where = f"namespace {namespace}" if namespace else "the cluster"
+    where = f"namespace {namespace} on {backend.name}" if namespace else backend.name
     if not found:
         out.print(f"no servebook deployments in {where}.", highlight=False)
         return
     out.print(f"servebook deployments in {where}:", highlight=False)
     for f in found:
+        where = f"namespace {f.namespace:16} " if f.namespace else ""
         out.print(
-            f"  {f.name:20} namespace {f.namespace:16} recipe {f.recipe or '?':16} "
-            f"roles {','.join(f.roles)}",
+            f"  {f.name:20} {where}recipe {f.recipe or '?':16} roles {','.join(f.roles)}",
             highlight=False,
             markup=False,
         )
@@ -164,36 +157,34 @@ def _print_found(found: list[Any], namespace: str | None, json_out: bool) -> Non
 def status(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
-    backend: str | None = ClusterBackendOpt,
+    backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
 ) -> None:
     """Show a deployment's roles and whether each can serve.
 
     Local: pid, port, URL, alive and healthy.  Kubernetes: per role its Pod, node, ready,
-    restarts, and the evidence of a failure.
+    restarts since this apply, image, and the evidence of a failure.
 
-    With --backend kubernetes the deployment is found in the cluster by its label, with
-    or without a record on this machine; without NAME it lists servebook's deployments
-    there (name, namespace, recipe, roles).
+    With --backend the deployment is found by that backend, with or without a record on
+    this machine; without NAME it lists the deployments the backend has (on Kubernetes:
+    name, namespace, recipe and roles, found by label).
 
     Exit 1 when a role is down, 2 when there is no such deployment.
 
     Example: servebook status tiny-pd --json
     Example: servebook status --backend kubernetes -n moe-pd
     """
-    kube = _cluster(backend, namespace)
-    if kube is not None and name is None:
-        _print_found(kube.found(namespace), namespace, json_out)
+    if backend is not None and name is None:
+        chosen = base.get(backend)
+        _print_found(chosen, namespace, chosen.found(namespace), json_out)
         return
-    if kube is not None and name is not None:
-        st = kube.status(name, namespace)
-    else:
-        found_backend, dep_name = base.locate(
-            name,
-            "Start one with `servebook up RECIPE`; one on Kubernetes brought up elsewhere: "
-            "`servebook status --backend kubernetes`.",
-        )
-        st = found_backend.status(dep_name)
+    owner, dep_name = base.locate(
+        name,
+        "Start one with `servebook up RECIPE`; one on Kubernetes brought up elsewhere: "
+        "`servebook status --backend kubernetes`.",
+        backend=backend,
+    )
+    st = owner.status(dep_name, namespace)
     if json_out:
         out.print_json(json.dumps(st))
     else:
@@ -215,7 +206,7 @@ def status(
 @app.command()
 def down(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
-    backend: str | None = ClusterBackendOpt,
+    backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
 ) -> None:
     """Stop exactly what a deployment started.
@@ -224,18 +215,19 @@ def down(
     stopped with their process group; its KV storage is removed.  Kubernetes: the objects
     `up` applied are deleted (the Namespace only if `up` created it).  Idempotent.
 
-    With --backend kubernetes the objects are found in the cluster by their label, with or
-    without a record on this machine (-n names the namespace).
+    With --backend the deployment is found by that backend, with or without a record on
+    this machine (on Kubernetes by label; -n names the namespace).
 
     Example: servebook down tiny-pd
     Example: servebook down moe --backend kubernetes -n moe-pd
     """
-    kube = _cluster(backend, namespace)
-    if kube is not None:
+    if backend is not None:
         if name is None:
-            raise UsageError("down --backend kubernetes needs the deployment's NAME.")
-        _print_down(kube.down(name, namespace))
+            raise UsageError(f"down --backend {backend} needs the deployment's NAME.")
+        _print_down(base.get(backend).down(name, namespace))
         return
+    if namespace is not None:
+        raise UsageError("-n/--namespace goes with --backend kubernetes.")
     found = base.find(name)
     if found is None:
         out.print(

@@ -106,6 +106,17 @@ FinishOpt = typer.Option(
 )
 
 
+PlaceOpt = typer.Option(
+    None,
+    "--backend",
+    help="Find the deployment on this backend, with or without a record on this machine "
+    "(kubernetes: by its label in the cluster).",
+)
+NamespaceOpt = typer.Option(
+    None, "-n", "--namespace", help="With --backend kubernetes: the namespace to look in."
+)
+
+
 VERIFY_HELP = (
     "Prove a deployment works, from the servers' own counters.\n\n"
     "Sends a real generation through the entry point (and, for PD, a long prompt that "
@@ -113,6 +124,9 @@ VERIFY_HELP = (
     "and judges.\n\n"
     "Exit 0 only when every check passes, 1 on a failing check, 2 when verify could not "
     "run. Every call has a timeout; a role that does not answer fails, it never passes."
+    "\n\nOn Kubernetes every role is reached through a port-forward servebook opens to its "
+    "Ready Pod for the length of the command; a forward that breaks or a Pod replaced "
+    "meanwhile fails that role, named."
     "\n\nChecks:\n\n" + _checks_help() + "\n\nExample: servebook verify tiny-pd --json"
 )
 
@@ -125,10 +139,12 @@ def verify(
     health_timeout: float = HealthOpt,
     max_tokens: int = MaxTokensOpt,
     finish: str = FinishOpt,
+    backend: str | None = PlaceOpt,
+    namespace: str | None = NamespaceOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish)
-    backend, dep_name = base.locate(name)
-    with backend.open(dep_name) as view:
+    owner, dep_name = base.locate(name, backend=backend)
+    with owner.open(dep_name, namespace) as view:
         rep = verify_deployment(view, opts)
     if json_out:
         out.print_json(to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s))
