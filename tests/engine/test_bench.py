@@ -15,6 +15,7 @@ import pytest
 
 from servebook.backends import local
 from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.metrics.scrape import delta, scrape
 from servebook.recipe.resolve import resolve
 from tests.engine.conftest import deployed
 
@@ -37,6 +38,8 @@ SWEEP = [
     "ascending",
     "--max-client-lag-ms",
     "250",
+    "--min-achieved-concurrency",
+    "0.5",
 ]
 
 
@@ -107,3 +110,38 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     ]
     assert all(p.valid for p in res.points)
     assert res.superseded_points, "the invalid point is kept as superseded, not erased"
+
+
+def test_token_id_prompts_have_the_workloads_length_on_the_server(tmp_path: Path) -> None:
+    """``--prompt-format ids`` on real vLLM: every request's prompt is counted by the server
+    as exactly the workload's input length (each request's usage, SB409; and the server's
+    own histogram of prompt lengths over the whole run)."""
+    input_len = 300
+    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-ids"))
+    with deployed(plan, "b-ids") as dep:
+        metrics = local.view(dep).engines[0].metrics_url
+        before = scrape(metrics)
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "servebook", "bench", "b-ids",
+                "--prompt-format", "ids", "--concurrency", "2", "--repetitions", "1",
+                "--duration", "4s", "--warmup", "1s", "--min-requests", "4",
+                "--input-len", str(input_len), "--output-len", "8",
+                "--min-achieved-concurrency", "0.5", "-o", str(tmp_path / "ids"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )  # fmt: skip
+        after = scrape(metrics)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = load_results(tmp_path / "ids" / RESULTS_NAME)
+    assert res.provenance.workload["prompt_format"] == "ids"
+    (point,) = res.points
+    assert point.valid, point.invalid_reasons
+    assert point.requests_ok >= 4 and point.prompt_tokens_mismatch == 0
+    assert point.client.achieved_concurrency is not None
+    n = delta(before, after, "vllm:request_prompt_tokens_count").value
+    total = delta(before, after, "vllm:request_prompt_tokens_sum").value
+    assert n is not None and n >= point.requests_ok
+    assert total == n * input_len

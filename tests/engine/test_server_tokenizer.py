@@ -98,6 +98,8 @@ def test_server_tokenizer_prompts_have_the_lengths_local_tokenizer_prompts_have(
                 "8",
                 "--max-client-lag-ms",
                 "250",
+                "--min-achieved-concurrency",
+                "0.5",
                 "-o",
                 str(out),
             ],
