@@ -14,14 +14,21 @@ Layout written into ``out_dir`` (what ``vllm serve DIR`` and ``transformers`` ex
 Weights are bfloat16.  numpy has no bfloat16, so the safetensors files are written by hand
 (8-byte little-endian header length, JSON header, raw bytes): bfloat16 is the top 16 bits
 of a float32, rounded to nearest even.  That keeps this module importable without torch.
+
+The module is also a standalone script (numpy, tokenizers and the standard library only):
+on Kubernetes it is shipped in a ConfigMap and run in each engine Pod by an init container
+of the vLLM image (``python3 tiny_model.py DIR [--draft]``), so a cluster makes the same
+model without servebook installed and without a download (``servebook.kube.manifests``).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import shutil
+import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -29,7 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-from servebook.findings import UsageError
+try:
+    from servebook.findings import UsageError
+except ImportError:  # run as a lone script in a cluster's engine image: no servebook there
+
+    class UsageError(Exception):  # type: ignore[no-redef]
+        """A problem the user must fix (servebook's UsageError when servebook is there)."""
+
 
 TINY_NAME = "servebook-tiny-llama"
 TINY_DRAFT_NAME = "servebook-tiny-llama-draft"
@@ -414,3 +427,28 @@ def _replace_dir(tmp: Path, out_dir: Path, *, force: bool, draft: bool) -> None:
         raise UsageError(f"could not move the new model into {out_dir}: {e}") from e
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# --- as a script -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 tiny.py DIR [--draft] [--seed N]``: what an engine Pod's init container
+    runs.  An existing model in DIR (a restarted Pod's emptyDir) is replaced, so the Pod
+    always serves exactly what this generator makes."""
+    parser = argparse.ArgumentParser(description="Write servebook's deterministic tiny model.")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--draft", action="store_true", help="the 1-layer draft model")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        out = make_tiny_model(args.out_dir, seed=args.seed, draft=args.draft, force=True)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {TINY_DRAFT_NAME if args.draft else TINY_NAME} (seed {args.seed}) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
