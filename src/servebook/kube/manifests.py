@@ -16,20 +16,32 @@ Each rule answers a failure in the field notes:
   ``/health``, which answers 200 only once the engine serves and 503 once it died.
 * Deployments use ``Recreate``: a rolling update would start a second GPU Pod on the
   pinned node and wait forever for the GPUs the first one holds.
+* A model the recipe generates (``kubernetes.model_source: generate``, the tiny recipes)
+  is made in each engine Pod by an init container of the engine image running
+  servebook's own generator, shipped in a ConfigMap, into an emptyDir the engine mounts
+  read-only: no weights on any node, no download but the image.  The Pod template
+  carries the generator's hash, so a new generator rolls the Pods.
+* A KV connector that hands KV over through files (``kubernetes.kv_storage``,
+  ExampleConnector) gets a node directory both engines mount read-write: scratch, not
+  weights, so ``DirectoryOrCreate``, one directory per deployment, emptied by the
+  prefill Pod before its engine starts (stale files from an earlier run would read as
+  transferred KV); both Pods are pinned to that node like any Pod mounting a node path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+from importlib import resources
 from typing import Any
 
 import yaml
 
 from servebook.engines import vllm
 from servebook.findings import UsageError
-from servebook.recipe.plan import Plan, RolePlan
-from servebook.recipe.schema import Kubernetes
+from servebook.recipe.plan import POD_MODELS_MOUNT, Plan, RolePlan
+from servebook.recipe.schema import Generate, Kubernetes
 
 ENGINE_PORT = 8000
 ROUTER_PORT = 8000
@@ -52,6 +64,15 @@ CREATED_BY_ANNOTATION = "servebook.io/created-by"
 # them (and `kubectl delete -f` would try to delete them).
 BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# The generator a Pod runs to make a model in place (kubernetes.model_source 'generate'):
+# servebook/models/tiny.py, which runs as a lone script with numpy and tokenizers (both in
+# vLLM's images), shipped under this key of a ConfigMap mounted at GENERATOR_MOUNT.
+GENERATOR_KEY = "tiny_model.py"
+GENERATOR_MOUNT = "/servebook"
+GENERATOR_HASH_ANNOTATION = "servebook.io/model-generator-sha256"
+GENERATOR_ARGS: dict[Generate, list[str]] = {Generate.TINY: [], Generate.TINY_DRAFT: ["--draft"]}
+KV_VOLUME = "kv-storage"
+
 
 Obj = dict[str, Any]
 
@@ -81,6 +102,35 @@ def selector_for(deployment: str, role: str) -> dict[str, str]:
 def deployment_selector(deployment: str) -> str:
     """A label selector (query text) for every object of a deployment."""
     return f"{DEPLOYMENT_LABEL}={deployment}"
+
+
+def generator_source() -> str:
+    """The text of the model generator a Pod runs (servebook/models/tiny.py)."""
+    return (resources.files("servebook.models") / "tiny.py").read_text(encoding="utf-8")
+
+
+def generator_configmap_name(deployment: str) -> str:
+    return f"{deployment}-model-generator"
+
+
+def _generator_configmap(plan: Plan, namespace: str, name: str, source: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": generator_configmap_name(name),
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "servebook-model-generator",
+                "app.kubernetes.io/instance": name,
+                COMPONENT_LABEL: "model-generator",
+                MANAGED_BY_LABEL: MANAGED_BY,
+                DEPLOYMENT_LABEL: name,
+            },
+            "annotations": {RECIPE_ANNOTATION: plan.recipe},
+        },
+        "data": {GENERATOR_KEY: source},
+    }
 
 
 def _labels(plan: Plan, role: RolePlan, name: str) -> dict[str, str]:
@@ -172,7 +222,29 @@ def _engine_ports(role: RolePlan) -> list[Obj]:
     return ports
 
 
-def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes, name: str) -> Obj:
+def _model_init_containers(plan: Plan, role: RolePlan, name: str) -> list[Obj]:
+    """One init container per model the Pod makes: the engine image runs the generator
+    from the ConfigMap into the emptyDir the engine then mounts read-only."""
+    script = f"{GENERATOR_MOUNT}/{GENERATOR_KEY}"
+    out: list[Obj] = []
+    for path, gen in role.pod_models.items():
+        out.append(
+            {
+                "name": f"make-{path.rstrip('/').rsplit('/', 1)[-1]}",
+                "image": role.image,
+                "command": ["python3", script, path, *GENERATOR_ARGS[gen]],
+                "volumeMounts": [
+                    {"name": "models", "mountPath": POD_MODELS_MOUNT},
+                    {"name": "model-generator", "mountPath": GENERATOR_MOUNT, "readOnly": True},
+                ],
+            }
+        )
+    return out
+
+
+def _engine_deployment(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, generator_hash: str | None
+) -> Obj:
     if not role.image:
         raise UsageError(
             f"recipe {plan.recipe} names no image for role {role.name}: set the recipe's "
@@ -184,23 +256,50 @@ def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes, name: str) -
         ("model", role.model_path, role.model_container_path),
         ("draft", role.draft_path, role.draft_container_path),
     ):
-        if host is None or inside is None:
+        if host is None or inside is None or role.pod_models:
             continue
         # Directory, never DirectoryOrCreate: a missing path must fail at mount time.
         volumes.append({"name": vol, "hostPath": {"path": host, "type": "Directory"}})
         mounts.append({"name": vol, "mountPath": inside, "readOnly": True})
+    init: list[Obj] = []
+    if k8s.kv_storage is not None:
+        kv = k8s.kv_storage
+        # Scratch both engines share, not weights: created when absent, one per deployment.
+        host = f"{kv.host_path.rstrip('/')}/{name}"
+        volumes.append({"name": KV_VOLUME, "hostPath": {"path": host, "type": "DirectoryOrCreate"}})
+        mounts.append({"name": KV_VOLUME, "mountPath": kv.container_path})
+        if role.name == "prefill":
+            # Files an earlier run left would be found by decode as if transferred now.
+            init.append(
+                {
+                    "name": "clear-kv-storage",
+                    "image": role.image,
+                    "command": ["find", kv.container_path, "-mindepth", "1", "-delete"],
+                    "volumeMounts": [{"name": KV_VOLUME, "mountPath": kv.container_path}],
+                }
+            )
     node = role.placement.node
     if volumes and not node:
         raise UsageError(
             f"recipe {plan.recipe}: role {role.name} mounts directories of a node "
             f"({', '.join(v['hostPath']['path'] for v in volumes)}) but is pinned to no node; "
-            "on another node the path may be empty. Set roles."
+            "on another node the path may be empty or not the other role's. Set roles."
             f"{role.name}.placement.node (a node parameter)."
         )
+    if role.pod_models:
+        init += _model_init_containers(plan, role, name)
+        volumes += [
+            {"name": "models", "emptyDir": {}},
+            {
+                "name": "model-generator",
+                "configMap": {"name": generator_configmap_name(name)},
+            },
+        ]
+        mounts.append({"name": "models", "mountPath": POD_MODELS_MOUNT, "readOnly": True})
     volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}})
     mounts.append({"name": "shm", "mountPath": "/dev/shm"})
 
-    argv = vllm.server_argv("python3", role.args, "0.0.0.0", ENGINE_PORT)
+    argv = vllm.server_argv("python3", role.cluster_args, "0.0.0.0", ENGINE_PORT)
     container: Obj = {
         "name": "engine",
         "image": role.image,
@@ -235,12 +334,27 @@ def _engine_deployment(plan: Plan, role: RolePlan, k8s: Kubernetes, name: str) -
     # No Service environment variables: a Service named like `vllm-...` would inject
     # VLLM_*_PORT=tcp://... variables that vLLM reads as its own settings.
     pod["enableServiceLinks"] = False
+    if init:
+        pod["initContainers"] = init
     pod["containers"] = [container]
     pod["volumes"] = volumes
-    return _deployment(plan, role, k8s.namespace, pod, name)
+    annotations: dict[str, str] = {}
+    if role.pod_models and generator_hash:
+        annotations[GENERATOR_HASH_ANNOTATION] = generator_hash
+    return _deployment(plan, role, k8s.namespace, pod, name, annotations)
 
 
-def _deployment(plan: Plan, role: RolePlan, namespace: str, pod: Obj, name: str) -> Obj:
+def _deployment(
+    plan: Plan,
+    role: RolePlan,
+    namespace: str,
+    pod: Obj,
+    name: str,
+    pod_annotations: dict[str, str] | None = None,
+) -> Obj:
+    template: Obj = {"metadata": {"labels": _labels(plan, role, name)}, "spec": pod}
+    if pod_annotations:
+        template["metadata"]["annotations"] = pod_annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -249,7 +363,7 @@ def _deployment(plan: Plan, role: RolePlan, namespace: str, pod: Obj, name: str)
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector_for(name, role.name)},
-            "template": {"metadata": {"labels": _labels(plan, role, name)}, "spec": pod},
+            "template": template,
         },
     }
 
@@ -278,7 +392,7 @@ def _router_deployment(
             f"recipe {plan.recipe}: the router has no image; set router.image (the "
             "vllm-router image; the engine image does not ship it)."
         )
-    connector = vllm.kv_connector_of(plan.role("prefill").args) or ""
+    connector = vllm.kv_connector_of(plan.role("prefill").cluster_args) or ""
     net = vllm.connector_network(connector)
     argv = vllm.router_argv(
         "vllm-router",
@@ -338,11 +452,21 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
             "Use `servebook up` for it, or render a recipe with `backends: [kubernetes]` "
             "(`servebook recipes` lists them)."
         )
+    missing = plan.unresolved_on.get("kubernetes")
+    if missing:
+        raise UsageError(
+            f"{plan.origin}: {len(missing)} parameter(s) the kubernetes backend needs are "
+            "unset; nothing was rendered or started:\n" + "\n".join(missing)
+        )
     name = name or plan.recipe
     whose = f"recipe name {name!r}" if name == plan.recipe else f"deployment name {name!r}"
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
-    for obj_name in [name, *(object_name(plan, role.name, name) for role in plan.roles)]:
+    generates = any(r.pod_models for r in plan.roles)
+    names = [name, *(object_name(plan, role.name, name) for role in plan.roles)]
+    if generates:
+        names.append(generator_configmap_name(name))
+    for obj_name in names:
         if not _DNS_LABEL.match(obj_name):
             raise UsageError(
                 f"{whose} makes the object name {obj_name!r}, which is not a valid "
@@ -361,14 +485,32 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
                 },
             }
         )
+    generator_hash: str | None = None
+    if generates:
+        source = generator_source()
+        generator_hash = hashlib.sha256(source.encode()).hexdigest()
+        objects.append(_generator_configmap(plan, k8s.namespace, name, source))
     for role in plan.roles:
         if role.kind == "engine":
-            dep = _engine_deployment(plan, role, k8s, name)
+            dep = _engine_deployment(plan, role, k8s, name, generator_hash)
             ports = dep["spec"]["template"]["spec"]["containers"][0]["ports"]
         else:
             dep, ports = _router_deployment(plan, role, k8s, name)
         objects += [dep, _service(plan, role, k8s.namespace, ports, name)]
     return objects
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML, with text of several lines (a script in a ConfigMap) as a literal block
+    a reader can read."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
 
 
 def manifest_files(plan: Plan, objects: list[Obj]) -> dict[str, str]:
@@ -389,6 +531,8 @@ def manifest_files(plan: Plan, objects: list[Obj]) -> dict[str, str]:
     )
     files: dict[str, str] = {}
     for i, (name, objs) in enumerate(groups):
-        text = yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False, width=4096)
+        text = yaml.dump_all(
+            objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096
+        )
         files[f"{i * 10:02d}-{name}.yaml"] = header + text
     return files

@@ -88,6 +88,8 @@ def parameters_markdown(
     for name, p in declared.items():
         origin = _origin(plan.param_origins.get(name, DEFAULT_ORIGIN))
         kind = p.type.value + (" (optional)" if p.optional else "")
+        if p.required_on:
+            kind += f" (required on {', '.join(p.required_on)} only)"
         if p.choices:
             kind += f": one of {', '.join(p.choices)}"
         lines += [

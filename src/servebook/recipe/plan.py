@@ -22,6 +22,12 @@ from servebook.recipe.schema import (
     Resources,
 )
 
+# kubernetes.model_source 'generate': where each engine Pod makes its models (an emptyDir
+# mounted here, read-only in the engine container) and the directories the engine is given.
+POD_MODELS_MOUNT = "/models"
+POD_MODEL_DIR = f"{POD_MODELS_MOUNT}/model"
+POD_DRAFT_DIR = f"{POD_MODELS_MOUNT}/draft"
+
 
 class RecipeValueError(UsageError):
     """A resolved recipe value that cannot work, at the given recipe keys.  ``resolve``
@@ -47,6 +53,18 @@ class RolePlan(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     placement: Placement = Field(default_factory=Placement)
+    # Kubernetes only (the local backend reads args): the engine's arguments where they
+    # differ on a cluster (a model made in the Pod, KV storage mounted from the node);
+    # None: the same as args.
+    kube_args: list[str] | None = None
+    # Kubernetes only: directories the Pod makes before the engine starts (container path
+    # -> generator), with kubernetes.model_source 'generate'.
+    pod_models: dict[str, Generate] = Field(default_factory=dict)
+
+    @property
+    def cluster_args(self) -> list[str]:
+        """The engine's arguments on Kubernetes."""
+        return self.args if self.kube_args is None else self.kube_args
 
 
 class Plan(BaseModel):
@@ -68,6 +86,9 @@ class Plan(BaseModel):
     kv_storage: list[str] = Field(default_factory=list)
     speculative: dict[str, Any] | None = None
     kubernetes: Kubernetes | None = None
+    # Backend -> one line per parameter that backend requires (`required_on`) and that is
+    # unset; that backend refuses to start (render refuses to write) while any is listed.
+    unresolved_on: dict[str, list[str]] = Field(default_factory=dict)
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -169,6 +190,56 @@ def _draft(
     return draft, key
 
 
+def _kube_variant(
+    recipe: Recipe, name: str, draft_path: str | None, args: list[str]
+) -> tuple[list[str] | None, dict[str, Generate]]:
+    """A role's engine arguments on Kubernetes when they differ from ``args`` (None when
+    not), and the model directories its Pod makes (container path -> generator).
+
+    Built from the same recipe in the same way as ``args``; only the paths differ: the
+    model (and draft) the Pod made under POD_MODELS_MOUNT, and the KV connector's
+    storage mounted from the node.  So the local command lines never change with the
+    ``kubernetes:`` section, and both roles' configs stay identical on a cluster too."""
+    k8s = recipe.kubernetes
+    if k8s is None or (k8s.model_source != "generate" and k8s.kv_storage is None):
+        return None, {}
+    role = recipe.roles[name]
+    spec = recipe.speculative
+    pod_models: dict[str, Generate] = {}
+    model_path = role.model_path or recipe.model.path
+    assert model_path is not None
+    model = recipe.model.container_path or model_path
+    draft = (spec.container_path or draft_path) if spec is not None else None
+    if k8s.model_source == "generate":
+        assert recipe.model.generate is not None  # the schema requires it
+        model = POD_MODEL_DIR
+        pod_models[POD_MODEL_DIR] = recipe.model.generate
+        if spec is not None and draft_path is not None:
+            assert spec.generate is not None  # the schema requires it
+            draft = POD_DRAFT_DIR
+            pod_models[POD_DRAFT_DIR] = spec.generate
+    spec_cfg = None
+    if spec is not None:
+        spec_cfg = vllm.speculative_config(
+            spec.method, spec.num_speculative_tokens, draft, spec.extra
+        )
+    kv_cfg = None
+    if recipe.kv_connector is not None:
+        extra = dict(recipe.kv_connector.extra_config)
+        if k8s.kv_storage is not None:
+            extra["shared_storage_path"] = k8s.kv_storage.container_path
+        kv_cfg = vllm.kv_transfer_config(recipe.kv_connector.name, extra)
+    kube_args = vllm.engine_args(
+        model_path=model,
+        served_name=recipe.model.served_name,
+        max_model_len=recipe.model.max_model_len,
+        speculative=spec_cfg,
+        kv_transfer=kv_cfg,
+        extra=role.engine_args,
+    )
+    return (None if kube_args == args else kube_args), pod_models
+
+
 def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
     """Turn a fully substituted recipe into a Plan."""
     roles: list[RolePlan] = []
@@ -226,6 +297,7 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             kv_transfer=kv_cfg,
             extra=role.engine_args,
         )
+        kube_args, pod_models = _kube_variant(recipe, name, draft_path, args)
         gpus = role.resources.gpus
         if isinstance(gpus, int) and gpus > 0 and vllm.parallel_size(args) > gpus:
             raise RecipeValueError(
@@ -248,6 +320,8 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
                 env=dict(role.env),
                 resources=role.resources,
                 placement=role.placement,
+                kube_args=kube_args,
+                pod_models=pod_models,
             )
         )
     if recipe.router is not None:

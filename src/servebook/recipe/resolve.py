@@ -305,18 +305,30 @@ _DUMMY: dict[ParamType, Any] = {
 }
 
 
+def _unresolved_line(name: str, param: Parameter, usages: Mapping[str, list[str]]) -> str:
+    used_at = ", ".join(usages.get(name, [])) or "not referenced"
+    line = f"  {name} ({param.type.value}): {param.description} Used at: {used_at}."
+    if param.required_on and param.how_to_find:
+        line += f" How to find it: {' '.join(param.how_to_find.split())}"
+    return line + f" Supply it with --set {name}=VALUE or in a -f values.yaml file."
+
+
 def resolve_values(
     src: Source,
     declared: Mapping[str, Parameter],
     supplied: Mapping[str, tuple[Any, str]],
     builtins: Mapping[str, str],
     origins: dict[str, str] | None = None,
+    unresolved_on: dict[str, list[str]] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Parameter values from defaults and supplied (value, origin) pairs, typed and
     validated, and a message per unresolved parameter (with where it is used).  Unresolved
     parameters get a typed stand-in value so the rest of the recipe can still be checked.
-    ``origins``, when given, receives where each value came from."""
+    ``origins``, when given, receives where each value came from; ``unresolved_on``, per
+    backend, a message per unset parameter only that backend requires (``required_on``),
+    which is left unset like an optional one."""
     origins = {} if origins is None else origins
+    unresolved_on = {} if unresolved_on is None else unresolved_on
     usages = _usages(src.data)
     for ref, where in usages.items():
         if ref not in declared and ref not in BUILTINS:
@@ -346,14 +358,10 @@ def resolve_values(
             raw, origin = supplied[name]
         elif param.default is not None:
             raw, origin = param.default, "the recipe's default"
-        elif param.optional:
+        elif param.optional or param.required_on:
             raw, origin = None, "unset (optional)"
         else:
-            used_at = ", ".join(usages.get(name, [])) or "not referenced"
-            missing.append(
-                f"  {name} ({param.type.value}): {param.description} Used at: {used_at}. "
-                f"Supply it with --set {name}=VALUE or in a -f values.yaml file."
-            )
+            missing.append(_unresolved_line(name, param, usages))
             values[name] = _DUMMY.get(param.type, (param.choices or ["unresolved"])[0])
             continue
         if isinstance(raw, str) and REF.search(raw):
@@ -364,7 +372,9 @@ def resolve_values(
                     f"refer to built-ins ({', '.join(BUILTINS)})."
                 )
         origins[name] = origin
-        if param.optional and (raw is None or str(raw).strip() == ""):
+        if (param.optional or param.required_on) and (raw is None or str(raw).strip() == ""):
+            for backend in param.required_on:
+                unresolved_on.setdefault(backend, []).append(_unresolved_line(name, param, usages))
             values[name] = None  # unset: a whole-value reference leaves its key out
             continue
         try:
@@ -403,7 +413,8 @@ def resolve(
         "state_dir": str(state_dir or home / "deployments" / name),
     }
     origins: dict[str, str] = {}
-    values, missing = resolve_values(src, declared, supplied, builtins, origins)
+    unresolved_on: dict[str, list[str]] = {}
+    values, missing = resolve_values(src, declared, supplied, builtins, origins, unresolved_on)
     body = {k: v for k, v in src.data.items() if k != "parameters"}
     usages = _usages(src.data)
     try:
@@ -430,4 +441,5 @@ def resolve(
     except RecipeValueError as e:
         raise UsageError(f"{e}{_set_by(e.keys, usages)}") from None
     plan.param_origins = origins
+    plan.unresolved_on = unresolved_on
     return plan

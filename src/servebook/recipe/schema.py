@@ -36,6 +36,9 @@ class ParamType(StrEnum):
     ARGS = "args"
 
 
+Backend = Literal["local", "kubernetes"]
+
+
 class Parameter(_Strict):
     type: ParamType = ParamType.STR
     description: str = Field(min_length=1)
@@ -47,6 +50,10 @@ class Parameter(_Strict):
     # to none and the key that refers to it (a whole-value reference) is left out, e.g. no
     # RDMA device request, no draft model.  Unset is a stated choice, never a blank.
     optional: bool = False
+    # Needed on these backends only (an image, a node): elsewhere it may be left unset, as
+    # if optional, and a backend listed here refuses to start (render refuses to write)
+    # while it is unset, naming it.  Lets one recipe serve both backends.
+    required_on: list[Backend] = Field(default_factory=list)
     choices: list[str] | None = None
     min: float | None = None
     max: float | None = None
@@ -57,6 +64,11 @@ class Parameter(_Strict):
             raise ValueError("a parameter of type 'choice' needs a non-empty 'choices' list")
         if self.type is not ParamType.CHOICE and self.choices:
             raise ValueError("'choices' is only allowed with type: choice")
+        if self.required_on and (self.default is not None or self.optional):
+            raise ValueError(
+                "'required_on' is for a parameter without a default that is needed on some "
+                "backends only; it cannot have a default or be optional"
+            )
         return self
 
 
@@ -173,8 +185,27 @@ class Router(_Strict):
     args: list[str] = Field(default_factory=list)
 
 
+AbsPath = Annotated[str, _matching(r"/\S*", "an absolute path such as /kv")]
+
+
+class KVStorage(_Strict):
+    """Kubernetes: the KV connector's shared storage (ExampleConnector's
+    ``shared_storage_path``) as a directory of the node both PD engine Pods run on.
+
+    ExampleConnector hands the KV cache over as files: prefill writes them, decode reads
+    them, so both Pods must see one directory, which on a cluster means one node (the
+    recipe pins both roles to it).  The node directory is scratch, not weights: it is
+    ``host_path/DEPLOYMENT`` (one per deployment), created when absent
+    (``DirectoryOrCreate``), emptied when the prefill Pod starts, and mounted read-write
+    at ``container_path``, which the engines are given instead of the local path."""
+
+    host_path: AbsPath
+    container_path: AbsPath = "/kv"
+
+
 class Kubernetes(_Strict):
-    """Settings only the kubernetes backend reads (render, up)."""
+    """Settings only the kubernetes backend reads (render, up); the local backend ignores
+    them."""
 
     # Every object goes here, and the render emits the Namespace itself (field notes: a
     # namespace referenced by every manifest and created by none).
@@ -186,6 +217,15 @@ class Kubernetes(_Strict):
     # /dev/shm for NCCL and the engine's worker processes (the container default is 64Mi).
     shm_size: Quantity = "16Gi"
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    # Where the engine Pods get the model.  `node`: model.path (and the draft) are node
+    # directories mounted at model.container_path (or hub ids, when that is unset).
+    # `generate`: each engine Pod makes the model itself: an init container of the engine
+    # image runs servebook's own generator (model.generate, and speculative.generate for
+    # the draft), shipped in a ConfigMap, into an emptyDir the engine mounts read-only at
+    # /models.  Nothing is downloaded but the image and nothing is read from the nodes;
+    # the generator is deterministic, so every Pod of one image makes the same bytes.
+    model_source: Literal["node", "generate"] = "node"
+    kv_storage: KVStorage | None = None
 
 
 ENGINE_ROLES = {"mixed": ("mixed",), "pd": ("prefill", "decode")}
@@ -234,4 +274,32 @@ class Recipe(_Strict):
                 )
         # Whether the speculative method needs a draft is checked per role when the Plan
         # is built (roles may each name their own draft directory).
+        k8s = self.kubernetes
+        if k8s is not None and k8s.model_source == "generate":
+            if self.model.generate is None:
+                raise ValueError(
+                    "kubernetes.model_source 'generate' needs model.generate (what to make)"
+                )
+            spec_mount = self.speculative.container_path if self.speculative else None
+            if self.model.container_path is not None or spec_mount is not None:
+                raise ValueError(
+                    "kubernetes.model_source 'generate' makes the model in the Pod, so no "
+                    "node directory is mounted: leave container_path unset"
+                )
+            if self.speculative is not None and (
+                self.speculative.model is not None and self.speculative.generate is None
+            ):
+                raise ValueError(
+                    "kubernetes.model_source 'generate' with a draft model needs "
+                    "speculative.generate (the draft is made in the Pod too)"
+                )
+        if k8s is not None and k8s.kv_storage is not None:
+            path = (self.kv_connector.extra_config if self.kv_connector else {}).get(
+                "shared_storage_path"
+            )
+            if path is None:
+                raise ValueError(
+                    "kubernetes.kv_storage replaces the KV connector's shared_storage_path "
+                    "(ExampleConnector); this recipe's kv_connector.extra_config has none"
+                )
         return self
