@@ -59,7 +59,7 @@ def test_up_without_any_kubeconfig_says_so(cli: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["tiny-pd", "--backend", "kubernetes"], "not Kubernetes"),
+        (["tiny-pd-spec", "--backend", "kubernetes"], "not Kubernetes"),
         (["vllm-pd", "-f", str(VALUES), "--backend", "kubernetes", "--port", "8000"], "--port is"),
         (["vllm-pd", "-f", str(VALUES), "--backend", "nomad"], "choose one of local, kubernetes"),
         (["vllm-mixed", "-f", str(MIXED), "--backend", "local"], "not the local backend"),

@@ -97,7 +97,7 @@ def test_missing_node(cli: Cli) -> None:
 
 
 def test_local_recipe_is_refused_with_exit_2(cli: Cli) -> None:
-    r = cli("preflight", "tiny-pd", "--snapshot", str(FIX / "healthy.json"))
+    r = cli("preflight", "tiny-pd-spec", "--snapshot", str(FIX / "healthy.json"))
     assert r.returncode == 2 and "local backend only" in r.stderr
 
 

@@ -26,6 +26,10 @@ from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
 GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
+# The tiny recipes on a CPU-only cluster (tests/unit/test_render_tiny.py has the rest).
+TINY_RECIPES = ["tiny-mixed", "tiny-pd"]
+# PARAMETERS.md names the local-only model_dir's default, which follows SERVEBOOK_HOME.
+GOLDEN_HOME = "/home/user/.servebook"
 FIXTURES = Path(__file__).parent / "fixtures" / "render"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,11 +50,12 @@ PD = [
 @pytest.fixture
 def in_fixture(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     """Run from a recipe's fixture directory, so the values file is named `values.yaml` in
-    PARAMETERS.md whichever directory the tests run from."""
+    PARAMETERS.md whichever directory the tests run from (and from one SERVEBOOK_HOME)."""
 
     def go(recipe: str) -> Path:
         d = FIXTURES / recipe
         monkeypatch.chdir(d)
+        monkeypatch.setenv("SERVEBOOK_HOME", GOLDEN_HOME)
         return d
 
     return go
@@ -80,7 +85,7 @@ def _flag(args: list[str], flag: str) -> str:
 # --- golden files ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", GPU_RECIPES)
+@pytest.mark.parametrize("recipe", GPU_RECIPES + TINY_RECIPES)
 def test_rendered_files_match_the_golden_files(
     recipe: str, in_fixture: Callable[[str], Path]
 ) -> None:
@@ -101,13 +106,16 @@ def test_rendered_files_match_the_golden_files(
 # --- properties every render must have ------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", GPU_RECIPES)
+@pytest.mark.parametrize("recipe", GPU_RECIPES + TINY_RECIPES)
 def test_every_rendered_object_passes_the_kubernetes_schema(
     recipe: str, in_fixture: Callable[[str], Path]
 ) -> None:
     in_fixture(recipe)
     objects, _ = _golden(recipe)
-    assert {o["kind"] for o in objects} == {"Namespace", "Deployment", "Service"}
+    kinds = {"Namespace", "Deployment", "Service"}
+    if recipe in TINY_RECIPES:
+        kinds.add("ConfigMap")  # the model generator the engine Pods run
+    assert {o["kind"] for o in objects} == kinds
     assert schema_errors(objects) == []
 
 
@@ -379,7 +387,7 @@ def test_draft_given_to_a_method_without_drafts_is_refused() -> None:
 
 
 def test_local_recipe_is_refused(cli: Cli, tmp_path: Path) -> None:
-    r = cli("render", "tiny-pd", "-o", str(tmp_path / "deploy"))
+    r = cli("render", "tiny-pd-spec", "-o", str(tmp_path / "deploy"))
     assert r.returncode == 2
     assert "local backend only" in r.stderr
     assert not (tmp_path / "deploy").exists()
@@ -417,7 +425,7 @@ def test_without_output_the_manifests_go_to_stdout(cli: Cli) -> None:
     not (REPO / "src" / "servebook" / "lint" / "rules.py").exists(),
     reason="servebook lint is not in this tree yet",
 )
-@pytest.mark.parametrize("recipe", GPU_RECIPES)
+@pytest.mark.parametrize("recipe", GPU_RECIPES + TINY_RECIPES)
 def test_servebook_lint_reports_nothing_on_rendered_output(recipe: str, cli: Cli) -> None:
     expected = FIXTURES / recipe / "expected"
     r = cli("lint", str(expected))
