@@ -230,6 +230,37 @@ class M:
     CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 
+class H:
+    """vLLM's latency histograms, by base name (exposed as ``_bucket{le}``, ``_sum``,
+    ``_count``; seconds; vllm.md 1.2).  ``servebook.metrics.histogram`` reads a window's
+    mean and percentiles from them.  TTFT is measured from the frontend's arrival time;
+    ITL between engine-core outputs; TPOT per request = decode time / (tokens - 1); the
+    phase times are QUEUED -> SCHEDULED -> first token -> last token."""
+
+    TTFT = "vllm:time_to_first_token_seconds"
+    ITL = "vllm:inter_token_latency_seconds"
+    TPOT = "vllm:request_time_per_output_token_seconds"  # since 2025-09-24
+    E2E = "vllm:e2e_request_latency_seconds"
+    QUEUE = "vllm:request_queue_time_seconds"
+    PREFILL = "vllm:request_prefill_time_seconds"
+    DECODE = "vllm:request_decode_time_seconds"
+    INFERENCE = "vllm:request_inference_time_seconds"
+    # Before 0.11 the ITL histogram had this name (removed 2026-01); read it when ITL is absent.
+    ITL_LEGACY = "vllm:time_per_output_token_seconds"
+
+
+# What a benchmark point records from the server, by the key it is recorded under.
+LATENCY_HISTOGRAMS = {
+    "ttft": H.TTFT,
+    "itl": H.ITL,
+    "tpot": H.TPOT,
+    "e2e": H.E2E,
+    "queue": H.QUEUE,
+    "prefill": H.PREFILL,
+    "decode": H.DECODE,
+}
+
+
 # `prompt_tokens_by_source{source=...}` values (added 2026-02, vllm.md 1.2).
 SOURCE_EXTERNAL = "external_kv_transfer"
 SOURCE_LOCAL_COMPUTE = "local_compute"
