@@ -380,3 +380,101 @@ def test_the_same_directory_twice_is_bad_input(tmp_path: Path) -> None:
     shutil.copytree(A, tmp_path / "a")
     with pytest.raises(UsageError, match="given twice"):
         load_runs([tmp_path / "a", tmp_path / "a" / "results.json"])
+
+
+# --- --reproduce ---------------------------------------------------------------------------
+
+
+def rerun_with(tmp_path: Path, name: str, c16: list[tuple[float, float]]) -> Path:
+    """The re-run with its c=16 repetitions' (tok/s, TPOT p50 ms) replaced."""
+    doc = json.loads((RERUN / "results.json").read_text())
+    pts = sorted(
+        (p for p in doc["points"] if p["concurrency"] == 16), key=lambda p: p["repetition"]
+    )
+    for p, (tok, tpot) in zip(pts, c16, strict=True):
+        p["output_tokens_per_s"], p["tpot_ms"]["p50"] = tok, tpot
+    out = tmp_path / name
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(doc))
+    return out
+
+
+def test_an_independent_rerun_reproduces_within_5_percent() -> None:
+    from servebook.report import reproduce as rep
+
+    a_run, r_run = load_runs([A, RERUN])
+    r = rep.reproduce(a_run, r_run)
+    assert r.verdict == "reproduces" and r.tolerance == 0.05
+    c16 = next(p for p in r.points if p.level == "c=16")
+    tok, tpot = c16.metrics
+    # A's c=16: 1200, 1230, 1170 -> median 1200; the re-run: 1195, 1225, 1180 -> 1195.
+    assert (tok.median_a, tok.median_b) == (1200.0, 1195.0)
+    assert tok.relative == pytest.approx(-5 / 1200)
+    # TPOT p50: 12.0, 12.3, 11.7 -> 12.0; 12.1, 12.2, 11.8 -> 12.1 (+0.83%).
+    assert (tpot.median_a, tpot.median_b) == (12.0, 12.1)
+    # A's interval: 1200 +- t(0.975, 2) x 30 / sqrt(3) = 1200 +- 74.5: covers 1195.
+    assert tok.ci_a.low == pytest.approx(1200 - 4.302653 * 30 / math.sqrt(3), rel=1e-6)
+    assert tok.a_covers_b is True and tok.b_covers_a is True
+    # c=1: one valid repetition in B (two windows cut short): no interval, no cover.
+    c1 = next(p for p in r.points if p.level == "c=1")
+    assert c1.verdict == "reproduces"
+    assert c1.metrics[0].ci_b.n == 1 and c1.metrics[0].b_covers_a is None
+
+
+def test_reproduce_command_exit_codes_and_json(tmp_path: Path) -> None:
+    ok = invoke("compare", str(A), str(RERUN), "--reproduce", "--json")
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.output)
+    assert doc["verdict"] == "reproduces" and doc["reproduces"] is True
+    assert [p["level"] for p in doc["points"]] == ["c=1", "c=4", "c=16"]
+    assert doc["points"][2]["metrics"][0]["median_b"] == 1195.0
+
+    # 15% less throughput with tight repetitions: a real difference.
+    slow = rerun_with(tmp_path, "slow", [(1020, 12.0), (1025, 12.1), (1015, 11.9)])
+    r = invoke("compare", str(A), str(slow), "--reproduce")
+    assert r.exit_code == 1, r.output
+    assert "does not reproduce" in r.output and "c=16" in r.output
+    out = tmp_path / "o"
+    r = invoke("compare", str(A), str(slow), "--reproduce", "--json", "-o", str(out))
+    doc = json.loads(r.output)
+    assert doc["verdict"] == "does not reproduce"
+    c16 = doc["points"][2]
+    assert c16["verdict"] == "does not reproduce"
+    assert c16["metrics"][0]["relative"] == pytest.approx(1020 / 1200 - 1)
+    assert c16["metrics"][0]["a_interval_covers_b_median"] is False
+    assert json.loads((out / "reproduce.json").read_text())["verdict"] == "does not reproduce"
+    assert "does not reproduce" in (out / "reproduce.md").read_text()
+
+
+def test_a_difference_inside_both_intervals_is_inconclusive_not_a_pass(tmp_path: Path) -> None:
+    # B's c=16: 1000, 1130, 1260 -> median 1130 (-5.8%), mean 1130, s = 130, interval
+    # 1130 +- 4.302653 x 130 / sqrt(3) = [807, 1453]: covers A's 1200; A's [1125.5, 1274.5]
+    # covers 1130.  Outside 5%, inside the noise: the runs cannot tell.
+    noisy = rerun_with(tmp_path, "noisy", [(1000, 12.0), (1130, 12.1), (1260, 11.9)])
+    r = invoke("compare", str(A), str(noisy), "--reproduce", "--json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.output)
+    assert doc["verdict"] == "inconclusive"
+    assert doc["points"][2]["verdict"] == "inconclusive"
+    assert "too imprecise" in doc["points"][2]["reason"]
+    # A wider tolerance accepts it.
+    r = invoke("compare", str(A), str(noisy), "--reproduce", "--tolerance", "10%", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["tolerance"] == pytest.approx(0.1)
+
+
+def test_reproduce_unusable_input_exits_2(cli: Cli, tmp_path: Path) -> None:
+    bad_tol = cli("compare", str(A), str(RERUN), "--reproduce", "--tolerance", "150%")
+    assert bad_tol.returncode == 2 and "--tolerance" in bad_tol.stderr
+    # A PD run is not a re-run of a mixed one: refused, as unusable for this question.
+    other = cli("compare", str(A), str(B), "--reproduce")
+    assert other.returncode == 2 and "topology" in other.stderr
+    # No common load level.
+    doc = json.loads((RERUN / "results.json").read_text())
+    for p in doc["points"]:
+        p["concurrency"] = p["concurrency"] * 2
+    d = tmp_path / "shifted"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(doc))
+    none = cli("compare", str(A), str(d), "--reproduce")
+    assert none.returncode == 2 and "no load level in common" in none.stderr
+    assert "Traceback" not in none.stderr

@@ -16,8 +16,9 @@ from rich.table import Table as RichTable
 
 from servebook.commands import app, err, out
 from servebook.files import write_atomic
-from servebook.findings import EXIT_FAIL
+from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
+from servebook.report import reproduce as rep
 from servebook.report.render import (
     md_code,
     md_table,
@@ -120,8 +121,13 @@ def compare_markdown(c: cmp.Comparison) -> str:
     f"Variables:\n\n{_VARIABLES_HELP}",
     epilog="Examples:\n\n  servebook compare runs/mixed runs/pd --variable topology\n\n"
     "  servebook compare runs/a runs/a-rerun --variable seed --json\n\n"
+    "  servebook compare runs/a runs/a-rerun --reproduce --tolerance 5%\n\n"
     "Exit codes: 0 compared; 1 refused (provenance differs beyond the variables); 2 bad "
-    "input.",
+    "input.\n\n"
+    "With --reproduce: 0 B reproduces A; 1 it does not, or the runs are too imprecise to "
+    "tell (inconclusive); 2 bad input, no common load level, or provenance differing "
+    "beyond the seed and the declared variables (B is not a re-run of A; --force checks "
+    "anyway, stamped).",
 )
 def compare(
     a: Path = typer.Argument(..., metavar="A", help="Baseline results directory."),
@@ -138,8 +144,21 @@ def compare(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Also write compare.md and compare.json into this directory."
     ),
+    reproduce: bool = typer.Option(
+        False,
+        "--reproduce",
+        help="Does B (an independent re-run) reproduce A? Per common load level: median "
+        "output tokens/s and TPOT p50 within --tolerance, and whether each run's 95% "
+        "interval covers the other's median; one verdict (the seed may differ).",
+    ),
+    tolerance: str = typer.Option(
+        "5%", "--tolerance", help="With --reproduce: how far B's medians may be from A's."
+    ),
 ) -> None:
+    if reproduce:
+        variable = [*variable, "seed"]
     variables = cmp.check_variables(variable)
+    tol = rep.parse_tolerance(tolerance) if reproduce else rep.DEFAULT_TOLERANCE
     run_a, run_b = load_runs([a, b])
     try:
         c = cmp.compare(run_a, run_b, variables, force=force)
@@ -148,7 +167,10 @@ def compare(
             typer.echo(json.dumps(cmp.refusal_json(r.comparability), indent=2))
         else:
             err.print(escape(cmp.refusal_message(r.comparability)), highlight=False)
-        raise typer.Exit(EXIT_FAIL) from None
+        raise typer.Exit(EXIT_UNUSABLE if reproduce else EXIT_FAIL) from None
+    if reproduce:
+        _reproduce(c, tol, as_json, output)
+        return
     doc = cmp.to_json(c)
     if output is not None:
         write_atomic(output / "compare.md", compare_markdown(c))
@@ -176,3 +198,46 @@ def compare(
         )
     if c.stamp:
         out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+
+
+def reproduce_markdown(r: rep.Reproduction, stamp: str | None) -> str:
+    lines = [f"# servebook compare --reproduce: {md_text(r.b.label)} against {md_text(r.a.label)}"]
+    lines += ["", f"**{md_text(r.sentence())}**", ""]
+    if stamp:
+        lines += [f"**{stamp}**", ""]
+    lines += [f"- A: {md_code(str(r.a.path))}", f"- B: {md_code(str(r.b.path))}", ""]
+    lines += [md_table(rep.table(r)), ""]
+    if r.only_a or r.only_b:
+        lines += [
+            f"Levels only in A: {', '.join(r.only_a) or 'none'}; only in B: "
+            f"{', '.join(r.only_b) or 'none'} (not judged).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _reproduce(c: cmp.Comparison, tolerance: float, as_json: bool, output: Path | None) -> None:
+    r = rep.reproduce(c.a, c.b, tolerance)
+    doc = rep.to_json(r, c.stamp)
+    if output is not None:
+        write_atomic(output / "reproduce.md", reproduce_markdown(r, c.stamp))
+        write_atomic(output / "reproduce.json", json.dumps(doc, indent=2))
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        if c.stamp:
+            out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+        for line in cmp.differences_lines(c.comparability):
+            out.print(escape(line), highlight=False, soft_wrap=True)
+        out.print(_rich_table(rep.table(r)))
+        out.print(escape(rep.RULE), highlight=False)
+        if r.only_a or r.only_b:
+            out.print(
+                f"levels only in A: {', '.join(r.only_a) or 'none'}; only in B: "
+                f"{', '.join(r.only_b) or 'none'} (not judged)",
+                highlight=False,
+            )
+        color = "green" if r.reproduces else "bold red"
+        out.print(f"[{color}]{escape(r.sentence())}[/]", soft_wrap=True)
+    if not r.reproduces:
+        raise typer.Exit(EXIT_FAIL)
