@@ -6,7 +6,8 @@ A snapshot file is exactly what
     kubectl get nodes,pods,namespaces,customresourcedefinitions -A -o json
 
 prints: a ``List`` whose ``items`` mix the four kinds.  ``read_live`` lists the same four
-kinds through the Kubernetes API (kr8s), honouring ``KUBECONFIG``, with explicit timeouts.
+kinds through the Kubernetes API (``kube.client``), honouring the kubeconfig and context,
+with explicit timeouts.
 Both give a ``ClusterSnapshot`` of plain dicts, which ``servebook.preflight.cluster`` checks
 without further I/O.
 
@@ -21,13 +22,22 @@ import gc
 import json
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servebook.findings import UsageError
+from servebook.kube.client import (
+    ClusterUnreachable,
+    RequestFailed,
+    connect,
+    credentials_problem,
+    describe,
+    kubeconfig_paths,
+    list_items,
+    server_of,
+)
 
 SNAPSHOT_COMMAND = "kubectl get nodes,pods,namespaces,customresourcedefinitions -A -o json"
 
@@ -57,13 +67,6 @@ class ClusterSnapshot:
     source: str = ""
     # Items of other kinds in a snapshot file, by kind (ignored, but counted).
     ignored: Mapping[str, int] = field(default_factory=dict)
-
-
-class ClusterUnreachable(UsageError):
-    """The cluster could not be read (no kubeconfig, unreachable, refused, timed out).
-
-    Exit code 2, like any input the command cannot use: "could not check" is never a pass.
-    """
 
 
 def _where(source: str, index: int | None) -> str:
@@ -214,97 +217,78 @@ def load_snapshot(path: str | os.PathLike[str]) -> ClusterSnapshot:
 
 
 # ---------------------------------------------------------------------------------------
-# The live edge.
+# The live edge: every request through ``kube.client`` (one kubeconfig, context and timeout).
 
-_SERVICEACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+# The names other modules imported before ``kube.client`` existed.
+_kubeconfig_paths = kubeconfig_paths
+_credentials_problem = credentials_problem
+_describe = describe
 
-
-def _kubeconfig_paths(kubeconfig: str | None) -> list[Path]:
-    raw = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
-
-
-def _credentials_problem(kubeconfig: str | None) -> str | None:
-    """Why no cluster can be addressed at all, or None when there is a config to try."""
-    paths = _kubeconfig_paths(kubeconfig)
-    if any(p.is_file() for p in paths):
-        return None
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and _SERVICEACCOUNT_TOKEN.is_file():
-        return None
-    if kubeconfig:
-        where = f"--kubeconfig {kubeconfig}"
-    elif os.environ.get("KUBECONFIG"):
-        where = f"KUBECONFIG={os.environ['KUBECONFIG']}"
-    else:
-        where = "~/.kube/config (KUBECONFIG is unset)"
-    return f"no kubeconfig: {where} does not exist, and this is not a Pod in a cluster"
+# Small pages keep each request far inside its timeout on a loaded API server.
+_PAGE = 100
+_LISTS = (
+    ("nodes", "/api/v1/nodes"),
+    ("pods", "/api/v1/pods"),
+    ("namespaces", "/api/v1/namespaces"),
+    ("crds", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"),
+)
 
 
-def _describe(err: BaseException, doing: str) -> str:
-    """One line for a failed read of the cluster, naming what was being done."""
-    from kr8s import APITimeoutError, ServerError
-
-    if isinstance(err, ServerError):
-        response = getattr(err, "response", None)
-        code = getattr(response, "status_code", None)
-        if code in (401, 403):
-            return (
-                f"the API server refused {doing} ({code}: {err}); preflight needs "
-                "cluster-wide list on nodes, pods, namespaces and customresourcedefinitions"
-            )
-        return f"the API server answered {code or 'an error'} {doing}: {err}"
-    if isinstance(err, APITimeoutError):
-        return f"timed out {doing}: {err}"
-    name = type(err).__name__
-    return f"{name} {doing}: {err}" if str(err) else f"{name} {doing}"
-
-
-def _read_with_kr8s(
-    kubeconfig: str | None,
-    context: str | None,
-    request_timeout_s: float,
-    connected: threading.Event,
-) -> ClusterSnapshot:
-    import httpx
-    import kr8s
-    from kr8s.objects import CustomResourceDefinition, Namespace, Node, Pod
-
-    doing = "loading the kubeconfig and asking the server for its version"
-    # kr8s caches one Api per set of arguments (and, with no arguments, hands back any
-    # cached one): name the kubeconfig explicitly, so a changed KUBECONFIG is honoured.
-    paths = [str(p) for p in _kubeconfig_paths(kubeconfig) if p.is_file()]
-    config = os.pathsep.join(paths) or None
-    try:
-        api = kr8s.api(kubeconfig=config, context=context)
-        connected.set()
-        api.timeout = httpx.Timeout(request_timeout_s)
-        server = api.auth.server
-        active = api.auth.active_context
-        lists: dict[str, list[Obj]] = {}
-        for key, cls, ns in (
-            ("nodes", Node, None),
-            ("pods", Pod, kr8s.ALL),
-            ("namespaces", Namespace, None),
-            ("crds", CustomResourceDefinition, None),
-        ):
-            doing = f"listing {cls.plural}"
-            lists[key] = [dict(o) for o in api.get(cls, namespace=ns, raw=True)]
-    except Exception as e:  # every failure of the edge is "could not read", exit 2
-        raise ClusterUnreachable(
-            f"cannot read the cluster: {_describe(e, doing)}. Check `kubectl get nodes` works "
-            f"with the same KUBECONFIG/context, or pass --snapshot FILE "
-            f"(`{SNAPSHOT_COMMAND} > FILE`)."
-        ) from e
-    finally:
-        connected.set()
-    source = f"cluster {server}" + (f" (context {active})" if active else "")
-    return build_snapshot(
-        nodes=lists["nodes"],
-        pods=lists["pods"],
-        namespaces=lists["namespaces"],
-        crds=lists["crds"],
-        source=source,
+def _unreadable(reason: str) -> ClusterUnreachable:
+    return ClusterUnreachable(
+        f"cannot read the cluster: {reason}. Check `kubectl get nodes` works with the same "
+        f"kubeconfig and context, or pass --snapshot FILE (`{SNAPSHOT_COMMAND} > FILE`).",
+        reason=reason,
     )
+
+
+def read_with(api: Any, *, timeout_s: float = 180.0) -> ClusterSnapshot:
+    """The four lists from a connected ``api`` (``kube.client.connect``), the whole read
+    bounded by ``timeout_s`` (pages of ``_PAGE`` objects: 60,000 pods are 600 requests,
+    each bounded by the Api's request timeout)."""
+    result: list[ClusterSnapshot] = []
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            lists = {
+                key: list_items(api, path, f"listing {path.rsplit('/', 1)[-1]}", page=_PAGE)
+                for key, path in _LISTS
+            }
+            result.append(
+                build_snapshot(
+                    nodes=lists["nodes"],
+                    pods=lists["pods"],
+                    namespaces=lists["namespaces"],
+                    crds=lists["crds"],
+                    source=server_of(api),
+                )
+            )
+        except BaseException as e:
+            failure.append(e)
+
+    # A daemon thread, so a server that never answers cannot keep the process alive after
+    # the deadline; kr8s runs its own event loop in a thread of its own.
+    worker = threading.Thread(target=work, name="servebook-read-live", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise _unreadable(
+            f"nodes, pods, namespaces and CRDs were not all listed within {timeout_s:g} s "
+            "(server unreachable or overloaded)"
+        )
+    if failure:
+        e = failure[0]
+        if isinstance(e, RequestFailed):
+            why = str(e)
+            if e.code in (401, 403):
+                why += (
+                    "; preflight needs cluster-wide list on nodes, pods, namespaces and "
+                    "customresourcedefinitions"
+                )
+            raise _unreadable(why) from e
+        raise e
+    return result[0]
 
 
 def read_live(
@@ -318,49 +302,22 @@ def read_live(
     """List nodes, pods (all namespaces), namespaces and CRDs from the live cluster.
 
     Uses ``kubeconfig`` or ``KUBECONFIG`` (or ``~/.kube/config``, or the in-cluster service
-    account) and ``context`` (default: the current one).  Three bounds, all explicit:
-    ``connect_timeout_s`` for loading credentials and the first answer (``/version``, which
-    kr8s asks before a request timeout can be set), ``request_timeout_s`` for each list
-    request after that, ``timeout_s`` for the whole read (kr8s pages lists 100 objects a
-    request, so 60,000 pods are 600 requests).  Raises ``ClusterUnreachable`` (exit 2) when
-    the cluster cannot be read, whatever the reason.
+    account) and ``context`` (default: the current one), through ``kube.client.connect``.
+    Three bounds, all explicit: ``connect_timeout_s`` for loading credentials and the first
+    answer (``/version``), ``request_timeout_s`` for each list request after that,
+    ``timeout_s`` for the whole read.  Raises ``ClusterUnreachable`` (exit 2) when the
+    cluster cannot be read, whatever the reason.
     """
-    problem = _credentials_problem(kubeconfig)
-    if problem:
-        raise ClusterUnreachable(
-            f"cannot read the cluster: {problem}. Point KUBECONFIG at the cluster's config, "
-            f"or pass --snapshot FILE (`{SNAPSHOT_COMMAND} > FILE`)."
+    try:
+        api = connect(
+            kubeconfig,
+            context,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=min(connect_timeout_s, timeout_s),
         )
-    result: list[ClusterSnapshot] = []
-    failure: list[BaseException] = []
-    connected = threading.Event()
-
-    def work() -> None:
-        try:
-            result.append(_read_with_kr8s(kubeconfig, context, request_timeout_s, connected))
-        except BaseException as e:
-            failure.append(e)
-
-    def gave_up(after: float, what: str) -> ClusterUnreachable:
-        return ClusterUnreachable(
-            f"cannot read the cluster: {what} within {after:g} s (server unreachable or "
-            "overloaded). Check `kubectl get nodes` works with the same KUBECONFIG/context, "
-            f"or pass --snapshot FILE (`{SNAPSHOT_COMMAND} > FILE`)."
-        )
-
-    # A daemon thread, so a server that never answers cannot keep the process alive after
-    # the deadline; kr8s runs its own event loop in a thread of its own.
-    started = time.monotonic()
-    worker = threading.Thread(target=work, name="servebook-read-live", daemon=True)
-    worker.start()
-    if not connected.wait(min(connect_timeout_s, timeout_s)):
-        raise gave_up(min(connect_timeout_s, timeout_s), "no answer from the API server")
-    worker.join(max(0.0, timeout_s - (time.monotonic() - started)))
-    if worker.is_alive():
-        raise gave_up(timeout_s, "nodes, pods, namespaces and CRDs were not all listed")
-    if failure:
-        raise failure[0]
-    return result[0]
+    except ClusterUnreachable as e:
+        raise _unreadable(e.reason) from e
+    return read_with(api, timeout_s=timeout_s)
 
 
 __all__ = [
@@ -370,5 +327,6 @@ __all__ = [
     "build_snapshot",
     "load_snapshot",
     "read_live",
+    "read_with",
     "snapshot_from_list",
 ]
