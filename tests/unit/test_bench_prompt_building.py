@@ -222,3 +222,25 @@ def test_a_client_error_ends_bench_with_a_message_and_exit_2_not_a_traceback(
     assert r.returncode == 2, r.stdout + r.stderr
     assert "bench could not run" in r.stderr and "injected worker failure" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+class FailsLater(RandomPrompts):
+    """Builds the prompts made before the load, then fails in the producer process, as a
+    tokenizer that cannot reach an exact length would (``exact_length_prompt`` raises)."""
+
+    def build_many(self, indices: Any) -> list[Prompt]:
+        if any(i >= 8 for i in indices):
+            raise UsageError("could not build a prompt of exactly 64 tokens")
+        return super().build_many(indices)
+
+
+def test_a_producer_that_fails_stops_the_load_with_its_reason(
+    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    tiny_dir: Path,
+) -> None:
+    url, srv = server
+    srv.down = False
+    prompts = FailsLater(tiny_dir, input_len=64, output_len=2, seed=0)
+    prompts.pregenerate(range(8))
+    with pytest.raises(ClientError, match="building prompts failed: UsageError: could not"):
+        run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=2), prompts, Window(10**6))

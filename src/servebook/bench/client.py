@@ -809,23 +809,39 @@ PRODUCER_BATCH = 32
 READY_HIGH = 1024
 
 
-def _produce(source: BuildsPrompts, first: int, step: int, conn: Any) -> None:
+def _produce(
+    source: BuildsPrompts, first: int, step: int, conn: Any, avoid: tuple[int, ...] | None
+) -> None:
     """Body of a producer process: build prompts ``first, first + step, ...`` in batches
-    and write each batch to the pipe as a length-prefixed pickle, until the reader goes.
-    It runs at a lower priority than the load it feeds."""
+    and write each batch to the pipe as a length-prefixed pickle of ``[(index, prompt)]``,
+    until the reader goes; a failure is written as ``("error", message)``.  It runs at a
+    lower priority than the load it feeds, and off the cores the workers are pinned to
+    when there are others."""
     with contextlib.suppress(OSError):
         os.nice(10)
+    if avoid and hasattr(os, "sched_setaffinity"):
+        others = set(range(os.cpu_count() or 1)) - set(avoid)
+        if others:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, others)
     fd = conn.fileno()
+
+    def write(obj: Any) -> None:
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        view = memoryview(len(data).to_bytes(4, "little") + data)
+        while view:
+            view = view[os.write(fd, view) :]
+
     i = first
     try:
         while True:
             idx = [i + k * step for k in range(PRODUCER_BATCH)]
-            data = pickle.dumps(
-                list(zip(idx, source.build_many(idx), strict=True)), pickle.HIGHEST_PROTOCOL
-            )
-            view = memoryview(len(data).to_bytes(4, "little") + data)
-            while view:
-                view = view[os.write(fd, view) :]
+            try:
+                batch: Any = list(zip(idx, source.build_many(idx), strict=True))
+            except Exception as e:
+                write(("error", f"{type(e).__name__}: {e}"))
+                return
+            write(batch)
             i += PRODUCER_BATCH * step
     except (BrokenPipeError, KeyboardInterrupt):
         return
@@ -874,7 +890,7 @@ def start_producers(prompts: PromptSource, spec: LoadSpec) -> list[Producer | No
         read_end, write_end = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_produce,
-            args=(prompts.detached(), first, spec.workers, write_end),
+            args=(prompts.detached(), first, spec.workers, write_end, spec.cpus),
             name=f"servebook-bench-prompts-{w}",
             daemon=True,
         )
@@ -902,6 +918,7 @@ class _Feed:
         self.waits = 0
         self.wait_ns = 0
         self.ran_out = False
+        self.error: str | None = None  # the producer failed: the load cannot go on
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -951,6 +968,10 @@ class _Feed:
                 break
             batch = pickle.loads(buf[pos + 4 : pos + 4 + n])
             pos += 4 + n
+            if isinstance(batch, tuple):  # ("error", message)
+                self.error = str(batch[1])
+                self.stop()
+                return
             for i, p in batch:
                 fut = self.waiters.pop(i, None)
                 if fut is not None and not fut.done():
@@ -973,6 +994,8 @@ class _Feed:
             return p
         p = self.ready.pop(index, None)
         if p is None:
+            if self.error is not None:
+                raise ClientError(f"building prompts failed: {self.error}")
             if self.closed:
                 self.ran_out = True
                 return None
@@ -984,6 +1007,8 @@ class _Feed:
             p = await fut
             self.wait_ns += now_ns() - t0
             if p is None:
+                if self.error is not None:
+                    raise ClientError(f"building prompts failed: {self.error}")
                 self.ran_out = True
                 return None
         if len(self.ready) < READY_HIGH // 2:
