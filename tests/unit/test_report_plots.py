@@ -116,3 +116,35 @@ def test_drawing_gives_png_and_svg_and_the_same_bytes_twice() -> None:
     text = svg.decode()
     assert "<svg" in text and "Pareto view" in text and "SB403" in text
     assert draw(par) == (png, svg)
+
+
+def test_concurrency_is_a_log2_axis_with_ticks_only_at_the_measured_levels() -> None:
+    specs = plot_specs(load_runs([A, CPU]))
+    for id in ("throughput", "tpot", "ttft"):
+        s = spec(specs, id)
+        # Every level any run measured, and nothing in between: 1, 2 (CPU), 4, 16 (A).
+        assert s.logx and s.xticks == [1.0, 2.0, 4.0, 16.0], id
+    # Two levels a factor 2 apart are still on a log2 axis; rates keep a linear one.
+    cpu = plot_specs(load_runs([CPU]))
+    assert spec(cpu, "throughput").xticks == [1.0, 2.0]
+    assert not spec(cpu, "throughput-rate").logx
+
+
+def test_drawn_axis_has_no_ticks_but_the_levels() -> None:
+    from matplotlib.figure import Figure
+
+    from servebook.report.plots import _draw_panel
+
+    s = spec(plot_specs(load_runs([A])), "throughput")
+    ax = Figure().subplots()
+    _draw_panel(ax, s, s.panels[0])
+    assert ax.get_xscale() == "log"
+    assert list(ax.get_xticks()) == [1.0, 4.0, 16.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "16"]
+    assert list(ax.get_xticks(minor=True)) == []
+
+
+def test_per_accelerator_panels_are_absent_when_no_run_knows_its_count() -> None:
+    tp = spec(plot_specs(load_runs([CPU])), "throughput")
+    assert [p.title for p in tp.panels] == ["Output tokens/s", "Requests/s"]
+    assert "per accelerator" not in tp.title and "per accelerator" not in tp.caption.lower()

@@ -6,6 +6,7 @@ the file before anything is written."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from markdown_it import MarkdownIt
@@ -248,6 +250,9 @@ class _Dom(HTMLParser):
         super().__init__()
         self.tables: dict[str, int] = {}  # id -> body rows
         self.plots: dict[str, int] = {}  # data-plot -> the image's natural width
+        self.figures: dict[str, dict[str, str]] = {}  # data-plot -> the figure's attributes
+        self.summary = ""
+        self._in_summary = False
         self.body: dict[str, str] = {}
         self._table: str | None = None
         self._plot: str | None = None
@@ -266,10 +271,19 @@ class _Dom(HTMLParser):
             self.tables[self._table] += 1
         elif tag == "figure":
             self._plot = a.get("data-plot")
+            self.figures[self._plot or ""] = a
+        elif tag == "p" and a.get("id") == "summary-text":
+            self._in_summary = True
         elif tag == "img" and self._plot is not None:
             self.plots[self._plot] = int(a.get("data-natural-width") or 0)
 
+    def handle_data(self, data: str) -> None:
+        if self._in_summary:
+            self.summary += data
+
     def handle_endtag(self, tag: str) -> None:
+        if tag == "p":
+            self._in_summary = False
         if tag == "table":
             self._table, self._in_body = None, False
         elif tag == "figure":
@@ -318,3 +332,82 @@ def test_html_renders_in_headless_chromium_with_every_plot_and_table(
     assert all(w > 0 for w in dom.plots.values()), dom.plots
     for t in report.tables:
         assert dom.tables.get(t.id) == len(t.rows), t.id
+    # Concurrency plots on a log2 axis ticked at the measured levels only (A and B: 1, 4,
+    # 16; the CPU run: 1, 2); the rate plots and the Pareto view are not.
+    for id in ("throughput", "tpot", "ttft"):
+        assert dom.figures[id].get("data-xscale") == "log2", id
+        assert dom.figures[id].get("data-xticks") == "1,2,4,16", id
+    assert "data-xscale" not in dom.figures["pareto"]
+    # The summary paragraph, first on the page, as the browser shows it.
+    assert dom.summary == report.summary
+    assert dom.summary.startswith("vllm-mixed: best valid point c=16: 1,200 ± 75 output tok/s")
+    assert "vllm-pd: best valid point c=16: 1,520 ± 254 output tok/s" in dom.summary
+    assert "1 invalid point, excluded: c=16 rep 2 (SB403)" in dom.summary
+    assert r.stdout.index('id="summary"') < r.stdout.index('id="runs"')
+
+
+# --- reading at a glance -------------------------------------------------------------------
+
+
+def variant(tmp_path: Path, src: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    doc = json.loads((src / "results.json").read_text())
+    edit(doc)
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(doc))
+    return d
+
+
+def test_summary_names_where_latency_breaks_the_slo(tmp_path: Path) -> None:
+    def slo(doc: dict[str, Any]) -> None:
+        for p in doc["points"]:
+            p["goodput"] = {"slo_ms": {"ttft": 200.0}, "requests_per_s": 1.0, "fraction": 0.9}
+
+    d = variant(tmp_path, A, "slo", slo)
+    report = build_report(load_runs([d]))
+    # A's TTFT p99 is 2 x p50: 80, 110, 240 ms at c=1, 4, 16 (means over repetitions).
+    assert "latency breaks the SLO at c=16 (TTFT p99 240.0 ms > 200 ms)" in report.summary
+    md = render.to_markdown(report)
+    assert "latency breaks the SLO at c=16" in md.split("## Runs")[0]
+
+
+def test_summary_lists_imprecise_levels_when_the_results_say_so(tmp_path: Path) -> None:
+    def imprecise(doc: dict[str, Any]) -> None:
+        for p in doc["points"]:
+            if p["concurrency"] == 4:
+                p["imprecise"] = True
+
+    d = variant(tmp_path, A, "imprecise", imprecise)
+    assert "imprecise (interval wider than the precision target) at c=4" in (
+        build_report(load_runs([d])).summary
+    )
+    assert "imprecise" not in build_report(load_runs([A])).summary
+
+
+def test_per_accelerator_columns_are_absent_when_no_count_is_known_and_it_is_said_once() -> None:
+    cpu = build_report(load_runs([CPU]))
+    assert [c.title for c in cpu.throughput.columns] == [
+        "Run",
+        "Load",
+        "Valid reps",
+        "Requests/s",
+        "Output tok/s",
+    ]
+    assert "Accelerators used" not in [c.title for c in cpu.runs_table.columns]
+    md = render.to_markdown(cpu)
+    assert md.count(render.ACCELERATORS_ABSENT) == 1
+    mixed = build_report(load_runs([A, CPU]))
+    assert "Output tok/s per accelerator" in [c.title for c in mixed.throughput.columns]
+    assert render.ACCELERATORS_ABSENT not in render.to_markdown(mixed)
+
+
+def test_the_plan_reads_as_settings_not_a_repr(out: Path) -> None:
+    md = (out / REPORT_MD).read_text()
+    assert (
+        "Plan of tiny-pd-spec: c=1,2 and rate=0.5/s; 2 repetitions, shuffled; 30 s windows "
+        "after the default warm-up (at least 10 s and 2 x the level in requests); seed 0."
+    ) in md
+    assert "Settings(" not in md and "BenchArgs(" not in md
+    # Nested settings as key=value, not JSON.
+    assert "max\\_error\\_rate=0.01" in md or "max_error_rate=0.01" in md
+    assert '{"max_error_rate"' not in md

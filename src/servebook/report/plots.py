@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servebook.bench.results import Point
-from servebook.report.tables import METRICS, Level, Metric, Mode, Run, levels, tokens_per_user
+from servebook.report.tables import (
+    METRICS,
+    Level,
+    Metric,
+    Mode,
+    Run,
+    any_accelerators,
+    levels,
+    tokens_per_user,
+)
 
 NAN = float("nan")
 
@@ -70,6 +79,7 @@ class PlotSpec:
     caption: str
     logx: bool = False
     ncols: int = 2
+    xticks: list[float] = field(default_factory=list)  # log axes: only the measured levels
 
 
 def check_ids(p: Point) -> str:
@@ -149,25 +159,48 @@ _INVALID = (
 )
 
 
+def measured_levels(runs: Sequence[Run], mode: Mode) -> list[float]:
+    """Every load level of ``mode`` any run measured (valid or not), ascending."""
+    return sorted({lv.value for r in runs for lv in levels(r) if lv.mode == mode})
+
+
 def _logx(runs: Sequence[Run], mode: Mode) -> bool:
-    xs = [lv.value for r in runs for lv in levels(r) if lv.mode == mode and lv.value > 0]
-    return bool(xs) and max(xs) / min(xs) >= 8
+    """Concurrency levels are powers of two in practice and their effect is
+    multiplicative: always a log2 axis (when every level is positive).  Rates only when
+    they span a factor of 8."""
+    xs = measured_levels(runs, mode)
+    if not xs or min(xs) <= 0 or len(xs) < 2:
+        return False
+    return mode == "concurrency" or max(xs) / min(xs) >= 8
+
+
+def _axis(runs: Sequence[Run], mode: Mode) -> dict[str, Any]:
+    logx = _logx(runs, mode)
+    return {"logx": logx, "xticks": measured_levels(runs, mode) if logx else []}
 
 
 def throughput_plot(runs: Sequence[Run], mode: Mode) -> PlotSpec:
-    keys = (
-        "output_tokens_per_s",
-        "output_tokens_per_s_per_accelerator",
-        "requests_per_s",
-        "requests_per_s_per_accelerator",
-    )
+    """Absolute and per-accelerator panels; the per-accelerator ones only when some run
+    knows its accelerator count (the report says once why they are absent)."""
+    per_acc = any_accelerators(runs)
+    keys: tuple[str, ...] = ("output_tokens_per_s", "requests_per_s")
+    if per_acc:
+        keys = (
+            "output_tokens_per_s",
+            "output_tokens_per_s_per_accelerator",
+            "requests_per_s",
+            "requests_per_s_per_accelerator",
+        )
     return PlotSpec(
         "throughput" + ("" if mode == "concurrency" else "-rate"),
-        f"Throughput vs {mode}: absolute (left) and per accelerator (right)",
+        f"Throughput vs {mode}: absolute (left) and per accelerator (right)"
+        if per_acc
+        else f"Throughput vs {mode}",
         _XLABEL[mode],
         [_metric_panel(runs, mode, k) for k in keys],
-        f"{_BAND} {_INVALID} Per accelerator = absolute / accelerators the deployment uses.",
-        logx=_logx(runs, mode),
+        f"{_BAND} {_INVALID}"
+        + (" Per accelerator = absolute / accelerators the deployment uses." if per_acc else ""),
+        **_axis(runs, mode),
     )
 
 
@@ -179,7 +212,7 @@ def latency_plot(runs: Sequence[Run], mode: Mode, name: str) -> PlotSpec:
         _XLABEL[mode],
         [_metric_panel(runs, mode, f"{name}_ms.{q}") for q in ("p50", "p99")],
         f"{_BAND} {_INVALID}",
-        logx=_logx(runs, mode),
+        **_axis(runs, mode),
     )
 
 
@@ -336,9 +369,12 @@ def _draw_panel(ax: object, spec: PlotSpec, panel: Panel) -> None:
             ax.errorbar(s.x, s.y, yerr=bars, fmt="none", ecolor=c, capsize=3, alpha=0.8)
     _draw_invalid(ax, panel, bottom_zero=not pareto)
     if spec.logx:
+        from matplotlib.ticker import NullLocator
+
         ax.set_xscale("log", base=2)
-        xs = sorted({x for s in panel.series for x in s.x})
+        xs = spec.xticks or sorted({x for s in panel.series for x in s.x})
         ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.xaxis.set_minor_locator(NullLocator())  # ticks only at the measured levels
     title = panel.title + (f"\n{panel.note}" if panel.note and panel.series else "")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(spec.xlabel, fontsize=9)

@@ -23,9 +23,11 @@ from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.report.compare import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
+from servebook.report.summary import ACCELERATORS_ABSENT, describe_protocol, summary
 from servebook.report.tables import (
     Run,
     Table,
+    any_accelerators,
     invalid_table,
     latency_table,
     load_runs,
@@ -67,6 +69,7 @@ class ProvenanceSection:
     run: Run
     table: Table
     roles: list[RoleCommand]
+    plan: str = ""  # the protocol as settings (``summary.describe_protocol``)
 
 
 @dataclass
@@ -83,6 +86,8 @@ class Report:
     differences: Table | None
     provenance: list[ProvenanceSection]
     plots: list[PlotSpec] = field(default_factory=list)
+    summary: str = ""  # the opening paragraph (``summary.summary``)
+    notes: list[str] = field(default_factory=list)  # said once, under the summary
 
     @property
     def tables(self) -> list[Table]:
@@ -121,10 +126,13 @@ def build_report(runs: Sequence[Run]) -> Report:
                     )
                     for r in run.results.provenance.roles
                 ],
+                describe_protocol(run.results.provenance.protocol),
             )
             for i, run in enumerate(runs)
         ],
         plots=plot_specs(runs),
+        summary=summary(runs),
+        notes=[] if any_accelerators(runs) else [ACCELERATORS_ABSENT],
     )
 
 
@@ -186,6 +194,17 @@ def to_markdown(report: Report) -> str:
             "Invalid points are listed, never plotted as measurements or averaged in."
         ),
         "",
+        "## Summary",
+        "",
+        md_text(report.summary),
+        "",
+        *[line for n in report.notes for line in (md_text(n), "")],
+        *[
+            line
+            for sec in report.provenance
+            if sec.plan
+            for line in (md_text(f"Plan of {sec.run.label}: {sec.plan}."), "")
+        ],
         "## Runs",
         "",
         md_table(report.runs_table),
@@ -219,7 +238,10 @@ def to_markdown(report: Report) -> str:
             "",
         ]
     for sec in report.provenance:
-        out += [f"### {md_text(sec.table.title)}", "", md_table(sec.table), ""]
+        out += [f"### {md_text(sec.table.title)}", ""]
+        if sec.plan:
+            out += [md_text(f"Plan: {sec.plan}."), ""]
+        out += [md_table(sec.table), ""]
         for rc in sec.roles:
             out += [f"Role {md_code(rc.role)}: command line and environment", ""]
             out += [_fence("\n".join([rc.command, *rc.env])), ""]
@@ -286,8 +308,12 @@ def _html_prose(s: str) -> str:
 def html_figure(p: PlotSpec, png: bytes) -> str:
     e = html.escape
     data = base64.b64encode(png).decode("ascii")
+    axis = ""
+    if p.logx:
+        ticks = ",".join(f"{x:g}" for x in p.xticks)
+        axis = f' data-xscale="log2" data-xticks="{e(ticks)}"'
     return (
-        f'<figure id="plot-{e(p.id)}" data-plot="{e(p.id)}">'
+        f'<figure id="plot-{e(p.id)}" data-plot="{e(p.id)}"{axis}>'
         f'<img alt="{e(p.title)}" src="data:image/png;base64,{data}">'
         f"<figcaption>{e(p.caption)} "
         f'(<a href="{PLOTS_DIR}/{e(p.id)}.svg">SVG</a>)</figcaption></figure>'
@@ -306,6 +332,15 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
         f"<p>{len(report.runs)} run(s), from results files only; servebook "
         f"{e(__version__)}. Invalid points are listed, never plotted as measurements or "
         "averaged in.</p>",
+        '<section id="summary"><h2>Summary</h2>',
+        f'<p id="summary-text">{e(report.summary)}</p>',
+        *[f'<p class="note">{e(n)}</p>' for n in report.notes],
+        *[
+            f'<p class="plan">Plan of {e(sec.run.label)}: {e(sec.plan)}.</p>'
+            for sec in report.provenance
+            if sec.plan
+        ],
+        "</section>",
         '<section id="runs"><h2>Runs</h2>',
         html_table(report.runs_table),
         "</section>",
@@ -342,7 +377,10 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
             else f"<p>{_html_prose(report.differences.note)}</p>"
         )
     for sec in report.provenance:
-        parts += [f"<h3>{e(sec.table.title)}</h3>", html_table(sec.table)]
+        parts.append(f"<h3>{e(sec.table.title)}</h3>")
+        if sec.plan:
+            parts.append(f'<p class="plan">Plan: {e(sec.plan)}.</p>')
+        parts.append(html_table(sec.table))
         for rc in sec.roles:
             parts.append(f"<p>Role <code>{e(rc.role)}</code>: command line and environment</p>")
             parts.append(f"<pre>{e(chr(10).join([rc.command, *rc.env]))}</pre>")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -387,6 +387,7 @@ def _valid_cell(lv: Level) -> str:
 
 
 def runs_table(runs: Sequence[Run]) -> Table:
+    per_acc = any_accelerators(runs)
     rows = []
     for run in runs:
         prov = run.results.provenance
@@ -401,7 +402,11 @@ def runs_table(runs: Sequence[Run]) -> Table:
                 f"{prov.engine or 'engine'} {prov.engine_version or '(version unknown)'}",
                 prov.model.name,
                 hw,
-                str(run.accelerators) if run.accelerators else f"{NA} (not recorded)",
+                *(
+                    [str(run.accelerators) if run.accelerators else f"{NA} (not recorded)"]
+                    if per_acc
+                    else []
+                ),
                 f"{valid}/{len(run.results.points)}",
             ]
         )
@@ -415,7 +420,7 @@ def runs_table(runs: Sequence[Run]) -> Table:
             Column("Engine"),
             Column("Model"),
             Column("Hardware"),
-            Column("Accelerators used", True),
+            *([Column("Accelerators used", True)] if per_acc else []),
             Column("Valid points", True),
         ],
         rows,
@@ -423,32 +428,44 @@ def runs_table(runs: Sequence[Run]) -> Table:
     )
 
 
+def any_accelerators(runs: Sequence[Run]) -> bool:
+    """Whether any run knows how many accelerators its deployment uses: per-accelerator
+    columns and panels are shown only then."""
+    return any(r.accelerators for r in runs)
+
+
 def throughput_table(runs: Sequence[Run]) -> Table:
-    keys = (
-        "requests_per_s",
-        "requests_per_s_per_accelerator",
-        "output_tokens_per_s",
-        "output_tokens_per_s_per_accelerator",
-    )
-    return Table(
-        "throughput",
-        "Throughput (absolute and per accelerator)",
-        [
-            Column("Run"),
-            Column("Load"),
-            Column("Valid reps", True),
+    per_acc = any_accelerators(runs)
+    keys: tuple[str, ...] = ("requests_per_s", "output_tokens_per_s")
+    cols = [Column("Requests/s", True), Column("Output tok/s", True)]
+    if per_acc:
+        keys = (
+            "requests_per_s",
+            "requests_per_s_per_accelerator",
+            "output_tokens_per_s",
+            "output_tokens_per_s_per_accelerator",
+        )
+        cols = [
             Column("Requests/s", True),
             Column("Requests/s per accelerator", True),
             Column("Output tok/s", True),
             Column("Output tok/s per accelerator", True),
-        ],
+        ]
+    note = "Mean ± 95% CI half-width (Student t) over the valid repetitions of each level."
+    if per_acc:
+        note += (
+            " Per accelerator = absolute / the accelerators the deployment uses; n/a where "
+            "that count is unknown (CPU deployments). A topology can win on tok/s and lose "
+            "on tok/s per accelerator: read both columns."
+        )
+    return Table(
+        "throughput",
+        "Throughput (absolute and per accelerator)" if per_acc else "Throughput",
+        [Column("Run"), Column("Load"), Column("Valid reps", True), *cols],
         _level_rows(
             runs, lambda lv: [_valid_cell(lv), *(fmt_interval(lv.figure(k)) for k in keys)]
         ),
-        note="Mean ± 95% CI half-width (Student t) over the valid repetitions of each level. "
-        "Per accelerator = absolute / the accelerators the deployment uses; n/a where that "
-        "count is unknown (CPU deployments). A topology can win on tok/s and lose on tok/s "
-        "per accelerator: read both columns.",
+        note=note,
     )
 
 
@@ -537,6 +554,22 @@ def show_value(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
+def settings_value(v: Any) -> str:
+    """A setting's value for a person: lists joined with commas, mappings as
+    ``key=value, ...``, no quotes, no braces."""
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float):
+        return f"{v:g}"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k}={settings_value(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, list | tuple):
+        return ",".join(settings_value(x) for x in v) or "none"
+    return str(v)
+
+
 def provenance_table(run: Run, index: int) -> Table:
     prov = run.results.provenance
     acc = prov.accelerator
@@ -553,13 +586,13 @@ def provenance_table(run: Run, index: int) -> Table:
         ["Model path", prov.model.path or NA],
         ["Hardware", hw],
         ["Accelerators used", str(prov.accelerators_used) if prov.accelerators_used else NA],
-        ["Target", show_value(prov.target) if prov.target else NA],
+        ["Target", settings_value(prov.target) if prov.target else NA],
         ["Seed", str(prov.seed)],
         ["servebook", prov.servebook_version],
         ["Started / ended", f"{prov.started_at} / {prov.ended_at or NA}"],
     ]
-    rows += [[f"Protocol: {k}", show_value(v)] for k, v in sorted(prov.protocol.items())]
-    rows += [[f"Workload: {k}", show_value(v)] for k, v in sorted(prov.workload.items())]
+    rows += [[f"Protocol: {k}", settings_value(v)] for k, v in sorted(prov.protocol.items())]
+    rows += [[f"Workload: {k}", settings_value(v)] for k, v in sorted(prov.workload.items())]
     rows += [[f"Package: {k}", v] for k, v in sorted(prov.packages.items())]
     rows += [[f"Host: {k}", show_value(v)] for k, v in sorted(prov.host.items())]
     for role in prov.roles:
