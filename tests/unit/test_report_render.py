@@ -411,3 +411,30 @@ def test_the_plan_reads_as_settings_not_a_repr(out: Path) -> None:
     # Nested settings as key=value, not JSON.
     assert "max\\_error\\_rate=0.01" in md or "max_error_rate=0.01" in md
     assert '{"max_error_rate"' not in md
+
+
+def test_client_and_server_latency_are_shown_side_by_side_when_recorded(tmp_path: Path) -> None:
+    from servebook.engines.vllm import H
+    from servebook.metrics.histogram import diagnose_client_latency, latency_windows
+    from servebook.metrics.scrape import snapshot_from_text
+
+    fix = Path(__file__).parent / "fixtures" / "metrics"
+    before, after = (
+        snapshot_from_text((fix / f"vllm-0.32.0-cpu-pd-failopen-decode-{s}.prom").read_text())
+        for s in ("before", "after")
+    )
+    ws = latency_windows(before, after, {"itl": H.ITL, "tpot": H.TPOT})
+    diag = diagnose_client_latency(
+        client_tpot_ms=36.0, client_itl_ms=0.0, server_tpot=ws["tpot"], server_itl=ws["itl"]
+    ).to_dict()
+
+    def record(doc: dict[str, Any]) -> None:
+        doc["points"][0]["latency_diagnosis"] = diag
+
+    d = variant(tmp_path, CPU, "diag", record)
+    report = build_report(load_runs([d]))
+    t = report.server_latency
+    assert t is not None and t in report.tables
+    (row,) = t.rows
+    assert row[3:] == ["36.00", "37.61", "0", "27.50 (25.00-50.00)", "coalesced_streaming"]
+    assert build_report(load_runs([CPU])).server_latency is None

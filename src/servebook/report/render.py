@@ -23,11 +23,19 @@ from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.report.compare import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
-from servebook.report.summary import ACCELERATORS_ABSENT, describe_protocol, summary
+from servebook.report.summary import (
+    ACCELERATORS_ABSENT,
+    describe_protocol,
+    latency_diagnoses,
+    summary,
+)
 from servebook.report.tables import (
+    NA,
+    Column,
     Run,
     Table,
     any_accelerators,
+    fmt_num,
     invalid_table,
     latency_table,
     load_runs,
@@ -87,12 +95,16 @@ class Report:
     provenance: list[ProvenanceSection]
     plots: list[PlotSpec] = field(default_factory=list)
     summary: str = ""  # the opening paragraph (``summary.summary``)
+    server_latency: Table | None = None  # only when the results carry the diagnosis
     notes: list[str] = field(default_factory=list)  # said once, under the summary
 
     @property
     def tables(self) -> list[Table]:
         """Every table the report shows (the headless-browser test checks each)."""
-        out = [self.runs_table, self.throughput, self.latency, self.validity]
+        out = [self.runs_table, self.throughput, self.latency]
+        if self.server_latency is not None and self.server_latency.rows:
+            out.append(self.server_latency)
+        out.append(self.validity)
         if self.invalid.rows:
             out.append(self.invalid)
         if self.differences is not None and self.differences.rows:
@@ -102,6 +114,53 @@ class Report:
 
     def plot(self, prefix: str) -> list[PlotSpec]:
         return [p for p in self.plots if p.id == prefix or p.id.startswith(prefix + "-")]
+
+
+def server_latency_table(runs: Sequence[Run]) -> Table | None:
+    """The client's per-token latency beside the engine's own histograms, per point, with
+    the likely cause where they differ; ``None`` when no point records it."""
+    rows = []
+    for run in runs:
+        for level, rep, d in latency_diagnoses(run):
+            bucket = d.get("server_itl_ms_p50_bucket")
+            b = ""
+            if isinstance(bucket, list) and len(bucket) == 2:
+                hi = fmt_num(bucket[1]) if bucket[1] is not None else "inf"
+                b = f" ({fmt_num(bucket[0])}-{hi})"
+            agrees = d.get("agrees")
+            rows.append(
+                [
+                    run.label,
+                    level,
+                    str(rep),
+                    fmt_num(d.get("client_tpot_ms_mean")),
+                    fmt_num(d.get("server_tpot_ms_mean")),
+                    fmt_num(d.get("client_itl_ms_p50")),
+                    fmt_num(d.get("server_itl_ms_p50")) + b,
+                    NA if agrees is None else ("agree" if agrees else str(d.get("cause"))),
+                ]
+            )
+    if not rows:
+        return None
+    return Table(
+        "server-latency",
+        "Client vs server per-token latency (ms)",
+        [
+            Column("Run"),
+            Column("Load"),
+            Column("Repetition", True),
+            Column("Client TPOT mean", True),
+            Column("Server TPOT mean", True),
+            Column("Client ITL p50", True),
+            Column("Server ITL p50 (bucket)", True),
+            Column("Verdict"),
+        ],
+        rows,
+        note="Server figures come from the engine's histograms read at both window edges: "
+        "means exact (sum/count), percentiles estimated inside the bucket shown. Where the "
+        "client and the server disagree the verdict names the likely cause "
+        "(coalesced_streaming, proxy_buffering, saturated_client, unexplained).",
+    )
 
 
 def build_report(runs: Sequence[Run]) -> Report:
@@ -132,6 +191,7 @@ def build_report(runs: Sequence[Run]) -> Report:
         ],
         plots=plot_specs(runs),
         summary=summary(runs),
+        server_latency=server_latency_table(runs),
         notes=[] if any_accelerators(runs) else [ACCELERATORS_ABSENT],
     )
 
@@ -224,6 +284,8 @@ def to_markdown(report: Report) -> str:
 
     out += ["## Throughput", "", *figures("throughput"), md_table(report.throughput), ""]
     out += ["## Latency", "", *figures("tpot"), *figures("ttft"), md_table(report.latency), ""]
+    if report.server_latency is not None:
+        out += [md_table(report.server_latency), ""]
     out += ["## Pareto view", "", *figures("pareto")]
     out += ["## Errors, validity and server evidence", "", md_table(report.validity), ""]
     out += ["### Invalid points", ""]
@@ -358,6 +420,7 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
         figures("tpot"),
         figures("ttft"),
         html_table(report.latency),
+        html_table(report.server_latency) if report.server_latency is not None else "",
         "</section>",
         '<section id="pareto"><h2>Pareto view</h2>',
         figures("pareto"),

@@ -211,3 +211,18 @@ def run_summary(run: Run) -> str:
 def summary(runs: Sequence[Run]) -> str:
     """The report's opening paragraph."""
     return " ".join(run_summary(r) for r in runs)
+
+
+# --- the server's latency beside the client's ----------------------------------------------
+
+
+def latency_diagnoses(run: Run) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(level, repetition, diagnosis)`` for every point that carries
+    ``latency_diagnosis`` (``metrics.histogram.LatencyDiagnosis.to_dict()``)."""
+    out = []
+    for lv in levels(run):
+        for p in sorted(lv.points, key=lambda p: p.repetition):
+            d = getattr(p, "latency_diagnosis", None)
+            if isinstance(d, Mapping):
+                out.append((lv.label, p.repetition, dict(d)))
+    return out
