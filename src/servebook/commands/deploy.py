@@ -301,10 +301,11 @@ def run(
     ),
 ) -> None:
     from servebook.bench import target as tgt
-    from servebook.commands.bench import print_points, run_bench
+    from servebook.commands.bench import print_points, run_bench, settings_from
     from servebook.commands.verify import options, print_report, verify_deployment
     from servebook.findings import print_table
     from servebook.report.render import write_report
+    from servebook.report.summary import describe_protocol
 
     chosen = base.get(backend)
     opts = options(120.0, 5.0, max_tokens, "stop,length")
@@ -326,7 +327,11 @@ def run(
             print_report(rep, view.name)
             rc = exit_code(rep.findings)
             if rc == 0:
-                _say(f"benchmarking {view.name}: {RUN_SWEEP}")
+                plan_text = describe_protocol(settings_from(RUN_SWEEP, None).to_dict())
+                _say(
+                    f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
+                    f"{RUN_SWEEP.output_len} output tokens"
+                )
                 subject = tgt.from_deployment(view, api="completions", request_timeout_s=120.0)
                 results, path = run_bench(
                     subject,
