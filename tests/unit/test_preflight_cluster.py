@@ -81,7 +81,11 @@ def node_verdicts(
     taints: S = S.PASS,
     free: S = S.PASS,
     rdma: S | None = None,
+    rdma_free: S | None = None,
+    mig: S | None = S.PASS,
 ) -> Verdicts:
+    """The fixtures' GPU nodes carry feature discovery's labels (MIG strategy `single`,
+    MIG off), so SB260 speaks for them; SB261 follows an advertised RDMA resource."""
     subject = f"node/{node}"
     out = {
         ("SB250", subject): S.PASS,
@@ -92,6 +96,12 @@ def node_verdicts(
     }
     if rdma is not None:
         out[("SB255", subject)] = rdma
+    if rdma_free is None and rdma is S.PASS:
+        rdma_free = S.PASS
+    if rdma_free is not None:
+        out[("SB261", subject)] = rdma_free
+    if mig is not None:
+        out[("SB260", subject)] = mig
     return out
 
 
@@ -291,7 +301,8 @@ AMD_TOLERATION = {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSched
 def test_amd_gpus_are_counted_under_amd_com_gpu(gpus: int, verdict: S) -> None:
     req = one("mi300-1", gpus, gpu_resource="amd.com/gpu", tolerations=(AMD_TOLERATION,))
     findings = check_cluster(snap("amd"), req)
-    assert verdicts(findings) == {**node_verdicts("mi300-1", free=verdict), **NS_OK}
+    # An AMD node: no NVIDIA MIG to speak of (SB260 is silent).
+    assert verdicts(findings) == {**node_verdicts("mi300-1", free=verdict, mig=None), **NS_OK}
     f = finding(findings, "SB254", "node/mi300-1")
     assert (f.evidence["resource"], f.evidence["free"]) == ("amd.com/gpu", 6)
     assert f.evidence["holders"][0]["pod"] == "ml-team/rocm-bench-0"
@@ -299,7 +310,7 @@ def test_amd_gpus_are_counted_under_amd_com_gpu(gpus: int, verdict: S) -> None:
 
 def test_asking_nvidia_gpus_of_an_amd_node_names_what_it_advertises() -> None:
     findings = check_cluster(snap("amd"), one("mi300-1", 8, tolerations=(AMD_TOLERATION,)))
-    assert verdicts(findings) == {**node_verdicts("mi300-1", free=S.FAIL), **NS_OK}
+    assert verdicts(findings) == {**node_verdicts("mi300-1", free=S.FAIL, mig=None), **NS_OK}
     f = finding(findings, "SB254", "node/mi300-1")
     assert "advertises no nvidia.com/gpu" in f.message
     assert "amd.com/gpu: 8" in f.message
@@ -592,6 +603,7 @@ def test_requirements_from_plan_adds_up_roles_on_the_same_node() -> None:
             "nvidia.com/gpu",
             "rdma/ib",
             (GPU_TOLERATION,),
+            rdma_devices=1,  # only prefill asks for RDMA
         ),
     )
     assert req.unplaced == (C.UnplacedRole("router", 0),)

@@ -130,6 +130,32 @@ ROLE_PLACED = _check(
     "its weights.",
 )
 
+MIG_SLICES = _check(
+    "SB260",
+    "Target node's GPUs are whole GPUs, not MIG slices",
+    "With MIG strategy `single` (NVIDIA GPU operator, device plugin and feature discovery), "
+    "a node whose GPUs are partitioned advertises each MIG slice as nvidia.com/gpu: a Pod "
+    "asking for 8 GPUs gets 8 slices such as 1g.10gb. A CUDA process sees one MIG device "
+    "only, so tensor parallelism over them fails at start-up, and each slice holds a "
+    "fraction of the memory the recipe was sized for. The strategy label alone says "
+    "nothing: `single` is the operator's default, with MIG off.",
+    "Choose a node whose nvidia.com/gpu.product has no -MIG- suffix, or have the cluster's "
+    "admin turn MIG off on the node (with the GPU operator's MIG manager: `kubectl label "
+    "node NODE nvidia.com/mig.config=all-disabled --overwrite`).",
+)
+RDMA_FREE = _check(
+    "SB261",
+    "Enough free RDMA devices on the target node",
+    "An RDMA device plugin advertises a fixed number of devices (one per HCA or virtual "
+    "function with SR-IOV, a shared pool otherwise); the scheduler admits a Pod only where "
+    "allocatable minus what every bound Pod requests covers its request, in every "
+    "namespace and every phase but Succeeded and Failed. With too few free the engine Pod "
+    "stays Pending, while the GPUs it also needs look free.",
+    "Free the devices (the finding names the Pods that hold them), or choose a node with "
+    "enough free; with SR-IOV, the device plugin's config sets how many virtual functions "
+    "each node advertises.",
+)
+
 CHECKS: tuple[Check, ...] = (
     NODE_EXISTS,
     NODE_READY,
@@ -140,6 +166,8 @@ CHECKS: tuple[Check, ...] = (
     NAMESPACE_READY,
     CRDS_INSTALLED,
     ROLE_PLACED,
+    MIG_SLICES,
+    RDMA_FREE,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -170,6 +198,12 @@ class NodeAsk:
     rdma_resource: str | None = None
     tolerations: tuple[Obj, ...] = ()
     selector: str | None = HOSTNAME_LABEL
+    # RDMA devices the Pods on this node request together; None: one per role.
+    rdma_devices: int | None = None
+
+    @property
+    def rdma_needed(self) -> int:
+        return len(self.roles) if self.rdma_devices is None else self.rdma_devices
 
 
 @dataclass(frozen=True)
@@ -233,6 +267,7 @@ def requirements_from_plan(
         getattr(kube, "namespace", None) or plan.params.get("namespace") or DEFAULT_NAMESPACE
     )
     grouped: dict[str, list[tuple[str, int, str, str | None]]] = {}
+    rdma_devices: dict[str, int] = {}
     unplaced: list[UnplacedRole] = []
     for role in plan.roles:
         res = role.resources
@@ -241,6 +276,11 @@ def requirements_from_plan(
             grouped.setdefault(role.placement.node, []).append(
                 (role.name, count, res.gpu_resource, res.rdma_resource)
             )
+            if res.rdma_resource:
+                per_pod = getattr(res, "rdma_count", None)
+                rdma_devices[role.placement.node] = rdma_devices.get(role.placement.node, 0) + (
+                    per_pod if isinstance(per_pod, int) and per_pod > 0 else 1
+                )
         else:
             unplaced.append(UnplacedRole(role.name, count, res.gpu_resource))
     asks: list[NodeAsk] = []
@@ -268,6 +308,7 @@ def requirements_from_plan(
                 rdma_resource=rdma[0] if rdma else None,
                 tolerations=tols,
                 selector=selector,
+                rdma_devices=rdma_devices.get(node),
             )
         )
     return ClusterRequirements(
@@ -905,6 +946,121 @@ def check_rdma(node: Obj, ask: NodeAsk, subject: str = "") -> Finding | None:
     )
 
 
+def check_rdma_free(
+    node: Obj, pods_on_node: Sequence[Obj], ask: NodeAsk, subject: str = ""
+) -> Finding | None:
+    """Free RDMA devices against what the Pods on the node request together, counted like
+    the GPUs (every namespace, every phase but Succeeded/Failed).  None when no RDMA is
+    asked for or the node advertises none (SB255 reports that)."""
+    resource = ask.rdma_resource
+    if not resource or not (allocatable(node, resource) or 0) > 0:
+        return None
+    name = _name(node)
+    subject = subject or _node_subject(name)
+    acc = accelerators_on_node(node, pods_on_node, resource)
+    needed = ask.rdma_needed
+    evidence = {
+        "resource": resource,
+        "allocatable": _num(acc.allocatable),
+        "held": _num(acc.held),
+        "free": _num(acc.free),
+        "needed": needed,
+        "holders": [{"pod": h.pod, "count": _num(h.count), "state": h.state} for h in acc.holders],
+    }
+    held_by = "; ".join(f"{h.pod}: {_num(h.count)} ({h.state})" for h in acc.holders[:10])
+    more = f" and {len(acc.holders) - 10} more" if len(acc.holders) > 10 else ""
+    message = (
+        f"{_num(acc.free)} of {_num(acc.allocatable)} {resource} free on node {name}, "
+        f"{_roles_text(ask, 'need')} {needed}" + (f"; held by {held_by}{more}" if held_by else "")
+    )
+    if acc.free >= needed:
+        return RDMA_FREE.finding(Severity.PASS, subject, message, evidence=evidence)
+    return RDMA_FREE.finding(
+        Severity.FAIL, subject, message, hint=_fix_for(RDMA_FREE, name), evidence=evidence
+    )
+
+
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+
+def mig_in_use(node: Obj) -> bool:
+    """Whether feature discovery describes the node's nvidia.com/gpu as MIG slices: under
+    strategy ``single`` it overrides the product (``A100-SXM4-40GB-MIG-1g.5gb``), count
+    and memory labels with the slices', and adds ``nvidia.com/gpu.slices.*``."""
+    labels = _labels(node)
+    return "-MIG-" in labels.get(GPU_PRODUCT_LABEL, "") or "nvidia.com/gpu.slices.gi" in labels
+
+
+def check_mig(node: Obj, ask: NodeAsk, subject: str = "") -> Finding | None:
+    """SB260 for the NVIDIA GPUs ``ask`` requests; None when it asks for none, for another
+    vendor's, or the node carries no MIG information (no feature discovery labels and no
+    MIG resources)."""
+    resource = ask.gpu_resource
+    if not ask.accelerators or not resource.startswith("nvidia.com/"):
+        return None
+    labels = _labels(node)
+    strategy = labels.get(MIG_STRATEGY_LABEL)
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    slices = {k: str(v) for k, v in alloc.items() if k.startswith("nvidia.com/mig-")}
+    if strategy is None and not slices:
+        return None
+    name = _name(node)
+    subject = subject or _node_subject(name)
+    product = labels.get(GPU_PRODUCT_LABEL, "")
+    evidence: dict[str, Any] = {
+        "strategy": strategy,
+        "product": product,
+        "gpu_count": labels.get(GPU_COUNT_LABEL),
+        "gpu_memory_mib": labels.get(GPU_MEMORY_LABEL),
+        "mig_config": labels.get("nvidia.com/mig.config"),
+        "mig_resources": slices,
+    }
+    if resource.startswith("nvidia.com/mig-"):
+        if ask.accelerators > 1:
+            return MIG_SLICES.finding(
+                Severity.FAIL,
+                subject,
+                f"{_roles_text(ask, 'ask')} for {ask.accelerators} {resource} on node {name}: "
+                "a CUDA process sees one MIG device, so an engine cannot use more than one",
+                hint=_fix_for(MIG_SLICES, name),
+                evidence=evidence,
+            )
+        return MIG_SLICES.finding(
+            Severity.PASS,
+            subject,
+            f"{_roles_text(ask, 'ask')} for one MIG slice ({resource}) on node {name}, on purpose",
+            evidence=evidence,
+        )
+    if strategy == "single" and mig_in_use(node):
+        memory = labels.get(GPU_MEMORY_LABEL)
+        size = f" of {memory} MiB each" if memory else ""
+        return MIG_SLICES.finding(
+            Severity.FAIL,
+            subject,
+            f"node {name} advertises MIG slices as {resource} (MIG strategy single, product "
+            f"{product}, {labels.get(GPU_COUNT_LABEL, '?')} slices{size}): the "
+            f"{ask.accelerators} {resource} {_roles_text(ask, 'ask')} for would be slices, "
+            "not whole GPUs, and one engine process can use only one of them",
+            hint=_fix_for(MIG_SLICES, name),
+            evidence=evidence,
+        )
+    also = (
+        f"; MIG slices are advertised apart ({', '.join(f'{k}: {v}' for k, v in slices.items())})"
+        if slices
+        else ""
+    )
+    return MIG_SLICES.finding(
+        Severity.PASS,
+        subject,
+        f"node {name}'s {resource} are whole GPUs ({product or 'product unlabelled'}, MIG "
+        f"strategy {strategy or 'unlabelled'}){also}",
+        evidence=evidence,
+    )
+
+
 def check_namespace(
     namespaces: Mapping[str, Obj], namespace: str, creates_namespace: bool
 ) -> Finding:
@@ -1053,7 +1209,8 @@ def _could_not_read(check: Check, subject: str, err: BadObject) -> Finding:
 
 def check_cluster(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[Finding]:
     """Every cluster check for ``req`` against ``snapshot``, in a stable order: per target
-    node (exists, Ready, not cordoned, taints, free accelerators, RDMA), then roles without a
+    node (exists, Ready, not cordoned, taints, free accelerators, RDMA advertised and free,
+    whole GPUs rather than MIG slices), then roles without a
     node, the namespace and the CRDs.  A missing node gets only its SB250 finding."""
     findings: list[Finding] = []
     pods_by_node = index_pods_by_node(snapshot.pods)
@@ -1092,6 +1249,15 @@ def check_cluster(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[F
             rdma = _could_not_read(RDMA_ADVERTISED, subject, e)
         if rdma is not None:
             findings.append(rdma)
+        try:
+            rdma_free = check_rdma_free(node, on_node, ask, subject)
+        except BadObject as e:
+            rdma_free = _could_not_read(RDMA_FREE, subject, e)
+        if rdma_free is not None:
+            findings.append(rdma_free)
+        mig = check_mig(node, ask, subject)
+        if mig is not None:
+            findings.append(mig)
     findings.extend(check_unplaced(r) for r in req.unplaced)
     findings.append(check_namespace(snapshot.namespaces, req.namespace, req.creates_namespace))
     findings.extend(check_crd(snapshot.crds, name) for name in req.crds)
@@ -1110,8 +1276,11 @@ __all__ = [
     "UnplacedRole",
     "accelerators_on_node",
     "check_cluster",
+    "check_mig",
+    "check_rdma_free",
     "holds_devices",
     "index_pods_by_node",
+    "mig_in_use",
     "parse_quantity",
     "pod_request",
     "pod_state",

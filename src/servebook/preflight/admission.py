@@ -1,0 +1,424 @@
+"""What the cluster will let ``servebook up`` do: the caller's permissions (SB263) and the
+API server's admission of the rendered objects (SB264).  Pure: what to ask, and findings
+from the answers; ``preflight.live`` sends the requests.
+
+* SB263 asks a ``SelfSubjectAccessReview`` for every verb ``up``, ``status``, ``verify``
+  and ``down`` use: get, list, create, patch and delete on each kind the render emits (the
+  Namespace only when it does not exist yet, since ``up`` uses an existing one as it is),
+  list on the Pods, ReplicaSets and Events it watches, get on ``pods/log`` and create on
+  ``pods/portforward``.  The authorizer answers exactly as it would the real request, RBAC
+  and webhooks alike; one finding lists every denial.
+* SB264 applies the rendered set server-side with ``dryRun=All``: every admission step runs
+  (schema, Pod Security, ResourceQuota and LimitRange, validating and mutating webhooks)
+  and nothing is stored.  Every refusal is reported together, not the first only.  Pod
+  Security's enforce level and compute quotas apply to Pods, not to the Deployment that
+  makes them (a Deployment is checked against the *warn* level only, so in a namespace
+  that enforces ``restricted`` and warns at nothing it is admitted silently, and its Pods
+  are refused later in the ReplicaSet's events while ``up`` waits): so each workload's Pod
+  template is also dry-run created as a Pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servebook.findings import REGISTRY, Check, Finding, Severity, register
+
+Obj = dict[str, Any]
+
+
+def _check(id: str, title: str, rationale: str, fix: str) -> Check:
+    return REGISTRY.get(id) or register(id, title, rationale, fix)
+
+
+ACCESS = _check(
+    "SB263",
+    "The caller may do everything servebook up and down do",
+    "`up` applies, reads and waits on several kinds, reads logs and opens port-forwards; "
+    "a permission missing for one of them stops the deploy part-way (objects applied, "
+    "nothing serving) or leaves `down` unable to delete what `up` made. RBAC rules are "
+    "easy to get almost right: a Role with deployments but not services, or without "
+    "pods/portforward.",
+    "Ask the cluster's admin for a Role (and RoleBinding) in the namespace granting the "
+    "verbs the finding lists; `kubectl auth can-i VERB RESOURCE -n NAMESPACE` checks one.",
+)
+ADMISSION = _check(
+    "SB264",
+    "The API server admits the rendered objects (server-side dry run)",
+    "Admission is decided only when objects are applied: Pod Security levels, "
+    "ResourceQuota and LimitRange, policy webhooks (Kyverno, Gatekeeper) and schema "
+    "checks refuse objects one at a time, part-way through an apply. Pod Security never "
+    "refuses a Deployment itself: its Pods are refused later by the ReplicaSet controller, "
+    "which only an event says, while the deploy waits for its timeout.",
+    "Read each refusal: for Pod Security, run in a namespace whose "
+    "pod-security.kubernetes.io/enforce level allows the Pods (hostPath volumes need "
+    "`privileged`) or ask for an exemption; for quota, free or raise it; for a webhook, "
+    "change what its policy names or ask its owner.",
+)
+CHECKS = (ACCESS, ADMISSION)
+
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+PSA_LEVELS = ("privileged", "baseline", "restricted")
+DRY_RUN_POD_SUFFIX = "-servebook-dry-run"
+
+
+# ---------------------------------------------------------------------------------------
+# Kinds and their resources.
+
+# kind -> (group, resource); the render's kinds and those the backend watches.
+_RESOURCES: dict[str, tuple[str, str]] = {
+    "Namespace": ("", "namespaces"),
+    "Service": ("", "services"),
+    "ConfigMap": ("", "configmaps"),
+    "Secret": ("", "secrets"),
+    "ServiceAccount": ("", "serviceaccounts"),
+    "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
+    "Pod": ("", "pods"),
+    "Event": ("", "events"),
+    "Deployment": ("apps", "deployments"),
+    "StatefulSet": ("apps", "statefulsets"),
+    "ReplicaSet": ("apps", "replicasets"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+}
+
+
+def resource_of(obj: Obj) -> tuple[str, str]:
+    """(group, plural resource) of an object, from its kind and apiVersion."""
+    kind = str(obj.get("kind", ""))
+    if kind in _RESOURCES:
+        return _RESOURCES[kind]
+    api_version = str(obj.get("apiVersion", "v1"))
+    group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+    return group, kind.lower() + "s"
+
+
+def object_path(obj: Obj) -> str:
+    """The object's API path: ``/apis/apps/v1/namespaces/NS/deployments/NAME``."""
+    api_version = str(obj.get("apiVersion", "v1"))
+    _, resource = resource_of(obj)
+    meta = obj.get("metadata") or {}
+    base = "/api" if api_version == "v1" else "/apis"
+    ns = meta.get("namespace")
+    where = f"/namespaces/{ns}" if ns and obj.get("kind") != "Namespace" else ""
+    return f"{base}/{api_version}{where}/{resource}/{meta.get('name')}"
+
+
+def describe_object(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind')}/{meta.get('name')}"
+
+
+# ---------------------------------------------------------------------------------------
+# SB263: permissions.
+
+
+@dataclass(frozen=True)
+class Access:
+    verb: str
+    resource: str
+    group: str = ""
+    subresource: str = ""
+    namespace: str | None = None
+
+    def text(self) -> str:
+        what = self.resource + (f"/{self.subresource}" if self.subresource else "")
+        what += f".{self.group}" if self.group else ""
+        return f"{self.verb} {what}"
+
+    def review(self) -> Obj:
+        """The ``SelfSubjectAccessReview`` asking for this."""
+        attrs: Obj = {"verb": self.verb, "resource": self.resource, "group": self.group}
+        if self.subresource:
+            attrs["subresource"] = self.subresource
+        if self.namespace:
+            attrs["namespace"] = self.namespace
+        return {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+
+
+OBJECT_VERBS = ("get", "list", "create", "patch", "delete")
+
+
+def required_access(objects: Sequence[Obj], namespace: str, namespace_exists: bool) -> list[Access]:
+    """Every permission ``up``/``status``/``verify``/``down`` use for ``objects`` in
+    ``namespace``: the object verbs on each rendered kind (server-side apply is a patch that
+    creates), the Namespace's only when it is to be created, and what the rollout watch,
+    the logs and the port-forwards need."""
+    out: list[Access] = []
+    seen: set[Access] = set()
+
+    def add(a: Access) -> None:
+        if a not in seen:
+            seen.add(a)
+            out.append(a)
+
+    for obj in objects:
+        group, resource = resource_of(obj)
+        if obj.get("kind") == "Namespace":
+            add(Access("get", resource, group))
+            if not namespace_exists:
+                for verb in ("create", "patch", "delete"):
+                    add(Access(verb, resource, group))
+            continue
+        for verb in OBJECT_VERBS:
+            add(Access(verb, resource, group, namespace=namespace))
+    for a in (
+        Access("list", "pods", namespace=namespace),
+        Access("get", "pods", namespace=namespace),
+        Access("get", "pods", subresource="log", namespace=namespace),
+        Access("create", "pods", subresource="portforward", namespace=namespace),
+        Access("list", "replicasets", "apps", namespace=namespace),
+        Access("list", "events", namespace=namespace),
+    ):
+        add(a)
+    return out
+
+
+@dataclass(frozen=True)
+class Review:
+    access: Access
+    allowed: bool
+    reason: str = ""
+
+
+def review_from_answer(access: Access, answer: Obj) -> Review:
+    status = answer.get("status") or {}
+    reason = str(status.get("reason") or status.get("evaluationError") or "")
+    return Review(access, bool(status.get("allowed")), reason)
+
+
+def access_finding(reviews: Sequence[Review], namespace: str, who: str = "") -> Finding:
+    subject = f"namespace/{namespace}"
+    caller = who or "the caller"
+    denied = [r for r in reviews if not r.allowed]
+    evidence = {
+        "asked": [r.access.text() for r in reviews],
+        "denied": [
+            {"access": r.access.text(), "namespace": r.access.namespace, "reason": r.reason}
+            for r in denied
+        ],
+    }
+    if not denied:
+        return ACCESS.finding(
+            Severity.PASS,
+            subject,
+            f"{caller} may do all {len(reviews)} things up and down do in namespace "
+            f"{namespace} (SelfSubjectAccessReview for each)",
+            evidence=evidence,
+        )
+    listed = "; ".join(
+        r.access.text()
+        + (f" ({r.reason})" if r.reason else "")
+        + ("" if r.access.namespace else " (cluster scope)")
+        for r in denied
+    )
+    commands = " ".join(
+        f"`kubectl auth can-i {r.access.verb} {r.access.resource}"
+        + (f"/{r.access.subresource}" if r.access.subresource else "")
+        + (f" -n {r.access.namespace}" if r.access.namespace else "")
+        + "`"
+        for r in denied[:2]
+    )
+    return ACCESS.finding(
+        Severity.FAIL,
+        subject,
+        f"{caller} may not do {len(denied)} of the {len(reviews)} things up and down do in "
+        f"namespace {namespace}: {listed}",
+        hint=f"{ACCESS.fix} E.g. {commands}.",
+        evidence=evidence,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# SB264: the server-side dry run.
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """One dry-run request: ``code`` the HTTP status (None: no answer), ``message`` and
+    ``reason`` the API server's Status on a refusal, ``warnings`` its Warning headers;
+    ``pod_of`` the workload whose Pod template this Pod is."""
+
+    what: str
+    request: str
+    code: int | None
+    message: str = ""
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+    pod_of: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.code is None or self.code >= 400
+
+    @property
+    def not_allowed_to_try(self) -> bool:
+        """RBAC refused the dry-run Pod itself: ``up`` never creates Pods, so this says
+        nothing about the deploy, only that the Pod-level checks could not run."""
+        return (
+            self.pod_of is not None
+            and self.code == 403
+            and "cannot create resource" in self.message
+        )
+
+
+def pods_of(obj: Obj) -> list[tuple[str, Obj]]:
+    """(name, Pod) for each Pod template of a workload object, as the controller would
+    create it in the object's namespace; none for other kinds."""
+    spec = obj.get("spec") or {}
+    meta = obj.get("metadata") or {}
+    templates: list[tuple[str, Obj]] = []
+    if isinstance(spec.get("template"), dict):
+        templates.append((str(meta.get("name")), spec["template"]))
+    lws = spec.get("leaderWorkerTemplate") or {}
+    for key, suffix in (("leaderTemplate", "leader"), ("workerTemplate", "worker")):
+        if isinstance(lws.get(key), dict):
+            templates.append((f"{meta.get('name')}-{suffix}", lws[key]))
+    out = []
+    for name, t in templates:
+        tmeta = t.get("metadata") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}{DRY_RUN_POD_SUFFIX}"[:63].rstrip("-"),
+                "namespace": meta.get("namespace"),
+                "labels": dict(tmeta.get("labels") or {}),
+                "annotations": dict(tmeta.get("annotations") or {}),
+            },
+            "spec": t.get("spec") or {},
+        }
+        out.append((name, pod))
+    return out
+
+
+def _kind_of_refusal(message: str, reason: str) -> str:
+    text = message.lower()
+    if "podsecurity" in text.replace(" ", ""):
+        return "Pod Security"
+    if "exceeded quota" in text or "resourcequota" in text:
+        return "quota"
+    if "limitrange" in text or "maximum cpu" in text or "maximum memory" in text:
+        return "LimitRange"
+    if "admission webhook" in text:
+        return "webhook"
+    if reason == "Invalid":
+        return "invalid"
+    if "no matches for kind" in text or "could not find the requested resource" in text:
+        return "kind not served"
+    if reason == "Forbidden":
+        return "forbidden"
+    return reason or "refused"
+
+
+def dry_run_finding(
+    results: Sequence[DryRun],
+    namespace: str,
+    *,
+    enforce: str | None = None,
+    stand_in: str | None = None,
+) -> Finding:
+    """One finding for the whole set.  ``enforce`` is the namespace's Pod Security enforce
+    label, for the message; ``stand_in`` the namespace the namespaced objects were dry-run
+    in when ``namespace`` does not exist yet."""
+    subject = f"namespace/{namespace}"
+    where = (
+        f" (in namespace {stand_in}, standing in for {namespace}, which does not exist yet: "
+        "its own Pod Security labels, quotas and webhooks' selectors may differ)"
+        if stand_in
+        else ""
+    )
+    refusals: list[str] = []
+    warnings: list[str] = []
+    untried: list[str] = []
+    for r in results:
+        if r.not_allowed_to_try:
+            untried.append(r.what)
+        elif r.refused:
+            kind = _kind_of_refusal(r.message, r.reason)
+            said = f"{r.code} " if r.code else ""
+            of = f" (the Pods of {r.pod_of})" if r.pod_of else ""
+            refusals.append(f"{r.what}{of}: {kind}: {said}{r.message} [{r.request}]")
+        warnings.extend(f"{r.what}: {w}" for w in r.warnings)
+    evidence: dict[str, Any] = {
+        "objects": [
+            {
+                "object": r.what,
+                "pod_of": r.pod_of,
+                "request": r.request,
+                "code": r.code,
+                "message": r.message,
+                "warnings": list(r.warnings),
+            }
+            for r in results
+        ],
+        "enforce": enforce,
+        "stand_in_namespace": stand_in,
+    }
+    n = len([r for r in results if r.pod_of is None])
+    pods = len([r for r in results if r.pod_of is not None and not r.not_allowed_to_try])
+    tried = f"{n} rendered object(s)" + (f" and {pods} Pod(s) of their templates" if pods else "")
+    notes = ""
+    if untried:
+        notes += (
+            f"; the Pods of {', '.join(untried)} were not dry-run (RBAC: no create on pods, "
+            "which up does not need), so Pod Security enforcement and compute quotas were "
+            "not checked"
+        )
+    if warnings:
+        notes += f"; warnings: {'; '.join(warnings)}"
+    if refusals:
+        return ADMISSION.finding(
+            Severity.FAIL,
+            subject,
+            f"the API server refuses {len(refusals)} of the {tried} in a server-side dry "
+            f"run{where}: " + "; ".join(refusals) + notes,
+            hint=ADMISSION.fix,
+            evidence=evidence,
+        )
+    if warnings or untried:
+        return ADMISSION.finding(
+            Severity.WARN,
+            subject,
+            f"the API server admits the {tried} in a server-side dry run{where}" + notes,
+            hint=ADMISSION.fix,
+            evidence=evidence,
+        )
+    return ADMISSION.finding(
+        Severity.PASS,
+        subject,
+        f"the API server admits the {tried} in a server-side dry run{where}",
+        evidence=evidence,
+    )
+
+
+def enforce_level(namespace_obj: Obj | None) -> str | None:
+    if not namespace_obj:
+        return None
+    labels = (namespace_obj.get("metadata") or {}).get("labels") or {}
+    level = labels.get(PSA_ENFORCE)
+    return str(level) if level in PSA_LEVELS else None
+
+
+__all__ = [
+    "ACCESS",
+    "ADMISSION",
+    "CHECKS",
+    "Access",
+    "DryRun",
+    "Review",
+    "access_finding",
+    "describe_object",
+    "dry_run_finding",
+    "enforce_level",
+    "object_path",
+    "pods_of",
+    "required_access",
+    "resource_of",
+    "review_from_answer",
+]
