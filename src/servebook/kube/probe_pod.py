@@ -7,12 +7,22 @@ and turned a fast failure into a slow crash loop), no privileges, a deadline, an
 is deleted afterwards in every case, Ctrl-C included.  ``nodeName`` is set so a cordoned
 node is still probed (the cordon is reported on its own by the cluster checks).
 
-The manifest and the reading of events are pure functions; only ``run_probe_pod`` talks
-to the cluster (kr8s).
+Pulling the image is not the probe's time: a multi-GB engine image can take longer to pull
+than the probe takes to run, and once counted in one 120 s deadline it turned a slow pull
+into "the probe did not finish".  The pull is bounded on its own (``pull_timeout_s``, from
+the Pod's creation until its container starts), the probe's ``deadline_s`` runs from the
+container's start, and the Pod's ``activeDeadlineSeconds`` (which the kubelet counts from
+the Pod's start, pull included) is the sum of both, a backstop should servebook die.  Any
+image with ``python3`` runs the probe, so ``image`` may be a small one instead of the
+engine's.
+
+The manifest and the reading of events are pure functions; only ``run_probe_pod`` talks to
+the cluster, through ``kube.client`` (the caller's kubeconfig, context and timeouts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -22,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servebook.findings import Finding, Severity, register
+from servebook.kube.client import RequestFailed, call, send
 from servebook.preflight.probe_checks import probe_script_path, to_findings
 
 MODEL_MOUNT = "/servebook-probe/model"
@@ -66,8 +77,18 @@ def probe_targets(plan: Any) -> list[ProbeTarget]:
 
 
 def pod_manifest(
-    t: ProbeTarget, *, namespace: str, deadline_s: int, script: str, name: str | None = None
+    t: ProbeTarget,
+    *,
+    namespace: str,
+    deadline_s: int,
+    script: str,
+    name: str | None = None,
+    pull_timeout_s: int = 0,
+    image: str | None = None,
 ) -> dict[str, Any]:
+    """The probe Pod.  Its ``activeDeadlineSeconds`` covers the pull and the probe
+    (``pull_timeout_s + deadline_s``): the kubelet counts it from the Pod's start, before
+    the image is pulled."""
     name = name or f"servebook-probe-{secrets.token_hex(4)}"
     args = [MODEL_MOUNT, "--json"]
     volumes: list[dict[str, Any]] = [
@@ -91,7 +112,7 @@ def pod_manifest(
         "spec": {
             "nodeName": t.node,
             "restartPolicy": "Never",
-            "activeDeadlineSeconds": deadline_s,
+            "activeDeadlineSeconds": deadline_s + max(0, pull_timeout_s),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             # Probe wherever the engine would have to run, whatever its taints say.
@@ -99,7 +120,7 @@ def pod_manifest(
             "containers": [
                 {
                     "name": "probe",
-                    "image": t.image,
+                    "image": image or t.image,
                     "command": ["python3", "-c", script, *args],
                     "resources": {
                         "requests": {"cpu": "100m", "memory": "64Mi"},
@@ -168,41 +189,154 @@ def findings_from_logs(t: ProbeTarget, logs: str) -> list[Finding]:
     ]
 
 
-def run_probe_pod(t: ProbeTarget, *, namespace: str, deadline_s: int = 120) -> list[Finding]:
-    """Create the probe Pod, wait for it within the deadline, read its findings, delete it."""
-    import kr8s
-    from kr8s.objects import Pod
+_PULL_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
 
+
+def container_phase(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(``pulling`` | ``failed-to-start`` | ``running`` | ``done``, detail) for the probe
+    Pod's one container, from ``status.phase`` and its container status."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return "done", str(status.get("reason") or status.get("phase"))
+    for cs in status.get("containerStatuses") or ():
+        state = cs.get("state") or {}
+        if "running" in state or "terminated" in state:
+            return "running", ""
+        waiting = state.get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if reason in _PULL_FAILURES:
+            return "failed-to-start", f"{reason}: {waiting.get('message', '')}".rstrip(": ")
+    return "pulling", ""
+
+
+def run_probe_pod(
+    api: Any,
+    t: ProbeTarget,
+    *,
+    namespace: str,
+    deadline_s: int = 120,
+    pull_timeout_s: int = 900,
+    image: str | None = None,
+    poll_s: float = 2.0,
+) -> list[Finding]:
+    """Create the probe Pod in ``namespace`` (which must exist), wait for its image within
+    ``pull_timeout_s`` and for the probe within ``deadline_s`` of its start, read its
+    findings, delete it.  A refused or failed request is ``RequestFailed`` (exit 2), naming
+    the request."""
     script = probe_script_path().read_text(encoding="utf-8")
-    manifest = pod_manifest(t, namespace=namespace, deadline_s=deadline_s, script=script)
-    api = kr8s.api()
-    pod = Pod(manifest, api=api)
-    pod.create()
+    manifest = pod_manifest(
+        t,
+        namespace=namespace,
+        deadline_s=deadline_s,
+        script=script,
+        pull_timeout_s=pull_timeout_s,
+        image=image,
+    )
+    name = manifest["metadata"]["name"]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    call(api, "POST", pods, f"creating the probe Pod on node {t.node}", body=manifest)
     try:
-        end = time.monotonic() + deadline_s + 30
-        while time.monotonic() < end:
-            pod.refresh()
-            phase = pod.status.get("phase")
-            if phase in ("Succeeded", "Failed"):
-                return findings_from_logs(t, "\n".join(pod.logs()))
-            events = [
-                e if isinstance(e, dict) else e.raw
-                for e in api.get(
-                    "events",
-                    namespace=namespace,
-                    field_selector=f"involvedObject.name={pod.name}",
+        return _wait_for_probe(
+            api, t, namespace, name, image or t.image, deadline_s, pull_timeout_s, poll_s
+        )
+    finally:
+        # A failure above says more; the Pod's own deadline ends it regardless.
+        with contextlib.suppress(RequestFailed):
+            call(
+                api,
+                "DELETE",
+                f"{pods}/{name}",
+                f"deleting the probe Pod {namespace}/{name}",
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                missing_ok=True,
+            )
+
+
+def _wait_for_probe(
+    api: Any,
+    t: ProbeTarget,
+    namespace: str,
+    name: str,
+    image: str,
+    deadline_s: int,
+    pull_timeout_s: int,
+    poll_s: float,
+) -> list[Finding]:
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    created = time.monotonic()
+    started: float | None = None
+    while True:
+        pod = call(api, "GET", path, f"reading the probe Pod on node {t.node}") or {}
+        phase, detail = container_phase(pod)
+        now = time.monotonic()
+        if phase == "done":
+            if detail == "DeadlineExceeded":
+                return [_overran(t, deadline_s, pull_timeout_s)]
+            logs = send(
+                api, "GET", f"{path}/log", f"reading the probe's output on node {t.node}"
+            ).text
+            return findings_from_logs(t, logs)
+        if phase == "failed-to-start":
+            return [
+                PROBE_POD.finding(
+                    Severity.ERROR,
+                    t.node,
+                    f"the probe Pod on {t.node} could not start image {image}: {detail}",
+                    hint="Any image with python3 runs the probe: pass --probe-image with one "
+                    "the node can pull (and imagePullSecrets it has), e.g. a python slim image.",
+                    evidence={"image": image, "state": detail},
                 )
             ]
-            explained = interpret_events(t, events)
-            if explained is not None:
-                return [explained]
-            time.sleep(2)
-        return [
-            PROBE_POD.finding(
-                Severity.FAIL,
-                t.node,
-                f"the probe Pod on {t.node} did not finish within {deadline_s} s",
+        if phase == "running" and started is None:
+            started = now
+        if started is None and now - created > pull_timeout_s:
+            return [
+                PROBE_POD.finding(
+                    Severity.FAIL,
+                    t.node,
+                    f"the probe Pod on {t.node} did not start within the pull timeout of "
+                    f"{pull_timeout_s} s (image {image} still pulling, or the Pod not "
+                    "admitted)",
+                    hint="Raise --pull-timeout, or pass --probe-image with a small image that "
+                    "has python3.",
+                    evidence={"image": image, "pull_timeout_s": pull_timeout_s},
+                )
+            ]
+        if started is not None and now - started > deadline_s:
+            return [_overran(t, deadline_s, pull_timeout_s)]
+        events = (
+            call(
+                api,
+                "GET",
+                f"/api/v1/namespaces/{namespace}/events",
+                f"reading the probe Pod's events on node {t.node}",
+                params={"fieldSelector": f"involvedObject.name={name}"},
             )
-        ]
-    finally:
-        pod.delete(grace_period=0)
+            or {}
+        )
+        explained = interpret_events(
+            t, [e for e in events.get("items") or () if isinstance(e, dict)]
+        )
+        if explained is not None:
+            return [explained]
+        time.sleep(poll_s)
+
+
+def _overran(t: ProbeTarget, deadline_s: int, pull_timeout_s: int) -> Finding:
+    return PROBE_POD.finding(
+        Severity.FAIL,
+        t.node,
+        f"the probe on {t.node} did not finish within {deadline_s} s of its start",
+        hint="A directory on a slow network mount can take this long to read: see the "
+        "probe's mount check on the node (`servebook probe DIR`), or raise --probe-deadline.",
+        evidence={"deadline_s": deadline_s, "pull_timeout_s": pull_timeout_s},
+    )

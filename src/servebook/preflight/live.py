@@ -1,16 +1,84 @@
 """Preflight of a resolved Plan against a cluster: the cluster checks over a snapshot (read
-live, or from a file), then, live, the read-only weights probe in a Pod on each target
-node.  Used by `servebook preflight` and by the Kubernetes backend's part of `run`."""
+live, or from a file); then, live, what the caller may do (SB263), a server-side dry run of
+the rendered set (SB264), the read-only weights probe in a Pod on each target node (SB259)
+and whether the weights fit the GPUs (SB262).  Used by `servebook preflight` and by the
+Kubernetes backend's part of `run`.
+
+Every request goes through one ``kube.client`` connection, so the kubeconfig, context and
+timeouts hold for all of them.  The dry run and the probe Pods need a namespace that
+exists.  When the recipe's does not exist yet, preflight makes a temporary one of its own
+(``servebook-preflight-XXXXXXXX``) and deletes it afterwards, in every case: not the
+recipe's own, whose deletion would leave it Terminating for a while, and `up` right after
+preflight would be refused there.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servebook.findings import Finding, Severity
+from servebook.kube import manifests
+from servebook.kube.client import (
+    CONNECT_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    RequestFailed,
+    call,
+    connect,
+    send,
+    server_of,
+)
 from servebook.kube.probe_pod import PROBE_POD, probe_targets, run_probe_pod
-from servebook.kube.snapshot import load_snapshot, read_live
-from servebook.preflight.cluster import check_cluster, requirements_from_plan
+from servebook.kube.snapshot import ClusterSnapshot, load_snapshot, read_with
+from servebook.preflight.admission import (
+    ACCESS,
+    ADMISSION,
+    DryRun,
+    access_finding,
+    describe_object,
+    dry_run_finding,
+    enforce_level,
+    object_path,
+    pods_of,
+    required_access,
+    review_from_answer,
+)
+from servebook.preflight.cluster import (
+    ClusterRequirements,
+    check_cluster,
+    requirements_from_plan,
+)
+from servebook.preflight.weights_fit import (
+    WeightsSize,
+    check_weights_fit,
+    role_weights,
+    size_from_probe,
+    weights_size,
+)
 from servebook.recipe.plan import Plan
+
+FIELD_MANAGER = "servebook"
+PREFLIGHT_NAMESPACE_PREFIX = "servebook-preflight-"
+PREFLIGHT_LABEL = "servebook.io/preflight"
+SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """How a live preflight reaches the cluster and runs its probes."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    probe_deadline_s: int = 120
+    pull_timeout_s: int = 900
+    probe_image: str | None = None
+    poll_s: float = 2.0
 
 
 def plan_findings(
@@ -19,22 +87,246 @@ def plan_findings(
     snapshot: Path | None = None,
     kubeconfig: str | None = None,
     probe_deadline: int = 120,
+    context: str | None = None,
+    weights: str | None = None,
+    options: LiveOptions | None = None,
 ) -> list[Finding]:
+    """Every preflight finding for ``plan``.  ``weights`` (``--weights``) gives the
+    weights' size where no probe runs (a size, a model directory, or its index)."""
+    opts = options or LiveOptions(
+        kubeconfig=kubeconfig, context=context, probe_deadline_s=probe_deadline
+    )
     # servebook render always emits the Namespace, so the set creates it.
     req = requirements_from_plan(plan, creates_namespace=True)
-    snap = load_snapshot(snapshot) if snapshot else read_live(kubeconfig=kubeconfig)
-    findings = check_cluster(snap, req)
-    targets = probe_targets(plan)
+    given = weights_size(weights) if weights else None
     if snapshot is not None:
+        return _from_snapshot(plan, req, load_snapshot(snapshot), given)
+    api = connect(
+        opts.kubeconfig,
+        opts.context,
+        request_timeout_s=opts.request_timeout_s,
+        connect_timeout_s=opts.connect_timeout_s,
+    )
+    snap = read_with(api)
+    findings = check_cluster(snap, req)
+    objects = manifests.render(plan)
+    ns_obj = snap.namespaces.get(req.namespace)
+    exists = ns_obj is not None and not (ns_obj.get("metadata") or {}).get("deletionTimestamp")
+    findings.append(check_access(api, objects, req.namespace, exists))
+    probes: list[Finding] = []
+    with workspace(api, req.namespace, exists) as ws:
         findings.append(
-            PROBE_POD.finding(
-                Severity.INFO,
-                ", ".join(t.node for t in targets) or "-",
-                "node probes were not run: --snapshot reads no live cluster, so no Pod can "
-                "check the model directories; the verdict is the cluster checks' alone",
+            check_admission(
+                api,
+                objects,
+                req.namespace,
+                ws.name,
+                exists=exists,
+                enforce=enforce_level(ns_obj),
             )
         )
-        return findings
-    for t in targets:
-        findings += run_probe_pod(t, namespace=req.namespace, deadline_s=probe_deadline)
+        for t in probe_targets(plan):
+            probes += run_probe_pod(
+                api,
+                t,
+                namespace=ws.name,
+                deadline_s=opts.probe_deadline_s,
+                pull_timeout_s=opts.pull_timeout_s,
+                image=opts.probe_image,
+                poll_s=opts.poll_s,
+            )
+    findings += probes
+    if ws.left_behind:
+        findings.append(
+            PROBE_POD.finding(
+                Severity.ERROR,
+                f"namespace/{ws.name}",
+                f"preflight could not delete its temporary namespace {ws.name}: {ws.left_behind}",
+                hint=f"`kubectl delete namespace {ws.name}`",
+            )
+        )
+    sizes = {
+        r.name: size_from_probe(probes, r.placement.node or "") or given for r in plan.engine_roles
+    }
+    findings += _weights_findings(plan, req, snap, sizes)
     return findings
+
+
+def _from_snapshot(
+    plan: Plan, req: ClusterRequirements, snap: ClusterSnapshot, given: WeightsSize | None
+) -> list[Finding]:
+    findings = check_cluster(snap, req)
+    targets = probe_targets(plan)
+    findings.append(
+        PROBE_POD.finding(
+            Severity.INFO,
+            ", ".join(t.node for t in targets) or "-",
+            "node probes were not run: --snapshot reads no live cluster, so no Pod can "
+            "check the model directories; the verdict is the cluster checks' alone",
+        )
+    )
+    for check, what in ((ACCESS, "permissions"), (ADMISSION, "admission of the rendered set")):
+        findings.append(
+            check.finding(
+                Severity.INFO,
+                f"namespace/{req.namespace}",
+                f"{what} not checked: --snapshot reads no live cluster",
+            )
+        )
+    findings += _weights_findings(plan, req, snap, {r.name: given for r in plan.engine_roles})
+    return findings
+
+
+def _weights_findings(
+    plan: Plan,
+    req: ClusterRequirements,
+    snap: ClusterSnapshot,
+    sizes: dict[str, WeightsSize | None],
+) -> list[Finding]:
+    return [check_weights_fit(snap.nodes, rw) for rw in role_weights(plan, req.nodes, sizes)]
+
+
+# ---------------------------------------------------------------------------------------
+# The namespace the dry run and the probes run in.
+
+
+@dataclass
+class Workspace:
+    name: str
+    created: bool
+    left_behind: str = ""
+
+
+@contextlib.contextmanager
+def workspace(api: Any, namespace: str, exists: bool) -> Iterator[Workspace]:
+    """``namespace`` when it exists; else a temporary namespace of preflight's own,
+    deleted on the way out whatever happened (a failure to delete it is recorded in
+    ``left_behind``, for a finding)."""
+    if exists:
+        yield Workspace(namespace, created=False)
+        return
+    name = PREFLIGHT_NAMESPACE_PREFIX + secrets.token_hex(4)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                manifests.MANAGED_BY_LABEL: manifests.MANAGED_BY,
+                PREFLIGHT_LABEL: "true",
+            },
+            "annotations": {"servebook.io/stands-in-for": namespace},
+        },
+    }
+    call(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        f"creating preflight's temporary namespace {name} (namespace {namespace} does not "
+        "exist yet)",
+        body=body,
+    )
+    ws = Workspace(name, created=True)
+    try:
+        yield ws
+    finally:
+        try:
+            call(
+                api,
+                "DELETE",
+                f"/api/v1/namespaces/{name}",
+                f"deleting preflight's temporary namespace {name}",
+                missing_ok=True,
+            )
+        except RequestFailed as e:
+            ws.left_behind = str(e)
+
+
+# ---------------------------------------------------------------------------------------
+# SB263 and SB264, live.
+
+
+def check_access(
+    api: Any, objects: Sequence[dict[str, Any]], namespace: str, exists: bool
+) -> Finding:
+    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use."""
+    reviews = []
+    for a in required_access(objects, namespace, exists):
+        answer = call(
+            api, "POST", SSAR_PATH, f"asking whether the caller may {a.text()}", body=a.review()
+        )
+        reviews.append(review_from_answer(a, answer or {}))
+    return access_finding(reviews, namespace, who=f"the caller on {server_of(api)}")
+
+
+def check_admission(
+    api: Any,
+    objects: Sequence[dict[str, Any]],
+    namespace: str,
+    into: str,
+    *,
+    exists: bool,
+    enforce: str | None = None,
+) -> Finding:
+    """Dry-run apply every rendered object (server-side, as ``up`` applies it) and dry-run
+    create the Pods of each workload's template, in ``into`` (the namespace, or preflight's
+    stand-in for it); every answer is kept, refusals included."""
+    results: list[DryRun] = []
+    for obj in objects:
+        if obj.get("kind") == "Namespace":
+            if exists:
+                continue  # up uses an existing namespace as it is
+            results.append(_dry_run(api, obj, "PATCH"))
+            continue
+        placed = {**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": into}}
+        results.append(_dry_run(api, placed, "PATCH"))
+        for owner, pod in pods_of(placed):
+            results.append(_dry_run(api, pod, "POST", pod_of=f"{obj.get('kind')}/{owner}"))
+    return dry_run_finding(
+        results, namespace, enforce=enforce, stand_in=None if into == namespace else into
+    )
+
+
+def _dry_run(api: Any, obj: dict[str, Any], method: str, pod_of: str | None = None) -> DryRun:
+    what = describe_object(obj)
+    if method == "POST":
+        path = object_path(obj).rsplit("/", 1)[0]
+        params = {"dryRun": "All", "fieldManager": FIELD_MANAGER}
+        content_type = "application/json"
+    else:
+        path = object_path(obj)
+        params = {"dryRun": "All", "fieldManager": FIELD_MANAGER}
+        content_type = "application/apply-patch+yaml"
+    request = f"{method} {path}?dryRun=All"
+    try:
+        answer = send(
+            api,
+            method,
+            path,
+            f"dry-run {'creating' if method == 'POST' else 'applying'} {what}",
+            params=params,
+            body=obj,
+            content_type=content_type,
+        )
+    except RequestFailed as e:
+        if e.code is None:
+            raise  # no answer: could not check, exit 2
+        return DryRun(
+            what,
+            request,
+            e.code,
+            message=e.server_message,
+            reason=str(e.status.get("reason") or ""),
+            pod_of=pod_of,
+        )
+    return DryRun(what, request, answer.code, warnings=answer.warnings, pod_of=pod_of)
+
+
+__all__ = [
+    "LiveOptions",
+    "Workspace",
+    "check_access",
+    "check_admission",
+    "plan_findings",
+    "workspace",
+]
