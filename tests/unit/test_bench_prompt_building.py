@@ -102,9 +102,10 @@ def test_fast_prompts_are_the_same_whoever_builds_them(tiny_dir: Path) -> None:
     a = RandomPrompts(tiny_dir, input_len=100, output_len=4, seed=5)
     b = pickle.loads(pickle.dumps(RandomPrompts(tiny_dir, input_len=100, output_len=4, seed=5)))
     a.pregenerate(range(10))
-    assert [b.build_many([i])[0].text for i in reversed(range(10))][::-1] == [
-        a.get(i).text for i in range(10)
-    ]
+    expected = [a.get(i).text for i in range(10)]
+    assert [b.build_many([i])[0].text for i in reversed(range(10))][::-1] == expected
+    # The producer's way (one count in 16) gives the same prompts.
+    assert [p.text for p in b.build_many(range(10), check_every=16)] == expected
 
 
 # --- no building in the load -----------------------------------------------------------------
@@ -228,10 +229,10 @@ class FailsLater(RandomPrompts):
     """Builds the prompts made before the load, then fails in the producer process, as a
     tokenizer that cannot reach an exact length would (``exact_length_prompt`` raises)."""
 
-    def build_many(self, indices: Any) -> list[Prompt]:
+    def build_many(self, indices: Any, *, check_every: int = 1) -> list[Prompt]:
         if any(i >= 8 for i in indices):
             raise UsageError("could not build a prompt of exactly 64 tokens")
-        return super().build_many(indices)
+        return super().build_many(indices, check_every=check_every)
 
 
 def test_a_producer_that_fails_stops_the_load_with_its_reason(

@@ -807,6 +807,8 @@ def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool
 #: reading the pipe (the producer then blocks on the full pipe: memory stays bounded).
 PRODUCER_BATCH = 32
 READY_HIGH = 1024
+#: The producer counts one prompt in this many (``workload.RandomPrompts.build_many``).
+PRODUCER_CHECK_EVERY = 16
 
 
 def _produce(
@@ -814,11 +816,10 @@ def _produce(
 ) -> None:
     """Body of a producer process: build prompts ``first, first + step, ...`` in batches
     and write each batch to the pipe as a length-prefixed pickle of ``[(index, prompt)]``,
-    until the reader goes; a failure is written as ``("error", message)``.  It runs at a
-    lower priority than the load it feeds, and off the cores the workers are pinned to
-    when there are others."""
-    with contextlib.suppress(OSError):
-        os.nice(10)
+    until the reader goes; a failure is written as ``("error", message)``.  It runs off
+    the cores the workers are pinned to when there are others; at the same priority as the
+    load it feeds (at a lower one, on a busy machine, it fell behind and requests waited
+    for prompts), and it takes no more than the load consumes: it blocks on a full pipe."""
     if avoid and hasattr(os, "sched_setaffinity"):
         others = set(range(os.cpu_count() or 1)) - set(avoid)
         if others:
@@ -837,7 +838,8 @@ def _produce(
         while True:
             idx = [i + k * step for k in range(PRODUCER_BATCH)]
             try:
-                batch: Any = list(zip(idx, source.build_many(idx), strict=True))
+                built = source.build_many(idx, check_every=PRODUCER_CHECK_EVERY)
+                batch: Any = list(zip(idx, built, strict=True))
             except Exception as e:
                 write(("error", f"{type(e).__name__}: {e}"))
                 return

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -675,9 +676,11 @@ def run_point(
     controller = controller_for(settings, level)
     warm = settings.warmup_for(level)
     offset = position * 10_000_000
+    t_build = time.monotonic()
     _pregenerate(
         prompts, offset, (warm.requests or 0) + settings.min_requests_for(level) + 2 * level.size
     )
+    build_s = time.monotonic() - t_build
     load_spec = LoadSpec(
         concurrency=level.concurrency,
         rate=level.rate,
@@ -733,6 +736,7 @@ def run_point(
         pd=target.pd,
         stop_reason=stop_reason,
     )
+    point = point.model_copy(update={"prompt_build_s": build_s})
     findings += reach_findings(target.problems() if target.problems else {})
     return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
 

@@ -436,6 +436,10 @@ class WindowInfo(BaseModel):
     duration_s: float | None
     requests_scheduled: int  # scheduled inside the window (ok, errors, unfinished)
     requests_unfinished: int  # scheduled inside, still running at the window's end
+    # The window's edges on CLOCK_MONOTONIC (system-wide on Linux), so a tool on the same
+    # host can relate them to its own measurements (benchmarks/client_capacity.py).
+    start_monotonic_ns: int | None = None
+    end_monotonic_ns: int | None = None
 
 
 class ClientEvidence(BaseModel):
@@ -481,6 +485,9 @@ class Point(BaseModel):
     window: WindowInfo
     client: ClientEvidence
     server: dict[str, Any] = Field(default_factory=dict)
+    # Seconds spent building prompts before the point's warm-up (the rest are built by a
+    # producer process during the load, never in the sending loop).
+    prompt_build_s: float | None = None
     started_at: str | None = None
     ended_at: str | None = None
 
@@ -626,6 +633,8 @@ def point_from_load(
             duration_s=win_s,
             requests_scheduled=len(ok) + len(errs) + unfinished,
             requests_unfinished=unfinished,
+            start_monotonic_ns=window_start_ns,
+            end_monotonic_ns=window_end_ns,
         ),
         client=ClientEvidence(
             workers=len(load.workers),
