@@ -18,6 +18,19 @@ and relays to ``forward_to["ROLE:PORT"]`` (ROLE is the Pod's
 ``app.kubernetes.io/component`` label), a local address standing in for the container's
 port; a role in ``forward_errors`` gets kubelet's error on the error channel instead.
 ``replace_pod(role)`` replaces a role's Pod the way a node failure or an eviction does.
+
+For preflight: Nodes and CustomResourceDefinitions can be ``put`` and listed; Namespaces
+and Pods can be created (POST), a Pod in a namespace that exists only; ``kubelet`` (when
+set) runs a created Pod: its image pulls for ``pull_s`` (or fails with ``pull_error``), its
+container runs for ``run_s``, and its log is ``logs(pod)``; like the kubelet it fails the
+Pod with ``DeadlineExceeded`` once ``activeDeadlineSeconds`` pass from the Pod's start, pull
+included.  ``pods/NAME/log`` serves that log.  ``selfsubjectaccessreviews`` answer allowed
+except for the (verb, resource, subresource) in ``denied``.  ``dryRun=All`` on an apply or a
+create admits or refuses without storing anything: a namespaced object needs its
+namespace; a Pod with a hostPath volume is refused in a namespace whose
+``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
+template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
+``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
 """
 
 from __future__ import annotations
@@ -28,8 +41,9 @@ import hashlib
 import itertools
 import json
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +61,12 @@ KINDS = {
     "events": ("v1", "Event", ""),
     "deployments": ("apps/v1", "Deployment", "apps"),
     "replicasets": ("apps/v1", "ReplicaSet", "apps"),
+    "nodes": ("v1", "Node", ""),
+    "customresourcedefinitions": (
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+    ),
 }
 PORTFORWARD_PROTOCOL = "v4.channel.k8s.io"
 REVISION = "deployment.kubernetes.io/revision"
@@ -58,6 +78,17 @@ class Seen:
     path: str
     query: dict[str, str]
     content_type: str
+
+
+@dataclass
+class Kubelet:
+    """How created Pods run (see the module's docstring)."""
+
+    pull_s: float = 0.0
+    run_s: float = 0.0
+    logs: Callable[[Obj], str] = lambda pod: ""
+    pull_error: str = ""
+    exit_code: int = 0
 
 
 @dataclass
@@ -77,6 +108,16 @@ class StandIn:
     # still Ready, until ``release_rollouts`` (the controller being slow, as it may be).
     hold_rollouts: bool = False
     held: list[tuple[str, str, str]] = field(default_factory=list)
+    kubelet: Kubelet | None = None
+    # (verb, resource, subresource) the access reviews deny
+    denied: set[tuple[str, str, str]] = field(default_factory=set)
+    # "Kind/name" -> (code, reason, message) for a dry run
+    refuse: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    # every object a dry run was asked about, as "Kind/name in namespace"
+    dry_runs: list[str] = field(default_factory=list)
+    # the Pods created through POST, ever: (namespace, name)
+    created_pods: list[tuple[str, str]] = field(default_factory=list)
+    _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
     def pods_of(self, role: str) -> list[Obj]:
@@ -174,7 +215,9 @@ def _app(st: StandIn) -> web.Application:
         )
         for method, prefix in st.forbidden:
             if request.method == method and request.path.startswith(prefix):
-                verb = {"GET": "get", "PATCH": "patch", "DELETE": "delete"}[method]
+                verb = {"GET": "get", "PATCH": "patch", "DELETE": "delete", "POST": "create"}[
+                    method
+                ]
                 return _status(
                     403,
                     "Forbidden",
@@ -246,6 +289,8 @@ def _app(st: StandIn) -> web.Application:
     async def apply(request: web.Request) -> web.Response:
         plural, ns, name = where(request)
         name = name or ""
+        if request.query.get("dryRun") == "All":
+            return await dry_run(request, yaml.safe_load(await request.text()), plural, ns)
         if request.content_type != "application/apply-patch+yaml":
             return _status(
                 415, "UnsupportedMediaType", "the body of the request was in an unknown format"
@@ -363,8 +408,104 @@ def _app(st: StandIn) -> web.Application:
             writer.close()
         return ws
 
+    async def dry_run(request: web.Request, body: Obj, plural: str, ns: str) -> web.Response:
+        kind = KINDS.get(plural, ("", plural, ""))[1]
+        name = str((body.get("metadata") or {}).get("name", ""))
+        st.dry_runs.append(f"{kind}/{name}" + (f" in {ns}" if ns else ""))
+        if ns and ("namespaces", "", ns) not in st.objects:
+            return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
+        if f"{kind}/{name}" in st.refuse:
+            code, reason, message = st.refuse[f"{kind}/{name}"]
+            return _status(code, reason, message)
+        labels = (st.objects.get(("namespaces", "", ns)) or {}).get("metadata", {})
+        labels = labels.get("labels") or {}
+        spec = body.get("spec") or {}
+        pod_spec = spec if kind == "Pod" else (spec.get("template") or {}).get("spec") or {}
+        host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
+        headers = {}
+        if host:
+            why = (
+                f"restricted volume types (volume{'s' if len(host) > 1 else ''} "
+                f"{', '.join(chr(34) + h + chr(34) for h in host)} use"
+                f'{"" if len(host) > 1 else "s"} restricted volume type "hostPath")'
+            )
+            enforce = labels.get("pod-security.kubernetes.io/enforce")
+            warn = labels.get("pod-security.kubernetes.io/warn")
+            if kind == "Pod" and enforce in ("baseline", "restricted"):
+                return _status(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
+                )
+            if kind != "Pod" and warn in ("baseline", "restricted"):
+                headers["Warning"] = f'299 - "would violate PodSecurity "{warn}:latest": {why}"'
+        obj = copy.deepcopy(body)
+        obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
+        return web.json_response(obj, status=201, headers=headers)
+
+    async def create(request: web.Request) -> web.Response:
+        plural, ns, _ = where(request)
+        body = json.loads(await request.text())
+        if request.query.get("dryRun") == "All":
+            return await dry_run(request, body, plural, ns)
+        meta = body.setdefault("metadata", {})
+        name = str(meta.get("name", ""))
+        if ns and ("namespaces", "", ns) not in st.objects:
+            return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
+        if (plural, ns, name) in st.objects:
+            return _status(
+                409,
+                "AlreadyExists",
+                f'{_resource(plural)} "{name}" already exists',
+                {"name": name, "kind": plural},
+            )
+        if ns:
+            meta["namespace"] = ns
+        if plural == "pods":
+            body["status"] = {"phase": "Pending"}
+            st._started[(ns, name)] = time.monotonic()
+            st.created_pods.append((ns, name))
+        if plural == "namespaces":
+            body["status"] = {"phase": "Active"}
+        st.put(body)
+        return web.json_response(body, status=201)
+
+    async def get_pod(request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = st.objects.get(("pods", ns, name))
+        if pod is None:
+            return not_found("pods", name)
+        if st.kubelet is not None and (ns, name) in st._started:
+            _run_pod(st.kubelet, pod, time.monotonic() - st._started[(ns, name)])
+        return web.json_response(pod)
+
+    async def pod_log(request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = st.objects.get(("pods", ns, name))
+        if pod is None:
+            return not_found("pods", name)
+        text = st.kubelet.logs(pod) if st.kubelet is not None else ""
+        return web.Response(text=text, content_type="text/plain")
+
+    async def access_review(request: web.Request) -> web.Response:
+        body = json.loads(await request.text())
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        key = (attrs.get("verb", ""), attrs.get("resource", ""), attrs.get("subresource", ""))
+        allowed = key not in st.denied
+        body["status"] = {"allowed": allowed}
+        if not allowed:
+            body["status"]["reason"] = ""  # RBAC says nothing when it denies
+        return web.json_response(body, status=201)
+
     app = web.Application(middlewares=[record])
     app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/portforward", portforward)
+    app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", pod_log)
+    app.router.add_get("/api/v1/namespaces/{ns}/{plural:pods}/{name}", get_pod)
+    app.router.add_post("/api/v1/namespaces/{ns}/{plural}", create)
+    app.router.add_post("/apis/apps/v1/namespaces/{ns}/{plural}", create)
+    app.router.add_post("/api/v1/{plural:namespaces}", create)
+    app.router.add_post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", access_review)
+    app.router.add_get("/apis/apiextensions.k8s.io/v1/{plural}", list_)
     app.router.add_get("/version", version)
     app.router.add_get("/version/", version)  # kr8s asks with the slash
     for prefix in ("/api/v1", "/apis/apps/v1"):
@@ -377,6 +518,44 @@ def _app(st: StandIn) -> web.Application:
     app.router.add_patch("/api/v1/{plural:namespaces}/{name}", apply)
     app.router.add_delete("/api/v1/{plural:namespaces}/{name}", delete)
     return app
+
+
+def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
+    """The Pod's status after ``elapsed`` seconds, as the kubelet would report it."""
+    status = pod.setdefault("status", {})
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return
+    image = pod["spec"]["containers"][0]["image"]
+    name = pod["spec"]["containers"][0]["name"]
+    deadline = pod["spec"].get("activeDeadlineSeconds")
+    finished = kubelet.pull_s + kubelet.run_s
+    if deadline is not None and elapsed > deadline and elapsed < finished:
+        status.update(
+            phase="Failed",
+            reason="DeadlineExceeded",
+            message="Pod was active on the node longer than the specified deadline",
+        )
+        return
+    if kubelet.pull_error:
+        state: Obj = {
+            "waiting": {
+                "reason": kubelet.pull_error,
+                "message": f'Back-off pulling image "{image}"',
+            }
+        }
+    elif elapsed < kubelet.pull_s:
+        state = {"waiting": {"reason": "ContainerCreating"}}
+    elif elapsed < finished:
+        state = {"running": {"startedAt": "2025-06-18T14:30:00Z"}}
+    else:
+        code = kubelet.exit_code
+        state = {"terminated": {"exitCode": code, "reason": "Completed" if not code else "Error"}}
+        status["phase"] = "Succeeded" if not code else "Failed"
+    if "phase" not in status or status["phase"] == "Pending":
+        status["phase"] = "Running" if "running" in state else "Pending"
+    status["containerStatuses"] = [
+        {"name": name, "image": image, "ready": "running" in state, "state": state}
+    ]
 
 
 def _collect_garbage(st: StandIn, owner_uid: str) -> None:
