@@ -44,8 +44,8 @@ def image() -> str:
 
 @pytest.fixture
 def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
-    """--set arguments for the tiny recipes on this cluster, in a namespace of its own;
-    afterwards nothing labelled by servebook is left there."""
+    """--set arguments for tiny-pd on this cluster, in a namespace of its own (tiny-mixed
+    takes the same but `node`); afterwards nothing labelled by servebook is left there."""
     ready = [
         n
         for n, node in sorted(live.nodes.items())
@@ -72,6 +72,11 @@ def _sb(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 def _sets(where: list[str]) -> list[str]:
     return [where[i + 1] for i in range(0, len(where), 2)]
+
+
+def _mixed(where: list[str]) -> list[str]:
+    """tiny-mixed's --set arguments: tiny-pd's without `node` (one Pod, no shared KV)."""
+    return where[:-2]
 
 
 def test_run_tiny_pd_on_the_cluster_is_the_whole_chain(where: list[str], tmp_path: Path) -> None:
@@ -107,7 +112,7 @@ def test_a_handoff_that_fails_open_is_caught_by_verify_through_the_forwards(
 
 
 def test_a_reup_after_a_change_waits_for_the_new_pod(where: list[str]) -> None:
-    up = ["up", "tiny-mixed", "--backend", "kubernetes", *where, "--name", "reup"]
+    up = ["up", "tiny-mixed", "--backend", "kubernetes", *_mixed(where), "--name", "reup"]
     assert _sb(*up, timeout=UP_S).returncode == 0
     before = json.loads(_sb("status", "reup", "--json", timeout=120).stdout)
     r = _sb(*up, "--set", "max_model_len=1024", timeout=UP_S)
@@ -121,7 +126,7 @@ def test_two_deployments_of_one_recipe_in_one_namespace_and_down_removes_one(
     where: list[str],
 ) -> None:
     for name in ("a", "b"):
-        up = ["up", "tiny-mixed", "--backend", "kubernetes", *where, "--name", name]
+        up = ["up", "tiny-mixed", "--backend", "kubernetes", *_mixed(where), "--name", name]
         r = _sb(*up, timeout=UP_S)
         assert r.returncode == 0, r.stderr
     d = _sb("down", "a", timeout=600)

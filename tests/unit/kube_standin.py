@@ -57,6 +57,7 @@ Obj = dict[str, Any]
 KINDS = {
     "namespaces": ("v1", "Namespace", ""),
     "services": ("v1", "Service", ""),
+    "configmaps": ("v1", "ConfigMap", ""),
     "pods": ("v1", "Pod", ""),
     "events": ("v1", "Event", ""),
     "deployments": ("apps/v1", "Deployment", "apps"),

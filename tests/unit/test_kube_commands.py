@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -264,3 +265,25 @@ def test_open_view_reads_argv_and_env_from_the_pods_as_applied(
         port = int(decode.api_url.rsplit(":", 1)[1])
     with socket.socket() as s:  # the forwards are closed: their ports are free again
         s.bind(("127.0.0.1", port))
+
+
+def test_tiny_pd_comes_up_with_its_model_generator_and_goes_down_without_a_record(
+    cli: Cli, cluster: tuple[Server, dict[str, str]], sb_home: Path
+) -> None:
+    """The tiny recipe for any cluster: its ConfigMap (the model generator) is applied
+    before the roles that mount it, each engine Pod makes the model in an init container,
+    and `down` found by label removes the ConfigMap too."""
+    server, env = cluster
+    sets = ["--set", "image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "--set", "node=node-1"]
+    r = cli("up", "tiny-pd", "--backend", "kubernetes", "--name", "tpd", *sets, env=env)
+    assert r.returncode == 0, r.stderr
+    st = server.standin
+    assert "tpd-model-generator" in st.names("configmaps", "servebook")
+    kinds = [(s.method, s.path.rsplit("/", 2)[-2]) for s in st.requests if s.method == "PATCH"]
+    assert kinds.index(("PATCH", "configmaps")) < kinds.index(("PATCH", "deployments"))
+    pod = _pod(server, "decode")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["make-model"]
+    shutil.rmtree(sb_home / "deployments" / "tpd")
+    r = cli("down", "tpd", "--backend", "kubernetes", "-n", "servebook", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ConfigMap/tpd-model-generator" in r.stdout and st.names("configmaps", "servebook") == []

@@ -139,3 +139,12 @@ def test_absent_hostpath_is_reported_as_absent_on_the_node() -> None:
 def test_unexplained_events_leave_the_pod_running(events: list[dict[str, str]]) -> None:
     t = ProbeTarget(node="n", roles=("mixed",), image="img", model_dir="/m")
     assert interpret_events(t, events) is None
+
+
+def test_a_recipe_that_makes_its_model_in_the_pod_needs_no_node_probe() -> None:
+    """tiny-pd on a cluster: each engine Pod generates the model, so the probe must not
+    look for this machine's model directory on the node (it is not there, and need not
+    be)."""
+    plan = resolve("tiny-pd", ["image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "node=kind-1"])
+    assert all(r.placement.node == "kind-1" and r.model_path for r in plan.engine_roles)
+    assert probe_targets(plan) == []

@@ -157,13 +157,13 @@ def _flag_value(argv: Sequence[Any], flag: str) -> str:
 
 
 def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
-    """Deployment ``name``'s record rebuilt from API objects (Deployments, Services and
-    Namespaces, shaped like the items of ``kubectl get deployments,services,namespaces -o
-    json``): its namespace, objects (in apply order), roles, entry Service and port,
-    recipe, plan (when ``up`` stored it), and whether it created its Namespace (the
-    Namespace's ``servebook.io/created-by`` annotation names it).  None when no
-    Deployment or Service carries its label; unusable (exit 2) when they lie in several
-    namespaces."""
+    """Deployment ``name``'s record rebuilt from API objects (ConfigMaps, Deployments,
+    Services and Namespaces, shaped like the items of ``kubectl get
+    configmaps,deployments,services,namespaces -o json``): its namespace, objects (in
+    apply order), roles, entry Service and port, recipe, plan (when ``up`` stored it),
+    and whether it created its Namespace (the Namespace's ``servebook.io/created-by``
+    annotation names it).  None when no Deployment or Service carries its label;
+    unusable (exit 2) when they lie in several namespaces."""
     mine = [
         o
         for o in objects
@@ -209,6 +209,20 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     applied: list[AppliedObject] = []
     if created_ns:
         applied.append(AppliedObject(apiVersion="v1", kind="Namespace", name=namespace))
+    for o in objects:  # what the roles mount (the tiny model's generator) comes before them
+        if (
+            o.get("kind") == "ConfigMap"
+            and _labels_of(o).get(DEPLOYMENT_LABEL) == name
+            and str(_meta(o).get("namespace", "")) == namespace
+        ):
+            applied.append(
+                AppliedObject(
+                    apiVersion="v1",
+                    kind="ConfigMap",
+                    name=str(_meta(o)["name"]),
+                    namespace=namespace,
+                )
+            )
     for r in order:
         for kind in ("Deployment", "Service"):
             found = by_role[r].get(kind)
@@ -381,6 +395,7 @@ _PLURALS = {
     "Pod": "pods",
     "Event": "events",
     "ReplicaSet": "replicasets",
+    "ConfigMap": "configmaps",
 }
 
 
@@ -671,12 +686,13 @@ def apply_deployment(
 
 
 def _cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[Obj]:
-    """servebook's Deployments and Services (of deployment ``name``, or of every
+    """servebook's ConfigMaps, Deployments and Services (of deployment ``name``, or of every
     deployment) in ``namespace`` or, when None, every namespace; with the Namespace of each
     found when it can be read."""
     selector = manifests.deployment_selector(name) if name else DEPLOYMENT_LABEL
     try:
         found = [
+            *_list(api, "ConfigMap", namespace, selector),
             *_list(api, "Deployment", namespace, selector),
             *_list(api, "Service", namespace, selector),
         ]

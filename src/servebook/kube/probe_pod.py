@@ -60,12 +60,13 @@ class ProbeTarget:
 
 
 def probe_targets(plan: Any) -> list[ProbeTarget]:
-    """One probe per (node, model dir, draft dir) the Plan's engine roles use."""
+    """One probe per (node, model dir, draft dir) the Plan's engine roles read from their
+    node; a role that makes its model inside its Pod (the tiny recipes) reads none."""
     seen: dict[tuple[str, str, str | None], list[str]] = {}
     image: dict[tuple[str, str, str | None], str] = {}
     for r in plan.engine_roles:
         node = r.placement.node
-        if not node or not r.model_path:
+        if not node or not r.model_path or getattr(r, "pod_models", None):
             continue
         key = (node, r.model_path, r.draft_path)
         seen.setdefault(key, []).append(r.name)

@@ -1,0 +1,96 @@
+"""verify and bench by name on a Kubernetes deployment whose Pods are real vLLM CPU servers.
+
+No cluster is reachable here, so the Kubernetes API is the stand-in of
+tests/unit/kube_standin.py (over real HTTP: server-side apply, rollout, port-forward over
+v4.channel.k8s.io), and each Pod's forwarded port relays to a real tiny-pd role started
+by the local backend: prefill and decode vLLM servers sharing KV through ExampleConnector,
+vllm-router in front.  So everything on servebook's side of the API server is what a
+cluster deployment gets: the view is opened from the cluster's objects, every role is
+reached through a port-forward servebook holds, the tokenizer is the server's own
+(/tokenize through the forward), and the handoff is proven per point from decode's
+counters read through its forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servebook.backends import local
+from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.recipe.resolve import resolve
+from tests.engine.conftest import deployed
+from tests.unit.kube_standin import Server, serve
+
+pytestmark = pytest.mark.engine
+
+SETS = ["--set", "image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "--set", "node=node-1"]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
+    server = serve()
+    server.standin.ready_pods = True
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    try:
+        yield server, {**os.environ, "KUBECONFIG": str(cfg)}
+    finally:
+        server.stop()
+
+
+def _sb(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servebook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
+    cluster: tuple[Server, dict[str, str]], tmp_path: Path
+) -> None:
+    server, env = cluster
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for("kv-real"))
+    with deployed(plan, "kv-real") as dep:
+        r = _sb(env, "up", "tiny-pd", "--backend", "kubernetes", "--name", "kpd", *SETS)
+        assert r.returncode == 0, r.stderr
+        for role in ("prefill", "decode", "router"):
+            server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", dep.role(role).port)
+        metrics_port = dep.role("router").metrics_port
+        assert metrics_port is not None
+        server.standin.forward_to["router:29000"] = ("127.0.0.1", metrics_port)
+
+        r = _sb(env, "verify", "kpd", "--json", "--max-tokens", "32")
+        assert r.returncode == 0, r.stdout + r.stderr
+        findings = json.loads(r.stdout)["findings"]
+        handoff = {f["subject"]: f["severity"] for f in findings if f["check"] == "SB302"}
+        assert handoff.get("decode") == "pass" and set(handoff.values()) == {"pass"}, handoff
+
+        out = tmp_path / "sweep"
+        r = _sb(
+            env, "bench", "kpd", "--concurrency", "1,2", "--repetitions", "1",
+            "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
+            "--input-len", "512", "--output-len", "16", "--order", "ascending",
+            "--max-client-lag-ms", "250", "-o", str(out),
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+    res = load_results(out / RESULTS_NAME)
+    assert res.provenance.target["backend"] == "kubernetes"
+    # No model directory on this machine for a cluster deployment: the server tokenized.
+    assert res.provenance.workload["tokenizer"].startswith("server /tokenize at http://127.0.0.1")
+    assert [(p.concurrency, p.valid) for p in res.points] == [(1, True), (2, True)]
+    threshold = res.provenance.protocol["thresholds"]["min_handoff_share"]
+    for p in res.points:
+        assert p.server["handoff_share"] >= threshold > 0
+        assert p.prompt_tokens_mismatch == 0
+    # Command lines as applied come from the Pods, not from the local processes.
+    decode = next(r for r in res.provenance.roles if r.name == "decode")
+    assert any("/models/model" in a for a in decode.command), decode.command
