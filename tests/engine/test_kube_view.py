@@ -13,6 +13,7 @@ counters read through its forward.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -30,13 +31,17 @@ from tests.unit.kube_standin import Server, serve
 
 pytestmark = pytest.mark.engine
 
-SETS = ["--set", "image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "--set", "node=node-1"]
+SETS = ["--set", "image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "--set", "node=kind-control-plane"]
+# A one-node kind cluster as `kubectl get nodes,pods,namespaces -A -o json` shows it.
+KIND = Path(__file__).parents[1] / "unit" / "fixtures" / "preflight" / "kind-one-node.json"
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
     server = serve()
     server.standin.ready_pods = True
+    items = json.loads(KIND.read_text())["items"]
+    server.call(lambda st: [st.put(copy.deepcopy(i)) for i in items])
     cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
     try:
         yield server, {**os.environ, "KUBECONFIG": str(cfg)}
@@ -79,9 +84,21 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
             env, "bench", "kpd", "--concurrency", "1,2", "--repetitions", "1",
             "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
             "--input-len", "512", "--output-len", "16", "--order", "ascending",
-            "--max-client-lag-ms", "250", "-o", str(out),
+            "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5", "-o", str(out),
         )  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
+
+        # The main job on Kubernetes, beside kpd in the same namespace: live preflight
+        # (the kind node, access review, dry run), up, verify, bench, report, down.
+        ran = tmp_path / "run"
+        r = _sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
+                "-o", str(ran))  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
+        assert (ran / "report.html").is_file()
+        assert "down:" in r.stdout and "Deployment/krun-decode" in r.stdout
+        assert _sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
+    assert load_results(ran / RESULTS_NAME).provenance.target["deployment"] == "krun"
     res = load_results(out / RESULTS_NAME)
     assert res.provenance.target["backend"] == "kubernetes"
     # No model directory on this machine for a cluster deployment: the server tokenized.

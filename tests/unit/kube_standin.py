@@ -100,7 +100,7 @@ class StandIn:
     requests: list[Seen] = field(default_factory=list)
     # (plural, namespace, name) -> {dotted field path: manager}
     owned_by_other: dict[tuple[str, str, str], dict[str, str]] = field(default_factory=dict)
-    # (method, path prefix) pairs answered 403
+    # (method, path prefix) pairs answered 403; a prefix ending in "$" is one exact path
     forbidden: list[tuple[str, str]] = field(default_factory=list)
     ready_pods: bool = False
     forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -215,7 +215,10 @@ def _app(st: StandIn) -> web.Application:
             )
         )
         for method, prefix in st.forbidden:
-            if request.method == method and request.path.startswith(prefix):
+            exact = prefix.endswith("$")  # "PATH$": that path alone, not what is below it
+            if request.method == method and (
+                request.path == prefix[:-1] if exact else request.path.startswith(prefix)
+            ):
                 verb = {"GET": "get", "PATCH": "patch", "DELETE": "delete", "POST": "create"}[
                     method
                 ]

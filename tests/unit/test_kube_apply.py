@@ -144,6 +144,7 @@ def test_an_object_of_another_deployment_is_refused_and_nothing_is_applied(
     cli: Cli, cluster: tuple[StandIn, dict[str, str]], labels: dict[str, str], words: str
 ) -> None:
     st, env = cluster
+    st.ready_pods = True
     st.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     st.put(
         {
@@ -189,6 +190,28 @@ def test_a_403_is_exit_2_naming_the_request(
     assert f"PATCH /apis/apps/v1/namespaces/{NS}/deployments/vllm-pd-prefill" in r.stderr
     assert "403 Forbidden" in r.stderr
     assert st.names("deployments", NS) == []
+
+
+def test_namespace_only_credentials_use_the_namespace_as_it_is(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]]
+) -> None:
+    """A Role bound in the namespace cannot read the cluster-scoped Namespace (403): up
+    takes the namespace as existing, applies into it, and down deletes what up applied and
+    never the namespace."""
+    st, env = cluster
+    st.ready_pods = True
+    st.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for method in ("GET", "PATCH", "DELETE"):  # the Namespace object itself, nothing in it
+        st.forbidden.append((method, f"/api/v1/namespaces/{NS}$"))
+    r = cli(*UP, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(_mine(st, "vllm-pd")) == 6
+    assert all(
+        not (s.method == "PATCH" and s.path.endswith(f"namespaces/{NS}")) for s in st.requests
+    )
+    r = cli("down", "vllm-pd", env=env)
+    assert r.returncode == 0, r.stderr
+    assert _mine(st, "vllm-pd") == [] and st.names("namespaces") == [NS]
 
 
 def test_status_and_down_recover_the_deployment_from_labels_without_the_record(

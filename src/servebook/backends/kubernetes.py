@@ -505,7 +505,7 @@ def _request(
                 "object), then up again."
             ) from e
         if code in (401, 403):
-            raise UsageError(
+            raise Forbidden(
                 f"{doing}: the API server refused {request} ({code} "
                 f"{status.get('reason', 'Forbidden')}: {message}). servebook needs get, list, "
                 "patch and delete on deployments and services in the namespace, and get and "
@@ -558,8 +558,19 @@ def _list(
     return [{"apiVersion": api_version, "kind": kind, **i} for i in items if isinstance(i, dict)]
 
 
+class Forbidden(UsageError):
+    """The API server refused a request (401/403): exit 2 naming it."""
+
+
 def _namespace_exists(api: Any, namespace: str) -> Obj | None:
-    return _get(api, "v1", "Namespace", None, namespace)
+    """The Namespace, or None when it does not exist.  Credentials bound to the namespace
+    alone (a Role and RoleBinding in it) may not read the cluster-scoped Namespace; such a
+    binding exists only in a namespace that exists, so it is taken as existing and used as
+    it is (never applied over, never deleted)."""
+    try:
+        return _get(api, "v1", "Namespace", None, namespace)
+    except Forbidden:
+        return {"metadata": {"name": namespace}}
 
 
 def check_ownership(api: Any, objects: list[Obj], name: str) -> dict[str, bool]:
