@@ -10,6 +10,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from servebook import redact
+
 
 @dataclass
 class Response:
@@ -49,15 +51,17 @@ def request(
         return Response(e.code, e.read() if e.fp is not None else b"")
     except (TimeoutError, urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise HTTPError(f"{method} {url}: {reason}") from None
+        raise HTTPError(redact.text(f"{method} {url}: {reason}")) from None
 
 
-def get(url: str, *, timeout: float) -> Response:
-    return request("GET", url, timeout=timeout)
+def get(url: str, *, timeout: float, headers: dict[str, str] | None = None) -> Response:
+    return request("GET", url, timeout=timeout, headers=headers)
 
 
-def post_json(url: str, body: Any, *, timeout: float) -> Response:
-    return request("POST", url, timeout=timeout, body=body)
+def post_json(
+    url: str, body: Any, *, timeout: float, headers: dict[str, str] | None = None
+) -> Response:
+    return request("POST", url, timeout=timeout, body=body, headers=headers)
 
 
 def hold_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
