@@ -89,6 +89,8 @@ class Plan(BaseModel):
     # Backend -> one line per parameter that backend requires (`required_on`) and that is
     # unset; that backend refuses to start (render refuses to write) while any is listed.
     unresolved_on: dict[str, list[str]] = Field(default_factory=dict)
+    # The recipe's require_api_key: engines start protected by a key (never in the Plan).
+    require_api_key: bool = False
 
     def role(self, name: str) -> RolePlan:
         for r in self.roles:
@@ -347,4 +349,5 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
         kv_storage=kv_storage,
         speculative=plan_spec,
         kubernetes=recipe.kubernetes,
+        require_api_key=recipe.require_api_key,
     )

@@ -245,6 +245,10 @@ class Recipe(_Strict):
     roles: dict[str, Role]
     router: Router | None = None
     kubernetes: Kubernetes | None = None
+    # The engines refuse requests without a bearer key.  Local: the key comes from
+    # servebook's environment (OPENAI_API_KEY, else VLLM_API_KEY) and reaches the engines
+    # as VLLM_API_KEY in theirs, never on a command line; up refuses to start without one.
+    require_api_key: bool = False
 
     @model_validator(mode="after")
     def _topology_shape(self) -> Recipe:
