@@ -28,6 +28,8 @@ Cli = Callable[..., CliResult]
 GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
 # The tiny recipes on a CPU-only cluster (tests/unit/test_render_tiny.py has the rest).
 TINY_RECIPES = ["tiny-mixed", "tiny-pd"]
+# vllm-pd on each KV fabric profile (fixtures/render/fabrics/NAME/values.yaml).
+FABRIC_GOLDENS = ["ib-shared", "ib-sriov", "roce-gke", "efa", "tcp"]
 # PARAMETERS.md names the local-only model_dir's default, which follows SERVEBOOK_HOME.
 GOLDEN_HOME = "/home/user/.servebook"
 FIXTURES = Path(__file__).parent / "fixtures" / "render"
@@ -40,6 +42,7 @@ MIXED = [
 ]
 PD = [
     "image=vllm/vllm-openai:v0.11.0",
+    "fabric=ib-shared",
     "prefill_node=gpu-node-1",
     "decode_node=gpu-node-2",
     "prefill_model_dir=/data/models/m",
@@ -64,6 +67,19 @@ def in_fixture(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
 def _golden(recipe: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
     _, objects, files = render_files(recipe, [], [Path("values.yaml")])
     return objects, files
+
+
+def _check_golden(d: Path, files: dict[str, str]) -> None:
+    expected_dir = d / "expected"
+    if os.environ.get("UPDATE_GOLDEN"):
+        shutil.rmtree(expected_dir, ignore_errors=True)
+        expected_dir.mkdir()
+        for name, text in files.items():
+            (expected_dir / name).write_text(text, encoding="utf-8")
+    expected = {p.name: p.read_text(encoding="utf-8") for p in sorted(expected_dir.iterdir())}
+    assert sorted(files) == sorted(expected), "files written differ from the golden set"
+    for name, text in files.items():
+        assert text == expected[name], f"{name} differs from {expected_dir / name}"
 
 
 def _pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -91,16 +107,17 @@ def test_rendered_files_match_the_golden_files(
 ) -> None:
     d = in_fixture(recipe)
     _, files = _golden(recipe)
-    expected_dir = d / "expected"
-    if os.environ.get("UPDATE_GOLDEN"):
-        shutil.rmtree(expected_dir, ignore_errors=True)
-        expected_dir.mkdir()
-        for name, text in files.items():
-            (expected_dir / name).write_text(text, encoding="utf-8")
-    expected = {p.name: p.read_text(encoding="utf-8") for p in sorted(expected_dir.iterdir())}
-    assert sorted(files) == sorted(expected), "files written differ from the golden set"
-    for name, text in files.items():
-        assert text == expected[name], f"{name} differs from {expected_dir / name}"
+    _check_golden(d, files)
+
+
+@pytest.mark.parametrize("fabric", FABRIC_GOLDENS)
+def test_every_fabric_profile_renders_its_golden_files(
+    fabric: str, in_fixture: Callable[[str], Path]
+) -> None:
+    d = in_fixture(f"fabrics/{fabric}")
+    _, objects, files = render_files("vllm-pd", [], [Path("values.yaml")])
+    assert schema_errors(objects) == []
+    _check_golden(d, files)
 
 
 # --- properties every render must have ------------------------------------------------------
@@ -159,12 +176,16 @@ def test_every_pod_mounting_weights_uses_hostpath_directory_and_is_pinned(
         role = name.removeprefix(recipe).strip("-") or "mixed"
         node = values["node"] if role == "mixed" else values[f"{role}_node"]
         assert pod["nodeSelector"] == {"kubernetes.io/hostname": node}
-        assert "nodeName" not in pod and "affinity" not in pod
-        for v in host_volumes:
+        assert "nodeName" not in pod and "nodeAffinity" not in pod.get("affinity", {})
+        # Weights (not the compile cache, scratch created when absent) are read-only
+        # directories that must exist.
+        weights = [v for v in host_volumes if v["name"] in ("model", "draft")]
+        assert weights
+        for v in weights:
             assert v["hostPath"]["type"] == "Directory", v
             assert v["hostPath"]["path"].startswith("/")
         mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
-        for v in host_volumes:
+        for v in weights:
             assert mounts[v["name"]]["readOnly"] is True
     assert mounting == (1 if recipe.startswith("vllm-mixed") else 2)
 
@@ -257,15 +278,145 @@ def test_nixl_side_channel_announces_the_pod_ip_not_localhost() -> None:
         }
 
 
-def test_optional_rdma_resource_unset_requests_no_rdma_device() -> None:
-    _, unset, _ = render_files("vllm-pd", PD)
-    _, set_, _ = render_files("vllm-pd", [*PD, "rdma_resource=rdma/ib"])
-    c = _engine(unset, "vllm-pd-prefill")
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8}
-    assert "securityContext" not in c
-    c = _engine(set_, "vllm-pd-prefill")
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 1}
+# --- KV fabrics ------------------------------------------------------------------------------
+
+
+def _fabric_golden(fabric: str) -> list[dict[str, Any]]:
+    values = FIXTURES / "fabrics" / fabric / "values.yaml"
+    _, objects, _ = render_files("vllm-pd", [], [values])
+    return objects
+
+
+def _pod_template(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for o in objects:
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == name:
+            template: dict[str, Any] = o["spec"]["template"]
+            return template
+    raise KeyError(name)
+
+
+def _kv_config(container: dict[str, Any]) -> dict[str, Any]:
+    cfg: dict[str, Any] = json.loads(_flag(container["args"], "--kv-transfer-config"))
+    return cfg
+
+
+@pytest.mark.parametrize("role", ["vllm-pd-prefill", "vllm-pd-decode"])
+def test_ib_shared_requests_one_shared_device_and_states_ucx_over_rdma(role: str) -> None:
+    c = _engine(_fabric_golden("ib-shared"), role)
+    assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+    assert c["resources"]["requests"]["rdma/rdma_shared_device_a"] == 1
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["UCX_TLS"] == "rc_x,rc,dc_x,dc,cuda_copy,cuda_ipc"
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    assert env["UCX_LOG_LEVEL"] == "info"  # verify reads the transport from the log
     assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    kv = _kv_config(c)
+    assert kv["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    assert kv["kv_buffer_device"] == "cuda"
+
+
+def test_ib_sriov_requests_one_virtual_function_and_one_network_per_gpu() -> None:
+    objects = _fabric_golden("ib-sriov")
+    for name in ("vllm-pd-prefill", "vllm-pd-decode"):
+        t = _pod_template(objects, name)
+        c = t["spec"]["containers"][0]
+        assert c["resources"]["limits"]["nvidia.com/sriov_ib_rdma"] == 8
+        nets = t["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
+        assert nets.split(",") == ["ib-sriov-net"] * 8
+
+
+def test_roce_on_gke_attaches_the_rdma_networks_by_annotation_without_a_device() -> None:
+    t = _pod_template(_fabric_golden("roce-gke"), "vllm-pd-decode")
+    ann = t["metadata"]["annotations"]
+    assert ann["networking.gke.io/default-interface"] == "eth0"
+    ifaces = json.loads(ann["networking.gke.io/interfaces"])
+    assert ifaces[0] == {"interfaceName": "eth0", "network": "default"}
+    assert [i["network"] for i in ifaces[1:]] == [f"rdma-{i}" for i in range(8)]
+    c = t["spec"]["containers"][0]
+    assert set(c["resources"]["limits"]) == {"nvidia.com/gpu"}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["UCX_IB_ROCE_REACHABILITY_MODE"] == "all"
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_efa_requests_efa_interfaces_and_tells_nixl_to_use_libfabric() -> None:
+    c = _engine(_fabric_golden("efa"), "vllm-pd-prefill")
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert "UCX_TLS" not in env
+    assert _kv_config(c)["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"]}
+    # Without rdma_devices: one interface per GPU.
+    _, objects, _ = render_files("vllm-pd", [*PD, "fabric=efa"])
+    c = _engine(objects, "vllm-pd-prefill")
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 8
+
+
+def test_tcp_states_tcp_and_requests_no_device() -> None:
+    c = _engine(_fabric_golden("tcp"), "vllm-pd-prefill")
+    assert set(c["resources"]["limits"]) == {"nvidia.com/gpu"}
+    assert "securityContext" not in c
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["UCX_TLS"] == "tcp,cuda_copy"
+
+
+def test_mooncake_is_told_its_protocol_by_the_fabric() -> None:
+    _, objects, _ = render_files("vllm-pd", [*PD, "kv_connector=MooncakeConnector"])
+    kv = _kv_config(_engine(objects, "vllm-pd-decode"))
+    assert kv["kv_connector_extra_config"] == {"mooncake_protocol": "rdma"}
+    with pytest.raises(UsageError, match="cannot be given to the KV connector") as e:
+        render_files("vllm-pd", [*PD, "kv_connector=MooncakeConnector", "fabric=efa"])
+    assert "'fabric'" in str(e.value) and "'kv_connector'" in str(e.value)
+
+
+def test_tcp_fabric_without_acknowledgement_exits_2_naming_the_parameter(
+    cli: Cli, tmp_path: Path
+) -> None:
+    out = tmp_path / "deploy"
+    sets = [a for s in [*PD, "fabric=tcp"] for a in ("--set", s)]
+    r = cli("render", "vllm-pd", *sets, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert "'allow_tcp_kv'" in r.stderr and "--set allow_tcp_kv=VALUE" in r.stderr
+    assert "over TCP" in r.stderr
+    assert not out.exists()
+    r = cli("render", "vllm-pd", *sets, "--set", "allow_tcp_kv=true", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+
+
+def test_pd_without_a_fabric_is_unresolved_naming_it() -> None:
+    sets = [s for s in PD if not s.startswith("fabric=")]
+    with pytest.raises(UsageError, match=r"  fabric \(choice\)"):
+        render_files("vllm-pd", sets)
+
+
+@pytest.mark.parametrize(
+    ("sets", "names", "words"),
+    [
+        (["fabric=ib-sriov", "fabric_networks=n"], ["rdma_resource", "fabric"], "SR-IOV"),
+        (["fabric=ib-sriov", "rdma_resource=x.io/vf"], ["fabric_networks"], "secondary"),
+        (["fabric=roce", "fabric_networking=gke"], ["fabric_networks"], "secondary"),
+        (["fabric=ib-shared", "fabric_networks=n"], ["fabric_networks"], "no secondary"),
+    ],
+)
+def test_fabric_settings_that_cannot_work_are_refused_naming_the_parameters(
+    sets: list[str], names: list[str], words: str
+) -> None:
+    base = [s for s in PD if not s.startswith("fabric=")]
+    with pytest.raises(UsageError, match=words) as e:
+        render_files("vllm-pd", [*base, *sets])
+    for name in names:
+        assert f"'{name}'" in str(e.value)
+
+
+def test_a_fabric_is_refused_on_a_mixed_recipe(tmp_path: Path) -> None:
+    from servebook.recipe.resolve import load_source
+
+    data = load_source("vllm-mixed").data
+    data["kubernetes"]["fabric"] = {"profile": "ib-shared"}
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(UsageError, match="hands no KV over"):
+        render_files(str(f), MIXED)
 
 
 def test_parameters_md_names_every_parameter_its_value_and_origin(

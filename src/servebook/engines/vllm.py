@@ -69,10 +69,15 @@ def speculative_config(
     return cfg
 
 
-def kv_transfer_config(connector: str, extra_config: dict[str, Any]) -> dict[str, Any]:
+def kv_transfer_config(
+    connector: str, extra_config: dict[str, Any], buffer_device: str | None = None
+) -> dict[str, Any]:
     # kv_both on both roles: the router decides who prefills; ExampleConnector and
     # NixlConnector both accept it.
     cfg: dict[str, Any] = {"kv_connector": connector, "kv_role": "kv_both"}
+    if buffer_device is not None:
+        # KVTransferConfig.kv_buffer_device: where the KV the connector moves lives.
+        cfg["kv_buffer_device"] = buffer_device
     if extra_config:
         cfg["kv_connector_extra_config"] = extra_config
     return cfg

@@ -21,6 +21,17 @@ Each rule answers a failure in the field notes:
   servebook's own generator, shipped in a ConfigMap, into an emptyDir the engine mounts
   read-only: no weights on any node, no download but the image.  The Pod template
   carries the generator's hash, so a new generator rolls the Pods.
+* A PD recipe's fabric (``kubernetes.fabric``, ``servebook.kube.fabrics``) states the KV
+  transport: device resources and counts, network annotations, the transport library's
+  environment and the capabilities it needs; without one NIXL silently uses TCP.
+* The engine gets vLLM's own start-up budget (``VLLM_ENGINE_READY_TIMEOUT_S``, 600 s by
+  default) raised to the startup probe's, or vLLM gives up on a large model's load before
+  Kubernetes would; node-local weights run with ``HF_HUB_OFFLINE=1``, so an incomplete
+  directory fails at once instead of turning into a download.
+* Engine Pods request CPU and memory (Burstable QoS, or Guaranteed on request), never
+  BestEffort, the first evicted; a drain timeout becomes vLLM's ``--shutdown-timeout`` and
+  the Pod's termination grace; ``pod.overrides`` is merged last and checked against the
+  Pod schema, naming the key, before anything is written.
 * A KV connector that hands KV over through files (``kubernetes.kv_storage``,
   ExampleConnector) gets a node directory both engines mount read-write: scratch, not
   weights, so ``DirectoryOrCreate``, one directory per deployment, emptied by the
@@ -40,6 +51,8 @@ import yaml
 
 from servebook.engines import vllm
 from servebook.findings import UsageError
+from servebook.kube import fabrics
+from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import POD_MODELS_MOUNT, Plan, RolePlan
 from servebook.recipe.schema import Generate, Kubernetes
 
@@ -72,6 +85,13 @@ GENERATOR_MOUNT = "/servebook"
 GENERATOR_HASH_ANNOTATION = "servebook.io/model-generator-sha256"
 GENERATOR_ARGS: dict[Generate, list[str]] = {Generate.TINY: [], Generate.TINY_DRAFT: ["--draft"]}
 KV_VOLUME = "kv-storage"
+COMPILE_CACHE_VOLUME = "compile-cache"
+# vLLM's default VLLM_ENGINE_READY_TIMEOUT_S (vllm/envs.py): the API server gives up on
+# its engine core after this ("Timed out waiting for engine core processes to start").
+VLLM_ENGINE_READY_DEFAULT_S = 600
+# Termination grace beyond vLLM's drain: the engine core and its workers shut down after
+# the API server stops (kserve and llm-d allow 30 s and more on top of the drain).
+DRAIN_MARGIN_S = 30
 
 
 Obj = dict[str, Any]
@@ -183,12 +203,21 @@ def _engine_resources(role: RolePlan) -> Obj:
     if gpus > 0:
         limits[r.gpu_resource] = gpus
     if r.rdma_resource:
-        limits[r.rdma_resource] = 1
+        limits[r.rdma_resource] = r.rdma_count or 1
     requests: dict[str, Any] = dict(limits)
     if r.cpu:
         requests["cpu"] = r.cpu
     if r.memory:
         requests["memory"] = r.memory
+    if r.guaranteed:
+        if not (r.cpu and r.memory):
+            raise UsageError(
+                f"role {role.name}: guaranteed QoS needs both CPU and memory requests "
+                "(the limits are set equal to them); set resources.cpu and "
+                "resources.memory."
+            )
+        limits["cpu"] = r.cpu
+        limits["memory"] = r.memory
     out: Obj = {}
     if requests:
         out["requests"] = requests
@@ -211,6 +240,32 @@ def _engine_env(plan: Plan, role: RolePlan) -> list[Obj]:
     if role.name == "prefill" and port_env and net.bootstrap_port and port_env not in role.env:
         env.append({"name": port_env, "value": str(net.bootstrap_port)})
     return env
+
+
+def _settings_env(plan: Plan, role: RolePlan, k8s: Kubernetes) -> dict[str, str]:
+    """Environment the Kubernetes settings give an engine: the fabric's transport, the
+    start-up budget, offline weights, the compile cache.  A role's own env wins."""
+    env: dict[str, str] = {}
+    if k8s.fabric is not None:
+        p = fabrics.profile(k8s.fabric.profile)
+        env.update(fabrics.environment(p, k8s.fabric.net_devices))
+    if k8s.startup_timeout_s > VLLM_ENGINE_READY_DEFAULT_S:
+        # vLLM's API server waits this long for its engine core to load the weights and
+        # report ready, then exits: a budget shorter than the startup probe's turns a slow
+        # load into a crash loop.
+        env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(k8s.startup_timeout_s)
+    if role.model_container_path is not None and not role.pod_models:
+        # The weights are a node directory: never reach for the hub (an incomplete
+        # directory would otherwise read as a model id and start a download, or fail
+        # minutes later with an error about the hub).
+        env["HF_HUB_OFFLINE"] = "1"
+    if k8s.compile_cache is not None:
+        # vllm/envs.py: VLLM_CACHE_ROOT holds torch_compile_cache/ (compiled graphs);
+        # Triton keeps its kernels under TRITON_CACHE_DIR (default ~/.triton).
+        root = k8s.compile_cache.container_path.rstrip("/")
+        env["VLLM_CACHE_ROOT"] = f"{root}/vllm"
+        env["TRITON_CACHE_DIR"] = f"{root}/triton"
+    return {k: v for k, v in env.items() if k not in role.env}
 
 
 def _engine_ports(role: RolePlan) -> list[Obj]:
@@ -279,13 +334,6 @@ def _engine_deployment(
                 }
             )
     node = role.placement.node
-    if volumes and not node:
-        raise UsageError(
-            f"recipe {plan.recipe}: role {role.name} mounts directories of a node "
-            f"({', '.join(v['hostPath']['path'] for v in volumes)}) but is pinned to no node; "
-            "on another node the path may be empty or not the other role's. Set roles."
-            f"{role.name}.placement.node (a node parameter)."
-        )
     if role.pod_models:
         init += _model_init_containers(plan, role, name)
         volumes += [
@@ -296,10 +344,38 @@ def _engine_deployment(
             },
         ]
         mounts.append({"name": "models", "mountPath": POD_MODELS_MOUNT, "readOnly": True})
+    if k8s.compile_cache is not None:
+        cc = k8s.compile_cache
+        # Scratch, one per deployment and role: created when absent, kept across restarts.
+        host = f"{cc.host_path.rstrip('/')}/{name}-{role.name}"
+        volumes.append(
+            {"name": COMPILE_CACHE_VOLUME, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+        )
+        mounts.append({"name": COMPILE_CACHE_VOLUME, "mountPath": cc.container_path})
+    host_paths = [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
+    if host_paths and not node:
+        raise UsageError(
+            f"recipe {plan.recipe}: role {role.name} mounts directories of a node "
+            f"({', '.join(host_paths)}) but is pinned to no node; "
+            "on another node the path may be empty or not the other role's. Set roles."
+            f"{role.name}.placement.node (a node parameter)."
+        )
     volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}})
     mounts.append({"name": "shm", "mountPath": "/dev/shm"})
 
-    argv = vllm.server_argv("python3", role.cluster_args, "0.0.0.0", ENGINE_PORT)
+    args = list(role.cluster_args)
+    drain = k8s.pod.drain_timeout_s
+    if drain is not None:
+        if vllm.flag_value(args, "--shutdown-timeout") is not None:
+            raise UsageError(
+                f"recipe {plan.recipe}: role {role.name}'s engine arguments set "
+                "--shutdown-timeout, which servebook sets from kubernetes.pod.drain_timeout_s "
+                "(with the Pod's termination grace to match); remove it from the arguments."
+            )
+        # vLLM >= 0.18: on SIGTERM, refuse new requests and let in-flight ones finish for
+        # up to this long (0, the default, aborts them at once).
+        args += ["--shutdown-timeout", str(drain)]
+    argv = vllm.server_argv("python3", args, "0.0.0.0", ENGINE_PORT)
     container: Obj = {
         "name": "engine",
         "image": role.image,
@@ -307,6 +383,7 @@ def _engine_deployment(
         "args": argv[3:],
     }
     env = _engine_env(plan, role)
+    env += [{"name": k, "value": v} for k, v in _settings_env(plan, role, k8s).items()]
     if env:
         container["env"] = env
     container["ports"] = _engine_ports(role)
@@ -322,15 +399,32 @@ def _engine_deployment(
     )
     container["readinessProbe"] = _http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
     container["livenessProbe"] = _http_probe(vllm.HEALTH_PATH, 30, 30, 5)
-    if role.resources.rdma_resource:
+    capabilities: list[str] = []
+    annotations: dict[str, str] = {}
+    if k8s.fabric is not None:
+        p = fabrics.profile(k8s.fabric.profile)
+        capabilities += p.capabilities
+        annotations.update(
+            fabrics.pod_annotations(
+                p, k8s.fabric.networking, k8s.fabric.networks, role.resources.rdma_count or 1
+            )
+        )
+    elif role.resources.rdma_resource:
         # RDMA registers (pins) GPU and host memory: it needs to lock memory.
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        capabilities.append("IPC_LOCK")
+    if capabilities:
+        container["securityContext"] = {"capabilities": {"add": capabilities}}
 
     pod: Obj = {}
     if node:
         pod["nodeSelector"] = {HOSTNAME_LABEL: node}
+    if k8s.pod.affinity:
+        pod["affinity"] = k8s.pod.affinity
     if k8s.tolerations:
         pod["tolerations"] = k8s.tolerations
+    _pod_identity(pod, k8s)
+    if drain is not None:
+        pod["terminationGracePeriodSeconds"] = drain + DRAIN_MARGIN_S
     # No Service environment variables: a Service named like `vllm-...` would inject
     # VLLM_*_PORT=tcp://... variables that vLLM reads as its own settings.
     pod["enableServiceLinks"] = False
@@ -338,10 +432,49 @@ def _engine_deployment(
         pod["initContainers"] = init
     pod["containers"] = [container]
     pod["volumes"] = volumes
-    annotations: dict[str, str] = {}
+    if k8s.pod.overrides:
+        pod = _override(plan, role, pod, k8s.pod.overrides)
     if role.pod_models and generator_hash:
         annotations[GENERATOR_HASH_ANNOTATION] = generator_hash
     return _deployment(plan, role, k8s.namespace, pod, name, annotations)
+
+
+def _pod_identity(pod: Obj, k8s: Kubernetes) -> None:
+    """What every Pod of a deployment gets for admission and scheduling: pull secrets, a
+    service account, a priority class."""
+    s = k8s.pod
+    if s.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in s.image_pull_secrets]
+    if s.service_account:
+        pod["serviceAccountName"] = s.service_account
+    if s.priority_class:
+        pod["priorityClassName"] = s.priority_class
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _merge(base[k], v) if k in base else v
+        return out
+    return over
+
+
+def _override(plan: Plan, role: RolePlan, pod: Obj, overrides: dict[str, Any]) -> Obj:
+    """The engine Pod spec with ``kubernetes.pod.overrides`` merged in, checked against the
+    Pod schema first so that an error names the override, not a generated object."""
+    merged: Obj = _merge(pod, overrides)
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "override"}, "spec": merged}
+    errors = schema_errors([probe])
+    if errors:
+        detail = "\n".join("  " + e.split(": ", 1)[1].replace("spec.", "", 1) for e in errors)
+        raise UsageError(
+            f"recipe {plan.recipe}: kubernetes.pod.overrides makes role {role.name}'s Pod "
+            "spec invalid against the Kubernetes Pod schema (strict); nothing was written:\n"
+            f"{detail}\nFix the override (keys are Pod spec fields: `kubectl explain "
+            "pod.spec`)."
+        )
+    return merged
 
 
 def _deployment(
@@ -436,6 +569,7 @@ def _router_deployment(
     pod: Obj = {}
     if k8s.tolerations:
         pod["tolerations"] = k8s.tolerations
+    _pod_identity(pod, k8s)
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
     return _deployment(plan, role, k8s.namespace, pod, name), ports

@@ -4,12 +4,13 @@ value learns which parameter to set and re-renders; nobody edits the manifests."
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servebook.recipe.plan import Plan
-from servebook.recipe.schema import Parameter
+from servebook.recipe.schema import Parameter, ParamType
 
 # First line of every PARAMETERS.md servebook writes: how `servebook render` recognises a
 # directory it may replace.
@@ -22,9 +23,15 @@ def _value(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, list):  # arguments
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # arguments
         return f"`{shlex.join(value)}`" if value else "none"
+    if isinstance(value, (dict, list)):  # structured settings (type yaml)
+        return f"`{_json(value)}`" if value else "none"
     return f"`{value}`"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def _origin(origin: str) -> str:
@@ -44,7 +51,9 @@ def rerender_command(plan: Plan, declared: Mapping[str, Parameter]) -> str:
         if origin in (DEFAULT_ORIGIN, "unset (optional)"):
             continue
         value = plan.params.get(name)
-        if isinstance(value, list):
+        if declared[name].type is ParamType.YAML:
+            text = _json(value)
+        elif isinstance(value, list):
             text = shlex.join(value)
         elif isinstance(value, bool):
             text = str(value).lower()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from servebook.engines import vllm
 from servebook.findings import UsageError
+from servebook.kube import fabrics
 from servebook.recipe.schema import (
     ENGINE_ROLES,
     Generate,
@@ -203,7 +204,9 @@ def _kube_variant(
     storage mounted from the node.  So the local command lines never change with the
     ``kubernetes:`` section, and both roles' configs stay identical on a cluster too."""
     k8s = recipe.kubernetes
-    if k8s is None or (k8s.model_source != "generate" and k8s.kv_storage is None):
+    if k8s is None or (
+        k8s.model_source != "generate" and k8s.kv_storage is None and k8s.fabric is None
+    ):
         return None, {}
     role = recipe.roles[name]
     spec = recipe.speculative
@@ -211,7 +214,8 @@ def _kube_variant(
     model_path = role.model_path or recipe.model.path
     assert model_path is not None
     model = recipe.model.container_path or model_path
-    draft = (spec.container_path or draft_path) if spec is not None else None
+    # No draft directory: no draft (mtp, ngram), whatever container_path says.
+    draft = (spec.container_path or draft_path) if spec is not None and draft_path else None
     if k8s.model_source == "generate":
         assert recipe.model.generate is not None  # the schema requires it
         model = POD_MODEL_DIR
@@ -230,7 +234,16 @@ def _kube_variant(
         extra = dict(recipe.kv_connector.extra_config)
         if k8s.kv_storage is not None:
             extra["shared_storage_path"] = k8s.kv_storage.container_path
-        kv_cfg = vllm.kv_transfer_config(recipe.kv_connector.name, extra)
+        buffer_device = None
+        if k8s.fabric is not None:
+            told = fabrics.connector_config(
+                fabrics.profile(k8s.fabric.profile), recipe.kv_connector.name
+            )
+            extra.update(told or {})
+            buffer_device = fabrics.KV_BUFFER_DEVICE
+        kv_cfg = vllm.kv_transfer_config(
+            recipe.kv_connector.name, extra, buffer_device=buffer_device
+        )
     kube_args = vllm.engine_args(
         model_path=model,
         served_name=recipe.model.served_name,
@@ -240,6 +253,78 @@ def _kube_variant(
         extra=role.engine_args,
     )
     return (None if kube_args == args else kube_args), pod_models
+
+
+def _fabric_resources(origin: str, recipe: Recipe, name: str) -> Resources:
+    """A PD role's resources with the fabric's device resource and count filled in, after
+    checking the fabric can work with this recipe (each refusal names its keys, so the
+    message names the parameters the user typed)."""
+    role = recipe.roles[name]
+    k8s = recipe.kubernetes
+    fabric = k8s.fabric if k8s is not None else None
+    if fabric is None:
+        return role.resources
+    p = fabrics.profile(fabric.profile)
+    if p.transport == "tcp" and not fabric.allow_tcp:
+        raise RecipeValueError(
+            f"{origin}: the KV cache would cross from prefill to decode over TCP "
+            f"(fabric '{p.name}'): GPU memory staged through the host, TTFT up to hundreds "
+            "of times worse than over RDMA (NVIDIA Dynamo's disaggregation guide measured "
+            "~98 s). Choose the cluster's RDMA fabric, or acknowledge TCP explicitly.",
+            ["kubernetes.fabric.allow_tcp", "kubernetes.fabric.profile"],
+        )
+    assert recipe.kv_connector is not None  # the schema allows a fabric with PD only
+    connector = recipe.kv_connector.name
+    if fabrics.connector_config(p, connector) is None:
+        raise RecipeValueError(
+            f"{origin}: fabric '{p.name}' cannot be given to the KV connector {connector}: "
+            f"servebook tells NIXL connectors ({', '.join(sorted(fabrics.NIXL_CONNECTORS))}) "
+            "which backend to use, and MooncakeConnector which protocol (rdma or tcp; "
+            "not efa). Choose another fabric or connector.",
+            ["kubernetes.fabric.profile", "kv_connector.name"],
+        )
+    if role.resources.rdma_resource is not None:
+        raise RecipeValueError(
+            f"{origin}: roles.{name}.resources.rdma_resource is set beside "
+            "kubernetes.fabric; the fabric requests the devices. Set the resource once, "
+            "as kubernetes.fabric.resource.",
+            [f"roles.{name}.resources.rdma_resource"],
+        )
+    resource = fabric.resource or p.default_resource
+    if p.resource_required and resource is None:
+        raise RecipeValueError(
+            f"{origin}: fabric '{p.name}' requests one device per GPU of the SR-IOV device "
+            "plugin, whose resource name is the cluster's own (its config's "
+            "resourcePrefix/resourceName); it is not set. `kubectl get node NODE -o "
+            "jsonpath='{.status.allocatable}'` lists it.",
+            ["kubernetes.fabric.resource", "kubernetes.fabric.profile"],
+        )
+    wants_networks = p.networks == "multus" or (
+        p.networks == "multus-or-gke" and fabric.networking == "gke"
+    )
+    if wants_networks and not fabric.networks:
+        raise RecipeValueError(
+            f"{origin}: fabric '{p.name}' ({fabric.networking}) attaches the RDMA "
+            "interfaces as secondary networks, and none is named: without them the Pod "
+            "gets the devices but no RDMA interface and NIXL falls back to TCP. "
+            "`kubectl get network-attachment-definitions -A` (Multus) or `kubectl get "
+            "networks` (GKE) lists them.",
+            ["kubernetes.fabric.networks", "kubernetes.fabric.profile"],
+        )
+    if p.networks == "none" and fabric.networks:
+        raise RecipeValueError(
+            f"{origin}: fabric '{p.name}' attaches no secondary network, but networks "
+            f"{fabric.networks} are named. Leave them unset, or choose ib-sriov or roce.",
+            ["kubernetes.fabric.networks", "kubernetes.fabric.profile"],
+        )
+    if resource is None:
+        return role.resources
+    try:
+        gpus = int(role.resources.gpus)
+    except ValueError:
+        gpus = 1
+    count = fabrics.device_count(p, gpus, fabric.devices)
+    return role.resources.model_copy(update={"rdma_resource": resource, "rdma_count": count})
 
 
 def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
@@ -320,7 +405,7 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
                 image=recipe.image,
                 args=args,
                 env=dict(role.env),
-                resources=role.resources,
+                resources=_fabric_resources(origin, recipe, name),
                 placement=role.placement,
                 kube_args=kube_args,
                 pod_models=pod_models,

@@ -172,6 +172,19 @@ def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
             return shlex.split(str(value or ""))
         except ValueError as e:
             raise bad(f"cannot split it into arguments ({e}); quote it as a shell would") from None
+    if param.type is ParamType.YAML:
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                problem = getattr(e, "problem", None) or str(e)
+                raise bad(f"not valid YAML ({problem})") from None
+        if not isinstance(value, (dict, list)):
+            raise bad(
+                "expected a YAML mapping or list, e.g. --set NAME='{key: value}' or "
+                "--set NAME='[{key: value}]', or the same under NAME: in a values file"
+            )
+        return value
     text = str(value).strip() if value is not None else ""
     if value is None or text == "":
         raise bad("it is empty")

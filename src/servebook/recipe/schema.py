@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -34,6 +34,10 @@ class ParamType(StrEnum):
     # (`--set extra_engine_args="--trust-remote-code --max-num-seqs 64"`).  Referenced as
     # a whole element of a list, the arguments are spliced into that list.
     ARGS = "args"
+    # Structured Kubernetes settings (tolerations, affinity, Pod spec overrides): YAML
+    # from a values file, or YAML/JSON text with --set.  Used as a whole element of a
+    # list, a list value is spliced into that list.
+    YAML = "yaml"
 
 
 Backend = Literal["local", "kubernetes"]
@@ -158,8 +162,15 @@ class Resources(_Strict):
     memory: str | None = None
     gpus: int | str = 0
     gpu_resource: ResourceName = "nvidia.com/gpu"
-    # One device of this extended resource (e.g. rdma/ib) per engine Pod; None: none.
+    # An extended resource (e.g. rdma/ib) each engine Pod requests; None: none.  With
+    # kubernetes.fabric the Plan fills it (and the count) from the fabric profile.
     rdma_resource: ResourceName | None = None
+    # How many of it (None: one).
+    rdma_count: int | None = Field(default=None, ge=1)
+    # Kubernetes: with `guaranteed: true` the Pod's CPU and memory limits equal its
+    # requests (QoS Guaranteed: evicted last, CPUs pinnable); otherwise only requests are
+    # set (Burstable: the engine may use idle CPU and memory beyond them).
+    guaranteed: bool = False
 
 
 class Placement(_Strict):
@@ -203,6 +214,88 @@ class KVStorage(_Strict):
     container_path: AbsPath = "/kv"
 
 
+def _names(value: Any) -> Any:
+    """A list of names given as one comma- or space-separated string (a parameter), or
+    unset (None: none)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [n for n in re.split(r"[,\s]+", value) if n]
+    return value
+
+
+def _none_is_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+FabricProfile = Literal["ib-shared", "ib-sriov", "roce", "efa", "tcp"]
+
+
+class Fabric(_Strict):
+    """Kubernetes, PD: the network the KV cache crosses from prefill to decode, as one
+    profile of ``servebook.kube.fabrics`` (device resources and counts, network
+    annotations, transport environment, capabilities, the connector's backend).  Stated,
+    never implied: without it NIXL silently moves KV over TCP."""
+
+    profile: FabricProfile
+    # The device plugin's resource name when it differs from the profile's default (the
+    # SR-IOV plugin's name is the cluster's own: required there).
+    resource: ResourceName | None = None
+    # Devices per engine Pod when not the profile's (one per GPU, or one shared).
+    devices: int | None = Field(default=None, ge=1)
+    # Secondary networks to attach: Multus NetworkAttachmentDefinition names, or GKE
+    # network names (networking: gke).  A comma-separated string is accepted.
+    networks: list[DnsLabel] = Field(default_factory=list)
+    networking: Literal["multus", "gke"] = "multus"
+    # UCX_NET_DEVICES (e.g. mlx5_0:1,mlx5_1:1): which HCAs UCX may use.
+    net_devices: str | None = None
+    # PD over TCP is far slower; it renders only when acknowledged.
+    allow_tcp: bool = False
+
+    @field_validator("networks", mode="before")
+    @classmethod
+    def split_networks(cls, value: Any) -> Any:
+        return _names(value)
+
+
+class CompileCache(_Strict):
+    """Kubernetes: a node directory that keeps vLLM's compiled kernels (VLLM_CACHE_ROOT:
+    torch.compile artifacts under torch_compile_cache/, Triton kernels under TRITON_CACHE_DIR)
+    across Pod restarts, so a restart does not recompile.  Scratch, not weights:
+    ``host_path/DEPLOYMENT-ROLE``, created when absent."""
+
+    host_path: AbsPath
+    container_path: AbsPath = "/cache"
+
+
+class PodSettings(_Strict):
+    """Kubernetes: Pod settings of the engine (and router) Pods that admission, scheduling
+    and QoS need, and a schema-checked ``overrides`` for the long tail."""
+
+    image_pull_secrets: list[DnsLabel] = Field(default_factory=list)
+    service_account: DnsLabel | None = None
+    priority_class: str | None = Field(default=None, min_length=1)
+    # Added to the Pod's affinity as written (node, Pod and anti-affinity terms).
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    # vLLM's own drain on SIGTERM (--shutdown-timeout, vLLM >= 0.18): in-flight requests
+    # get this long to finish; the Pod's termination grace is this plus a margin.  None:
+    # vLLM aborts in-flight requests on SIGTERM, Kubernetes' default grace (30 s) applies.
+    drain_timeout_s: int | None = Field(default=None, ge=1, le=86400)
+    # Merged into every engine Pod spec last (a mapping merges key by key, anything else
+    # replaces); the result is checked against the Pod schema before anything is written.
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("image_pull_secrets", mode="before")
+    @classmethod
+    def split_secrets(cls, value: Any) -> Any:
+        return _names(value)
+
+    @field_validator("affinity", "overrides", mode="before")
+    @classmethod
+    def unset_is_empty(cls, value: Any) -> Any:
+        return _none_is_empty(value)
+
+
 class Kubernetes(_Strict):
     """Settings only the kubernetes backend reads (render, up); the local backend ignores
     them."""
@@ -226,6 +319,16 @@ class Kubernetes(_Strict):
     # the generator is deterministic, so every Pod of one image makes the same bytes.
     model_source: Literal["node", "generate"] = "node"
     kv_storage: KVStorage | None = None
+    fabric: Fabric | None = None
+    # A node directory (or {host_path, container_path}); None: compiled kernels live and
+    # die with the container.
+    compile_cache: CompileCache | None = None
+    pod: PodSettings = Field(default_factory=PodSettings)
+
+    @field_validator("compile_cache", mode="before")
+    @classmethod
+    def cache_dir_only(cls, value: Any) -> Any:
+        return {"host_path": value} if isinstance(value, str) else value
 
 
 ENGINE_ROLES = {"mixed": ("mixed",), "pd": ("prefill", "decode")}
@@ -297,6 +400,11 @@ class Recipe(_Strict):
                     "kubernetes.model_source 'generate' with a draft model needs "
                     "speculative.generate (the draft is made in the Pod too)"
                 )
+        if k8s is not None and k8s.fabric is not None and self.topology != "pd":
+            raise ValueError(
+                "kubernetes.fabric is the network PD's KV cache crosses; topology "
+                f"'{self.topology}' hands no KV over. Remove it."
+            )
         if k8s is not None and k8s.kv_storage is not None:
             path = (self.kv_connector.extra_config if self.kv_connector else {}).get(
                 "shared_storage_path"

@@ -1,0 +1,237 @@
+"""KV-transfer fabrics: how a PD deployment's KV cache crosses from prefill to decode.
+
+One table, one profile per fabric.  A profile states everything the Pods need for the
+transport it names, so the transport is stated, not implied: the device resource and how
+many of it a Pod requests, the Pod annotations that attach secondary networks, the
+environment of the transport library (UCX, or libfabric for AWS EFA), the capabilities it
+needs, and what the KV connector is told (NIXL's backend, Mooncake's protocol, the KV
+buffer device).  Without a profile NIXL silently falls back to TCP when the Pods get no
+RDMA device (Dynamo's guide measured TTFT of ~98 s instead of a few hundred ms), and
+nothing says so; so PD over TCP is a profile of its own that renders only with an
+explicit acknowledgement.
+
+Sources, read for these profiles (each setting below names the one it follows):
+
+* [dynamo-comm] NVIDIA Dynamo, docs/pages/kubernetes/disagg-communication-guide.md
+  (ai-dynamo/dynamo): UCX_TLS for RDMA "rc_x,rc,dc_x,dc,cuda_copy,cuda_ipc"; IPC_LOCK
+  "required for RDMA memory pinning"; ``rdma/ib`` from the RDMA device plugin; UCX_LOG_LEVEL
+  for diagnosis; "Backend UCX was instantiated" as the sign NIXL runs on UCX; TCP-only
+  disaggregation "effectively unusable".
+* [dynamo-xprov] NVIDIA Dynamo recipes, the Qwen3-32B 1P1D cross-node family README:
+  per provider only the RDMA resource (``vpc.amazonaws.com/efa``, ``rdma/ib`` or
+  ``rdma/shared_ib``, or GKE's ``networking.gke.io/interfaces`` annotation instead of a
+  resource), the NIXL backend (LIBFABRIC on AWS), and the transport env (AWS:
+  FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1; IB/RoCE: UCX_TLS, UCX_NET_DEVICES=mlx5_N:1,...)
+  differ; IPC_LOCK on every RDMA transport.
+* [llm-d-pd] llm-d guides/pd-disaggregation/modelserver/gpu/vllm: ``coreweave``
+  (``rdma/ib: 1`` per Pod, a shared InfiniBand device), ``aws`` (``vpc.amazonaws.com/efa``,
+  NixlConnector ``kv_connector_extra_config.backends: ["LIBFABRIC"]``, IPC_LOCK), ``gke``
+  (RoCE: UCX_IB_ROCE_REACHABILITY_MODE=all), ``base`` (VLLM_NIXL_SIDE_CHANNEL_HOST = the
+  Pod IP).
+* [vllm-nixl] vLLM's NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/nixl):
+  ``kv_connector_extra_config.backends`` (default ["UCX"]); ``kv_buffer_device`` of
+  KVTransferConfig; MooncakeConnector's ``mooncake_protocol`` (default "rdma").
+* [multus] Multus CNI / SR-IOV network operator: secondary networks attached with the Pod
+  annotation ``k8s.v1.cni.cncf.io/networks`` (a comma list of NetworkAttachmentDefinition
+  names; a name may repeat, one interface each), one SR-IOV virtual function per entry.
+* [gke-multinet] GKE multi-networking: ``networking.gke.io/default-interface`` and
+  ``networking.gke.io/interfaces`` (a JSON list of {"interfaceName","network"}), as on
+  A3 Ultra / A4 RoCE nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Transport = Literal["rdma", "tcp"]
+FabricName = Literal["ib-shared", "ib-sriov", "roce", "efa", "tcp"]
+Networking = Literal["multus", "gke"]
+
+# [dynamo-comm] the RDMA transports plus GPU-memory staging; a UCX_TLS naming GPU memory
+# types must include cuda_copy or cuda_ipc for UCX to take GPU buffers at all.
+UCX_TLS_RDMA = "rc_x,rc,dc_x,dc,cuda_copy,cuda_ipc"
+# TCP, stated: UCX over sockets with GPU memory staged through the host.
+UCX_TLS_TCP = "tcp,cuda_copy"
+# [dynamo-comm] "info" logs the transports each UCX endpoint uses: how verify reads, from
+# the engine log, which transport the KV actually crossed.
+UCX_LOG = {"UCX_LOG_LEVEL": "info"}
+MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+GKE_DEFAULT_INTERFACE = "networking.gke.io/default-interface"
+GKE_INTERFACES = "networking.gke.io/interfaces"
+# The connectors a fabric profile knows how to tell which transport to use.
+NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConnector"})
+MOONCAKE_CONNECTORS = frozenset({"MooncakeConnector"})
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: FabricName
+    transport: Transport
+    summary: str
+    # The KV connector's transport: NIXL's backend plugin, Mooncake's protocol (None: this
+    # fabric has no Mooncake protocol).
+    nixl_backend: Literal["UCX", "LIBFABRIC"]
+    mooncake_protocol: str | None
+    # The device resource a Pod requests by default (None: none, or the cluster's name for
+    # it must be given), and whether a Pod requests one per GPU (SR-IOV functions, EFA
+    # interfaces) or one in all (a shared device that exposes every HCA).
+    default_resource: str | None
+    resource_required: bool
+    per_gpu: bool
+    env: Mapping[str, str]
+    capabilities: tuple[str, ...]
+    # Secondary networks: none, Multus only, or Multus or GKE (by the networking setting).
+    networks: Literal["none", "multus", "multus-or-gke"]
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+
+PROFILES: dict[str, Profile] = {
+    "ib-shared": Profile(
+        name="ib-shared",
+        transport="rdma",
+        summary="InfiniBand through a shared RDMA device plugin: one device per Pod "
+        "exposes every HCA of the node",
+        nixl_backend="UCX",
+        mooncake_protocol="rdma",
+        # [llm-d-pd coreweave] rdma/ib: "1"; [dynamo-comm] rdma/ib from the device plugin.
+        default_resource="rdma/ib",
+        resource_required=False,
+        per_gpu=False,
+        env={"UCX_TLS": UCX_TLS_RDMA, **UCX_LOG},  # [dynamo-comm]
+        capabilities=("IPC_LOCK",),  # [dynamo-comm] pin memory for RDMA
+        networks="none",
+        sources=("dynamo-comm", "llm-d-pd coreweave"),
+    ),
+    "ib-sriov": Profile(
+        name="ib-sriov",
+        transport="rdma",
+        summary="InfiniBand through SR-IOV: one virtual function (and one Multus network "
+        "attachment) per GPU",
+        nixl_backend="UCX",
+        mooncake_protocol="rdma",
+        # The SR-IOV device plugin's resource name is the cluster's own choice
+        # (resourcePrefix/resourceName in its config): it must be given.
+        default_resource=None,
+        resource_required=True,
+        per_gpu=True,
+        env={"UCX_TLS": UCX_TLS_RDMA, **UCX_LOG},  # [dynamo-comm]
+        capabilities=("IPC_LOCK",),  # [dynamo-comm], [dynamo-xprov]
+        networks="multus",  # [multus]
+        sources=("dynamo-comm", "dynamo-xprov", "multus"),
+    ),
+    "roce": Profile(
+        name="roce",
+        transport="rdma",
+        summary="RoCE v2 on secondary networks attached by Multus, or by GKE "
+        "multi-networking (A3 Ultra, A4)",
+        nixl_backend="UCX",
+        mooncake_protocol="rdma",
+        # Multus RoCE usually comes with an RDMA device resource (given when it does);
+        # GKE attaches the RDMA NICs through the annotation alone [dynamo-xprov].
+        default_resource=None,
+        resource_required=False,
+        per_gpu=True,
+        # [dynamo-comm] UCX_TLS; [llm-d-pd gke] reach RoCE peers on any subnet.
+        env={"UCX_TLS": UCX_TLS_RDMA, "UCX_IB_ROCE_REACHABILITY_MODE": "all", **UCX_LOG},
+        capabilities=("IPC_LOCK",),  # [dynamo-xprov] on every RDMA transport
+        networks="multus-or-gke",  # [multus], [gke-multinet]
+        sources=("dynamo-comm", "dynamo-xprov", "llm-d-pd gke", "multus", "gke-multinet"),
+    ),
+    "efa": Profile(
+        name="efa",
+        transport="rdma",
+        summary="AWS Elastic Fabric Adapter through libfabric (NIXL's LIBFABRIC backend)",
+        # [llm-d-pd aws] backends ["LIBFABRIC"]; [dynamo-comm] UCX over EFA "not
+        # recommended for production".
+        nixl_backend="LIBFABRIC",
+        mooncake_protocol=None,
+        default_resource="vpc.amazonaws.com/efa",  # [llm-d-pd aws], [dynamo-xprov]
+        resource_required=False,
+        per_gpu=True,
+        env={
+            # [dynamo-xprov] AWS transport env.
+            "FI_PROVIDER": "efa",
+            "FI_EFA_USE_DEVICE_RDMA": "1",
+            # NIXL's libfabric plugin logs "Created N rails using provider=efa" at INFO:
+            # how verify reads the transport from the engine log.
+            "NIXL_LOG_LEVEL": "INFO",
+        },
+        capabilities=("IPC_LOCK",),  # [llm-d-pd aws]
+        networks="none",
+        sources=("llm-d-pd aws", "dynamo-xprov", "dynamo-comm"),
+    ),
+    "tcp": Profile(
+        name="tcp",
+        transport="tcp",
+        summary="TCP sockets, GPU memory staged through the host: works anywhere, far "
+        "slower (Dynamo measured TTFT of ~98 s where RDMA took a few hundred ms)",
+        nixl_backend="UCX",
+        mooncake_protocol="tcp",
+        default_resource=None,
+        resource_required=False,
+        per_gpu=False,
+        env={"UCX_TLS": UCX_TLS_TCP, **UCX_LOG},  # [dynamo-comm] tcp transport
+        capabilities=(),
+        networks="none",
+        sources=("dynamo-comm",),
+    ),
+}
+NAMES: tuple[str, ...] = tuple(PROFILES)
+
+
+def profile(name: str) -> Profile:
+    return PROFILES[name]
+
+
+def claimed_transport(fabric: str | None) -> Transport | None:
+    """What a deployment on ``fabric`` claims its KV transfer uses (None: no claim)."""
+    p = PROFILES.get(fabric or "")
+    return p.transport if p else None
+
+
+def device_count(p: Profile, gpus: int, devices: int | None) -> int:
+    """Devices one engine Pod requests: as given, else one per GPU or one in all."""
+    if devices is not None:
+        return devices
+    return max(1, gpus) if p.per_gpu else 1
+
+
+def connector_config(p: Profile, connector: str) -> dict[str, object] | None:
+    """What the KV connector is told so that it uses this fabric: extra-config entries
+    (None: this connector cannot be told, e.g. it moves KV through files)."""
+    if connector in NIXL_CONNECTORS:
+        return {"backends": [p.nixl_backend]}  # [vllm-nixl]
+    if connector in MOONCAKE_CONNECTORS and p.mooncake_protocol:
+        return {"mooncake_protocol": p.mooncake_protocol}  # [vllm-nixl] Mooncake
+    return None
+
+
+# The KV buffer device: KV stays in GPU memory and the transport reads it there (GPUDirect
+# RDMA, or UCX's cuda_copy staging over TCP) [vllm-nixl].
+KV_BUFFER_DEVICE = "cuda"
+
+
+def pod_annotations(
+    p: Profile, networking: Networking, networks: Sequence[str], count: int
+) -> dict[str, str]:
+    """The Pod annotations that attach the fabric's secondary networks."""
+    if p.networks == "none" or not networks:
+        return {}
+    if p.networks == "multus-or-gke" and networking == "gke":
+        # [gke-multinet] eth0 stays the Pod network; one interface per RDMA network.
+        ifaces = [{"interfaceName": "eth0", "network": "default"}]
+        ifaces += [{"interfaceName": f"eth{i + 1}", "network": n} for i, n in enumerate(networks)]
+        return {GKE_DEFAULT_INTERFACE: "eth0", GKE_INTERFACES: json.dumps(ifaces)}
+    # [multus] one attachment per device: a single name is repeated for each.
+    names = list(networks) * count if len(networks) == 1 and count > 1 else list(networks)
+    return {MULTUS_ANNOTATION: ",".join(names)}
+
+
+def environment(p: Profile, net_devices: str | None) -> dict[str, str]:
+    env = dict(p.env)
+    if net_devices and p.nixl_backend == "UCX":
+        env["UCX_NET_DEVICES"] = net_devices  # [dynamo-xprov] mlx5_0:1,mlx5_1:1,...
+    return env
