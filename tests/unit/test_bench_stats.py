@@ -88,3 +88,118 @@ def test_mean_ci_skips_missing_repetitions_and_says_how_many_counted() -> None:
 def test_identical_repetitions_give_a_zero_width_interval_honestly() -> None:
     ci = stats.mean_ci([5.0, 5.0, 5.0])
     assert (ci.low, ci.high) == (5.0, 5.0)
+
+
+# --- the precision target's stopping rule ----------------------------------------------------
+
+
+def _repeat_until_decided(
+    series: dict[str, list[float]], *, target: float, minimum: int, cap: int
+) -> stats.PrecisionDecision:
+    """Feed the values one repetition at a time, as a sweep does, until the rule stops."""
+    n = 0
+    while True:
+        n += 1
+        d = stats.precision_decision(
+            {k: v[:n] for k, v in series.items()},
+            target=target,
+            repetitions=n,
+            min_repetitions=minimum,
+            max_repetitions=cap,
+        )
+        if d.status != "continue":
+            return d
+
+
+def test_a_series_that_converges_stops_as_soon_as_its_interval_is_tight() -> None:
+    # Noisy first repetitions, then steady ones: the 95% half-width of tok/s over the mean
+    # goes 21%, 11%, 7.8%, 5.9%, then 4.8% at the 7th, well before the cap of 20.
+    tok = [100.0, 112.0, 95.0, 101.0, 99.0, 100.0, 100.0] + [100.0] * 13
+    tpot = [20.0, 21.0, 20.5, 20.2, 20.1] + [20.2] * 15
+    d = _repeat_until_decided(
+        {"output_tokens_per_s": tok, "tpot_ms.p50": tpot}, target=0.05, minimum=3, cap=20
+    )
+    assert d.status == "precise" and d.precise
+    assert d.repetitions == 7
+    rel = d.relative["output_tokens_per_s"]
+    assert rel == pytest.approx(0.0479, abs=1e-4)
+    # and not one repetition earlier: at 6 the interval was still wider than 5%
+    early = stats.precision_decision(
+        {"output_tokens_per_s": tok[:6], "tpot_ms.p50": tpot[:6]},
+        target=0.05,
+        repetitions=6,
+        min_repetitions=3,
+        max_repetitions=20,
+    )
+    assert early.status == "continue"
+    assert (early.relative["output_tokens_per_s"] or 0) > 0.05
+
+
+def test_a_noisy_series_stops_at_the_cap_and_is_imprecise_with_the_interval_it_reached() -> None:
+    tok = [60.0, 140.0] * 10  # +-40% around 100 for ever
+    tpot = [20.0] * 20
+    d = _repeat_until_decided(
+        {"output_tokens_per_s": tok, "tpot_ms.p50": tpot}, target=0.05, minimum=3, cap=8
+    )
+    assert d.status == "imprecise"
+    assert d.repetitions == 8
+    iv = d.intervals["output_tokens_per_s"]
+    assert iv.n == 8 and iv.mean == pytest.approx(100.0)
+    # s = 42.76 (ddof 1), t(0.975, 7) = 2.3646: half-width 35.7 = 35.7% of the mean
+    assert d.relative["output_tokens_per_s"] == pytest.approx(0.3575, abs=1e-3)
+    assert iv.low is not None and iv.high is not None and iv.low < 70 < 130 < iv.high
+    assert d.relative["tpot_ms.p50"] == 0.0  # TPOT was tight; throughput was not
+
+
+def test_the_minimum_is_run_even_when_the_first_repetitions_agree_exactly() -> None:
+    d = stats.precision_decision(
+        {"output_tokens_per_s": [100.0, 100.0]},
+        target=0.05,
+        repetitions=2,
+        min_repetitions=3,
+        max_repetitions=10,
+    )
+    assert d.status == "continue"
+
+
+def test_invalid_repetitions_use_up_the_budget_without_narrowing_the_interval() -> None:
+    # 6 repetitions run, only 1 valid: no interval, and at the cap that is imprecise.
+    d = stats.precision_decision(
+        {"output_tokens_per_s": [100.0], "tpot_ms.p50": [20.0]},
+        target=0.05,
+        repetitions=6,
+        min_repetitions=3,
+        max_repetitions=6,
+    )
+    assert d.status == "imprecise" and d.relative["output_tokens_per_s"] is None
+
+
+def test_a_figure_never_measured_is_not_judged_but_one_figure_must_be() -> None:
+    common = {"target": 0.05, "repetitions": 3, "min_repetitions": 3, "max_repetitions": 3}
+    one_token_outputs = {"output_tokens_per_s": [100.0, 100.5, 99.5], "tpot_ms.p50": []}
+    assert stats.precision_decision(one_token_outputs, **common).status == "precise"
+    nothing = {"output_tokens_per_s": [], "tpot_ms.p50": []}
+    assert stats.precision_decision(nothing, **common).status == "imprecise"
+
+
+def test_a_mean_of_zero_is_never_precise() -> None:
+    d = stats.precision_decision(
+        {"x": [0.0, 0.0, 0.0]}, target=0.05, repetitions=3, min_repetitions=2, max_repetitions=5
+    )
+    assert d.status == "continue" and d.relative["x"] is None
+
+
+@pytest.mark.parametrize(
+    ("target", "minimum", "cap"), [(0.0, 2, 3), (1.0, 2, 3), (0.05, 1, 3), (0.05, 4, 3)]
+)
+def test_the_stopping_rule_refuses_settings_it_cannot_honour(
+    target: float, minimum: int, cap: int
+) -> None:
+    with pytest.raises(ValueError):
+        stats.precision_decision(
+            {"x": [1.0]},
+            target=target,
+            repetitions=1,
+            min_repetitions=minimum,
+            max_repetitions=cap,
+        )

@@ -14,6 +14,13 @@ Methods, stated once so a reader of a results file knows what a number is:
   pretend to a precision it cannot have.  With ``n < 2`` there is no interval: ``None``,
   never a zero-width interval that reads as certainty.
 
+* **A precision target** (``bench --precision 5%``) repeats a load level until the 95%
+  interval of each judged figure has a half-width of at most that share of its mean, up
+  to a cap (:func:`precision_decision`, the stopping rule).  Stopping on the interval
+  tightens it a little optimistically (the rule peeks at the data), which is why it asks
+  for a minimum number of repetitions first and why a level that never gets there is
+  reported *imprecise* with the interval it reached rather than dropped.
+
 The t quantile is computed here (the regularized incomplete beta function by continued
 fraction, then bisection on the CDF) because scipy is not a dependency; the unit tests pin
 it against printed t tables.
@@ -22,8 +29,9 @@ it against printed t tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -185,3 +193,78 @@ def mean_ci(values: Iterable[float | None], level: float = 0.95) -> Interval:
     s = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
     half = t_quantile(0.5 + level / 2.0, n - 1) * s / math.sqrt(n)
     return Interval(m, m - half, m + half, n, level)
+
+
+# --- the precision target: when to stop repeating a point --------------------------------
+
+PrecisionStatus = Literal["continue", "precise", "imprecise"]
+
+
+def relative_half_width(iv: Interval) -> float | None:
+    """The interval's half-width as a share of its mean; ``None`` without an interval or
+    with a mean of 0 (no share of nothing is precise)."""
+    h = iv.half_width
+    if h is None or iv.mean is None or iv.mean == 0:
+        return None
+    return h / abs(iv.mean)
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    """What :func:`precision_decision` found: ``status`` and, per figure, the interval
+    reached and its half-width as a share of the mean (``None``: no interval yet)."""
+
+    status: PrecisionStatus
+    target: float
+    repetitions: int  # repetitions run so far (valid or not)
+    intervals: Mapping[str, Interval]
+    relative: Mapping[str, float | None]
+
+    @property
+    def precise(self) -> bool:
+        return self.status == "precise"
+
+
+def precision_decision(
+    series: Mapping[str, Sequence[float]],
+    *,
+    target: float,
+    repetitions: int,
+    min_repetitions: int,
+    max_repetitions: int,
+    level: float = 0.95,
+) -> PrecisionDecision:
+    """The stopping rule of a precision target, on one load level.
+
+    ``series`` maps each judged figure (output tokens/s, TPOT p50) to its per-repetition
+    values over the level's *valid* repetitions so far; ``repetitions`` counts every
+    repetition run, valid or not (an invalid one uses up the budget too).
+
+    * ``precise``: at least ``min_repetitions`` were run and every figure's 95% interval
+      (Student t, :func:`mean_ci`) has a half-width of at most ``target`` x its mean.  A
+      figure no valid repetition measured at all (TPOT of one-token outputs) is not
+      judged, but at least one figure must be;
+    * ``imprecise``: not precise after ``max_repetitions``: stop, and say so;
+    * ``continue``: run one more repetition.
+
+    Pure and deterministic, so a resumed run takes the same decisions as the interrupted
+    one, from the same points."""
+    if not 0 < target < 1:
+        raise ValueError(f"precision target must be a share in (0, 1), got {target}")
+    if not 2 <= min_repetitions <= max_repetitions:
+        raise ValueError(
+            f"need 2 <= min_repetitions ({min_repetitions}) <= max_repetitions "
+            f"({max_repetitions}): an interval needs two repetitions"
+        )
+    intervals = {k: mean_ci(v, level) for k, v in series.items()}
+    relative = {k: relative_half_width(iv) for k, iv in intervals.items()}
+    judged = [k for k, iv in intervals.items() if iv.n > 0]
+    tight = bool(judged) and all((r := relative[k]) is not None and r <= target for k in judged)
+    status: PrecisionStatus
+    if repetitions >= min_repetitions and tight:
+        status = "precise"
+    elif repetitions >= max_repetitions:
+        status = "imprecise"
+    else:
+        status = "continue"
+    return PrecisionDecision(status, target, repetitions, intervals, relative)
