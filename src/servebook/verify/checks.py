@@ -15,6 +15,7 @@ from servebook.engines import vllm
 from servebook.engines.cmdline import parse_argv, parse_engine_args
 from servebook.engines.vllm import M
 from servebook.findings import Finding, Severity, register
+from servebook.kube import fabrics
 from servebook.metrics.scrape import Snapshot, delta
 
 SMOKE = register(
@@ -84,6 +85,19 @@ SPEC_SYMMETRY = register(
     "pd-spec).",
     "Define speculation once (the recipe's `speculative:`) so every role gets the same "
     "--speculative-config.",
+)
+KV_TRANSPORT = register(
+    "SB309",
+    "PD KV transfer uses the transport the recipe's fabric claims",
+    "With no RDMA device, or one the transport library cannot use, NIXL does not fail: it "
+    "moves the KV cache over TCP through host memory, and the handoff still succeeds, so "
+    "every counter check passes while time to first token is up to hundreds of times "
+    "worse (NVIDIA Dynamo's guide measured ~98 s). Only the transport library's own log "
+    "lines say which transport each endpoint uses.",
+    "Check the Pod got its RDMA devices and interfaces (`kubectl describe pod`, "
+    "`ls /dev/infiniband` in the engine container), that UCX sees them (`ucx_info -d`), "
+    "and that the fabric parameter matches the cluster's network; or render with "
+    "fabric=tcp and allow_tcp_kv=true if TCP is intended.",
 )
 
 # One block of slack per request: connectors differ in how they round the last block.
@@ -421,3 +435,53 @@ def check_logs(role: str, log_text: str) -> list[Finding]:
             )
         )
     return out
+
+
+def check_kv_transport(role: str, fabric: str | None, log_text: str) -> list[Finding]:
+    """The KV transport a PD engine's log says its connector used, against the transport
+    its recipe's fabric claims (``fabric``: the recipe's ``fabric`` parameter; None: the
+    recipe claims none, nothing to check).  A log that does not say (UCX_LOG_LEVEL below
+    info, no transfer yet) is a warning, never a pass."""
+    claimed = fabrics.claimed_transport(fabric)
+    if claimed is None:
+        return []
+    seen = vllm.kv_transport(log_text)
+    ev: dict[str, object] = {
+        "fabric": fabric,
+        "claimed": claimed,
+        "seen": seen.transport,
+        "lines": list(seen.lines),
+    }
+    if seen.transport is None:
+        return [
+            KV_TRANSPORT.finding(
+                Severity.WARN,
+                role,
+                f"{role}: the log does not say which transport the KV connector used (fabric "
+                f"'{fabric}' claims {claimed}); UCX reports it at UCX_LOG_LEVEL=info, NIXL's "
+                "libfabric backend at NIXL_LOG_LEVEL=INFO, once an endpoint connects.",
+                hint="Render with servebook's fabric profiles (they set the log levels) and "
+                "verify after at least one PD request.",
+                evidence=ev,
+            )
+        ]
+    line = seen.lines[0][:300] if seen.lines else ""
+    if claimed == "rdma" and seen.transport == "tcp":
+        return [
+            KV_TRANSPORT.finding(
+                Severity.FAIL,
+                role,
+                f"{role}: fabric '{fabric}' claims RDMA, but the KV connector moves KV over "
+                f"TCP. Log: {line}",
+                evidence=ev,
+            )
+        ]
+    return [
+        KV_TRANSPORT.finding(
+            Severity.PASS,
+            role,
+            f"{role}: KV transfer over {seen.transport} (fabric '{fabric}' claims {claimed}). "
+            f"Log: {line}",
+            evidence=ev,
+        )
+    ]
