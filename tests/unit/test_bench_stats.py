@@ -175,11 +175,13 @@ def test_invalid_repetitions_use_up_the_budget_without_narrowing_the_interval() 
 
 
 def test_a_figure_never_measured_is_not_judged_but_one_figure_must_be() -> None:
-    common = {"target": 0.05, "repetitions": 3, "min_repetitions": 3, "max_repetitions": 3}
-    one_token_outputs = {"output_tokens_per_s": [100.0, 100.5, 99.5], "tpot_ms.p50": []}
-    assert stats.precision_decision(one_token_outputs, **common).status == "precise"
-    nothing = {"output_tokens_per_s": [], "tpot_ms.p50": []}
-    assert stats.precision_decision(nothing, **common).status == "imprecise"
+    def decide(series: dict[str, list[float]]) -> str:
+        return stats.precision_decision(
+            series, target=0.05, repetitions=3, min_repetitions=3, max_repetitions=3
+        ).status
+
+    assert decide({"output_tokens_per_s": [100.0, 100.5, 99.5], "tpot_ms.p50": []}) == "precise"
+    assert decide({"output_tokens_per_s": [], "tpot_ms.p50": []}) == "imprecise"
 
 
 def test_a_mean_of_zero_is_never_precise() -> None:

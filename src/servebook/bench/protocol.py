@@ -21,6 +21,23 @@ below answers one of those failures.
 * **Verdict**: a point is valid only if every SB4xx check below passes; the reasons are
   recorded in the point (``invalid_reasons``) and invalid points are never averaged into
   aggregates (MLPerf LoadGen's VALID/INVALID with reasons).
+* **Precision target** (``--precision 5%``, off by default; recorded either way): a level
+  is repeated until the 95% interval of its output tokens/s and of its TPOT p50 over its
+  valid repetitions has a half-width of at most that share of the mean
+  (``stats.precision_decision``), with at least ``--repetitions`` (and 2) and at most
+  ``--max-repetitions`` (default 10) repetitions.  A level that does not get there is
+  *imprecise*: a verdict of its own beside valid/invalid, stated with the interval it
+  reached.  Repetitions stay interleaved: round ``r`` is the seeded shuffle of every
+  level (as without a target), and runs repetition ``r`` of the levels not yet decided,
+  in that order; a level leaves the rounds once it is precise or at the cap.  A point's
+  place in the sweep (which seeds its arrivals and prompts) is its place in the full
+  round, ``r x levels + i``, so it does not depend on which levels are still running and
+  ``--resume`` sends what the uninterrupted run would have; the decisions are taken from
+  the points of earlier rounds only, so a resumed run takes them again alike.
+* **Server latency**: every role's latency histograms (``engines.vllm.LATENCY_HISTOGRAMS``)
+  are read from the same two scrapes as the counters, recorded per point
+  (``server_latency``), and the client's per-token figures are checked against the
+  server's (``latency_diagnosis``: agreement, or the likely cause of a mismatch).
 """
 
 from __future__ import annotations
@@ -37,12 +54,14 @@ import numpy as np
 from servebook.bench.client import Decision, Endpoint, LoadResult, LoadSpec, Progress, run_load
 from servebook.bench.results import (
     Point,
+    PrecisionTarget,
     Results,
     ResultsWriter,
     point_from_load,
     point_key,
     server_evidence,
     utc_now,
+    with_server_latency,
 )
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, Severity, UsageError, register
@@ -238,6 +257,23 @@ def parse_rates(text: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+def parse_precision(text: str) -> float | None:
+    """``"5%"`` or ``"0.05"`` -> 0.05; ``"off"``/``"none"``/``"0"`` -> ``None`` (no target)."""
+    t = text.strip().lower()
+    if t in ("off", "none", "0", "0%"):
+        return None
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = math.nan
+    if not 0 < v < 1:
+        raise UsageError(
+            f"--precision {text!r}: give the largest 95% half-width as a share of the mean, "
+            "e.g. 5% or 0.05 (more than 0, less than 100%), or off"
+        )
+    return v
+
+
 # --- settings and order ---------------------------------------------------------------------
 
 
@@ -293,18 +329,57 @@ class ProtocolSettings:
     max_point_s: float | None = None  # None: 10 x (warm-up + duration), at least 600 s
     stall_s: float = 120.0  # no request finished for this long: stop the point
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # Precision target: the largest 95% half-width, as a share of the mean, of a level's
+    # tok/s and TPOT p50 (None: off, exactly ``repetitions`` repetitions per level).
+    precision: float | None = None
+    max_repetitions: int | None = None  # with a target; None: DEFAULT_MAX_REPETITIONS
 
     def __post_init__(self) -> None:
         if not self.concurrencies and not self.rates:
             raise UsageError("give at least one --concurrency level or --rate")
         if self.repetitions < 1:
             raise UsageError(f"--repetitions must be at least 1, got {self.repetitions}")
+        if self.precision is not None and not 0 < self.precision < 1:
+            raise UsageError(
+                f"--precision {100 * self.precision:g}%: give a share of the mean between "
+                "0 and 100%, e.g. 5%"
+            )
+        if self.max_repetitions is not None:
+            if self.precision is None:
+                raise UsageError(
+                    "--max-repetitions caps the repetitions a --precision target may add; "
+                    "without a target every level runs --repetitions times"
+                )
+            if self.max_repetitions < self.min_repetitions:
+                raise UsageError(
+                    f"--max-repetitions {self.max_repetitions} is below the minimum "
+                    f"{self.min_repetitions} (--repetitions, and at least 2 for an interval)"
+                )
         if self.order not in ("shuffled", "ascending"):
             raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
         if self.duration_s <= 0:
             raise UsageError("--duration must be positive")
         if self.min_requests is not None and self.min_requests < 1:
             raise UsageError("--min-requests must be at least 1")
+
+    @property
+    def min_repetitions(self) -> int:
+        """Repetitions every level runs (with a target: at least 2, for an interval)."""
+        return max(2, self.repetitions) if self.precision is not None else self.repetitions
+
+    @property
+    def repetition_cap(self) -> int:
+        """Repetitions a level may run at most (without a target: ``repetitions``)."""
+        if self.precision is None:
+            return self.repetitions
+        if self.max_repetitions is not None:
+            return self.max_repetitions
+        return max(DEFAULT_MAX_REPETITIONS, self.min_repetitions)
+
+    def precision_target(self) -> PrecisionTarget | None:
+        if self.precision is None:
+            return None
+        return PrecisionTarget(self.precision, self.min_repetitions, self.repetition_cap)
 
     def levels(self) -> list[Level]:
         return [Level(concurrency=c) for c in self.concurrencies] + [
@@ -334,24 +409,70 @@ class ProtocolSettings:
         d["steady_state"] = "requests scheduled and finished inside the window"
         d["percentiles"] = "numpy linear (type 7)"
         d["ci"] = "Student t 95% over valid repetitions"
+        # Recorded either way: null is "no target, exactly `repetitions` per level".
+        d["max_repetitions"] = self.repetition_cap if self.precision is not None else None
+        if self.precision is not None:
+            d["precision_rule"] = (
+                "repeat a level until the 95% half-width of output_tokens_per_s and "
+                "tpot_ms.p50 over its valid repetitions is at most `precision` x the mean; "
+                "imprecise at max_repetitions"
+            )
         return d
 
 
-def point_order(settings: ProtocolSettings) -> list[PointSpec]:
-    """Repetition-major rounds over every level; each round shuffled with the seed unless
-    the order is ``ascending`` (concurrency levels ascending, then rates ascending)."""
+DEFAULT_MAX_REPETITIONS = 10
+
+
+def round_order(settings: ProtocolSettings, rnd: int) -> list[Level]:
+    """Every level in round ``rnd``'s order: shuffled with ``[seed, rnd]`` unless the order
+    is ``ascending`` (concurrency levels ascending, then rates ascending)."""
     levels = sorted(
         settings.levels(),
         key=lambda lv: (lv.concurrency is None, lv.concurrency or 0, lv.rate or 0.0),
     )
-    out: list[PointSpec] = []
-    for rep in range(settings.repetitions):
-        round_levels = list(levels)
-        if settings.order == "shuffled":
-            perm = np.random.default_rng([settings.seed, rep]).permutation(len(round_levels))
-            round_levels = [round_levels[i] for i in perm]
-        out.extend(PointSpec(lv, rep) for lv in round_levels)
-    return out
+    if settings.order == "shuffled":
+        perm = np.random.default_rng([settings.seed, rnd]).permutation(len(levels))
+        levels = [levels[i] for i in perm]
+    return levels
+
+
+def point_order(settings: ProtocolSettings) -> list[PointSpec]:
+    """The points every run makes: repetition-major rounds over every level, each in
+    :func:`round_order`.  Without a precision target that is the whole sweep; with one,
+    the first ``min_repetitions`` rounds, after which :func:`run_sweep` adds rounds for
+    the levels still imprecise."""
+    return [
+        PointSpec(lv, rnd)
+        for rnd in range(settings.min_repetitions)
+        for lv in round_order(settings, rnd)
+    ]
+
+
+def level_points(
+    points: Sequence[Point], level: Level, before_round: int | None = None
+) -> list[Point]:
+    """A level's points (those of rounds before ``before_round`` when given)."""
+    return [
+        p
+        for p in points
+        if p.concurrency == level.concurrency
+        and p.rate == level.rate
+        and (before_round is None or p.repetition < before_round)
+    ]
+
+
+def needs_round(
+    settings: ProtocolSettings, level: Level, rnd: int, points: Sequence[Point]
+) -> bool:
+    """Whether ``level`` takes part in round ``rnd``: always in the first
+    ``min_repetitions`` rounds; after them, while the precision target's stopping rule,
+    over the level's points of the earlier rounds, says to continue."""
+    if rnd < settings.min_repetitions:
+        return True
+    target = settings.precision_target()
+    if target is None or rnd >= settings.repetition_cap:
+        return False
+    return target.decide(level_points(points, level, before_round=rnd)).status == "continue"
 
 
 # --- the window, live --------------------------------------------------------------------------
@@ -737,6 +858,10 @@ def run_point(
         stop_reason=stop_reason,
     )
     point = point.model_copy(update={"prompt_build_s": build_s})
+    if "open" in edges and "close" in edges:
+        point = with_server_latency(
+            point, edges["open"], edges["close"], decode_role=target.decode_role
+        )
     findings += reach_findings(target.problems() if target.problems else {})
     return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
 
@@ -762,28 +887,40 @@ def run_sweep(
     on_point: Callable[[PointSpec, PointOutcome | None], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> Results:
-    """Every point in protocol order, skipping those the writer already holds as valid
-    (``--resume``); the results file is rewritten after each point.  ``on_point(spec,
-    None)`` announces a point, ``on_point(spec, outcome)`` reports it."""
+    """Every point in protocol order, round by round (:func:`needs_round` says which levels
+    a round runs), skipping those the writer already holds as valid (``--resume``); the
+    results file is rewritten after each point.  ``on_point(spec, None)`` announces a
+    point, ``on_point(spec, outcome)`` reports it."""
     done = writer.done_keys()
-    for position, ps in enumerate(point_order(settings)):
-        if point_key(ps.level.concurrency, ps.level.rate, ps.repetition) in done:
-            continue
-        if on_point is not None:
-            on_point(ps, None)
-        outcome = run_point(
-            target,
-            ps,
-            settings,
-            prompts,
-            position=position,
-            workers=workers,
-            cpus=cpus,
-            slo_ms=slo_ms,
-            scrape_fn=scrape_fn,
-            on_progress=on_progress,
-        )
-        writer.add(outcome.point)
-        if on_point is not None:
-            on_point(ps, outcome)
+    n = len(settings.levels())
+    for rnd in range(settings.repetition_cap):
+        order = round_order(settings, rnd)
+        # Decided at the round's start, from earlier rounds only: a level's own point in
+        # this round does not take it out of the round it is in.
+        taking_part = [lv for lv in order if needs_round(settings, lv, rnd, writer.results.points)]
+        if not taking_part:
+            break
+        for i, level in enumerate(order):
+            if level not in taking_part:
+                continue
+            ps = PointSpec(level, rnd)
+            if point_key(level.concurrency, level.rate, rnd) in done:
+                continue
+            if on_point is not None:
+                on_point(ps, None)
+            outcome = run_point(
+                target,
+                ps,
+                settings,
+                prompts,
+                position=rnd * n + i,
+                workers=workers,
+                cpus=cpus,
+                slo_ms=slo_ms,
+                scrape_fn=scrape_fn,
+                on_progress=on_progress,
+            )
+            writer.add(outcome.point)
+            if on_point is not None:
+                on_point(ps, outcome)
     return writer.results

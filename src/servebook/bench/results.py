@@ -48,9 +48,10 @@ import platform
 import re
 import socket
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -58,9 +59,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from servebook.bench import stats
 from servebook.bench.client import LoadResult, RequestRecord
 from servebook.engines import SGLANG, VLLM, counters_of, sglang
-from servebook.engines.vllm import BAD_FINISH_REASONS, SOURCE_EXTERNAL, M
+from servebook.engines.vllm import BAD_FINISH_REASONS, LATENCY_HISTOGRAMS, SOURCE_EXTERNAL, H, M
 from servebook.files import write_atomic
 from servebook.findings import UsageError
+from servebook.metrics.histogram import (
+    HistogramWindow,
+    LatencyDiagnosis,
+    diagnose_client_latency,
+    histogram_window,
+    latency_windows,
+)
 from servebook.metrics.scrape import Snapshot, delta
 
 SCHEMA = "servebook.bench/1"
@@ -460,6 +468,35 @@ class ClientEvidence(BaseModel):
     prompts_ran_out: bool = False  # the prompts built before the point ran out
 
 
+class PrecisionFigure(BaseModel):
+    """One judged figure of a level: the interval reached over its valid repetitions."""
+
+    mean: float | None
+    ci95: tuple[float, float] | None
+    n: int
+    half_width_share: float | None  # half-width / mean; None without an interval
+
+
+class LevelPrecision(BaseModel):
+    """A level's precision verdict.  ``pending``: the level still needed repetitions when
+    the file was written (an interrupted or unfinished run)."""
+
+    target: float  # largest half-width as a share of the mean
+    status: Literal["precise", "imprecise", "pending"]
+    repetitions: int  # run, valid or not
+    min_repetitions: int
+    max_repetitions: int
+    figures: dict[str, PrecisionFigure]
+
+    def describe(self) -> str:
+        """``tok/s ±3.1%, TPOT p50 ±12.0%, target ±5.0%`` (half-widths over the mean)."""
+        parts = []
+        for key, f in self.figures.items():
+            share = "no interval" if f.half_width_share is None else f"±{f.half_width_share:.1%}"
+            parts.append(f"{PRECISION_TITLES.get(key, key)} {share}")
+        return ", ".join([*parts, f"target ±{self.target:.1%}"])
+
+
 class Point(BaseModel):
     model_config = ConfigDict(extra="allow")
     concurrency: int | None
@@ -488,6 +525,15 @@ class Point(BaseModel):
     # Seconds spent building prompts before the point's warm-up (the rest are built by a
     # producer process during the load, never in the sending loop).
     prompt_build_s: float | None = None
+    # role -> {"ttft": HistogramWindow.to_dict(1000), "itl": ..., ...}: the engine's own
+    # latency histograms over the window, in ms (``server_latency``).
+    server_latency: dict[str, dict[str, Any]] | None = None
+    # The client's per-token latency against the server's (``LatencyDiagnosis.to_dict``).
+    latency_diagnosis: dict[str, Any] | None = None
+    # The level's precision verdict (a precision target only; the same on every point of
+    # the level): ``imprecise`` once the level stopped at the cap above the target.
+    imprecise: bool = False
+    precision: LevelPrecision | None = None
     started_at: str | None = None
     ended_at: str | None = None
 
@@ -673,6 +719,7 @@ class Aggregate(BaseModel):
     repetitions: int
     valid_repetitions: int
     figures: dict[str, Figure]
+    precision: LevelPrecision | None = None  # with a precision target only
 
 
 def _figure(values: Iterable[float | None]) -> Figure:
@@ -681,8 +728,9 @@ def _figure(values: Iterable[float | None]) -> Figure:
     return Figure(mean=ci.mean, ci95=band, n=ci.n)
 
 
-def aggregate(points: Sequence[Point]) -> list[Aggregate]:
-    """Per load level, the mean and 95% CI over valid repetitions of each figure."""
+def aggregate(points: Sequence[Point], precision: PrecisionTarget | None = None) -> list[Aggregate]:
+    """Per load level, the mean and 95% CI over valid repetitions of each figure (and the
+    level's precision verdict, with a target)."""
     levels: dict[tuple[str, float], list[Point]] = {}
     for p in points:
         levels.setdefault(p.key[:2], []).append(p)
@@ -706,9 +754,175 @@ def aggregate(points: Sequence[Point]) -> list[Aggregate]:
                 repetitions=len(pts),
                 valid_repetitions=len(valid),
                 figures=figs,
+                precision=precision.verdict(pts) if precision is not None else None,
             )
         )
     return out
+
+
+# --- the precision target ------------------------------------------------------------------
+
+#: The figures a precision target judges: throughput, and median TPOT (the per-step figure
+#: that reproduced within a few percent, field notes), one value per valid repetition.
+PRECISION_FIGURES = ("output_tokens_per_s", "tpot_ms.p50")
+PRECISION_TITLES = {"output_tokens_per_s": "tok/s", "tpot_ms.p50": "TPOT p50"}
+
+
+def _precision_value(p: Point, key: str) -> float | None:
+    if key == "tpot_ms.p50":
+        return p.tpot_ms.p50
+    v = getattr(p, key)
+    return float(v) if v is not None else None
+
+
+@dataclass(frozen=True)
+class PrecisionTarget:
+    """A precision target as the protocol states it (``ProtocolSettings.precision_target``
+    builds it; a results file's own ``provenance.protocol`` gives it back, so the file
+    judges its levels by the rule it was run with)."""
+
+    target: float
+    min_repetitions: int
+    max_repetitions: int
+
+    @classmethod
+    def from_protocol(cls, protocol: Mapping[str, Any]) -> PrecisionTarget | None:
+        target = protocol.get("precision")
+        if not isinstance(target, int | float) or isinstance(target, bool):
+            return None
+        reps = int(protocol.get("repetitions") or 2)
+        minimum = max(2, reps)
+        cap = protocol.get("max_repetitions")
+        return cls(float(target), minimum, max(minimum, int(cap) if cap else minimum))
+
+    def decide(self, points: Sequence[Point]) -> stats.PrecisionDecision:
+        """The stopping rule over one level's points (every repetition counts toward the
+        cap; the intervals are over the valid ones)."""
+        valid = [p for p in sorted(points, key=lambda p: p.repetition) if p.valid]
+        series = {
+            k: [v for p in valid if (v := _precision_value(p, k)) is not None]
+            for k in PRECISION_FIGURES
+        }
+        return stats.precision_decision(
+            series,
+            target=self.target,
+            repetitions=len(points),
+            min_repetitions=self.min_repetitions,
+            max_repetitions=self.max_repetitions,
+        )
+
+    def verdict(self, points: Sequence[Point]) -> LevelPrecision:
+        d = self.decide(points)
+        figures = {}
+        for k, iv in d.intervals.items():
+            band = (iv.low, iv.high) if iv.low is not None and iv.high is not None else None
+            figures[k] = PrecisionFigure(
+                mean=iv.mean, ci95=band, n=iv.n, half_width_share=d.relative[k]
+            )
+        return LevelPrecision(
+            target=self.target,
+            status="pending" if d.status == "continue" else d.status,
+            repetitions=d.repetitions,
+            min_repetitions=self.min_repetitions,
+            max_repetitions=self.max_repetitions,
+            figures=figures,
+        )
+
+
+def mark_precision(points: Sequence[Point], precision: PrecisionTarget | None) -> list[Point]:
+    """Every point carries its level's precision verdict (``imprecise`` and ``precision``);
+    without a target, none."""
+    by_level: dict[tuple[str, float], list[Point]] = {}
+    for p in points:
+        by_level.setdefault(p.key[:2], []).append(p)
+    verdicts = {
+        k: precision.verdict(pts) if precision is not None else None for k, pts in by_level.items()
+    }
+    out = []
+    for p in points:
+        v = verdicts[p.key[:2]]
+        out.append(
+            p.model_copy(
+                update={"precision": v, "imprecise": v is not None and v.status == "imprecise"}
+            )
+        )
+    return out
+
+
+# --- the server's latency ------------------------------------------------------------------
+
+
+def server_latency_windows(
+    before: Mapping[str, Snapshot | str], after: Mapping[str, Snapshot | str]
+) -> dict[str, dict[str, HistogramWindow]]:
+    """Every role read at both edges: its latency histograms over the window (vLLM's
+    names, ``engines.vllm.LATENCY_HISTOGRAMS``; ITL under its pre-0.11 name when the new
+    one is absent).  A role not read at an edge is left out (``server.missing`` says so)."""
+    out: dict[str, dict[str, HistogramWindow]] = {}
+    for role in sorted(set(before) & set(after)):
+        b, a = before[role], after[role]
+        if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
+            continue
+        w = latency_windows(b, a, LATENCY_HISTOGRAMS)
+        if w["itl"].status == "absent":
+            legacy = histogram_window(b, a, H.ITL_LEGACY)
+            if legacy.status != "absent":
+                w["itl"] = legacy
+        out[role] = w
+    return out
+
+
+def diagnose_point(
+    point: Point, windows: Mapping[str, Mapping[str, HistogramWindow]], decode_role: str | None
+) -> LatencyDiagnosis:
+    """The client's TPOT (mean) and ITL (p50) against the server's.  The server's figures
+    come from the role that produced the tokens: PD's decode role; else the only role
+    whose TPOT histogram saw the window (several engine roles behind one entry point each
+    saw only their share: compare them per role in ``server_latency``)."""
+    role = decode_role
+    if role is None:
+        seen = [r for r, w in windows.items() if w["tpot"].usable or w["itl"].usable]
+        if len(seen) > 1:
+            return LatencyDiagnosis(
+                None,
+                None,
+                f"several engine roles ({', '.join(seen)}) served the window: each role's "
+                "own latency is in server_latency",
+                client_tpot_ms=point.tpot_ms.mean,
+                client_itl_ms=point.itl_ms.p50,
+            )
+        role = seen[0] if seen else None
+    w = windows.get(role) if role is not None else None
+    return diagnose_client_latency(
+        client_tpot_ms=point.tpot_ms.mean,
+        client_itl_ms=point.itl_ms.p50,
+        server_tpot=w["tpot"] if w else None,
+        server_itl=w["itl"] if w else None,
+        client_cpu_fraction=point.client.cpu_fraction,
+        client_loop_lag_p99_ms=point.client.loop_lag_p99_ms,
+    )
+
+
+def with_server_latency(
+    point: Point,
+    before: Mapping[str, Snapshot | str],
+    after: Mapping[str, Snapshot | str],
+    *,
+    decode_role: str | None = None,
+) -> Point:
+    """The point with ``server_latency`` (per role, ms) and ``latency_diagnosis``, from
+    the scrapes its server evidence was read from."""
+    windows = server_latency_windows(before, after)
+    if not windows:
+        return point
+    return point.model_copy(
+        update={
+            "server_latency": {
+                role: {k: w.to_dict(1000) for k, w in ws.items()} for role, ws in windows.items()
+            },
+            "latency_diagnosis": diagnose_point(point, windows, decode_role).to_dict(),
+        }
+    )
 
 
 # --- the document --------------------------------------------------------------------------
@@ -760,6 +974,11 @@ def resume_mismatches(old: Provenance, new: Provenance) -> list[str]:
         # recipe and topology; a server given by --url is identified by its URL.
         if isinstance(target, dict) and target.get("deployment"):
             doc["target"] = {k: v for k, v in target.items() if k != "url"}
+    # A protocol setting added since a file was written (``precision``, off) reads as
+    # absent there: a null setting is the same as a missing one.
+    for doc in (a, b):
+        if isinstance(doc.get("protocol"), dict):
+            doc["protocol"] = {k: v for k, v in doc["protocol"].items() if v is not None}
     return [k for k in RESUME_KEYS if a.get(k) != b.get(k)]
 
 
@@ -798,8 +1017,9 @@ class ResultsWriter:
         for p in self.results.points:
             (old if p.key == point.key else kept).append(p)
         self.results.superseded_points.extend(old)
-        self.results.points = [*kept, point]
-        self.results.aggregates = aggregate(self.results.points)
+        precision = PrecisionTarget.from_protocol(self.results.provenance.protocol)
+        self.results.points = mark_precision([*kept, point], precision)
+        self.results.aggregates = aggregate(self.results.points, precision)
         self.results.provenance.ended_at = utc_now()
         self.write()
 

@@ -23,6 +23,7 @@ from servebook.bench.protocol import (
     Thresholds,
     parse_duration,
     parse_levels,
+    parse_precision,
     parse_rates,
     parse_warmup,
     point_order,
@@ -63,6 +64,10 @@ class BenchArgs:
     prompt_format: str = "text"
     # Points without server counters are invalid (always for servebook's own deployments).
     require_server_evidence: bool = True
+    # A precision target ("5%"): repeat each level until its interval is that tight, up to
+    # max_repetitions (None: the protocol's default).  None: off, --repetitions exactly.
+    precision: str | None = None
+    max_repetitions: int | None = None
 
 
 def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
@@ -83,6 +88,8 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
         duration_s=parse_duration(a.duration),
         min_requests=a.min_requests,
         max_point_s=parse_duration(a.max_point, "--max-point") if a.max_point else None,
+        precision=parse_precision(a.precision) if a.precision else None,
+        max_repetitions=a.max_repetitions,
         thresholds=Thresholds(
             min_handoff_share=min_handoff_share,
             max_send_lag_p99_ms=a.max_client_lag_ms,
@@ -140,10 +147,13 @@ def print_points(results: Results, path: Path) -> None:
     for p in sorted(results.points, key=lambda p: (p.concurrency or 0, p.rate or 0, p.repetition)):
         level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
         share = p.server.get("handoff_share") if isinstance(p.server, dict) else None
+        verdict = "[green]valid[/]" if p.valid else "[bold red]INVALID[/]"
+        if p.imprecise:
+            verdict += ", [yellow]imprecise[/]"
         t.add_row(
             level,
             str(p.repetition),
-            "[green]valid[/]" if p.valid else "[bold red]INVALID[/]",
+            verdict,
             str(p.requests_ok),
             str(p.errors),
             _fmt(p.output_tokens_per_s),
@@ -154,6 +164,29 @@ def print_points(results: Results, path: Path) -> None:
             escape("; ".join(r.split(":")[0] for r in p.invalid_reasons)),
         )
     out.print(t)
+    for agg in results.aggregates:
+        if agg.precision is not None:
+            level = f"c={agg.concurrency}" if agg.concurrency is not None else f"rate={agg.rate:g}"
+            out.print(
+                f"{level}: {agg.precision.status} after {agg.precision.repetitions} "
+                f"repetition(s): {agg.precision.describe()}",
+                highlight=False,
+                markup=False,
+            )
+    causes = sorted(
+        {
+            str(p.latency_diagnosis.get("cause"))
+            for p in results.points
+            if p.latency_diagnosis and p.latency_diagnosis.get("agrees") is False
+        }
+    )
+    if causes:
+        out.print(
+            "client and server per-token latency disagree (likely cause: "
+            f"{', '.join(causes)}); each point's latency_diagnosis says why",
+            highlight=False,
+            markup=False,
+        )
 
 
 def run_bench(
@@ -196,6 +229,10 @@ def run_bench(
         def on_point(spec: PointSpec, outcome: PointOutcome | None) -> None:
             label = f"{spec.level.label()} rep {spec.repetition}"
             if outcome is None:
+                if spec.repetition >= settings.min_repetitions:
+                    # A round a precision target added: the sweep grows by this point.
+                    t = next(t for t in bar.tasks if t.id == task)
+                    bar.update(task, total=max(t.total or 0, t.completed) + 1)
                 current["label"], current["t0"] = label, time.monotonic()
                 bar.update(task, description=f"{label}: warm-up")
                 return
@@ -203,6 +240,15 @@ def run_bench(
             verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
             if isinstance(p.server, dict) and p.server.get("evidence") == "none":
                 verdict += " (no server evidence)"
+            level_now = next(
+                (x for x in writer.results.points if x.key == p.key), None
+            )  # marked with its level's precision by the writer
+            if level_now is not None and level_now.precision is not None:
+                pr = level_now.precision
+                verdict += (
+                    f"; level {pr.status if pr.status != 'pending' else 'not yet precise'}: "
+                    f"{pr.describe()}"
+                )
             bar.console.print(
                 f"{label}: {_fmt(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
                 f"{p.errors} errors, {verdict}",
@@ -249,15 +295,20 @@ HELP = (
     "Per point: a discarded warm-up, then a window bounded below by duration and completed "
     "requests; only requests that start and finish inside it count. Points run in an order "
     "shuffled with the seed (--order ascending to override), repeated --repetitions times "
-    "with 95% confidence intervals. Every point gets a validity verdict with reasons "
-    "(window, request count, errors, client saturation, server evidence, PD handoff share), "
-    "and DIR/results.json is rewritten atomically after each point (--resume continues it)."
+    "with 95% confidence intervals; with --precision 5% each level is repeated (in later "
+    "shuffled rounds, never back to back) until those intervals are that tight, and a level "
+    "that reaches --max-repetitions first is reported imprecise with the interval it "
+    "reached. Every point gets a validity verdict with reasons "
+    "(window, request count, errors, client saturation, server evidence, PD handoff share); "
+    "the engine's own latency histograms are recorded beside the client's figures, with the "
+    "likely cause when they disagree; and DIR/results.json is rewritten atomically after "
+    "each point (--resume continues it)."
     "\n\nOn Kubernetes every role is reached through a port-forward servebook opens to its "
     "Ready Pod; a forward that breaks or a Pod replaced during a point makes that point "
     "invalid (SB410) and stops the sweep, naming the role. Without --tokenizer and without "
     "the model on this machine, prompts are built with the server's own /tokenize."
-    "\n\nExit 0 when every point is valid, 1 when a point is invalid or the sweep stopped, "
-    "2 on unusable input.\n\n"
+    "\n\nExit 0 when every point is valid (an imprecise level is reported, not an error), 1 "
+    "when a point is invalid or the sweep stopped, 2 on unusable input.\n\n"
     "Example: servebook bench tiny-pd --concurrency 1,4 --duration 30s -o out/tiny-pd"
 )
 
@@ -309,7 +360,24 @@ def bench(
     min_requests: int | None = typer.Option(
         None, "--min-requests", help="Window requests at least (default 10 x level)."
     ),
-    repetitions: int = typer.Option(3, "--repetitions", help="Repetitions of each point."),
+    repetitions: int = typer.Option(
+        3,
+        "--repetitions",
+        help="Repetitions of each point (with --precision: the minimum, at least 2).",
+    ),
+    precision: str | None = typer.Option(
+        None,
+        "--precision",
+        help="Precision target, e.g. 5%: repeat each level until the 95% interval "
+        "half-width of its output tok/s and TPOT p50 is at most that share of the mean, up "
+        "to --max-repetitions; a level that does not get there is marked imprecise. Off by "
+        "default (recorded either way).",
+    ),
+    max_repetitions: int | None = typer.Option(
+        None,
+        "--max-repetitions",
+        help="With --precision: the most repetitions of a level (default 10).",
+    ),
     order: str = typer.Option("shuffled", "--order", help="shuffled or ascending."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompts, arrivals and order."),
     slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
@@ -361,6 +429,8 @@ def bench(
         duration=duration,
         min_requests=min_requests,
         repetitions=repetitions,
+        precision=precision,
+        max_repetitions=max_repetitions,
         order=order,
         seed=seed,
         slo=slo,

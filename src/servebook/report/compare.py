@@ -133,7 +133,16 @@ VARIABLES: dict[str, Variable] = {
 
 # Protocol settings that may differ between like-for-like runs: compare matches the load
 # levels both have, and the intervals already account for the number of repetitions.
-_PROTOCOL_FREE = {"concurrencies", "rates", "repetitions", "seed"}
+# A precision target and its cap decide how many repetitions there are, nothing else.
+_PROTOCOL_FREE = {
+    "concurrencies",
+    "rates",
+    "repetitions",
+    "seed",
+    "precision",
+    "max_repetitions",
+    "precision_rule",
+}
 # Workload keys that name a place on a machine; the content is compared elsewhere (model
 # config hash, dataset sha256).
 _WORKLOAD_FREE = {"tokenizer", "path", "seed"}
@@ -469,6 +478,14 @@ class Row:
     b: stats.Interval
     test: Welch | None
     verdict: Verdict
+    # Whether A's and B's level is imprecise (its precision target not reached): a verdict
+    # on it rests on an interval wider than that run asked for.
+    imprecise: tuple[bool, bool] = (False, False)
+
+    @property
+    def imprecise_note(self) -> str:
+        sides = [n for n, bad in zip("AB", self.imprecise, strict=True) if bad]
+        return f"{' and '.join(sides)} imprecise" if sides else ""
 
     @property
     def ratio(self) -> float | None:
@@ -505,6 +522,7 @@ class Row:
             "welch_df": t.df if t else None,
             "p": t.p if t else None,
             "verdict": self.verdict,
+            "imprecise": {"a": self.imprecise[0], "b": self.imprecise[1]},
         }
 
 
@@ -524,7 +542,15 @@ def compare_level(la: Level, lb: Level, metric: str) -> Row | None:
         verdict = "not measured on one side"
     else:
         verdict = verdict_of(w, m.better)
-    return Row(la.label, metric, stats.mean_ci(va), stats.mean_ci(vb), w, verdict)
+    return Row(
+        la.label,
+        metric,
+        stats.mean_ci(va),
+        stats.mean_ci(vb),
+        w,
+        verdict,
+        (la.imprecise, lb.imprecise),
+    )
 
 
 @dataclass
@@ -617,11 +643,17 @@ def rows_table(c: Comparison) -> Table:
                 fmt_interval(r.b, percent=METRICS[r.metric].percent),
                 fmt_relative(r),
                 f"{r.test.p:.3g}" if r.test else NA,
-                r.verdict,
+                r.verdict + (f" ({r.imprecise_note})" if r.imprecise_note else ""),
             ]
             for r in c.rows
         ],
-        note=TEST,
+        note=TEST
+        + (
+            " 'imprecise': that run's level stopped at its repetition cap with an interval "
+            "wider than its precision target."
+            if any(r.imprecise_note for r in c.rows)
+            else ""
+        ),
     )
 
 

@@ -47,6 +47,8 @@ class Series:
     x_low: list[float] = field(default_factory=list)  # Pareto only: CI of x
     x_high: list[float] = field(default_factory=list)
     point_labels: list[str] = field(default_factory=list)
+    # Per x: the level is imprecise (a precision target it did not reach): drawn hollow.
+    imprecise: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def _metric_panel(runs: Sequence[Run], mode: Mode, metric: str) -> Panel:
                 [_nan(f.mean) for f in figs],
                 [_nan(f.low) for f in figs],
                 [_nan(f.high) for f in figs],
+                imprecise=[lv.imprecise for lv in lvs],
             )
         )
         panel.invalid += _invalid_marks(run, i, lvs, lambda lv, _p: lv.value, _of(m, run))
@@ -157,6 +160,17 @@ _INVALID = (
     "Red crosses: invalid points, labelled with the checks they failed, excluded from lines "
     "and bands."
 )
+IMPRECISE = (
+    "Hollow markers: imprecise levels (repeated up to the cap, their 95% interval still "
+    "wider than the precision target)."
+)
+
+
+def _with_imprecise(spec: PlotSpec) -> PlotSpec:
+    """Say in the caption what hollow markers mean, when the plot has any."""
+    if any(any(s.imprecise) for p in spec.panels for s in p.series):
+        spec.caption = f"{spec.caption} {IMPRECISE}"
+    return spec
 
 
 def measured_levels(runs: Sequence[Run], mode: Mode) -> list[float]:
@@ -251,6 +265,7 @@ def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
                 [_nan(fx[j].low) for j in keep],
                 [_nan(fx[j].high) for j in keep],
                 [lvs[j].label for j in keep],
+                imprecise=[lvs[j].imprecise for j in keep],
             )
         )
         panel.invalid += _invalid_marks(run, i, lvs, lambda _lv, p: tokens_per_user(p), _of(m, run))
@@ -279,7 +294,7 @@ def plot_specs(runs: Sequence[Run]) -> list[PlotSpec]:
         ]
     if runs:
         out.append(pareto_plot(runs))
-    return out
+    return [_with_imprecise(p) for p in out]
 
 
 # --- drawing -------------------------------------------------------------------------------
@@ -358,8 +373,10 @@ def _draw_panel(ax: object, spec: PlotSpec, panel: Panel) -> None:
             )
             for x, y, t in zip(s.x, s.y, s.point_labels, strict=True):
                 ax.annotate(t, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+            _draw_imprecise(ax, s, c)
         else:
             ax.plot(s.x, s.y, color=c, marker="o", label=s.label)
+            _draw_imprecise(ax, s, c)
             ax.fill_between(s.x, s.low, s.high, color=c, alpha=0.2, linewidth=0)
             # Bars as well as the band: a level alone (or between gaps) has no band to show.
             bars = [
@@ -386,6 +403,22 @@ def _draw_panel(ax: object, spec: PlotSpec, panel: Panel) -> None:
         ax.legend(fontsize=8)
     if not panel.series:
         ax.text(0.5, 0.5, panel.note or "no data", transform=ax.transAxes, ha="center")
+
+
+def _draw_imprecise(ax: Any, s: Series, color: str) -> None:
+    """Imprecise levels as hollow markers over the line's filled ones."""
+    pts = [(x, y) for x, y, bad in zip(s.x, s.y, s.imprecise, strict=False) if bad]
+    if pts:
+        ax.plot(
+            [x for x, _ in pts],
+            [y for _, y in pts],
+            linestyle="none",
+            marker="o",
+            markersize=9,
+            markerfacecolor="white",
+            markeredgecolor=color,
+            markeredgewidth=2,
+        )
 
 
 def _draw_invalid(ax: Any, panel: Panel, *, bottom_zero: bool) -> None:

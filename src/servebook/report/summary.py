@@ -8,8 +8,8 @@ Read defensively: a field the results do not carry is simply not mentioned.
 * SLOs: ``point.goodput.slo_ms`` (``--slo``); a level breaks one when the mean over its
   valid repetitions of that latency's p99 exceeds it (more than 1% of requests miss).
 * Imprecise: a level is imprecise when any of its points carries ``imprecise: true``
-  (the verdict of a precision target; its ``precision`` dict, when present, says what
-  half-width was reached).  Until bench records it, nothing is called imprecise.
+  (the verdict of a precision target, ``bench --precision``; its ``precision`` record
+  says what half-width was reached).
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         parts.append(f"at least {protocol['min_requests']} requests per window")
     if protocol.get("max_concurrency") is not None:
         parts.append(f"rate levels capped at {protocol['max_concurrency']} in flight")
+    if isinstance(protocol.get("precision"), int | float):
+        cap = protocol.get("max_repetitions")
+        parts.append(
+            f"repeated until the 95% interval of tok/s and TPOT p50 is within "
+            f"±{100 * protocol['precision']:g}% of the mean"
+            + (f", at most {_num(cap)} repetitions" if cap is not None else "")
+        )
     if "seed" in protocol:
         parts.append(f"seed {protocol['seed']}")
     known = {
@@ -103,6 +110,8 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         "thresholds",
         "max_point_s",
         "stall_s",
+        "precision",
+        "max_repetitions",
     }
     extra = {
         k: v
@@ -202,8 +211,13 @@ def run_summary(run: Run) -> str:
         parts.append("every point valid")
     imprecise = imprecise_levels(run)
     if imprecise:
+        reached = [
+            lv.label + (f" ({lv.precision.describe()})" if lv.precision is not None else "")
+            for lv in levels(run)
+            if lv.imprecise
+        ]
         parts.append(
-            f"imprecise (interval wider than the precision target) at {', '.join(imprecise)}"
+            f"imprecise (interval wider than the precision target) at {'; '.join(reached)}"
         )
     return f"{run.label}: " + "; ".join(parts) + "."
 

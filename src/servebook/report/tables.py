@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servebook.bench import stats
-from servebook.bench.results import RESULTS_NAME, Point, Results, load_results
+from servebook.bench.results import RESULTS_NAME, LevelPrecision, Point, Results, load_results
 from servebook.findings import UsageError
 
 Better = Literal["higher", "lower"]
@@ -294,6 +294,16 @@ class Level:
     def figure(self, metric: str | Callable[[Point, Run], float | None]) -> stats.Interval:
         return stats.mean_ci(self.values(metric))
 
+    @property
+    def precision(self) -> LevelPrecision | None:
+        """The level's precision verdict (a run with ``--precision``), from its points."""
+        return next((p.precision for p in self.points if p.precision is not None), None)
+
+    @property
+    def imprecise(self) -> bool:
+        """The level stopped at its repetition cap with an interval wider than the target."""
+        return any(p.imprecise for p in self.points)
+
 
 def level_key(p: Point) -> tuple[int, float]:
     return (0, float(p.concurrency)) if p.concurrency is not None else (1, float(p.rate or 0.0))
@@ -383,7 +393,21 @@ def _level_rows(runs: Sequence[Run], cells: Callable[[Level], list[str]]) -> lis
 
 
 def _valid_cell(lv: Level) -> str:
-    return f"{len(lv.valid)}/{len(lv.points)}"
+    return f"{len(lv.valid)}/{len(lv.points)}" + (" imprecise" if lv.imprecise else "")
+
+
+def precision_cell(lv: Level) -> str:
+    """``precise: tok/s ±2.1%, TPOT p50 ±0.8% (target ±5.0%)``; n/a without a target."""
+    pr = lv.precision
+    if pr is None:
+        return NA
+    status = "not yet decided" if pr.status == "pending" else pr.status
+    return f"{status}: {pr.describe()}"
+
+
+def any_precision(runs: Sequence[Run]) -> bool:
+    """Whether any run had a precision target (its column is shown only then)."""
+    return any(p.precision is not None for r in runs for p in r.results.points)
 
 
 def runs_table(runs: Sequence[Run]) -> Table:
@@ -452,6 +476,11 @@ def throughput_table(runs: Sequence[Run]) -> Table:
             Column("Output tok/s per accelerator", True),
         ]
     note = "Mean ± 95% CI half-width (Student t) over the valid repetitions of each level."
+    if any_precision(runs):
+        note += (
+            " 'imprecise': the level reached its repetition cap with an interval wider than "
+            "the run's precision target (see the validity table)."
+        )
     if per_acc:
         note += (
             " Per accelerator = absolute / the accelerators the deployment uses; n/a where "
@@ -495,6 +524,8 @@ def latency_table(runs: Sequence[Run]) -> Table:
 
 
 def validity_table(runs: Sequence[Run]) -> Table:
+    with_precision = any_precision(runs)
+
     def cells(lv: Level) -> list[str]:
         verdict = "valid" if not lv.invalid else f"{len(lv.invalid)} invalid (excluded)"
         if lv.points and not lv.valid:
@@ -502,6 +533,7 @@ def validity_table(runs: Sequence[Run]) -> Table:
         return [
             _valid_cell(lv),
             verdict,
+            *([precision_cell(lv)] if with_precision else []),
             fmt_interval(lv.figure("error_rate"), percent=True),
             fmt_interval(lv.figure("handoff_share"), percent=True),
             fmt_interval(lv.figure("spec_acceptance"), percent=True),
@@ -516,6 +548,7 @@ def validity_table(runs: Sequence[Run]) -> Table:
             Column("Load"),
             Column("Valid reps", True),
             Column("Validity"),
+            *([Column("Precision (95% half-width / mean)")] if with_precision else []),
             Column("Error rate", True),
             Column("PD handoff share", True),
             Column("Spec. acceptance", True),
@@ -524,7 +557,14 @@ def validity_table(runs: Sequence[Run]) -> Table:
         _level_rows(runs, cells),
         note="From every role's counters, read before and after each window (server-side "
         "evidence, not client estimates); n/a where the deployment has no such counter "
-        "(no PD handoff, no speculative decoding).",
+        "(no PD handoff, no speculative decoding)."
+        + (
+            " Precision: with a precision target a level is repeated until the 95% interval "
+            "of its tok/s and TPOT p50 is within the target; 'imprecise' levels stopped at "
+            "the repetition cap with the interval shown (a verdict apart from validity)."
+            if with_precision
+            else ""
+        ),
     )
 
 
