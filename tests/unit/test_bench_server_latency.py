@@ -1,0 +1,188 @@
+"""The server's latency beside the client's, per point, on a real sweep over HTTP.
+
+The stand-in is a server that coalesces its stream: it sends a request's first token,
+then, after as long as the remaining tokens took to make, all of them in one write (as a
+server with a large stream interval, or an engine that flushes per scheduler step,
+does).  Its ``/metrics`` page is vLLM's shape (prometheus_client, vLLM's names and ITL
+buckets) and says what the engine did: a token every 20 ms.  The client reads the
+remaining tokens in one go, so its ITL p50 is ~0 while its TPOT (first to last token
+over the gaps) is still ~20 ms: the results and the report must say
+``coalesced_streaming``, not that the server streamed at 0 ms per token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from servebook.bench.client import Endpoint
+from servebook.bench.protocol import ProtocolSettings, Target, Thresholds, Warmup, run_sweep
+from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_results
+from servebook.bench.workload import DatasetPrompts, Prompt
+from servebook.report.render import build_report, to_html, to_markdown
+from servebook.report.tables import load_runs
+
+STEP_S = 0.02  # the engine's time per output token
+TTFT_S = 0.01
+OUTPUT_LEN = 12
+# vLLM's bucket bounds for these histograms (vllm.md 1.2), so the estimates carry the
+# same resolution a real server's would.
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0)
+
+
+class CoalescingServer:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens", registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "output", registry=r)
+        self.success = Counter("vllm:request_success", "finished", ["finished_reason"], registry=r)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "TTFT", buckets=TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "ITL", buckets=ITL_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "TPOT",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "E2E", buckets=E2E_BUCKETS, registry=r
+        )
+
+    @staticmethod
+    def event(choice: object) -> bytes:
+        return b"data: " + json.dumps(choice).encode() + b"\n\n"
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = int(body["max_tokens"])
+        t0 = time.monotonic()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(TTFT_S)
+        token = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+        await resp.write(self.event(token))
+        await asyncio.sleep(STEP_S * (n - 1))  # the engine makes the other tokens...
+        rest = b"".join(self.event(token) for _ in range(n - 1))  # ...sent in one write
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+        await resp.write(rest + self.event(usage) + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        # What the engine observed: a token every STEP_S.
+        self.ttft.observe(TTFT_S)
+        for _ in range(n - 1):
+            self.itl.observe(STEP_S)
+        self.tpot.observe(STEP_S)
+        self.e2e.observe(time.monotonic() - t0)
+        self.prompt_tokens.inc(3)
+        self.generation_tokens.inc(n)
+        self.success.labels(finished_reason="length").inc()
+        return resp
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+
+
+@pytest.fixture()
+def coalescing() -> Iterator[str]:
+    srv = CoalescingServer()
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.completions)
+    app.router.add_get("/metrics", srv.metrics)
+    runner = web.AppRunner(app, access_log=None)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.SockSite(runner, sock).start())
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+SETTINGS = ProtocolSettings(
+    concurrencies=(2,),
+    repetitions=1,
+    warmup=Warmup(0.05, 2),
+    duration_s=0.6,
+    min_requests=3,
+    # The server shares this process and a busy machine: judge the client loosely here
+    # (its rules have their own tests); the latency diagnosis is what is under test.
+    thresholds=Thresholds(
+        max_send_lag_p99_ms=1000,
+        max_loop_lag_p99_ms=1000,
+        max_client_cpu=1.0,
+        min_achieved_concurrency=0.5,
+    ),
+)
+
+
+def test_a_coalescing_server_is_reported_as_such_in_the_results_and_the_report(
+    coalescing: str, tmp_path: Path
+) -> None:
+    provenance = Provenance(
+        servebook_version="test",
+        model=ModelInfo(name="tiny"),
+        seed=0,
+        protocol=SETTINGS.to_dict(),
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+    run_sweep(
+        Target(endpoint=Endpoint(coalescing, "tiny"), metrics_urls={"server": coalescing}),
+        SETTINGS,
+        DatasetPrompts([Prompt("x", OUTPUT_LEN)], "memory", "0"),
+        ResultsWriter(tmp_path, provenance),
+    )
+    (p,) = load_results(tmp_path / "results.json").points
+    assert p.valid, p.invalid_reasons
+    # the client's own view: tokens arrived together, yet first-to-last took 20 ms a gap
+    assert p.itl_ms.p50 is not None and p.itl_ms.p50 < 1.0
+    assert p.tpot_ms.mean == pytest.approx(STEP_S * 1000, rel=0.25)
+
+    assert p.server_latency is not None
+    server = p.server_latency["server"]
+    assert server["tpot"]["status"] == "ok" and server["ttft"]["status"] == "ok"
+    assert server["tpot"]["mean"] == pytest.approx(STEP_S * 1000)  # exact: sum / count
+    assert server["ttft"]["mean"] == pytest.approx(TTFT_S * 1000)
+    assert server["itl"]["p50"]["bucket"] == [10.0, 25.0]  # the resolution, stated
+    assert server["itl"]["count"] == server["tpot"]["count"] * (OUTPUT_LEN - 1)
+
+    d = p.latency_diagnosis
+    assert d is not None
+    assert d["agrees"] is False and d["cause"] == "coalesced_streaming"
+    assert d["server_tpot_ms_mean"] == pytest.approx(STEP_S * 1000)
+    assert d["server_itl_ms_p50_bucket"] == [10.0, 25.0]
+
+    report = build_report(load_runs([tmp_path]))
+    table = report.server_latency
+    assert table is not None and table in report.tables
+    (row,) = table.rows
+    assert row[1] == "c=2" and row[-1] == "coalesced_streaming"
+    assert row[4] == "20.00"  # server TPOT mean, beside the client's
+    assert "coalesced_streaming" in to_markdown(report)
+    pngs = {p.id: b"" for p in report.plots}
+    assert "coalesced_streaming" in to_html(report, pngs)
