@@ -114,6 +114,16 @@ def test_a_sweep_writes_valid_points_with_server_evidence(
         assert p.window.duration_s is not None and p.window.duration_s >= 0.25
         assert p.server["handoff_share"] == pytest.approx(896 / 917)
         assert p.ttft_ms.p50 is not None and p.output_tokens_per_s
+        # the engines' own latency, per role, from the same two scrapes
+        assert p.server_latency is not None and set(p.server_latency) == {"prefill", "decode"}
+        assert p.server_latency["decode"]["tpot"]["status"] == "ok"
+        assert p.server_latency["prefill"]["ttft"]["status"] == "ok"
+        # PD: the client's per-token figures are set against decode's, the role that
+        # made the tokens (this test server streams at 2 ms a token, the capture did not)
+        assert p.latency_diagnosis is not None
+        assert p.latency_diagnosis["server_tpot_ms_mean"] == pytest.approx(
+            p.server_latency["decode"]["tpot"]["mean"]
+        )
     doc = json.loads((tmp_path / "results.json").read_text())
     assert [p["concurrency"] for p in doc["points"]] == [1, 3]
     assert {a["concurrency"] for a in doc["aggregates"]} == {1, 3}
