@@ -1,0 +1,59 @@
+"""On real vLLM CPU (tiny-mixed, short windows): every point records the engine's own
+TTFT and TPOT over its window from the latency histograms, beside the client's, with a
+diagnosis; and a precision target runs and records its verdict."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servebook.backends import local
+from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.recipe.resolve import resolve
+from tests.engine.conftest import deployed
+
+pytestmark = pytest.mark.engine
+
+
+def test_server_side_ttft_and_tpot_are_recorded_per_point(tmp_path: Path) -> None:
+    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-lat"))
+    with deployed(plan, "b-lat"):
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "servebook", "bench", "b-lat",
+                "--prompt-format", "ids", "--concurrency", "2",
+                "--repetitions", "2", "--precision", "50%", "--max-repetitions", "3",
+                "--duration", "3s", "--warmup", "1s", "--min-requests", "3",
+                "--input-len", "64", "--output-len", "16",
+                "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5",
+                "-o", str(tmp_path / "lat"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = load_results(tmp_path / "lat" / RESULTS_NAME)
+    assert res.provenance.protocol["precision"] == 0.5
+    assert 2 <= len(res.points) <= 3
+    for p in res.points:
+        assert p.valid, p.invalid_reasons
+        assert p.server_latency is not None
+        (role,) = p.server_latency
+        server = p.server_latency[role]
+        for key in ("ttft", "tpot", "itl"):
+            assert server[key]["status"] == "ok", (key, server[key])
+            assert server[key]["count"] > 0 and server[key]["mean"] > 0
+            assert server[key]["p50"]["bucket"][0] <= server[key]["p50"]["value"]
+        # each finished request observed one TTFT and one TPOT in the window
+        assert server["tpot"]["count"] >= p.requests_ok
+        d = p.latency_diagnosis
+        assert d is not None and d["server_tpot_ms_mean"] == pytest.approx(server["tpot"]["mean"])
+        assert d["client_tpot_ms_mean"] == pytest.approx(p.tpot_ms.mean)
+        assert p.precision is not None and p.precision.target == 0.5
+    assert res.points[0].precision is not None
+    assert res.points[0].precision.status in ("precise", "imprecise")
+    print(*(f"rep {p.repetition}: {p.latency_diagnosis}" for p in res.points), sep="\n")
