@@ -22,6 +22,9 @@ SETS = [
     "decode_node=gpu-b",
     "prefill_model_dir=/models/llama",
     "decode_model_dir=/models/llama",
+    # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
+    "fabric=tcp",
+    "allow_tcp_kv=true",
 ]
 
 

@@ -193,6 +193,9 @@ def test_cli_snapshot_with_weights_says_whether_they_fit(cli: Cli) -> None:
         "decode_node=gpu-b",
         "prefill_model_dir=/models/m",
         "decode_model_dir=/models/m",
+        # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
+        "fabric=tcp",
+        "allow_tcp_kv=true",
     ]
 
     def run(snapshot: str, weights: str) -> tuple[int, list[dict[str, Any]]]:
@@ -227,6 +230,9 @@ def _objects() -> list[dict[str, Any]]:
                 "decode_node=b",
                 "prefill_model_dir=/m",
                 "decode_model_dir=/m",
+                # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
+                "fabric=tcp",
+                "allow_tcp_kv=true",
             ],
             [],
         )

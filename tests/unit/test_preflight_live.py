@@ -30,6 +30,9 @@ SETS = [
     "decode_node=gpu-b",
     "prefill_model_dir=/models/llama",
     "decode_model_dir=/models/llama",
+    # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
+    "fabric=tcp",
+    "allow_tcp_kv=true",
 ]
 LLAMA_70B_BYTES = 141_107_412_992  # a 70B model in BF16: its index's total_size
 KIMI_K2_FP8_BYTES = 1_029_174_409_216  # a 1T-parameter MoE in FP8
