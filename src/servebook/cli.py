@@ -7,6 +7,7 @@ import sys
 
 from rich.markup import escape
 
+from servebook import redact
 from servebook.commands import app, err
 from servebook.commands import bench as _bench  # noqa: F401  (registers commands)
 from servebook.commands import deploy as _deploy  # noqa: F401
@@ -26,7 +27,9 @@ def main() -> None:
     try:
         app()
     except UsageError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        # Messages quote URLs, command lines and log lines: never a secret in them.
+        message = escape(redact.text(str(e)))
+        err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
 
 

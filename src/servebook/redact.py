@@ -60,6 +60,43 @@ _MIN_KNOWN = 4
 
 _known: set[str] = set()
 
+# In prose a flag or a name is often followed by a word, not a value ("pass --api-key or
+# set OPENAI_API_KEY", "requires an API key: pass it"): unquoted, these are kept.
+_PROSE = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "for",
+        "from",
+        "given",
+        "if",
+        "in",
+        "is",
+        "it",
+        "missing",
+        "must",
+        "not",
+        "of",
+        "on",
+        "or",
+        "pass",
+        "required",
+        "set",
+        "the",
+        "then",
+        "to",
+        "was",
+        "when",
+        "with",
+    ]
+)
+
 
 def remember(*values: str | None) -> None:
     """Values known to be secret (an API key servebook was given): from now on they are
@@ -139,6 +176,8 @@ def _text(s: str) -> tuple[str, list[str]]:
         val = m.group("val")
         if val == REDACTED or val.startswith("-") or not is_secret_name(m.group("flag")):
             return m.group(0)
+        if m.group("sep").isspace() and val.lower() in _PROSE:
+            return m.group(0)
         why.append(m.group("flag"))
         return f"{m.group('flag')}{m.group('sep')}{REDACTED}"
 
@@ -149,8 +188,12 @@ def _text(s: str) -> tuple[str, list[str]]:
         return f"{m.group('name')}={REDACTED}"
 
     def keyed(m: re.Match[str]) -> str:
-        val = m.group("val")
-        if val in (REDACTED, "Bearer", "Basic") or not is_secret_name(m.group("name")):
+        val, name = m.group("val"), m.group("name")
+        if val in (REDACTED, "Bearer", "Basic") or not is_secret_name(name):
+            return m.group(0)
+        # Unquoted, only a name that reads as an identifier (api_key: x, HF-TOKEN: x), and
+        # not a word of prose after it.
+        if not m.group("q") and (not re.search(r"[_.-]", name) or val.lower() in _PROSE):
             return m.group(0)
         why.append(m.group("name"))
         q, vq = m.group("q"), m.group("vq")

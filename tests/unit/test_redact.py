@@ -186,3 +186,16 @@ def test_a_refusal_without_a_key_says_to_pass_one_and_never_shows_credentials() 
     assert auth.MISSING in str(e) and "pw" not in str(e) and e.exit_code == 2
     wrong = auth.rejected(403, "http://h/v1/models", "k")
     assert "refused the API key" in str(wrong) and "--api-key" in str(wrong)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        auth.MISSING,
+        "the server requires an API key: pass it with --api-key or set OPENAI_API_KEY",
+        "--hf-token is missing",
+        "no token: the hub refused",
+    ],
+)
+def test_prose_about_keys_is_left_as_written(line: str) -> None:
+    assert redact.text(line) == line

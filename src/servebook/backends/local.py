@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from servebook import http
+from servebook import auth, http, redact
 from servebook.backends.base import Down, Found, Ready
 from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
@@ -195,7 +195,8 @@ def log_tail(path: str | Path, lines: int = 25) -> str:
             data = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    # Printed in up's failure messages and read into verify's findings: never a secret.
+    return redact.text("\n".join(data.splitlines()[-lines:]))
 
 
 # --- state file ---------------------------------------------------------------------------
@@ -297,21 +298,26 @@ def ensure_models(plan: Plan, say: Callable[[str], None]) -> None:
 # --- up / down ----------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], env: dict[str, str], log: Path, secret_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start one role.  ``secret_env`` (an API key) reaches the process's environment only:
+    not its command line, where `ps` shows it, and not the recorded state."""
     log.parent.mkdir(parents=True, exist_ok=True)
     # One log per run: verify reads it for failure signatures, and an earlier run's engine
     # death must not be reported as this one's.  The previous run's log is kept beside it.
     if log.exists():
         os.replace(log, log.with_suffix(".prev.log"))
     with open(log, "wb") as f:
-        f.write(f"# servebook: {datetime.now(UTC).isoformat()} starting: {argv}\n".encode())
+        shown = redact.argv(argv)[0]
+        f.write(f"# servebook: {datetime.now(UTC).isoformat()} starting: {shown}\n".encode())
         f.flush()
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=f,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
+            env={**os.environ, **env, **(secret_env or {})},
             start_new_session=True,  # own process group: down stops exactly this tree
         )
 
@@ -323,9 +329,12 @@ def _health(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def smoke_completion(url: str, model: str, timeout: float) -> dict[str, Any]:
-    """One real completion through the entry point; raises on anything but a valid one."""
-    body, error = completion(url, model, SMOKE_PROMPT, 8, timeout)
+def smoke_completion(
+    url: str, model: str, timeout: float, api_key: str | None = None
+) -> dict[str, Any]:
+    """One real completion through the entry point; raises on anything but a valid one
+    (``auth.ApiKeyError`` when the server refuses it for want of the key)."""
+    body, error = completion(url, model, SMOKE_PROMPT, 8, timeout, api_key)
     if body is None:
         raise http.HTTPError(error)
     choices = body.get("choices") or []
@@ -345,6 +354,22 @@ def up(
     """Start every role of the Plan and wait until the entry point completes a request."""
     name = name or plan.recipe
     check_engine_installed()
+    # The key readiness sends (a deployment may be protected by VLLM_API_KEY inherited from
+    # this environment, or an --api-key in its arguments) and the engines get when the
+    # recipe requires one.
+    api_key = auth.for_engines()
+    secret_env: dict[str, dict[str, str]] = {"engine": {}, "router": {}}
+    if plan.require_api_key:
+        if api_key is None:
+            raise UsageError(
+                f"recipe {plan.recipe} requires an API key (require_api_key: true): set "
+                "OPENAI_API_KEY (or VLLM_API_KEY), or pass --api-key to `servebook run`. The "
+                "engines get it as VLLM_API_KEY in their environment, never on their command "
+                "line."
+            )
+        # vLLM reads VLLM_API_KEY; vllm-router sends $OPENAI_API_KEY as the bearer token of
+        # its requests to prefill and decode (it checks no key of its own).
+        secret_env = {"engine": {"VLLM_API_KEY": api_key}, "router": {"OPENAI_API_KEY": api_key}}
     router = router_binary() if any(r.kind == "router" for r in plan.roles) else None
     existing = read_state(name)
     if existing is not None:
@@ -419,7 +444,7 @@ def up(
     ) -> None:
         log = sdir / "logs" / f"{role_name}.log"
         release(ports[role_name])
-        proc = _spawn(argv, env, log)
+        proc = _spawn(argv, env, log, secret_env[kind])
         procs[role_name] = proc
         dep.roles.append(
             RoleProcess(
@@ -492,7 +517,7 @@ def up(
             start_healthy(["router"])
         dep.entry_url = dep.role(plan.entry_role).url
         write_state(dep)
-        _wait_completion(dep, procs, deadline, say)
+        _wait_completion(dep, procs, deadline, say, api_key)
         dep.ready = True
         write_state(dep)
         return dep
@@ -567,6 +592,7 @@ def _wait_completion(
     procs: dict[str, subprocess.Popen[bytes]],
     deadline: float,
     say: Callable[[str], None],
+    api_key: str | None = None,
 ) -> None:
     last = ""
     while True:
@@ -581,7 +607,9 @@ def _wait_completion(
             )
             raise err
         try:
-            body = smoke_completion(dep.entry_url, dep.served_model_name, min(60.0, remaining))
+            body = smoke_completion(
+                dep.entry_url, dep.served_model_name, min(60.0, remaining), api_key
+            )
             say(f"entry point {dep.entry_url} completed a request: {body['choices'][0]['text']!r}")
             return
         except http.HTTPError as e:

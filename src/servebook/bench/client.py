@@ -72,12 +72,13 @@ import os
 import pickle
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from servebook import auth
 from servebook.bench.workload import Api, BuildsPrompts, Prompt, PromptSource
 
 try:  # orjson parses a stream chunk several times faster; json is the fallback.
@@ -461,7 +462,9 @@ def default_workers(concurrency: int | None, cores: int | None = None) -> int:
 
 # Global slots, then per-worker counter slots.
 _G_START, _G_WINDOW, _G_STOP, _G_N = 0, 1, 2, 3
-_W_SENT, _W_OK, _W_ERR, _W_TOKENS, _W_WIN_OK, _W_WIN_ERR, _W_READY, _W_DONE, _W_N = range(9)
+_W_SENT, _W_OK, _W_ERR, _W_TOKENS, _W_WIN_OK, _W_WIN_ERR = range(6)
+# _W_AUTH: requests the server refused for want of the API key (401/403).
+_W_READY, _W_DONE, _W_AUTH, _W_N = range(6, 10)
 
 
 class Control:
@@ -589,6 +592,8 @@ def _decide(
             stop = t
     if spec.deadline_s is not None and t - control.start_ns > spec.deadline_s * 1e9:
         stop = t
+    if control.total(_W_AUTH):
+        stop = t  # the server refuses our key: every further request would be refused too
     if on_progress is not None:
         on_progress(p)
     return opened, stop if not control.stopped else None
@@ -1092,6 +1097,8 @@ class _Worker:
                     text = (await resp.content.read(2048)).decode("utf-8", "replace")
                     rec.error = f"HTTP {resp.status}: {text.strip()[:500]}"
                     rec.end_ns = now_ns()
+                    if auth.is_rejection(resp.status):
+                        c.add(w, _W_AUTH)
                 elif self.fast_reader and _hook_reader(resp.content, rec, parser, chat):
                     try:
                         await resp.content.wait_eof()
@@ -1352,6 +1359,14 @@ class ClientError(Exception):
     """The load generator itself failed (a worker died); no results were measured."""
 
 
+def _refused(records: Iterable[RequestRecord], endpoint: Endpoint) -> None:
+    """A load the server refused for want of the key (401/403) measured nothing: it ends
+    with ``auth.ApiKeyError`` (exit 2), never as a point of failed requests."""
+    for r in records:
+        if auth.is_rejection(r.status):
+            raise auth.rejected(r.status or 401, endpoint.url, endpoint.api_key)
+
+
 async def run_load_async(
     endpoint: Endpoint,
     spec: LoadSpec,
@@ -1392,6 +1407,7 @@ async def run_load_async(
         if producer is not None:
             producer.stop()
     end = now_ns()
+    _refused(w.records, endpoint)
     return LoadResult(
         spec,
         endpoint,
@@ -1489,6 +1505,7 @@ def run_load(
     end = now_ns()
     records = sorted((r for recs, _ in results.values() for r in recs), key=lambda r: r.index)
     stats = [results[w][1] for w in sorted(results)]
+    _refused(records, endpoint)
     return LoadResult(
         spec,
         endpoint,

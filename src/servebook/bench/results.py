@@ -128,13 +128,12 @@ class Provenance(BaseModel):
 # Provenance that must match for a resumed run's points to belong with the old ones.
 RESUME_KEYS = ("engine", "engine_version", "model", "target", "protocol", "workload", "seed")
 
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|AUTH", re.I)
-
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A role's environment for the record, with secret-looking values replaced: a results
-    file is meant to be shared."""
-    return {k: ("<redacted>" if _SECRET.search(k) else v) for k, v in sorted(env.items())}
+    """A role's environment for the record, secrets replaced (``servebook.redact.env``)."""
+    from servebook import redact
+
+    return redact.env(env)[0]
 
 
 def model_config_hash(model_dir: str | Path) -> str | None:

@@ -2,7 +2,14 @@
 from the URL of any OpenAI-compatible server the user already runs.
 
 Provenance is read from the servers themselves where it can be (``/version``, the
-deployment's recorded command lines) rather than from what the user says.
+deployment's recorded command lines) rather than from what the user says, and passes
+through ``servebook.redact`` before it is recorded: a results file is made to be shared,
+so secret flags, variables and URL credentials are replaced and ``provenance.redacted``
+names what was (never the value).
+
+A protected server is asked once, before any load, whether it takes the key servebook has
+(``check_key``): a refusal is ``auth.ApiKeyError`` (exit 2), not a sweep of refused
+requests.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servebook import auth, http, redact
 from servebook.bench.client import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.results import (
@@ -18,7 +26,6 @@ from servebook.bench.results import (
     RoleProvenance,
     fetch_engine_version,
     make_provenance,
-    redact_env,
 )
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
@@ -54,9 +61,25 @@ def pd_min_share(decode_url: str, input_len: int) -> float:
     return handoff_required_tokens([input_len], block) / input_len
 
 
-def from_deployment(view: DeploymentView, *, api: str, request_timeout_s: float) -> Subject:
+def check_key(endpoint: Endpoint, timeout_s: float = 10.0) -> None:
+    """One bounded ``GET /v1/models`` with the key: a 401/403 is ``auth.ApiKeyError``
+    (exit 2) before any load starts.  Anything else (a server without the endpoint, one
+    that does not answer) is left to the sweep, which reports it as it always has."""
+    url = endpoint.base_url.rstrip("/") + "/v1/models"
+    try:
+        resp = http.get(url, timeout=timeout_s, headers=auth.headers(endpoint.api_key))
+    except http.HTTPError:
+        return
+    if auth.is_rejection(resp.status):
+        raise auth.rejected(resp.status, url, endpoint.api_key)
+
+
+def from_deployment(
+    view: DeploymentView, *, api: str, request_timeout_s: float, api_key: str | None = None
+) -> Subject:
     """A deployment's subject: its entry point, every engine's counters, and provenance
-    from the command lines as applied.  A role known to be down is unusable input."""
+    from the command lines as applied.  A role known to be down is unusable input; a
+    deployment that refuses ``api_key`` (a bearer token) is ``auth.ApiKeyError``."""
     dead = view.dead_roles()
     if dead:
         raise UsageError(
@@ -71,19 +94,24 @@ def from_deployment(view: DeploymentView, *, api: str, request_timeout_s: float)
         RoleProvenance(
             name=r.name,
             command=list(r.argv),
-            env=redact_env(r.env),
+            env=dict(r.env),  # redacted with the rest of the provenance (``provenance``)
             url=r.api_url,
             engine_version=fetch_engine_version(r.api_url) if r.kind == "engine" else None,
         )
         for r in view.roles
     ]
     decode = "decode" if plan.topology == "pd" else None
+    check_key(
+        Endpoint(view.entry_url, view.served_model_name, api_key=api_key),
+        min(10.0, request_timeout_s),
+    )
     target = Target(
         endpoint=Endpoint(
             base_url=view.entry_url,
             model=view.served_model_name,
             api=api,  # type: ignore[arg-type]
             request_timeout_s=request_timeout_s,
+            api_key=api_key,
         ),
         metrics_urls=metrics,
         decode_role=decode,
@@ -110,11 +138,20 @@ def from_deployment(view: DeploymentView, *, api: str, request_timeout_s: float)
 
 
 def from_url(
-    url: str, *, model: str, tokenizer: str | None, api: str, request_timeout_s: float
+    url: str,
+    *,
+    model: str,
+    tokenizer: str | None,
+    api: str,
+    request_timeout_s: float,
+    api_key: str | None = None,
 ) -> Subject:
     if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url!r}: give a base URL such as http://127.0.0.1:8000")
+        raise UsageError(
+            f"--url {redact.url(url)!r}: give a base URL such as http://127.0.0.1:8000"
+        )
     base = url.rstrip("/").removesuffix("/v1")
+    check_key(Endpoint(base, model, api_key=api_key), min(10.0, request_timeout_s))
     version = fetch_engine_version(base)
     # Any OpenAI-compatible server: its counters are evidence when they are an engine's
     # servebook reads (vLLM's, SGLang's); otherwise points stand on the client's figures
@@ -132,6 +169,7 @@ def from_url(
             model=model,
             api=api,  # type: ignore[arg-type]
             request_timeout_s=request_timeout_s,
+            api_key=api_key,
         ),
         metrics_urls=metrics,
     )
@@ -146,7 +184,9 @@ def from_url(
 
 
 def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSource) -> Provenance:
-    return make_provenance(
+    """The run's provenance as recorded: redacted (module docstring), with
+    ``redacted`` listing where and what (``roles[decode].command --api-key``)."""
+    prov = make_provenance(
         target=subject.info,
         model_name=subject.target.endpoint.model,
         model_dir=subject.model_dir,
@@ -158,6 +198,13 @@ def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSour
         roles=subject.roles,
         accelerators_used=subject.target.accelerators_used,
     )
+    return redacted(prov)
+
+
+def redacted(prov: Provenance) -> Provenance:
+    """Provenance with secrets replaced in what may carry them, and ``redacted`` naming
+    what was (``servebook.redact.provenance``)."""
+    return Provenance.model_validate(redact.provenance(prov.model_dump()))
 
 
 def tokenizer_for(subject: Subject, given: str | None) -> str | ServerTokenizer:
@@ -183,9 +230,11 @@ def _has_tokenizer(d: str) -> bool:
 
 __all__ = [
     "Subject",
+    "check_key",
     "from_deployment",
     "from_url",
     "pd_min_share",
     "provenance",
+    "redacted",
     "tokenizer_for",
 ]

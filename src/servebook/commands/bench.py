@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servebook import auth
 from servebook.backends import base
 from servebook.bench import target as tgt
 from servebook.bench.client import ClientError, default_workers
@@ -33,7 +34,7 @@ from servebook.bench.results import RESULTS_NAME, Results, ResultsWriter, parse_
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
-from servebook.commands.verify import NamespaceOpt, PlaceOpt
+from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.findings import UsageError
 
 
@@ -417,9 +418,11 @@ def bench(
     ),
     out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for results.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue DIR/results.json."),
+    api_key: str | None = ApiKeyOpt,
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
 ) -> None:
+    key = auth.resolve(api_key)
     a = BenchArgs(
         concurrency=None if rate and concurrency == "1,4,16" else concurrency,
         rate=rate,
@@ -449,7 +452,12 @@ def bench(
         if not model:
             raise UsageError("--url needs --model NAME (the served model name)")
         subject = tgt.from_url(
-            url, model=model, tokenizer=tokenizer, api=api, request_timeout_s=request_timeout
+            url,
+            model=model,
+            tokenizer=tokenizer,
+            api=api,
+            request_timeout_s=request_timeout,
+            api_key=key,
         )
         results, path = _sweep(subject, a, out_dir, resume, tokenizer, None)
     else:
@@ -460,7 +468,9 @@ def bench(
             backend=backend,
         )
         with owner.open(name, namespace) as view:
-            subject = tgt.from_deployment(view, api=api, request_timeout_s=request_timeout)
+            subject = tgt.from_deployment(
+                view, api=api, request_timeout_s=request_timeout, api_key=key
+            )
             results, path = _sweep(subject, a, out_dir, resume, tokenizer, view.dead_roles)
     print_points(results, path)
     if not all(p.valid for p in results.points):

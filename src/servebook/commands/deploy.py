@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from servebook import redact
 from servebook.backends import base, local
 from servebook.backends.base import Backend, Down, Found, Ready
 from servebook.backends.kubernetes import KubernetesBackend
@@ -17,7 +18,7 @@ from servebook.backends.local import LocalBackend, UpFailed
 from servebook.commands import app, err, out
 from servebook.commands.bench import BenchArgs
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.commands.verify import MaxTokensOpt
+from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt
 from servebook.findings import UsageError, exit_code
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
@@ -61,7 +62,11 @@ def _up(
     try:
         return backend.up(plan, name=dep_name, timeout_s=timeout, say=_say, port=port)
     except UpFailed as e:
-        err.print(f"[bold red]up failed:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(
+            f"[bold red]up failed:[/] {escape(redact.text(str(e)))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(e.exit_code) from None
 
 
@@ -112,7 +117,7 @@ def up(
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
     ready = _up(chosen, dep_name, plan, timeout, port)
     if json_out:
-        out.print_json(json.dumps(chosen.status(ready.name)))
+        out.print_json(json.dumps(redact.scrub(chosen.status(ready.name))[0]))
     else:
         out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
 
@@ -184,7 +189,9 @@ def status(
         "`servebook status --backend kubernetes`.",
         backend=backend,
     )
-    st = owner.status(dep_name, namespace)
+    # Pasted into issues and chats: a role's command line, environment or URL may carry a
+    # secret (a backend reports them as applied).
+    st = redact.scrub(owner.status(dep_name, namespace))[0]
     if json_out:
         out.print_json(json.dumps(st))
     else:
@@ -290,6 +297,7 @@ def run(
     name: str | None = NameOpt,
     timeout: float | None = TimeoutOpt,
     max_tokens: int = MaxTokensOpt,
+    api_key: str | None = ApiKeyOpt,
     keep: bool = typer.Option(
         False, "--keep", help="Leave the deployment up afterwards (see above for what it costs)."
     ),
@@ -308,7 +316,9 @@ def run(
     from servebook.report.summary import describe_protocol
 
     chosen = base.get(backend)
-    opts = options(120.0, 5.0, max_tokens, "stop,length")
+    # The key verify and bench send, and the one the engines get when the recipe requires
+    # one (local: as VLLM_API_KEY in their environment).
+    opts = options(120.0, 5.0, max_tokens, "stop,length", api_key)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
     checks = chosen.preflight(plan)
     if checks:
@@ -332,7 +342,9 @@ def run(
                     f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
                     f"{RUN_SWEEP.output_len} output tokens"
                 )
-                subject = tgt.from_deployment(view, api="completions", request_timeout_s=120.0)
+                subject = tgt.from_deployment(
+                    view, api="completions", request_timeout_s=120.0, api_key=opts.api_key
+                )
                 results, path = run_bench(
                     subject,
                     RUN_SWEEP,

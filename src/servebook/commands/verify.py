@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from servebook import auth, redact
 from servebook.backends import base
 from servebook.commands import app, out
 from servebook.deployment import DeploymentView
@@ -56,7 +57,7 @@ def print_report(rep: Report, name: str) -> None:
         t.add_column(col, overflow="fold")
     for f in rep.findings:
         measured, threshold = _measured(f)
-        msg = escape(f.message)
+        msg = escape(redact.text(f.message))
         if f.failed and f.hint:
             msg += f"\n[dim]fix: {escape(f.hint)}[/]"
         t.add_row(
@@ -77,7 +78,14 @@ def verify_deployment(view: DeploymentView, opts: Options) -> Report:
     return run(view.targets(), view.claims(), opts)
 
 
-def options(timeout: float, health_timeout: float, max_tokens: int, finish: str) -> Options:
+def options(
+    timeout: float,
+    health_timeout: float,
+    max_tokens: int,
+    finish: str,
+    api_key: str | None = None,
+) -> Options:
+    """verify's options; ``api_key`` is ``--api-key`` as given (None: the environment's)."""
     reasons = tuple(r.strip() for r in finish.split(",") if r.strip())
     if not reasons:
         raise UsageError("--finish-reason: give one or more of stop,length")
@@ -88,6 +96,7 @@ def options(timeout: float, health_timeout: float, max_tokens: int, finish: str)
         health_timeout_s=health_timeout,
         max_tokens=max_tokens,
         finish_reasons=reasons,
+        api_key=auth.resolve(api_key),
     )
 
 
@@ -103,6 +112,16 @@ FinishOpt = typer.Option(
     "--finish-reason",
     help="Accepted finish reasons of the smoke request (use 'stop' to insist the model "
     "finished its answer).",
+)
+
+
+ApiKeyOpt = typer.Option(
+    None,
+    "--api-key",
+    help="Bearer token for a server that requires one (default: $OPENAI_API_KEY, else "
+    "$VLLM_API_KEY). Never written to results, reports or logs. A server that refuses "
+    "the request (401/403) ends the command with exit 2.",
+    show_default=False,
 )
 
 
@@ -139,15 +158,17 @@ def verify(
     health_timeout: float = HealthOpt,
     max_tokens: int = MaxTokensOpt,
     finish: str = FinishOpt,
+    api_key: str | None = ApiKeyOpt,
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
 ) -> None:
-    opts = options(timeout, health_timeout, max_tokens, finish)
+    opts = options(timeout, health_timeout, max_tokens, finish, api_key)
     owner, dep_name = base.locate(name, backend=backend)
     with owner.open(dep_name, namespace) as view:
         rep = verify_deployment(view, opts)
     if json_out:
-        out.print_json(to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s))
+        doc = to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s)
+        out.print_json(redact.text(doc))
     else:
         print_report(rep, dep_name)
     code = exit_code(rep.findings)

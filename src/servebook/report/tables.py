@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from servebook import redact
 from servebook.bench import stats
 from servebook.bench.results import RESULTS_NAME, LevelPrecision, Point, Results, load_results
 from servebook.findings import UsageError
@@ -77,6 +78,15 @@ def results_file(path: str | Path) -> Path:
     return p
 
 
+def _redacted(results: Results) -> Results:
+    """Results as a report shows them: secrets in the provenance replaced, also in a file
+    written before servebook redacted it (``servebook.redact.provenance``)."""
+    prov = type(results.provenance).model_validate(
+        redact.provenance(results.provenance.model_dump())
+    )
+    return results.model_copy(update={"provenance": prov})
+
+
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Load every results file (``UsageError`` naming the file on the first bad one) and
     label the runs: the recipe (or deployment) name when that tells them apart, else the
@@ -84,7 +94,7 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     if not paths:
         raise UsageError("give at least one results directory")
     files = [results_file(p) for p in paths]
-    loaded = [(f, load_results(f)) for f in files]
+    loaded = [(f, _redacted(load_results(f))) for f in files]
     seen: set[Path] = set()
     for f, _ in loaded:
         if f.resolve() in seen:

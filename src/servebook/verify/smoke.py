@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servebook import http
+from servebook import auth, http
 from servebook.engines import vllm
 from servebook.findings import Finding, Severity
 from servebook.metrics.scrape import ScrapeError, Snapshot, scrape
@@ -81,6 +81,7 @@ class Options:
     max_tokens: int = 1024
     finish_reasons: tuple[str, ...] = ("stop", "length")
     pd_prompt_words: int = 300
+    api_key: str | None = None  # sent as a bearer token with verify's requests
 
 
 @dataclass
@@ -97,17 +98,27 @@ def long_prompt(words: int) -> str:
 
 
 def completion(
-    url: str, model: str, prompt: str, max_tokens: int, timeout: float
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    timeout: float,
+    api_key: str | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
-    """(response body, error).  Non-streaming; the timeout bounds the whole request."""
+    """(response body, error).  Non-streaming; the timeout bounds the whole request.  A
+    401/403 raises ``auth.ApiKeyError``: a missing key is the caller's, not a failure of
+    the server to judge."""
     try:
         resp = http.post_json(
             url + "/v1/completions",
             {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
             timeout=timeout,
+            headers=auth.headers(api_key),
         )
     except http.HTTPError as e:
         return None, str(e)
+    if auth.is_rejection(resp.status):
+        raise auth.rejected(resp.status, url + "/v1/completions", api_key)
     if resp.status != 200:
         return None, f"HTTP {resp.status}: {resp.text[:300]}"
     try:
@@ -245,6 +256,7 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
                 "Say hello to servebook.",
                 opts.max_tokens,
                 opts.request_timeout_s,
+                opts.api_key,
             )
             f.append(
                 _smoke_finding(
@@ -261,6 +273,7 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
                     long_prompt(opts.pd_prompt_words),
                     16,
                     opts.request_timeout_s,
+                    opts.api_key,
                 )
                 f.append(
                     _smoke_finding(
