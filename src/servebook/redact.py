@@ -62,40 +62,9 @@ _known: set[str] = set()
 
 # In prose a flag or a name is often followed by a word, not a value ("pass --api-key or
 # set OPENAI_API_KEY", "requires an API key: pass it"): unquoted, these are kept.
-_PROSE = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "for",
-        "from",
-        "given",
-        "if",
-        "in",
-        "is",
-        "it",
-        "missing",
-        "must",
-        "not",
-        "of",
-        "on",
-        "or",
-        "pass",
-        "required",
-        "set",
-        "the",
-        "then",
-        "to",
-        "was",
-        "when",
-        "with",
-    ]
-)
+_PROSE_WORDS = """a an and are as at be by for from given if in is it missing must not of on
+or pass required set the then to was when with"""
+_PROSE = frozenset(_PROSE_WORDS.split())
 
 
 def remember(*values: str | None) -> None:
