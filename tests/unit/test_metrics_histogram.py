@@ -164,9 +164,12 @@ def test_client_itl_near_zero_with_the_right_tpot_is_coalesced_streaming() -> No
     assert "chunk" in d.message and d.to_dict()["cause"] == "coalesced_streaming"
 
 
-def test_tokens_arriving_faster_than_produced_is_a_buffering_proxy() -> None:
+def test_tokens_arriving_faster_than_produced_is_burst_delivery_not_blamed_on_a_proxy() -> None:
+    # tiny-mixed on real vLLM CPU, no proxy in the path: client TPOT 0.2 ms against the
+    # server's 1.3 ms, client ITL p50 0.
     d = diagnose(2.0, 0.01)
-    assert (d.agrees, d.cause) == (False, "proxy_buffering")
+    assert (d.agrees, d.cause) == (False, "burst_delivery")
+    assert "server flushed its stream in bursts" in d.message and "or something" in d.message
 
 
 def test_slow_reads_by_a_busy_client_are_a_saturated_client() -> None:

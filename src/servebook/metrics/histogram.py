@@ -217,15 +217,17 @@ def latency_windows(
 
 # --- the client's view against the server's ------------------------------------------------
 
-Cause = Literal["coalesced_streaming", "proxy_buffering", "saturated_client", "unexplained"]
+Cause = Literal["coalesced_streaming", "burst_delivery", "saturated_client", "unexplained"]
 
 CAUSES: dict[str, str] = {
     "coalesced_streaming": "the server sent several tokens per streamed chunk, so the "
     "client's ITL measures gaps between chunks, not tokens; its TPOT still matches. Read "
     "per-token latency from the server's histograms (or stream one token per chunk)",
-    "proxy_buffering": "tokens reached the client in bursts much faster than the server "
-    "produced them: something between them buffers the stream (a proxy or ingress with "
-    "response buffering on). The client's TTFT is late and its TPOT/ITL too low",
+    "burst_delivery": "tokens reached the client in a few bursts, much faster than the "
+    "server produced them: the server flushed its stream in bursts (vLLM's CPU build does "
+    "under load, with no proxy in the path) or something between them buffers it (a proxy, "
+    "an ingress, a router). The client's TTFT may be late and its TPOT/ITL are too low: read "
+    "per-token latency from the server's histograms",
     "saturated_client": "the client read tokens later than the server produced them and "
     "its CPU or event loop was busy: the load generator, not the server, set these "
     "figures. Use more --workers or a bigger client machine",
@@ -289,7 +291,8 @@ def diagnose_client_latency(
     server's mean ITL is "near zero" (several tokens per read).
 
     The causes, in the order they are tried: client ITL near zero while TPOT agrees:
-    *coalesced_streaming*; client TPOT (or ITL) well below the server's: *proxy_buffering*;
+    *coalesced_streaming*; client TPOT (or ITL) well below the server's: *burst_delivery*
+    (the client cannot tell a server that flushed in bursts from a buffering proxy);
     above it with a busy client (CPU >= 90% of a core or loop lag p99 >= 50 ms):
     *saturated_client*; above it otherwise: *unexplained*."""
     s_tpot = (
@@ -343,7 +346,7 @@ def diagnose_client_latency(
     if itl_near_zero and tpot_ok:
         return out(False, "coalesced_streaming", CAUSES["coalesced_streaming"])
     if tpot_low or (itl_low and not tpot_high):
-        return out(False, "proxy_buffering", CAUSES["proxy_buffering"])
+        return out(False, "burst_delivery", CAUSES["burst_delivery"])
     if tpot_high or itl_high:
         cause: Cause = "saturated_client" if busy else "unexplained"
         return out(False, cause, CAUSES[cause])

@@ -159,7 +159,7 @@ def server_latency_table(runs: Sequence[Run]) -> Table | None:
         note="Server figures come from the engine's histograms read at both window edges: "
         "means exact (sum/count), percentiles estimated inside the bucket shown. Where the "
         "client and the server disagree the verdict names the likely cause "
-        "(coalesced_streaming, proxy_buffering, saturated_client, unexplained).",
+        "(coalesced_streaming, burst_delivery, saturated_client, unexplained).",
     )
 
 
