@@ -371,6 +371,12 @@ def up(
         # its requests to prefill and decode (it checks no key of its own).
         secret_env = {"engine": {"VLLM_API_KEY": api_key}, "router": {"OPENAI_API_KEY": api_key}}
     router = router_binary() if any(r.kind == "router" for r in plan.roles) else None
+    if plan.require_api_key and router is not None:
+        # Seen on vllm-router 0.1.17: a PD completion without a key went through.
+        say(
+            "note: vllm-router checks no client key: the engines require one, but the PD "
+            "entry point completes requests without it; do not expose its port"
+        )
     existing = read_state(name)
     if existing is not None:
         alive = [r for r in existing.roles if is_ours_alive(r)]
