@@ -57,7 +57,8 @@ def test_check_modules_are_found_by_reading_source(tmp_path: Path) -> None:
 
 
 def test_lint_clean_input_exits_0() -> None:
-    result = runner.invoke(app, ["lint", str(FIXTURES / "third-party" / "llm-d-pd-helm.yaml")])
+    clean = FIXTURES / "sb107-pd-settings" / "pass-nixl-hetero-tp.yaml"
+    result = runner.invoke(app, ["lint", str(clean)])
     assert result.exit_code == 0, result.stdout
     assert "no findings" in result.stdout
 

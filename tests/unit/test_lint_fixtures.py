@@ -55,12 +55,16 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
     "sb110-image/readme-current": [],
     "sb111-engine-json/fail.yaml": [("SB111", "fail")] * 2,
     "sb111-engine-json/pass.yaml": [],
+    "sb112-kv-over-tcp/fail.yaml": [("SB112", "warn")],
+    "sb112-kv-over-tcp/fail-libfabric-tcp.yaml": [("SB112", "warn")],
+    "sb112-kv-over-tcp/pass.yaml": [],
     "docs/fail-unclosed-fence.md": [("SB120", "fail")],
     "docs/fail-alternatives.md": [("SB121", "fail")],
     "docs/fail-curl.md": [("SB122", "fail")] * 2,
     "docs/pass.md": [],
     # Third-party layouts.
-    "third-party/llm-d-pd-helm.yaml": [],
+    # Its UCX_TLS (cuda_ipc,cuda_copy,tcp) moves PD's KV over TCP: a true SB112.
+    "third-party/llm-d-pd-helm.yaml": [("SB112", "warn")],
     "third-party/production-stack-helm.yaml": [],
     "third-party/dynamo-pd-fail.yaml": [("SB107", "fail")],
 }
