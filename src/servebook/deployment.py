@@ -82,6 +82,7 @@ class DeploymentView:
             speculative=self.plan.speculative is not None,
             served_model_name=self.served_model_name,
             entry_url=self.entry_url,
+            fabric=self.plan.params.get("fabric"),
         )
 
     def targets(self) -> list[Target]:

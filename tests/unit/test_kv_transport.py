@@ -149,3 +149,42 @@ def test_lint_warns_on_pd_over_tcp_and_only_there() -> None:
     assert _lint(RENDER / "fabrics" / "tcp" / "expected") == [("SB112", "warn")]
     for fabric in ("ib-shared", "ib-sriov", "roce-gke", "efa"):
         assert _lint(RENDER / "fabrics" / fabric / "expected") == [], fabric
+
+
+def test_verify_reads_the_transport_from_each_pd_engines_log_against_the_fabric() -> None:
+    """verify's run: the recipe's fabric (from the Plan, through the deployment view's
+    claims) against what each PD engine's log says; prefill's log shows TCP under an
+    RDMA fabric and fails naming prefill, decode's shows RDMA and passes."""
+    from servebook.deployment import DeploymentView, RoleView
+    from servebook.recipe.resolve import resolve
+    from servebook.verify.smoke import Options, run
+
+    plan = resolve(
+        "vllm-pd",
+        [
+            "image=vllm/vllm-openai:v0.11.0",
+            "fabric=ib-shared",
+            "prefill_node=gpu-node-1",
+            "decode_node=gpu-node-2",
+            "prefill_model_dir=/data/models/m",
+            "decode_model_dir=/mnt/nvme/m",
+        ],
+    )
+    logs = {"prefill": UCX_NEW_TCP, "decode": UCX_NEW_RDMA, "router": ""}
+    closed = "http://127.0.0.1:9"  # nothing answers: verify sends no request
+    view = DeploymentView(
+        name="moe",
+        backend="kubernetes",
+        recipe=plan.recipe,
+        plan=plan,
+        served_model_name=plan.served_model_name,
+        entry_url=closed,
+        roles=[
+            RoleView(r.name, r.kind, closed, closed, log=lambda text=logs[r.name]: text)
+            for r in plan.roles
+        ],
+    )
+    assert view.claims().fabric == "ib-shared"
+    rep = run(view.targets(), view.claims(), Options(health_timeout_s=0.5))
+    seen = {(f.check, f.subject): f.severity.value for f in rep.findings if f.check == "SB309"}
+    assert seen == {("SB309", "prefill"): "fail", ("SB309", "decode"): "pass"}

@@ -72,6 +72,7 @@ class Claims:
     speculative: bool
     served_model_name: str
     entry_url: str
+    fabric: str | None = None  # the KV transport fabric the recipe states (PD on a cluster)
 
 
 @dataclass
@@ -323,5 +324,11 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
         f += sigs
     elif any(t.log is not None for t in targets):
         f.append(C.LOGS.finding(Severity.PASS, "all", "no known failure signature in the logs"))
+    if claims.topology == "pd":
+        # The transport the KV connector used, as its own log says, against the fabric
+        # the recipe states (SB309): RDMA claimed and TCP used is the silent slow path.
+        for t in engines:
+            if t.log is not None and t.name in ("prefill", "decode"):
+                f += C.check_kv_transport(t.name, claims.fabric, t.log())
     rep.elapsed_s = time.monotonic() - t_start
     return rep
