@@ -27,6 +27,7 @@ have none):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -180,11 +181,14 @@ def test_verify_reads_the_transport_from_each_pd_engines_log_against_the_fabric(
         served_model_name=plan.served_model_name,
         entry_url=closed,
         roles=[
-            RoleView(r.name, r.kind, closed, closed, log=lambda text=logs[r.name]: text)
-            for r in plan.roles
+            RoleView(r.name, r.kind, closed, closed, log=_text(logs[r.name])) for r in plan.roles
         ],
     )
     assert view.claims().fabric == "ib-shared"
     rep = run(view.targets(), view.claims(), Options(health_timeout_s=0.5))
     seen = {(f.check, f.subject): f.severity.value for f in rep.findings if f.check == "SB309"}
     assert seen == {("SB309", "prefill"): "fail", ("SB309", "decode"): "pass"}
+
+
+def _text(text: str) -> Callable[[], str]:
+    return lambda: text
