@@ -570,3 +570,42 @@ def test_a_point_records_achieved_concurrency_and_its_target() -> None:
     p = point_from_load(load_of(records), window_start_ns=0, window_end_ns=1000 * MS, repetition=0)
     assert p.client.target_concurrency == 2
     assert p.client.achieved_concurrency == pytest.approx(1.9)
+
+
+def test_prompt_tokens_decode_had_cached_need_no_transfer_and_do_not_lower_the_share() -> None:
+    """A second sweep with the same seed on a kept PD deployment: decode finds part of the
+    prompts in its own prefix cache and needs no transfer for those tokens.  The share is of
+    what decode had to get (the captured pd-spec window, with 600 more prompt tokens that
+    vLLM counted as local cache hits); all of it cached is no evidence, said so."""
+    before = window("pd-spec", "before")
+    text = (FIXTURES / "metrics" / "vllm-0.32.0-cpu-pd-spec-decode-after.prom").read_text()
+    cached = text.replace(
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 926.0',
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1526.0',
+    ).replace(
+        'source="local_cache_hit"} 0.0',
+        'source="local_cache_hit"} 600.0',
+    )
+    assert cached.count("1526.0") == 1 and cached.count('local_cache_hit"} 600.0') == 1
+    after = {**window("pd-spec", "after"), "decode": snapshot_from_text(cached)}
+    ev = server_evidence(before, after, decode_role="decode")
+    assert ev["handoff_share"] == pytest.approx(896 / 917)  # as without the cached tokens
+    assert ev["missing"] == []
+
+    # Every prompt token of the window already in decode's cache: nothing to measure.
+    seen = (FIXTURES / "metrics" / "vllm-0.32.0-cpu-pd-spec-decode-before.prom").read_text()
+    again = seen.replace(
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 9.0',
+        'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 509.0',
+    ).replace('source="local_cache_hit"} 0.0', 'source="local_cache_hit"} 500.0')
+    assert again.count("509.0") == 1
+    ev = server_evidence(
+        {"decode": snapshot_from_text(seen)},
+        {"decode": snapshot_from_text(again)},
+        decode_role="decode",
+    )
+    assert ev["handoff_share"] is None
+    assert ev["missing"] == [
+        "decode: every prompt token of the window was in decode's own prefix cache (prompts "
+        "it had already seen: run with another --seed), so no handoff could be measured"
+    ]

@@ -59,7 +59,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from servebook.bench import stats
 from servebook.bench.client import LoadResult, RequestRecord
 from servebook.engines import SGLANG, VLLM, counters_of, sglang
-from servebook.engines.vllm import BAD_FINISH_REASONS, LATENCY_HISTOGRAMS, SOURCE_EXTERNAL, H, M
+from servebook.engines.vllm import (
+    BAD_FINISH_REASONS,
+    LATENCY_HISTOGRAMS,
+    SOURCE_EXTERNAL,
+    SOURCE_LOCAL_CACHE,
+    H,
+    M,
+)
 from servebook.files import write_atomic
 from servebook.findings import UsageError
 from servebook.metrics.histogram import (
@@ -278,6 +285,7 @@ def server_evidence(
         "spec_accepted_tokens": (M.SPEC_ACCEPTED_TOKENS, {}),
         "external_prefix_hits": (M.EXTERNAL_PREFIX_HITS, {}),
         "prompt_tokens_by_transfer": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_EXTERNAL}),
+        "prompt_tokens_local_cache": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_LOCAL_CACHE}),
     }
     for role in sorted(set(before) | set(after)):
         b, a = before.get(role), after.get(role)
@@ -341,8 +349,19 @@ def server_evidence(
         if moved is None:
             moved = c.get("external_prefix_hits")
         total = c.get("prompt_tokens")
-        if moved is not None and total:
-            share = moved / total
+        # Tokens decode found in its own prefix cache needed no transfer (a prompt it had
+        # seen, e.g. a second sweep with the same seed on a kept deployment): the share is
+        # of the tokens decode had to get from somewhere.
+        cached = c.get("prompt_tokens_local_cache") or 0.0
+        needed = total - cached if total else total
+        if moved is not None and needed:
+            share = moved / needed
+        elif moved is not None and total:
+            missing.append(
+                f"{decode_role}: every prompt token of the window was in decode's own prefix "
+                "cache (prompts it had already seen: run with another --seed), so no handoff "
+                "could be measured"
+            )
         elif decode_role in roles and roles[decode_role].get("scraped"):
             missing.append(f"{decode_role}: no KV-transfer counters to compute the handoff share")
     drafts = totals.get("spec_draft_tokens")
