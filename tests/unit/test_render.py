@@ -25,7 +25,7 @@ from servebook.kube.validate import K8S_VERSION, schema_errors
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
-GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
+GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec", "vllm-pd-wide-ep"]
 # The tiny recipes on a CPU-only cluster (tests/unit/test_render_tiny.py has the rest).
 TINY_RECIPES = ["tiny-mixed", "tiny-pd"]
 # vllm-pd on each KV fabric profile (fixtures/render/fabrics/NAME/values.yaml).
@@ -107,6 +107,15 @@ def test_rendered_files_match_the_golden_files(
 ) -> None:
     d = in_fixture(recipe)
     _, files = _golden(recipe)
+    _check_golden(d, files)
+
+
+def test_replicas_and_a_three_node_group_render_their_golden_files(
+    in_fixture: Callable[[str], Path],
+) -> None:
+    d = in_fixture("vllm-pd-wide-ep-replicas")
+    _, objects, files = render_files("vllm-pd-wide-ep", [], [Path("values.yaml")])
+    assert schema_errors(objects) == []
     _check_golden(d, files)
 
 

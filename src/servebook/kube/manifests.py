@@ -41,6 +41,7 @@ Each rule answers a failure in the field notes:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import re
@@ -94,6 +95,23 @@ VLLM_ENGINE_READY_DEFAULT_S = 600
 DRAIN_MARGIN_S = 30
 
 
+# A role whose one copy spans nodes is a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1,
+# kubernetes-sigs/lws): a group of nodes_per_replica Pods, the leader (worker index 0)
+# serving the API, the workers headless engines, joined by vLLM's multi-node data
+# parallelism (docs/serving/data_parallel_deployment.md).  The LWS controller injects
+# LWS_LEADER_ADDRESS (the leader's name under the group's headless Service),
+# LWS_GROUP_SIZE and LWS_WORKER_INDEX into every container; Kubernetes expands
+# $(LWS_LEADER_ADDRESS) in args.  It names that headless Service after the
+# LeaderWorkerSet, so the set is NAME-ROLE-lws and NAME-ROLE stays the role's Service.
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_SUFFIX = "-lws"
+# Which member of a group a Pod is (leader serves the API; workers run headless).
+MEMBER_LABEL = "servebook.io/member"
+DP_RPC_PORT = 13345
+# The router's own identity when it discovers engine Pods (roles with replicas > 1).
+ROUTER_DISCOVERY_VERBS = ["get", "list", "watch"]
+
 Obj = dict[str, Any]
 
 
@@ -117,6 +135,29 @@ def object_name(plan: Plan, role: str, name: str | None = None) -> str:
 def selector_for(deployment: str, role: str) -> dict[str, str]:
     """The labels that select a role's Pods: its deployment's and its role's."""
     return {DEPLOYMENT_LABEL: deployment, COMPONENT_LABEL: role}
+
+
+def api_selector_for(deployment: str, role: RolePlan) -> dict[str, str]:
+    """The labels that select the role's Pods that serve the API: all of them, or, for a
+    role whose copy spans nodes, the group leaders (workers are headless)."""
+    sel = selector_for(deployment, role.name)
+    if role.spans_nodes:
+        sel[MEMBER_LABEL] = "leader"
+    return sel
+
+
+def lws_name(deployment: str, role: str) -> str:
+    """The LeaderWorkerSet of a role whose copy spans nodes (and its headless Service)."""
+    return role_object_name(deployment, role) + LWS_SUFFIX
+
+
+def router_account_name(deployment: str) -> str:
+    return f"{deployment}-router"
+
+
+def discovers(plan: Plan) -> bool:
+    """The router finds the engines by label: some PD role has more than one copy."""
+    return plan.topology == "pd" and any(r.replicas > 1 for r in plan.engine_roles)
 
 
 def deployment_selector(deployment: str) -> str:
@@ -297,9 +338,120 @@ def _model_init_containers(plan: Plan, role: RolePlan, name: str) -> list[Obj]:
     return out
 
 
+def _pin(pod: Obj, nodes: list[str], k8s: Kubernetes, labels: dict[str, str]) -> None:
+    """Pin a Pod to its node, or to a list of nodes with one Pod of the role per node: a
+    required node affinity on the hostname In the list (ANDed into every term of the
+    recipe's own), and a required anti-affinity against the role's other Pods on the
+    hostname.  Each listed node keeps the weights at the same path."""
+    affinity: Obj = dict(k8s.pod.affinity) if k8s.pod.affinity else {}
+    if len(nodes) == 1:
+        pod["nodeSelector"] = {HOSTNAME_LABEL: nodes[0]}
+    elif nodes:
+        pin = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}
+        node_aff = dict(affinity.get("nodeAffinity") or {})
+        required = dict(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        terms = list(required.get("nodeSelectorTerms") or [{}])
+        required["nodeSelectorTerms"] = [
+            {**t, "matchExpressions": [*(t.get("matchExpressions") or []), pin]} for t in terms
+        ]
+        node_aff["requiredDuringSchedulingIgnoredDuringExecution"] = required
+        anti = dict(affinity.get("podAntiAffinity") or {})
+        apart = {
+            "labelSelector": {"matchLabels": dict(labels)},
+            "topologyKey": HOSTNAME_LABEL,
+        }
+        anti["requiredDuringSchedulingIgnoredDuringExecution"] = [
+            *(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []),
+            apart,
+        ]
+        affinity = {**affinity, "nodeAffinity": node_aff, "podAntiAffinity": anti}
+    if affinity:
+        pod["affinity"] = affinity
+
+
+def _member_nodes(role: RolePlan, member: str | None) -> list[str]:
+    """The nodes a member's Pods may run on: with one copy, the leader on the first
+    listed node and the workers on the rest; with several, any listed node."""
+    nodes = role.placement.all_nodes
+    if member is None or role.replicas > 1:
+        return nodes
+    return nodes[:1] if member == "leader" else nodes[1:]
+
+
+def _member_args(role: RolePlan, member: str | None, args: list[str]) -> list[str]:
+    """A group member's own data-parallel flags (vLLM's multi-node data parallel: every
+    member dials the leader's address; workers are headless and start at their rank)."""
+    if member is None:
+        return args
+    out = [
+        *args,
+        "--data-parallel-address",
+        "$(LWS_LEADER_ADDRESS)",
+        "--data-parallel-rpc-port",
+        str(DP_RPC_PORT),
+    ]
+    if member == "worker":
+        local = int(vllm.flag_value(args, "--data-parallel-size-local") or 1)
+        out.append("--headless")
+        if role.nodes_per_replica == 2:
+            out += ["--data-parallel-start-rank", str(local)]
+    return out
+
+
 def _engine_deployment(
     plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, generator_hash: str | None
 ) -> Obj:
+    pod, annotations, _ = _engine_pod(plan, role, k8s, name, generator_hash, None)
+    return _deployment(plan, role, k8s.namespace, pod, name, annotations)
+
+
+def _engine_lws(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, generator_hash: str | None
+) -> tuple[Obj, list[Obj]]:
+    """A role whose copy spans nodes: one LeaderWorkerSet, a group per replica."""
+    leader, leader_ann, ports = _engine_pod(plan, role, k8s, name, generator_hash, "leader")
+    worker, worker_ann, _ = _engine_pod(plan, role, k8s, name, generator_hash, "worker")
+
+    def template(pod: Obj, member: str, ann: dict[str, str]) -> Obj:
+        meta: Obj = {"labels": {**_labels(plan, role, name), MEMBER_LABEL: member}}
+        if ann:
+            meta["annotations"] = ann
+        # Copies: one shared list would be written as a YAML anchor and alias.
+        return {"metadata": meta, "spec": copy.deepcopy(pod)}
+
+    meta = _metadata(plan, role, k8s.namespace, name)
+    meta["name"] = lws_name(name, role.name)
+    lws: Obj = {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": meta,
+        "spec": {
+            "replicas": role.replicas,
+            # Workers start with the leader: the leader's API server waits for every
+            # rank's handshake, so it cannot become Ready alone.
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": role.nodes_per_replica,
+                # A member that restarts alone cannot rejoin its group's collectives.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template(leader, "leader", leader_ann),
+                "workerTemplate": template(worker, "worker", worker_ann),
+            },
+        },
+    }
+    return lws, ports
+
+
+def _engine_pod(
+    plan: Plan,
+    role: RolePlan,
+    k8s: Kubernetes,
+    name: str,
+    generator_hash: str | None,
+    member: str | None,
+) -> tuple[Obj, dict[str, str], list[Obj]]:
+    """An engine Pod spec, its Pod annotations and its ports; ``member`` is ``leader`` or
+    ``worker`` in a group that spans nodes, None otherwise."""
     if not role.image:
         raise UsageError(
             f"recipe {plan.recipe} names no image for role {role.name}: set the recipe's "
@@ -333,7 +485,7 @@ def _engine_deployment(
                     "volumeMounts": [{"name": KV_VOLUME, "mountPath": kv.container_path}],
                 }
             )
-    node = role.placement.node
+    nodes = _member_nodes(role, member)
     if role.pod_models:
         init += _model_init_containers(plan, role, name)
         volumes += [
@@ -353,7 +505,7 @@ def _engine_deployment(
         )
         mounts.append({"name": COMPILE_CACHE_VOLUME, "mountPath": cc.container_path})
     host_paths = [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
-    if host_paths and not node:
+    if host_paths and not nodes:
         raise UsageError(
             f"recipe {plan.recipe}: role {role.name} mounts directories of a node "
             f"({', '.join(host_paths)}) but is pinned to no node; "
@@ -363,7 +515,7 @@ def _engine_deployment(
     volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}})
     mounts.append({"name": "shm", "mountPath": "/dev/shm"})
 
-    args = list(role.cluster_args)
+    args = _member_args(role, member, list(role.cluster_args))
     drain = k8s.pod.drain_timeout_s
     if drain is not None:
         if vllm.flag_value(args, "--shutdown-timeout") is not None:
@@ -376,17 +528,31 @@ def _engine_deployment(
         # up to this long (0, the default, aborts them at once).
         args += ["--shutdown-timeout", str(drain)]
     argv = vllm.server_argv("python3", args, "0.0.0.0", ENGINE_PORT)
+    command, cargs = argv[:3], argv[3:]
+    if member == "worker" and role.nodes_per_replica > 2:
+        # Workers share one template; each starts at its own rank, which only a shell can
+        # compute from LWS_WORKER_INDEX ($$ is a literal $ to Kubernetes).
+        local = int(vllm.flag_value(args, "--data-parallel-size-local") or 1)
+        command = [
+            "/bin/sh",
+            "-c",
+            f'exec {" ".join(argv[:3])} "$@" --data-parallel-start-rank '
+            f"$$((LWS_WORKER_INDEX * {local}))",
+            "engine",
+        ]
     container: Obj = {
         "name": "engine",
         "image": role.image,
-        "command": argv[:3],
-        "args": argv[3:],
+        "command": command,
+        "args": cargs,
     }
     env = _engine_env(plan, role)
     env += [{"name": k, "value": v} for k, v in _settings_env(plan, role, k8s).items()]
     if env:
         container["env"] = env
-    container["ports"] = _engine_ports(role)
+    ports = _engine_ports(role) if member != "worker" else []
+    if ports:
+        container["ports"] = ports
     resources = _engine_resources(role)
     if resources:
         container["resources"] = resources
@@ -394,11 +560,14 @@ def _engine_deployment(
     # Startup: the whole weight load.  Then readiness: the engine answers /health (200, or
     # 503 once the engine core died).  Liveness is lenient: a busy engine's /health may be
     # slow, and a restart costs a full weight load.
-    container["startupProbe"] = _http_probe(
-        vllm.HEALTH_PATH, PROBE_PERIOD_S, 5, _startup_failures(k8s.startup_timeout_s)
-    )
-    container["readinessProbe"] = _http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
-    container["livenessProbe"] = _http_probe(vllm.HEALTH_PATH, 30, 30, 5)
+    # A headless worker serves no HTTP: its health is the leader's /health, which fails
+    # once any rank of the group died (and the group is recreated with it).
+    if member != "worker":
+        container["startupProbe"] = _http_probe(
+            vllm.HEALTH_PATH, PROBE_PERIOD_S, 5, _startup_failures(k8s.startup_timeout_s)
+        )
+        container["readinessProbe"] = _http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
+        container["livenessProbe"] = _http_probe(vllm.HEALTH_PATH, 30, 30, 5)
     capabilities: list[str] = []
     annotations: dict[str, str] = {}
     if k8s.fabric is not None:
@@ -416,10 +585,7 @@ def _engine_deployment(
         container["securityContext"] = {"capabilities": {"add": capabilities}}
 
     pod: Obj = {}
-    if node:
-        pod["nodeSelector"] = {HOSTNAME_LABEL: node}
-    if k8s.pod.affinity:
-        pod["affinity"] = k8s.pod.affinity
+    _pin(pod, nodes, k8s, selector_for(name, role.name))
     if k8s.tolerations:
         pod["tolerations"] = k8s.tolerations
     _pod_identity(pod, k8s)
@@ -436,7 +602,7 @@ def _engine_deployment(
         pod = _override(plan, role, pod, k8s.pod.overrides)
     if role.pod_models and generator_hash:
         annotations[GENERATOR_HASH_ANNOTATION] = generator_hash
-    return _deployment(plan, role, k8s.namespace, pod, name, annotations)
+    return pod, annotations, ports
 
 
 def _pod_identity(pod: Obj, k8s: Kubernetes) -> None:
@@ -493,7 +659,7 @@ def _deployment(
         "kind": "Deployment",
         "metadata": _metadata(plan, role, namespace, name),
         "spec": {
-            "replicas": 1,
+            "replicas": role.replicas,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector_for(name, role.name)},
             "template": template,
@@ -508,7 +674,7 @@ def _service(plan: Plan, role: RolePlan, namespace: str, ports: list[Obj], name:
         "metadata": _metadata(plan, role, namespace, name),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_for(name, role.name),
+            "selector": api_selector_for(name, role),
             "ports": [
                 {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"]}
                 for p in ports
@@ -527,18 +693,46 @@ def _router_deployment(
         )
     connector = vllm.kv_connector_of(plan.role("prefill").cluster_args) or ""
     net = vllm.connector_network(connector)
-    argv = vllm.router_argv(
-        "vllm-router",
-        prefill_url=f"http://{object_name(plan, 'prefill', name)}:{ENGINE_PORT}",
-        decode_url=f"http://{object_name(plan, 'decode', name)}:{ENGINE_PORT}",
-        host="0.0.0.0",
-        port=ROUTER_PORT,
-        extra=[
-            *vllm.router_k8s_args(connector, k8s.startup_timeout_s, ROUTER_METRICS_PORT),
+    k8s_args = vllm.router_k8s_args(connector, k8s.startup_timeout_s, ROUTER_METRICS_PORT)
+    if discovers(plan):
+        if net.bootstrap_port:
+            raise UsageError(
+                f"recipe {plan.recipe}: a role has several replicas, so the router finds the "
+                f"engines by label, but {connector} needs each prefill engine's bootstrap "
+                "port, which vllm-router takes only with a --prefill URL. Keep one replica "
+                "per role with this connector, or use NixlConnector."
+            )
+        # vllm-router's Kubernetes service discovery: it watches the namespace's Pods and
+        # routes to those of each selector once Ready (vllm-router --help).
+        argv = [
+            "vllm-router",
+            "--vllm-pd-disaggregation",
+            "--service-discovery",
+            "--prefill-selector",
+            *(f"{k}={v}" for k, v in api_selector_for(name, plan.role("prefill")).items()),
+            "--decode-selector",
+            *(f"{k}={v}" for k, v in api_selector_for(name, plan.role("decode")).items()),
+            "--service-discovery-namespace",
+            k8s.namespace,
+            "--service-discovery-port",
+            str(ENGINE_PORT),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(ROUTER_PORT),
+            *k8s_args,
             *role.args,
-        ],
-        prefill_bootstrap_port=net.bootstrap_port,
-    )
+        ]
+    else:
+        argv = vllm.router_argv(
+            "vllm-router",
+            prefill_url=f"http://{object_name(plan, 'prefill', name)}:{ENGINE_PORT}",
+            decode_url=f"http://{object_name(plan, 'decode', name)}:{ENGINE_PORT}",
+            host="0.0.0.0",
+            port=ROUTER_PORT,
+            extra=[*k8s_args, *role.args],
+            prefill_bootstrap_port=net.bootstrap_port,
+        )
     dups = vllm.duplicate_flags(argv[1:])
     if dups:
         raise UsageError(
@@ -570,9 +764,40 @@ def _router_deployment(
     if k8s.tolerations:
         pod["tolerations"] = k8s.tolerations
     _pod_identity(pod, k8s)
+    if discovers(plan):
+        # Its own account, allowed to watch the namespace's Pods and nothing more.
+        pod["serviceAccountName"] = router_account_name(name)
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
     return _deployment(plan, role, k8s.namespace, pod, name), ports
+
+
+def _router_access(plan: Plan, role: RolePlan, namespace: str, name: str) -> list[Obj]:
+    """ServiceAccount, Role and RoleBinding that let the router watch the namespace's
+    Pods (its service discovery lists and watches Pods; it writes nothing)."""
+    account = router_account_name(name)
+    meta = _metadata(plan, role, namespace, name)
+    meta["name"] = account
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ROUTER_DISCOVERY_VERBS}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": account,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    ]
 
 
 def render(plan: Plan, name: str | None = None) -> list[Obj]:
@@ -598,6 +823,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
     k8s = settings(plan)
     generates = any(r.pod_models for r in plan.roles)
     names = [name, *(object_name(plan, role.name, name) for role in plan.roles)]
+    names += [lws_name(name, r.name) for r in plan.roles if r.spans_nodes]
     if generates:
         names.append(generator_configmap_name(name))
     for obj_name in names:
@@ -625,10 +851,14 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
         generator_hash = hashlib.sha256(source.encode()).hexdigest()
         objects.append(_generator_configmap(plan, k8s.namespace, name, source))
     for role in plan.roles:
-        if role.kind == "engine":
+        if role.kind == "engine" and role.spans_nodes:
+            dep, ports = _engine_lws(plan, role, k8s, name, generator_hash)
+        elif role.kind == "engine":
             dep = _engine_deployment(plan, role, k8s, name, generator_hash)
             ports = dep["spec"]["template"]["spec"]["containers"][0]["ports"]
         else:
+            if discovers(plan):
+                objects += _router_access(plan, role, k8s.namespace, name)
             dep, ports = _router_deployment(plan, role, k8s, name)
         objects += [dep, _service(plan, role, k8s.namespace, ports, name)]
     return objects

@@ -269,19 +269,28 @@ def requirements_from_plan(
     grouped: dict[str, list[tuple[str, int, str, str | None]]] = {}
     rdma_devices: dict[str, int] = {}
     unplaced: list[UnplacedRole] = []
+    crds = list(crds)
     for role in plan.roles:
         res = role.resources
         count = _accelerator_count(res.gpus, role.name, plan.origin)
-        if role.placement.node:
-            grouped.setdefault(role.placement.node, []).append(
+        # A role on several nodes (replicas, or a LeaderWorkerSet group) runs one Pod on
+        # each listed node; a group needs the LeaderWorkerSet CRD.
+        placement = role.placement
+        nodes = getattr(placement, "all_nodes", None) or (
+            [placement.node] if placement.node else []
+        )
+        if getattr(role, "nodes_per_replica", 1) > 1 and LWS_CRD not in crds:
+            crds.append(LWS_CRD)
+        for node in nodes:
+            grouped.setdefault(node, []).append(
                 (role.name, count, res.gpu_resource, res.rdma_resource)
             )
             if res.rdma_resource:
                 per_pod = getattr(res, "rdma_count", None)
-                rdma_devices[role.placement.node] = rdma_devices.get(role.placement.node, 0) + (
+                rdma_devices[node] = rdma_devices.get(node, 0) + (
                     per_pod if isinstance(per_pod, int) and per_pod > 0 else 1
                 )
-        else:
+        if not nodes:
             unplaced.append(UnplacedRole(role.name, count, res.gpu_resource))
     asks: list[NodeAsk] = []
     for node, roles in grouped.items():

@@ -313,7 +313,10 @@ def role_weights(
     by_node = {a.node: a for a in asks}
     out = []
     for r in plan.engine_roles:
-        node = r.placement.node
+        # A role on several nodes: the leader's (first listed) node speaks for the group;
+        # SB250-SB255 check every listed node.
+        nodes = getattr(r.placement, "all_nodes", None) or [r.placement.node]
+        node = nodes[0]
         if not node or node not in by_node:
             continue
         gpus = r.resources.gpus

@@ -54,6 +54,10 @@ class RolePlan(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     placement: Placement = Field(default_factory=Placement)
+    # Kubernetes: copies of the role, and nodes per copy (more than one: a
+    # LeaderWorkerSet group whose leader serves the API and whose workers are headless).
+    replicas: int = 1
+    nodes_per_replica: int = 1
     # Kubernetes only (the local backend reads args): the engine's arguments where they
     # differ on a cluster (a model made in the Pod, KV storage mounted from the node);
     # None: the same as args.
@@ -61,6 +65,16 @@ class RolePlan(BaseModel):
     # Kubernetes only: directories the Pod makes before the engine starts (container path
     # -> generator), with kubernetes.model_source 'generate'.
     pod_models: dict[str, Generate] = Field(default_factory=dict)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """One copy of the engine runs on several nodes (a LeaderWorkerSet group)."""
+        return self.nodes_per_replica > 1
+
+    @property
+    def pods(self) -> int:
+        """Every Pod of the role: replicas times nodes per replica."""
+        return self.replicas * self.nodes_per_replica
 
     @property
     def cluster_args(self) -> list[str]:
@@ -145,6 +159,89 @@ def _check_engine_args(origin: str, role: str, args: list[str]) -> None:
             f"{origin}: {key} gives {', '.join(dups)} more than once; the engine would "
             "silently keep one. Keep a single occurrence.",
             [key],
+        )
+
+
+DP_FLAGS = (
+    "--data-parallel-size",
+    "-dp",
+    "--data-parallel-size-local",
+    "-dpl",
+    "--data-parallel-address",
+    "-dpa",
+    "--data-parallel-rpc-port",
+    "-dpp",
+    "--data-parallel-start-rank",
+    "-dpr",
+    "--headless",
+)
+
+
+def _role_extra(recipe: Recipe, name: str) -> list[str]:
+    """The role's own engine arguments plus the data-parallel sizes its shape implies
+    (identical on every member of a group; the render adds each member's address, rank
+    and --headless)."""
+    role = recipe.roles[name]
+    k, local = role.nodes_per_replica, role.data_parallel_per_node
+    if k * local == 1:
+        return list(role.engine_args)
+    dp = ["--data-parallel-size", str(k * local)]
+    if k > 1:
+        dp += ["--data-parallel-size-local", str(local)]
+    return [*role.engine_args, *dp]
+
+
+def _check_shape(origin: str, recipe: Recipe, name: str) -> None:
+    """A role on several Pods: Kubernetes only, its data-parallel flags given once, and
+    node-local weights on exactly one listed node per Pod."""
+    role = recipe.roles[name]
+    k, r = role.nodes_per_replica, role.replicas
+    key = f"roles.{name}"
+    if k * role.data_parallel_per_node > 1:
+        given = [a.split("=", 1)[0] for a in role.engine_args if a.split("=", 1)[0] in DP_FLAGS]
+        if given:
+            raise RecipeValueError(
+                f"{origin}: {key}.engine_args sets {given[0]}, which servebook sets from "
+                f"{key}.nodes_per_replica and data_parallel_per_node (the same on every "
+                "member of a group, plus each member's address, rank and --headless). Remove "
+                "it from engine_args.",
+                [f"{key}.engine_args", f"{key}.nodes_per_replica"],
+            )
+    if k * r == 1:
+        return
+    if "local" in recipe.backends:
+        raise RecipeValueError(
+            f"{origin}: {key} runs {k * r} Pods (replicas {r} x nodes_per_replica {k}), which "
+            "only the kubernetes backend can place; this recipe also lists the local backend. "
+            "Keep one replica on one node, or make the recipe kubernetes-only.",
+            [f"{key}.replicas", f"{key}.nodes_per_replica"],
+        )
+    k8s = recipe.kubernetes
+    if k > 1 and k8s is not None and k8s.kv_storage is not None:
+        raise RecipeValueError(
+            f"{origin}: kubernetes.kv_storage is one node's directory, and {key} spans "
+            f"{k} nodes. Use a network KV connector (NixlConnector) for a role on several "
+            "nodes.",
+            [f"{key}.nodes_per_replica"],
+        )
+    node_local = recipe.model.container_path is not None and (
+        k8s is None or k8s.model_source != "generate"
+    )
+    nodes = role.placement.all_nodes
+    if node_local and len(nodes) != k * r:
+        raise RecipeValueError(
+            f"{origin}: {key} runs {k * r} Pods (replicas {r} x nodes_per_replica {k}), each "
+            f"mounting the weights from its node, but {key}.placement lists {len(nodes)} "
+            f"node(s) ({', '.join(nodes) or 'none'}). List exactly one node per Pod, each "
+            "with the weights at the same path: every Pod is pinned to the list, one per "
+            "node, so none lands where the directory is empty.",
+            [f"{key}.placement.nodes", f"{key}.replicas", f"{key}.nodes_per_replica"],
+        )
+    if len(set(nodes)) != len(nodes):
+        raise RecipeValueError(
+            f"{origin}: {key}.placement.nodes names a node twice ({', '.join(nodes)}); each "
+            "Pod needs a node of its own (each takes the node's GPUs).",
+            [f"{key}.placement.nodes"],
         )
 
 
@@ -250,7 +347,7 @@ def _kube_variant(
         max_model_len=recipe.model.max_model_len,
         speculative=spec_cfg,
         kv_transfer=kv_cfg,
-        extra=role.engine_args,
+        extra=_role_extra(recipe, name),
     )
     return (None if kube_args == args else kube_args), pod_models
 
@@ -337,6 +434,7 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
     for name in ENGINE_ROLES[recipe.topology]:
         role = recipe.roles[name]
         _check_engine_args(origin, name, role.engine_args)
+        _check_shape(origin, recipe, name)
         model_key = f"roles.{name}.model_path" if role.model_path else "model.path"
         model_path = role.model_path or recipe.model.path
         assert model_path is not None  # the schema requires one or the other
@@ -382,14 +480,17 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             max_model_len=recipe.model.max_model_len,
             speculative=spec_cfg,
             kv_transfer=kv_cfg,
-            extra=role.engine_args,
+            extra=_role_extra(recipe, name),
         )
         kube_args, pod_models = _kube_variant(recipe, name, draft_path, args)
         gpus = role.resources.gpus
-        if isinstance(gpus, int) and gpus > 0 and vllm.parallel_size(args) > gpus:
+        # A group's Pod runs its node's share of the data-parallel ranks.
+        per_pod = vllm.parallel_size(args) // role.nodes_per_replica
+        if isinstance(gpus, int) and gpus > 0 and per_pod > gpus:
             raise RecipeValueError(
-                f"{origin}: role {name} runs {vllm.parallel_size(args)} GPU workers "
-                f"(tensor x pipeline x data parallel sizes in its engine arguments) but "
+                f"{origin}: role {name} runs {per_pod} GPU workers per Pod "
+                f"(tensor x pipeline x data parallel sizes in its engine arguments, the "
+                f"data-parallel ranks over {role.nodes_per_replica} node(s)) but "
                 f"requests {gpus} GPU(s); the engine would fail to start. Make the parallel "
                 "sizes multiply to at most the GPU count.",
                 [f"roles.{name}.engine_args", f"roles.{name}.resources.gpus"],
@@ -407,6 +508,8 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
                 env=dict(role.env),
                 resources=_fabric_resources(origin, recipe, name),
                 placement=role.placement,
+                replicas=role.replicas,
+                nodes_per_replica=role.nodes_per_replica,
                 kube_args=kube_args,
                 pod_models=pod_models,
             )

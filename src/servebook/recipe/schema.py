@@ -118,6 +118,15 @@ Quantity = Annotated[
     str,
     _matching(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?", "a quantity such as 16Gi"),
 ]
+# A node's kubernetes.io/hostname value: it ends up in a node affinity, so a label value.
+NodeName = Annotated[
+    str,
+    _matching(
+        r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]",
+        "a node name: a Kubernetes label value of at most 63 letters, digits, '-', '_' and "
+        "'.', starting and ending with a letter or digit",
+    ),
+]
 # An image reference: no whitespace (anything else is the registry's business).
 Image = Annotated[str, _matching(r"\S+", "an image reference without spaces")]
 
@@ -175,6 +184,29 @@ class Resources(_Strict):
 
 class Placement(_Strict):
     node: str | None = None
+    # Kubernetes: a role whose Pods run on several nodes (replicas, or a LeaderWorkerSet
+    # group spanning nodes) lists them all; each keeps the weights at the role's
+    # model_path, and every Pod is pinned to the list, one Pod per node.  A
+    # comma-separated string is accepted.
+    nodes: list[NodeName] = Field(default_factory=list)
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def split_nodes(cls, value: Any) -> Any:
+        return _names(value)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Placement:
+        if self.node and self.nodes:
+            raise ValueError(
+                "give placement.node (one node) or placement.nodes (several), not both"
+            )
+        return self
+
+    @property
+    def all_nodes(self) -> list[str]:
+        """Every node the role's Pods may run on, in order (the first is the leader's)."""
+        return list(self.nodes) if self.nodes else ([self.node] if self.node else [])
 
 
 class Role(_Strict):
@@ -185,6 +217,14 @@ class Role(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     placement: Placement = Field(default_factory=Placement)
+    # Kubernetes: copies of the role behind the router (each its own engine, or its own
+    # LeaderWorkerSet group); with more than one the router finds them by label.
+    replicas: int = Field(default=1, ge=1, le=64)
+    # Kubernetes: nodes one copy spans (a LeaderWorkerSet group of this size: a leader
+    # that serves the API and headless workers), joined by vLLM's multi-node data
+    # parallelism; each node runs data_parallel_per_node engine ranks.
+    nodes_per_replica: int = Field(default=1, ge=1, le=64)
+    data_parallel_per_node: int = Field(default=1, ge=1, le=64)
 
 
 class Router(_Strict):
