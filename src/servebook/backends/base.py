@@ -56,6 +56,9 @@ class Backend(Protocol):
     place is ``UsageError`` (exit 2) naming what failed."""
 
     name: str
+    title: str  # "the local backend", "Kubernetes": for messages
+    # Which recipes it runs, for a refusal of one it does not.
+    recipes_hint: str
     # What bringing a deployment up again costs, for --help and --keep messages.
     up_cost: str
 
@@ -111,6 +114,12 @@ def _registry() -> dict[str, Backend]:
 
 
 NAMES = ("local", "kubernetes")
+
+
+def every() -> list[Backend]:
+    """Every backend, in NAMES order."""
+    backends = _registry()
+    return [backends[n] for n in NAMES]
 
 
 def get(name: str) -> Backend:
@@ -169,4 +178,15 @@ def locate(
     return found
 
 
-__all__ = ["NAMES", "Backend", "Down", "Found", "Ready", "Say", "find", "get", "locate"]
+__all__ = [
+    "NAMES",
+    "Backend",
+    "Down",
+    "Found",
+    "Ready",
+    "Say",
+    "every",
+    "find",
+    "get",
+    "locate",
+]

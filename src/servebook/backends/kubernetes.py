@@ -1124,6 +1124,10 @@ class KubernetesBackend:
     """``Backend`` for a Kubernetes cluster (module docstring)."""
 
     name = "kubernetes"
+    title = "Kubernetes"
+    recipes_hint = (
+        "Use a vllm-* recipe, or tiny-mixed or tiny-pd (`servebook recipes`), or --backend local."
+    )
     up_cost = (
         "for a GPU deployment of a large model 10-40 minutes (image pull, weight load from "
         "the node's disk, compilation) before the first request"

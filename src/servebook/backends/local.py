@@ -728,6 +728,8 @@ class LocalBackend:
     """``Backend`` for processes on this machine (module docstring)."""
 
     name = "local"
+    title = "the local backend"
+    recipes_hint = "Use a tiny-* recipe locally (`servebook recipes`)."
     up_cost = "about a minute on a 2-core machine (vLLM's CPU build, the tiny model)"
 
     def recorded(self) -> list[str]:

@@ -13,7 +13,7 @@ app = typer.Typer(
     help="Make LLM serving deployments provable: recipe -> running deployment -> "
     "evidence -> reproducible numbers.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

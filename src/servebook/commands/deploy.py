@@ -13,8 +13,7 @@ from rich.markup import escape
 from servebook import redact
 from servebook.backends import base, local
 from servebook.backends.base import Backend, Down, Found, Ready
-from servebook.backends.kubernetes import KubernetesBackend
-from servebook.backends.local import LocalBackend, UpFailed
+from servebook.backends.local import UpFailed
 from servebook.commands import app, err, out
 from servebook.commands.bench import BenchArgs
 from servebook.commands.recipes import SetOpt, ValuesOpt
@@ -30,26 +29,16 @@ def _say(msg: str) -> None:
     err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
 
 
-# Per backend: what a recipe for the other one is called in the refusal, and what to use.
-_OTHER_BACKEND = {
-    "local": ("not the local backend", "Use a tiny-* recipe locally (`servebook recipes`)."),
-    "kubernetes": (
-        "not Kubernetes",
-        "Use a vllm-* recipe (`servebook recipes`), or --backend local.",
-    ),
-}
-
-
 def _plan_for(
-    recipe: str, sets: list[str], values: list[Path], name: str | None, backend: str
+    recipe: str, sets: list[str], values: list[Path], name: str | None, backend: Backend
 ) -> tuple[str, Plan]:
     """(deployment name, resolved Plan) of a recipe meant for ``backend``."""
     dep_name = name or Path(recipe).stem
     plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
-    if backend not in plan.backends:
-        not_this, use = _OTHER_BACKEND[backend]
+    if backend.name not in plan.backends:
         raise UsageError(
-            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, {not_this}. {use}"
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not "
+            f"{backend.title}. {backend.recipes_hint}"
         )
     return dep_name, plan
 
@@ -114,7 +103,7 @@ def up(
     Example: servebook up vllm-pd --backend kubernetes -f values.yaml
     """
     chosen = base.get(backend)
-    dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
+    dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
     ready = _up(chosen, dep_name, plan, timeout, port)
     if json_out:
         out.print_json(json.dumps(redact.scrub(chosen.status(ready.name))[0]))
@@ -278,9 +267,9 @@ model first if it is missing.  On Kubernetes it first runs the recipe's prefligh
 checks and the node probe) and deploys nothing when a check fails.  The sweep runs only
 when verify passed.  Exit 0 only when verify passed and every benchmark point is valid.
 
-The deployment is taken down at the end unless --keep.  Bringing one up again costs:
-local, {local}; Kubernetes, {kube}.  With --keep, `servebook bench NAME` and
-`servebook verify NAME` reuse it and `servebook down NAME` removes it.
+The deployment is taken down at the end unless --keep.  Bringing one up again costs: {costs}.
+With --keep, `servebook bench NAME` and `servebook verify NAME` reuse it and
+`servebook down NAME` removes it.
 
 Example: servebook run
 
@@ -288,7 +277,7 @@ Example: servebook run vllm-pd --backend kubernetes -f values.yaml --keep
 """
 
 
-@app.command(help=RUN_HELP.format(local=LocalBackend.up_cost, kube=KubernetesBackend.up_cost))
+@app.command(help=RUN_HELP.format(costs="; ".join(f"{b.title}, {b.up_cost}" for b in base.every())))
 def run(
     recipe: str = typer.Argument(DEFAULT_RECIPE, help="Recipe (default: the built-in tiny-pd)."),
     backend: str = BackendOpt,
@@ -319,7 +308,7 @@ def run(
     # The key verify and bench send, and the one the engines get when the recipe requires
     # one (local: as VLLM_API_KEY in their environment).
     opts = options(120.0, 5.0, max_tokens, "stop,length", api_key)
-    dep_name, plan = _plan_for(recipe, sets, values, name, chosen.name)
+    dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
     checks = chosen.preflight(plan)
     if checks:
         print_table(checks, title=f"servebook preflight {recipe}", console=out)
