@@ -25,7 +25,7 @@ from servebook.kube.validate import K8S_VERSION, schema_errors
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
-GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec", "vllm-pd-wide-ep"]
+GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
 # The tiny recipes on a CPU-only cluster (tests/unit/test_render_tiny.py has the rest).
 TINY_RECIPES = ["tiny-mixed", "tiny-pd"]
 # vllm-pd on each KV fabric profile (fixtures/render/fabrics/NAME/values.yaml).
@@ -110,10 +110,11 @@ def test_rendered_files_match_the_golden_files(
     _check_golden(d, files)
 
 
-def test_replicas_and_a_three_node_group_render_their_golden_files(
-    in_fixture: Callable[[str], Path],
+@pytest.mark.parametrize("case", ["vllm-pd-wide-ep", "vllm-pd-wide-ep-replicas"])
+def test_roles_on_several_nodes_render_their_golden_files(
+    case: str, in_fixture: Callable[[str], Path]
 ) -> None:
-    d = in_fixture("vllm-pd-wide-ep-replicas")
+    d = in_fixture(case)
     _, objects, files = render_files("vllm-pd-wide-ep", [], [Path("values.yaml")])
     assert schema_errors(objects) == []
     _check_golden(d, files)
