@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -576,3 +576,133 @@ def overall(states: Sequence[RoleState]) -> Literal["ready", "waiting", "failed"
     if states and all(s.state == "ready" for s in states):
         return "ready"
     return "waiting"
+
+
+# --- LeaderWorkerSet groups -----------------------------------------------------------------
+# A role whose copy spans nodes is a LeaderWorkerSet: each group (replica) is a leader Pod
+# and size-1 worker Pods, labelled with the group's index.  A group serves only when every
+# member runs: the leader's API server waits for every data-parallel rank, and the
+# controller recreates the whole group when one member restarts.  So the role is ready
+# only when every group has all its Pods Ready, and any member's failure fails the role.
+
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def group_state(
+    role: str,
+    lws_name: str,
+    pods: Sequence[Obj],
+    events: Sequence[Obj],
+    *,
+    now: datetime,
+    started: datetime,
+    replicas: int,
+    size: int,
+    lws: Obj | None = None,
+    restart_baseline: Mapping[str, int] | None = None,
+    no_pod_grace_s: float = 120.0,
+) -> RoleState:
+    """The state of a LeaderWorkerSet role: ``replicas`` groups of ``size`` Pods.
+
+    ``lws`` (the LeaderWorkerSet as the API returns it) gates the verdict on the
+    controller having observed this apply and reporting every group updated and ready;
+    each member Pod is judged as ``role_state`` judges a Pod (mount failures, pulls,
+    crashes, scheduling), and the first that failed fails the role, named."""
+    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    gone = tuple(sorted(str(p["metadata"].get("name", "")) for p in pods if p not in live))
+    for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
+        one = role_state(
+            role,
+            lws_name,
+            [p],
+            events,
+            now=now,
+            started=started,
+            restart_baseline=restart_baseline,
+        )
+        if one.state == "failed":
+            member = _labels(p).get(LWS_WORKER_INDEX)
+            group = _labels(p).get(LWS_GROUP_INDEX)
+            where = f" (group {group}, member {member})" if group is not None else ""
+            return replace(one, summary=one.summary + where, old_pods=gone)
+    groups: dict[str, list[Obj]] = {}
+    for p in live:
+        groups.setdefault(str(_labels(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
+    if lws is not None:
+        meta = lws.get("metadata", {})
+        status = lws.get("status") or {}
+        generation = _int(meta.get("generation"), 0)
+        observed = _int(status.get("observedGeneration"), 0)
+        if observed < generation:
+            return RoleState(
+                role,
+                "waiting",
+                f"rollout of generation {generation} not yet observed by the LeaderWorkerSet "
+                f"controller (it has observed {observed or 'none'})",
+                old_pods=gone,
+            )
+    if not live:
+        waited = _age_s(started, now)
+        if waited > no_pod_grace_s:
+            return RoleState(
+                role,
+                "failed",
+                f"no Pod was created for LeaderWorkerSet {lws_name} in {waited:.0f} s (is the "
+                "LeaderWorkerSet controller running? `kubectl describe leaderworkerset` and "
+                "the namespace's events say why)",
+                {"waited_s": round(waited)},
+                old_pods=gone,
+            )
+        return RoleState(role, "waiting", "no Pod yet", old_pods=gone)
+    complete = [
+        g for g, members in groups.items() if len(members) >= size and all(map(_ready, members))
+    ]
+    ready_pods = sum(1 for p in live if _ready(p))
+    leader = next((p for p in live if _labels(p).get(LWS_WORKER_INDEX) == "0"), live[0])
+    lname = str(leader.get("metadata", {}).get("name", ""))
+    node = leader.get("spec", {}).get("nodeName")
+    evidence = {
+        "groups_ready": len(complete),
+        "groups": replicas,
+        "pods_ready": ready_pods,
+        "pods": replicas * size,
+    }
+    per_role: dict[str, Any] = {
+        "pod": lname,
+        "node": None if node is None else str(node),
+        "image": _engine_image(leader),
+        "old_pods": gone,
+        "restarts_since_apply": sum(
+            max(
+                0,
+                _restarts(p)
+                - int((restart_baseline or {}).get(str(p["metadata"].get("uid", "")), 0)),
+            )
+            for p in live
+        ),
+    }
+    counted_ok = True
+    if lws is not None:
+        status = lws.get("status") or {}
+        counted_ok = (
+            _int(status.get("updatedReplicas")) >= replicas
+            and _int(status.get("readyReplicas")) >= replicas
+        )
+    if len(complete) >= replicas and counted_ok:
+        return RoleState(
+            role,
+            "ready",
+            f"{len(complete)} of {replicas} group(s) Ready, every one of their {size} Pods",
+            evidence,
+            ready=True,
+            **per_role,
+        )
+    return RoleState(
+        role,
+        "waiting",
+        f"{len(complete)} of {replicas} group(s) Ready ({ready_pods} of {replicas * size} "
+        "Pods); a group serves only once all its Pods are Ready",
+        evidence,
+        **per_role,
+    )

@@ -1,0 +1,126 @@
+"""A LeaderWorkerSet role is ready only when every Pod of every group is Ready, and a
+member's failure fails the role naming the member (kube.rollout.group_state).  The Pods
+are the checked-in rollout fixtures' real Pods, relabelled as LWS members."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from servebook.kube.rollout import LWS_GROUP_INDEX, LWS_WORKER_INDEX, group_state
+
+FIX = Path(__file__).parent / "fixtures" / "rollout"
+
+
+def _pod(fixture: str, name: str, group: int, member: int) -> dict[str, Any]:
+    items = json.loads((FIX / fixture).read_text())["items"]
+    pod = copy.deepcopy(
+        [i for i in items if i["kind"] == "Pod" and not i["metadata"].get("deletionTimestamp")][-1]
+    )
+    pod["metadata"]["name"] = name
+    pod["metadata"]["uid"] = name
+    pod["metadata"]["labels"][LWS_GROUP_INDEX] = str(group)
+    pod["metadata"]["labels"][LWS_WORKER_INDEX] = str(member)
+    return pod
+
+
+def _events(fixture: str) -> list[dict[str, Any]]:
+    items = json.loads((FIX / fixture).read_text())["items"]
+    return [i for i in items if i["kind"] == "Event"]
+
+
+def _at(pod: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+
+
+LWS = {
+    "metadata": {"name": "x-decode-lws", "generation": 1},
+    "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1},
+}
+
+
+def test_a_group_is_ready_only_when_all_its_pods_are() -> None:
+    leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
+    worker = _pod("loading.json", "x-decode-lws-0-1", 0, 1)
+    now = _at(leader) + timedelta(minutes=5)
+    s = group_state(
+        "decode",
+        "x-decode-lws",
+        [leader, worker],
+        [],
+        now=now,
+        started=_at(leader),
+        replicas=1,
+        size=2,
+        lws=LWS,
+    )
+    assert s.state == "waiting"
+    assert "0 of 1 group(s) Ready (1 of 2 Pods)" in s.summary
+    ready_worker = _pod("ready.json", "x-decode-lws-0-1", 0, 1)
+    s = group_state(
+        "decode",
+        "x-decode-lws",
+        [leader, ready_worker],
+        [],
+        now=now,
+        started=_at(leader),
+        replicas=1,
+        size=2,
+        lws=LWS,
+    )
+    assert s.state == "ready" and s.pod == "x-decode-lws-0"
+
+
+def test_a_missing_member_keeps_the_group_waiting() -> None:
+    leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
+    now = _at(leader) + timedelta(minutes=5)
+    s = group_state(
+        "decode",
+        "x-decode-lws",
+        [leader],
+        [],
+        now=now,
+        started=_at(leader),
+        replicas=1,
+        size=2,
+        lws=LWS,
+    )
+    assert s.state == "waiting"
+
+
+def test_a_crashed_worker_fails_the_role_naming_it() -> None:
+    leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
+    worker = _pod("crash-loop.json", "x-decode-lws-0-1", 0, 1)
+    s = group_state(
+        "decode",
+        "x-decode-lws",
+        [leader, worker],
+        _events("crash-loop.json"),
+        now=_at(worker) + timedelta(minutes=5),
+        started=_at(worker),
+        replicas=1,
+        size=2,
+    )
+    assert s.state == "failed"
+    assert "(group 0, member 1)" in s.summary
+
+
+def test_an_unobserved_generation_is_waiting_even_with_ready_pods() -> None:
+    leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
+    worker = _pod("ready.json", "x-decode-lws-0-1", 0, 1)
+    lws = {**LWS, "metadata": {"name": "x", "generation": 2}}
+    s = group_state(
+        "decode",
+        "x-decode-lws",
+        [leader, worker],
+        [],
+        now=_at(leader),
+        started=_at(leader),
+        replicas=1,
+        size=2,
+        lws=lws,
+    )
+    assert s.state == "waiting" and "not yet observed" in s.summary
