@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +48,7 @@ from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
 from servebook.findings import Finding, UsageError
+from servebook.kube import client as kube_client
 from servebook.kube import manifests
 from servebook.kube.manifests import (
     COMPONENT_LABEL,
@@ -340,52 +339,11 @@ def with_plan(objects: list[Obj], plan: Plan, name: str) -> list[Obj]:
 
 
 def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float = 15.0) -> Any:
-    """A kr8s client for the current KUBECONFIG/context, with a timeout on every request.
-    Connecting (kr8s asks the server for its version first) is bounded too: a server that
-    never answers is "cannot reach", exit 2, not a hang."""
-    from servebook.kube.snapshot import (
-        ClusterUnreachable,
-        _credentials_problem,
-        _describe,
-        _kubeconfig_paths,
+    """A kr8s client for the current KUBECONFIG/context (``kube.client.connect``: a timeout
+    on every request, and connecting bounded too)."""
+    return kube_client.connect(
+        request_timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s
     )
-
-    problem = _credentials_problem(None)
-    if problem:
-        raise ClusterUnreachable(
-            f"cannot reach the cluster: {problem}. Point KUBECONFIG at the cluster's config."
-        )
-    import httpx
-    import kr8s
-
-    # kr8s caches one Api per set of arguments: name the kubeconfig, so a changed
-    # KUBECONFIG is honoured.
-    config = os.pathsep.join(str(p) for p in _kubeconfig_paths(None) if p.is_file()) or None
-    got: list[Any] = []
-    failed: list[BaseException] = []
-
-    def connect() -> None:
-        try:
-            got.append(kr8s.api(kubeconfig=config))
-        except BaseException as e:
-            failed.append(e)
-
-    worker = threading.Thread(target=connect, name="servebook-kube-connect", daemon=True)
-    worker.start()
-    worker.join(connect_timeout_s)
-    if failed or not got:
-        why = (
-            _describe(failed[0], "connecting")
-            if failed
-            else f"no answer within {connect_timeout_s:g} s"
-        )
-        raise ClusterUnreachable(
-            f"cannot reach the cluster: {why}. Check `kubectl get nodes` works with the same "
-            "KUBECONFIG and context."
-        ) from (failed[0] if failed else None)
-    api = got[0]
-    api.timeout = httpx.Timeout(request_timeout_s)
-    return api
 
 
 _PLURALS = {
@@ -432,18 +390,6 @@ class Conflict(UsageError):
     """A server-side apply that conflicts with another field manager (HTTP 409)."""
 
 
-def _status_of(err: Any) -> Obj:
-    status = getattr(err, "status", None)
-    if isinstance(status, dict):
-        return status
-    response = getattr(err, "response", None)
-    with contextlib.suppress(Exception):
-        body = response.json() if response is not None else None
-        if isinstance(body, dict):
-            return body
-    return {}
-
-
 def _conflict_text(status: Obj) -> str:
     causes = (status.get("details") or {}).get("causes") or []
     parts = [
@@ -465,38 +411,24 @@ def _request(
     content_type: str = "application/json",
     missing_ok: bool = False,
 ) -> Obj | None:
-    """One request through kr8s's ``Api.call_api`` (its session, credentials and
-    re-authentication; the Api's timeout bounds it), run on kr8s's event loop.  The answer's
-    JSON; None for a 404 when ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the
-    request: a 409 is a ``Conflict`` naming the fields and their manager."""
-    from kr8s import ServerError
-    from kr8s._async_utils import as_sync_func
-
-    from servebook.kube.snapshot import ClusterUnreachable, _describe
-
-    kwargs: dict[str, Any] = {}
-    if params:
-        kwargs["params"] = params
-    if body is not None:
-        kwargs["content"] = json.dumps(body)
-        kwargs["headers"] = {"Content-Type": content_type}
-
-    async def go() -> Obj:
-        async with api.call_api(
-            method, version=where.version, namespace=where.namespace, url=where.url, **kwargs
-        ) as resp:
-            data = resp.json() if resp.content else {}
-            return data if isinstance(data, dict) else {}
-
-    request = f"{method} {where.path}"
+    """One bounded request (``kube.client.call``).  The answer's JSON; None for a 404 when
+    ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the request: a 409 is a
+    ``Conflict`` naming the fields and their manager, a 401/403 ``Forbidden`` saying what
+    servebook needs."""
     try:
-        return as_sync_func(go)()
-    except ServerError as e:
-        code = getattr(e.response, "status_code", None)
-        status = _status_of(e)
-        message = str(status.get("message") or e)
-        if code == 404 and missing_ok:
-            return None
+        return kube_client.call(
+            api,
+            method,
+            where.path,
+            doing,
+            params=params,
+            body=body,
+            content_type=content_type,
+            missing_ok=missing_ok,
+        )
+    except kube_client.RequestFailed as e:
+        status, code = e.status, e.code
+        message = e.server_message
         if code == 409:
             raise Conflict(
                 f"{doing}: the server-side apply conflicts with another field manager: "
@@ -506,23 +438,14 @@ def _request(
             ) from e
         if code in (401, 403):
             raise Forbidden(
-                f"{doing}: the API server refused {request} ({code} "
+                f"{doing}: the API server refused {e.request} ({code} "
                 f"{status.get('reason', 'Forbidden')}: {message}). servebook needs get, list, "
                 "patch and delete on deployments and services in the namespace, and get and "
                 "patch on namespaces to create one."
             ) from e
         if code == 422:
             raise UsageError(f"{doing}: the API server rejected it as invalid: {message}") from e
-        raise ClusterUnreachable(
-            f"the cluster request failed: {doing}: the API server answered {code} to "
-            f"{request}: {message}"
-        ) from e
-    except UsageError:
-        raise
-    except Exception as e:
-        raise ClusterUnreachable(
-            f"the cluster request failed: {_describe(e, doing)} ({request})"
-        ) from e
+        raise kube_client.ClusterUnreachable(f"the cluster request failed: {e}") from e
 
 
 def _get(api: Any, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:

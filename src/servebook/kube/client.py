@@ -201,12 +201,21 @@ def connect(
             reason = f"no answer from the API server within {connect_timeout_s:g} s"
         raise ClusterUnreachable(
             f"cannot reach the cluster{where}: {reason}. Check `kubectl get nodes` works with "
-            "the same kubeconfig and context.",
+            f"the same kubeconfig ({_which_kubeconfig(kubeconfig, paths)}) and context.",
             reason=reason,
         ) from (box.failed[0] if box.failed else None)
     api = box.api[0]
     api.timeout = httpx.Timeout(request_timeout_s)
     return api
+
+
+def _which_kubeconfig(kubeconfig: str | None, found: list[str]) -> str:
+    """Where the credentials came from, for a person checking them."""
+    if kubeconfig:
+        return f"--kubeconfig {kubeconfig}"
+    if os.environ.get("KUBECONFIG"):
+        return f"KUBECONFIG={os.environ['KUBECONFIG']}"
+    return found[0] if found else "the in-cluster service account"
 
 
 def _connect_failure(err: BaseException, context: str | None) -> str:

@@ -32,9 +32,6 @@ from servebook.kube.client import (
     ClusterUnreachable,
     RequestFailed,
     connect,
-    credentials_problem,
-    describe,
-    kubeconfig_paths,
     list_items,
     server_of,
 )
@@ -218,11 +215,6 @@ def load_snapshot(path: str | os.PathLike[str]) -> ClusterSnapshot:
 
 # ---------------------------------------------------------------------------------------
 # The live edge: every request through ``kube.client`` (one kubeconfig, context and timeout).
-
-# The names other modules imported before ``kube.client`` existed.
-_kubeconfig_paths = kubeconfig_paths
-_credentials_problem = credentials_problem
-_describe = describe
 
 # Small pages keep each request far inside its timeout on a loaded API server.
 _PAGE = 100
