@@ -117,6 +117,11 @@ def test_roles_on_several_nodes_render_their_golden_files(
     d = in_fixture(case)
     _, objects, files = render_files("vllm-pd-wide-ep", [], [Path("values.yaml")])
     assert schema_errors(objects) == []
+    # Lint-clean: every Pod pinned (SB103), leader and workers agreeing (SB113).
+    from servebook.lint import loader, rules
+
+    found = rules.check(loader.load_paths([d / "expected"]))
+    assert [f for f in found if f.severity.value in ("fail", "warn")] == []
     _check_golden(d, files)
 
 

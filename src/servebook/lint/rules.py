@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from servebook.engines.cmdline import EngineCommand, parse_container
+from servebook.engines.cmdline import EngineCommand, parse_argv, parse_container
 from servebook.findings import Check, Finding, Severity, register
 from servebook.lint.loader import Document, Key, KeyPath, LintSet
 
@@ -90,8 +90,11 @@ HOSTPATH_UNPINNED = register(
     "Pods on different nodes, one with an empty weights directory.",
     "Pin every Pod that mounts node-local data to one node: `nodeSelector: "
     "{kubernetes.io/hostname: NODE}`, `nodeName: NODE`, or a required node affinity on "
-    "`kubernetes.io/hostname` with exactly one value. DaemonSets and system paths (/dev, "
-    "/sys, /proc, /run, /etc, ...) are exempt.",
+    "`kubernetes.io/hostname` with exactly one value; Pods of several nodes (replicas, "
+    "LeaderWorkerSet workers) may instead be pinned to a list of nodes that all keep the "
+    "data, with a required pod anti-affinity on `kubernetes.io/hostname` against their own "
+    "labels (one Pod per listed node). DaemonSets and system paths (/dev, /sys, /proc, "
+    "/run, /etc, ...) are exempt.",
 )
 HOSTPATH_CREATES_WEIGHTS = register(
     "SB104",
@@ -189,6 +192,19 @@ ENGINE_JSON = register(
     "this is also what keeps the prefill/decode rules from passing silently.",
     "Write the value as one JSON object; in YAML, wrap it in single quotes: "
     '`- \'{"kv_connector":"NixlConnector","kv_role":"kv_producer"}\'`.',
+)
+GROUP_MEMBERS_DISAGREE = register(
+    "SB113",
+    "LeaderWorkerSet leader and workers run different engine settings",
+    "A group that spans nodes is one vLLM engine: every member must load the same model with "
+    "the same parallel sizes, KV connector and engine flags, and only the members' own "
+    "data-parallel flags may differ (workers --headless, each starting at its own rank). A "
+    "leader and worker that disagree fail the data-parallel handshake, hang in the first "
+    "collective, or a worker without --headless starts a second API server on a rank the "
+    "leader already counts.",
+    "Render the leader and worker from one argument list (servebook does), adding only "
+    "--headless and --data-parallel-start-rank (leader 0, worker k: k x "
+    "--data-parallel-size-local) to the workers.",
 )
 KV_OVER_TCP = register(
     "SB112",
@@ -412,12 +428,28 @@ class Engine:
         return re.sub(r"[-_/.]+", "-", _ROLE_WORD.sub("", text)).strip("-")
 
 
+def engine_command(container: Mapping[str, Any]) -> EngineCommand | None:
+    """The container's engine command; for `sh -c 'exec ENGINE "$@" MORE' NAME ARGS...` the
+    container's args are the script's "$@" (how a LeaderWorkerSet worker computes its
+    data-parallel start rank in a shell), so they are read as the engine's."""
+    cmd = parse_container(container)
+    args = container.get("args")
+    if cmd is not None and cmd.via_shell and "$@" in cmd.args and isinstance(args, list):
+        at = cmd.args.index("$@")
+        words = [*cmd.entrypoint.split(), *cmd.args[:at], *map(str, args), *cmd.args[at + 1 :]]
+        full = parse_argv(words)
+        if full is not None:
+            full.via_shell = True
+            return full
+    return cmd
+
+
 def engines(lint_set: LintSet) -> list[Engine]:
     found: list[Engine] = []
     for doc in lint_set.documents:
         for pod in pod_specs(doc):
             for cpath, container in pod.containers():
-                cmd = parse_container(container)
+                cmd = engine_command(container)
                 if cmd is None:
                     continue
                 kv, err = cmd.json_value("--kv-transfer-config")
@@ -752,8 +784,31 @@ def _is_system_path(path: str) -> bool:
     return any(p == s or p.startswith(s + "/") for s in _SYSTEM_PATHS)
 
 
-def pinned_node(spec: Mapping[str, Any]) -> tuple[bool, str]:
-    """Whether a pod spec can only run on one node, and how (for messages)."""
+def _one_per_node(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """A required pod anti-affinity on the hostname against the Pod's own labels: no two
+    such Pods share a node."""
+    terms = _get(
+        spec, "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    for t in terms if isinstance(terms, list) else []:
+        match = _get(t, "labelSelector", "matchLabels") if isinstance(t, dict) else None
+        if (
+            isinstance(t, dict)
+            and t.get("topologyKey") == HOSTNAME_LABEL
+            and isinstance(match, dict)
+            and match
+            and all(str(labels.get(k)) == str(v) for k, v in match.items())
+        ):
+            return True
+    return False
+
+
+def pinned_node(
+    spec: Mapping[str, Any], labels: Mapping[str, Any] | None = None
+) -> tuple[bool, str]:
+    """Whether a pod spec can only run on one node, and how (for messages).  With the
+    Pod's ``labels``, a required node affinity to several nodes counts as pinned when a
+    required anti-affinity keeps such Pods one per node (each listed node keeps the data)."""
     node_name = spec.get("nodeName")
     if isinstance(node_name, str) and node_name:
         return True, f"nodeName {node_name}"
@@ -786,13 +841,18 @@ def pinned_node(spec: Mapping[str, Any]) -> tuple[bool, str]:
                         ):
                             vals = {str(v) for v in expr["values"]}
                             term_hosts = vals if term_hosts is None else term_hosts & vals
-            if term_hosts is None or len(term_hosts) != 1:
+            if term_hosts is None or (len(term_hosts) != 1 and labels is None):
                 shown = ", ".join(sorted(term_hosts)) if term_hosts else "any node"
                 return False, f"required node affinity allows {shown}"
             hosts |= term_hosts
         if len(hosts) == 1:
             return True, f"required node affinity on {hosts.pop()}"
-        return False, f"required node affinity allows any of {', '.join(sorted(hosts))}"
+        if labels is not None and _one_per_node(spec, labels):
+            return True, f"one Pod per node of {', '.join(sorted(hosts))}"
+        return False, (
+            f"required node affinity allows any of {', '.join(sorted(hosts))} and no required "
+            "pod anti-affinity on kubernetes.io/hostname keeps its Pods one per node"
+        )
     if _get(spec, "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"):
         why = "only a preferred (soft) node affinity, which the scheduler may ignore"
     return False, why
@@ -814,7 +874,7 @@ def check_hostpath_pinning(doc: Document) -> list[Finding]:
                 data_paths.append(f"{vol.get('name', '?')}={path}")
         if not data_paths:
             continue
-        pinned, how = pinned_node(pod.spec)
+        pinned, how = pinned_node(pod.spec, pod.labels)
         if pinned:
             continue
         findings.append(
@@ -1518,6 +1578,85 @@ def check_images(lint_set: LintSet) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------
+# SB113 LeaderWorkerSet members
+
+# Flags that are each member's own in vLLM's multi-node data parallelism.
+_MEMBER_FLAGS = frozenset({"--headless", "--data-parallel-start-rank", "-dpr", "--host", "--port"})
+
+
+def _settings(cmd: EngineCommand) -> dict[str, str | None]:
+    return {f.setting: f.value for f in cmd.flags if f.name not in _MEMBER_FLAGS}
+
+
+def check_group_members(doc: Document) -> list[Finding]:
+    """A LeaderWorkerSet's leader and worker engines agree on every flag but their own."""
+    if doc.kind != "LeaderWorkerSet":
+        return []
+    by_member: dict[str, tuple[PodSpec, KeyPath, EngineCommand]] = {}
+    for pod in pod_specs(doc):
+        member = "leader" if "leaderTemplate" in pod.path else "worker"
+        for cpath, container in pod.containers():
+            cmd = engine_command(container)
+            if cmd is not None:
+                by_member.setdefault(member, (pod, cpath, cmd))
+    if "worker" not in by_member:
+        return []
+    wpod, wpath, worker = by_member["worker"]
+    findings: list[Finding] = []
+    size = _get(doc.data, "spec", "leaderWorkerTemplate", "size")
+    spans = isinstance(size, int) and size > 1
+    if "leader" in by_member:
+        _, _, leader = by_member["leader"]
+        a, b = _settings(leader), _settings(worker)
+        diff = sorted(
+            f"{k}: leader {a.get(k)!r}, worker {b.get(k)!r}"
+            for k in set(a) | set(b)
+            if a.get(k) != b.get(k)
+        )
+        if diff:
+            findings.append(
+                _finding(
+                    GROUP_MEMBERS_DISAGREE,
+                    Severity.FAIL,
+                    doc,
+                    wpath,
+                    f"{doc.label}'s leader and workers run different engine settings: "
+                    + "; ".join(diff),
+                    extra=wpod.part,
+                    evidence={"differences": diff},
+                )
+            )
+        local = leader.value("--data-parallel-size-local")
+        rank = worker.value("--data-parallel-start-rank")
+        if spans and size == 2 and local and rank and not rank.startswith("$") and rank != local:
+            findings.append(
+                _finding(
+                    GROUP_MEMBERS_DISAGREE,
+                    Severity.FAIL,
+                    doc,
+                    wpath,
+                    f"{doc.label}'s worker starts at data-parallel rank {rank}, but the leader "
+                    f"holds ranks 0 to {int(local) - 1} (--data-parallel-size-local {local}): "
+                    "the worker's first rank must be " + local,
+                    extra=wpod.part,
+                )
+            )
+    if spans and worker.has("--data-parallel-size") and not worker.has("--headless"):
+        findings.append(
+            _finding(
+                GROUP_MEMBERS_DISAGREE,
+                Severity.FAIL,
+                doc,
+                wpath,
+                f"{doc.label}'s workers run data-parallel ranks without --headless: each would "
+                "start an API server of its own beside the leader's.",
+                extra=wpod.part,
+            )
+        )
+    return findings
+
+
+# ---------------------------------------------------------------------------------------
 
 
 def check_documents(docs: Iterable[Document]) -> list[Finding]:
@@ -1527,6 +1666,7 @@ def check_documents(docs: Iterable[Document]) -> list[Finding]:
         findings.extend(check_label_values(doc))
         findings.extend(check_hostpath_pinning(doc))
         findings.extend(check_hostpath_create(doc))
+        findings.extend(check_group_members(doc))
     return findings
 
 
@@ -1547,6 +1687,7 @@ def check(lint_set: LintSet) -> list[Finding]:
 __all__ = [
     "DUPLICATE_FLAG",
     "ENGINE_JSON",
+    "GROUP_MEMBERS_DISAGREE",
     "HOSTPATH_CREATES_WEIGHTS",
     "HOSTPATH_UNPINNED",
     "IMAGE_MISMATCH",
