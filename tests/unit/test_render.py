@@ -746,3 +746,21 @@ def test_invalid_pod_overrides_exit_2_naming_them_and_write_nothing(
 def test_a_yaml_parameter_that_is_not_yaml_structure_is_refused_naming_it() -> None:
     with pytest.raises(UsageError, match=r"parameter 'pod_overrides'.*mapping or list"):
         render_files("vllm-pd", [*PD, "pod_overrides=nvidia"])
+
+
+def test_a_role_on_several_nodes_needs_one_listed_node_per_pod() -> None:
+    base = ["image=i:1", "model_dir=/data/m", "fabric=ib-shared", "decode_nodes=c,d"]
+    with pytest.raises(UsageError, match=r"runs 2 Pods .* lists 1 node\(s\) \(a\)"):
+        render_files("vllm-pd-wide-ep", [*base, "prefill_nodes=a"], [])
+    with pytest.raises(UsageError, match="names a node twice"):
+        render_files(
+            "vllm-pd-wide-ep",
+            [*base, "prefill_nodes=a,a"],
+            [],
+        )
+    with pytest.raises(UsageError, match="--data-parallel-size, which servebook sets"):
+        render_files(
+            "vllm-pd-wide-ep",
+            [*base, "prefill_nodes=a,b", "extra_engine_args=--data-parallel-size 4"],
+            [],
+        )
