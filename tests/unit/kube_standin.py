@@ -62,6 +62,14 @@ KINDS = {
     "events": ("v1", "Event", ""),
     "deployments": ("apps/v1", "Deployment", "apps"),
     "replicasets": ("apps/v1", "ReplicaSet", "apps"),
+    "serviceaccounts": ("v1", "ServiceAccount", ""),
+    "roles": ("rbac.authorization.k8s.io/v1", "Role", "rbac.authorization.k8s.io"),
+    "rolebindings": ("rbac.authorization.k8s.io/v1", "RoleBinding", "rbac.authorization.k8s.io"),
+    "leaderworkersets": (
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+        "leaderworkerset.x-k8s.io",
+    ),
     "nodes": ("v1", "Node", ""),
     "customresourcedefinitions": (
         "apiextensions.k8s.io/v1",
@@ -103,6 +111,8 @@ class StandIn:
     # (method, path prefix) pairs answered 403; a prefix ending in "$" is one exact path
     forbidden: list[tuple[str, str]] = field(default_factory=list)
     ready_pods: bool = False
+    # Whether the LeaderWorkerSet CRD is installed (its API answers 404 otherwise).
+    serves_lws: bool = True
     forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
     forward_errors: set[str] = field(default_factory=set)
     # A changed Deployment waits here, its new generation not yet observed and its old Pod
@@ -214,6 +224,8 @@ def _app(st: StandIn) -> web.Application:
                 request.headers.get("Content-Type", ""),
             )
         )
+        if "/leaderworkerset.x-k8s.io/" in request.path and not st.serves_lws:
+            return _status(404, "NotFound", "the server could not find the requested resource")
         for method, prefix in st.forbidden:
             exact = prefix.endswith("$")  # "PATH$": that path alone, not what is below it
             if request.method == method and (
@@ -512,7 +524,12 @@ def _app(st: StandIn) -> web.Application:
     app.router.add_get("/apis/apiextensions.k8s.io/v1/{plural}", list_)
     app.router.add_get("/version", version)
     app.router.add_get("/version/", version)  # kr8s asks with the slash
-    for prefix in ("/api/v1", "/apis/apps/v1"):
+    for prefix in (
+        "/api/v1",
+        "/apis/apps/v1",
+        "/apis/rbac.authorization.k8s.io/v1",
+        "/apis/leaderworkerset.x-k8s.io/v1",
+    ):
         app.router.add_get(prefix + "/namespaces/{ns}/{plural}", list_)
         app.router.add_get(prefix + "/namespaces/{ns}/{plural}/{name}", get)
         app.router.add_patch(prefix + "/namespaces/{ns}/{plural}/{name}", apply)

@@ -270,3 +270,40 @@ def test_listing_across_namespaces_refused_asks_for_a_namespace(
     st.forbidden.append(("GET", "/apis/apps/v1/deployments"))
     with pytest.raises(UsageError, match="-n NAMESPACE"):
         kube.list_deployments()
+
+
+WIDE = Path(__file__).parent / "fixtures" / "render" / "vllm-pd-wide-ep-replicas" / "values.yaml"
+
+
+@pytest.mark.parametrize("crd", [True, False])
+def test_roles_that_span_nodes_and_the_routers_identity_are_applied_found_and_deleted(
+    cli: Cli, cluster: tuple[StandIn, dict[str, str]], sb_home: Path, crd: bool
+) -> None:
+    """Two prefill replicas and a decode group over three nodes: the decode role is a
+    LeaderWorkerSet, the router finds the engines by label with a ServiceAccount, Role and
+    RoleBinding of its own.  All are applied (the wait is cut short: no LWS controller
+    here), found again by label with the local record gone, and deleted by down; on a
+    cluster without the LWS CRD the listing is empty, not an error."""
+    st, env = cluster
+    up = ["up", "vllm-pd-wide-ep", "--name", "wide", "--backend", "kubernetes", "-f", str(WIDE)]
+    r = cli(*up, "--timeout", "2", env=env)
+    assert r.returncode == 1, r.stderr  # not ready within 2 s: nothing runs the LWS
+    record = kube.read_state("wide")
+    assert record is not None
+    ns = record.namespace
+    assert st.names("leaderworkersets", ns) == ["wide-decode-lws"]
+    assert st.names("serviceaccounts", ns) == ["wide-router"]
+    assert st.names("roles", ns) == ["wide-router"] == st.names("rolebindings", ns)
+    shutil.rmtree(sb_home / "deployments" / "wide")
+    if crd:
+        found = kube.find_deployment(kube._api(), "wide", ns)
+        assert found is not None and found.roles["decode"] == "wide-decode-lws"
+        r = cli("down", "wide", "--backend", "kubernetes", "-n", ns, env=env)
+        assert r.returncode == 0, r.stderr
+        for plural in ("leaderworkersets", "serviceaccounts", "roles", "rolebindings"):
+            assert st.names(plural, ns) == [], plural
+    else:
+        st.serves_lws = False  # the CRD went away: the rest is still found and deleted
+        r = cli("down", "wide", "--backend", "kubernetes", "-n", ns, env=env)
+        assert r.returncode == 0, r.stderr
+        assert st.names("serviceaccounts", ns) == [] and st.names("deployments", ns) == []

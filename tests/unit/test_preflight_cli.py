@@ -151,3 +151,17 @@ def test_a_recipe_that_makes_its_model_in_the_pod_needs_no_node_probe() -> None:
     plan = resolve("tiny-pd", ["image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "node=kind-1"])
     assert all(r.placement.node == "kind-1" and r.model_path for r in plan.engine_roles)
     assert probe_targets(plan) == []
+
+
+def test_a_role_on_several_nodes_is_probed_on_each() -> None:
+    """Two prefill replicas on gpu-a and gpu-b, a decode group over gpu-c..gpu-e: the
+    weights must be on every one of those nodes, so each gets a probe."""
+    values = Path(__file__).parent / "fixtures" / "render" / "vllm-pd-wide-ep-replicas"
+    plan = resolve("vllm-pd-wide-ep", [], [values / "values.yaml"])
+    assert sorted(t.node for t in probe_targets(plan)) == [
+        "gpu-a",
+        "gpu-b",
+        "gpu-c",
+        "gpu-d",
+        "gpu-e",
+    ]

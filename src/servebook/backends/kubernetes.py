@@ -56,9 +56,9 @@ from servebook.kube.manifests import (
     DEPLOYMENT_LABEL,
     RECIPE_ANNOTATION,
 )
-from servebook.kube.rollout import RoleState, overall, restart_counts, role_state
+from servebook.kube.rollout import RoleState, group_state, overall, restart_counts, role_state
 from servebook.kube.validate import schema_errors
-from servebook.recipe.plan import Plan
+from servebook.recipe.plan import Plan, RolePlan
 
 POLL_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
@@ -166,8 +166,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     mine = [
         o
         for o in objects
-        if o.get("kind") in ("Deployment", "Service")
-        and _labels_of(o).get(DEPLOYMENT_LABEL) == name
+        if o.get("kind") in (*_WORKLOADS, "Service") and _labels_of(o).get(DEPLOYMENT_LABEL) == name
     ]
     if not mine:
         return None
@@ -198,7 +197,10 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
 
     order = sorted(by_role, key=rank)
     roles = {
-        r: str(_meta(by_role[r]["Deployment"])["name"]) for r in order if "Deployment" in by_role[r]
+        r: str(_meta(w)["name"])
+        for r in order
+        for w in [by_role[r].get("Deployment") or by_role[r].get("LeaderWorkerSet")]
+        if w is not None
     }
     ns_obj = next(
         (o for o in objects if o.get("kind") == "Namespace" and _meta(o).get("name") == namespace),
@@ -208,34 +210,19 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     applied: list[AppliedObject] = []
     if created_ns:
         applied.append(AppliedObject(apiVersion="v1", kind="Namespace", name=namespace))
-    for o in objects:  # what the roles mount (the tiny model's generator) comes before them
-        if (
-            o.get("kind") == "ConfigMap"
-            and _labels_of(o).get(DEPLOYMENT_LABEL) == name
-            and str(_meta(o).get("namespace", "")) == namespace
-        ):
-            applied.append(
-                AppliedObject(
-                    apiVersion="v1",
-                    kind="ConfigMap",
-                    name=str(_meta(o)["name"]),
-                    namespace=namespace,
-                )
-            )
+    for kind in _SUPPORT:  # what the roles use comes before them
+        for o in objects:
+            if (
+                o.get("kind") == kind
+                and _labels_of(o).get(DEPLOYMENT_LABEL) == name
+                and str(_meta(o).get("namespace", "")) == namespace
+            ):
+                applied.append(_applied(o, namespace))
     for r in order:
-        for kind in ("Deployment", "Service"):
+        for kind in (*_WORKLOADS, "Service"):
             found = by_role[r].get(kind)
             if found is not None:
-                applied.append(
-                    AppliedObject(
-                        apiVersion=str(
-                            found.get("apiVersion") or ("apps/v1" if kind == "Deployment" else "v1")
-                        ),
-                        kind=kind,
-                        name=str(_meta(found)["name"]),
-                        namespace=namespace,
-                    )
-                )
+                applied.append(_applied(found, namespace))
     if plan.get("topology"):
         entry_role = "router" if plan["topology"] == "pd" else "mixed"
     else:
@@ -259,7 +246,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     stamps = sorted(
         str(_meta(o).get("creationTimestamp")) for o in mine if _meta(o).get("creationTimestamp")
     )
-    deployments = [by_role[r]["Deployment"] for r in order if "Deployment" in by_role[r]]
+    deployments = [w for r in order for k in _WORKLOADS if (w := by_role[r].get(k)) is not None]
     return KubeDeployment(
         name=name,
         recipe=recipe or str(plan.get("recipe") or ""),
@@ -285,13 +272,24 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     )
 
 
+def _applied(o: Obj, namespace: str) -> AppliedObject:
+    kind = str(o["kind"])
+    return AppliedObject(
+        apiVersion=str(o.get("apiVersion") or _API_VERSIONS.get(kind, "v1")),
+        kind=kind,
+        name=str(_meta(o)["name"]),
+        namespace=namespace,
+    )
+
+
 def deployments_found(objects: Sequence[Obj]) -> list[Found]:
-    """Every servebook deployment the API objects (Deployments and Services, shaped like
-    the items of ``kubectl get deployments,services -o json``) carry the label of, one per
-    (namespace, name), sorted; its roles from its Deployments' component labels."""
+    """Every servebook deployment the API objects (Deployments, LeaderWorkerSets and
+    Services, shaped like the items of ``kubectl get deployments,services -o json``) carry
+    the label of, one per (namespace, name), sorted; its roles from its workloads'
+    component labels."""
     groups: dict[tuple[str, str], list[Obj]] = {}
     for o in objects:
-        if o.get("kind") not in ("Deployment", "Service"):
+        if o.get("kind") not in (*_WORKLOADS, "Service"):
             continue
         name = _labels_of(o).get(DEPLOYMENT_LABEL)
         if not name:
@@ -311,7 +309,7 @@ def deployments_found(objects: Sequence[Obj]) -> list[Found]:
             {
                 _labels_of(o)[COMPONENT_LABEL]
                 for o in objs
-                if o.get("kind") == "Deployment" and COMPONENT_LABEL in _labels_of(o)
+                if o.get("kind") in _WORKLOADS and COMPONENT_LABEL in _labels_of(o)
             },
             key=_role_rank,
         )
@@ -319,12 +317,20 @@ def deployments_found(objects: Sequence[Obj]) -> list[Found]:
     return out
 
 
+def _workload_name(plan: Plan, role: str, name: str) -> str:
+    """The name of the object a role is: its Deployment's, or its LeaderWorkerSet's."""
+    if plan.role(role).spans_nodes:
+        return manifests.lws_name(name, role)
+    return manifests.object_name(plan, role, name)
+
+
 def with_plan(objects: list[Obj], plan: Plan, name: str) -> list[Obj]:
-    """The objects, the entry role's Deployment annotated with the Plan (for recovery)."""
-    entry = manifests.object_name(plan, plan.entry_role, name)
+    """The objects, the entry role's workload (Deployment or LeaderWorkerSet) annotated
+    with the Plan (for recovery)."""
+    entry = _workload_name(plan, plan.entry_role, name)
     out = []
     for o in objects:
-        if o["kind"] == "Deployment" and o["metadata"]["name"] == entry:
+        if o["kind"] in _WORKLOADS and o["metadata"]["name"] == entry:
             meta = dict(o["metadata"])
             meta["annotations"] = {
                 **meta.get("annotations", {}),
@@ -354,7 +360,22 @@ _PLURALS = {
     "Event": "events",
     "ReplicaSet": "replicasets",
     "ConfigMap": "configmaps",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "LeaderWorkerSet": "leaderworkersets",
 }
+_API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "LeaderWorkerSet": manifests.LWS_API_VERSION,
+}
+# The objects a role is: one Deployment, or a LeaderWorkerSet when its copy spans nodes.
+_WORKLOADS = ("Deployment", "LeaderWorkerSet")
+# What the roles use, applied before them: the tiny model's generator, the router's identity.
+_SUPPORT = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding")
 
 
 @dataclass(frozen=True)
@@ -466,10 +487,8 @@ def _list(
 ) -> list[Obj]:
     """The items of a list (every namespace when ``namespace`` is None), each with its
     ``kind`` and ``apiVersion`` set as ``kubectl get -o json`` writes them."""
-    api_version = (
-        "apps/v1" if kind in ("Deployment", "deployments", "ReplicaSet", "replicasets") else "v1"
-    )
     kind = {v: k for k, v in _PLURALS.items()}.get(kind, kind)
+    api_version = _API_VERSIONS.get(kind, "v1")
     if isinstance(selector, dict):
         selector = ",".join(f"{k}={v}" for k, v in selector.items())
     where = _where(api_version, kind, namespace)
@@ -598,7 +617,7 @@ def apply_deployment(
             )
             for o in objects
         ],
-        roles={r.name: manifests.object_name(plan, r.name, name) for r in plan.roles},
+        roles={r.name: _workload_name(plan, r.name, name) for r in plan.roles},
         entry_service=manifests.object_name(plan, entry.name, name),
         entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
         served_model_name=plan.served_model_name,
@@ -620,16 +639,19 @@ def apply_deployment(
 
 
 def _cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[Obj]:
-    """servebook's ConfigMaps, Deployments and Services (of deployment ``name``, or of every
-    deployment) in ``namespace`` or, when None, every namespace; with the Namespace of each
-    found when it can be read."""
+    """servebook's objects (of deployment ``name``, or of every deployment): what the roles
+    use (ConfigMaps, the router's ServiceAccount, Role and RoleBinding), the roles'
+    Deployments, LeaderWorkerSets (where the cluster serves that kind) and Services, in
+    ``namespace`` or, when None, every namespace; with the Namespace of each found when
+    it can be read."""
     selector = manifests.deployment_selector(name) if name else DEPLOYMENT_LABEL
     try:
         found = [
-            *_list(api, "ConfigMap", namespace, selector),
-            *_list(api, "Deployment", namespace, selector),
-            *_list(api, "Service", namespace, selector),
+            o
+            for kind in (*_SUPPORT, "Deployment", "Service")
+            for o in _list(api, kind, namespace, selector)
         ]
+        found += _list_if_served(api, "LeaderWorkerSet", namespace, selector)
     except UsageError as e:
         if namespace is None and "refused" in str(e):
             raise UsageError(
@@ -643,6 +665,19 @@ def _cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[
             if got is not None:
                 found.append({"apiVersion": "v1", "kind": "Namespace", **got})
     return found
+
+
+def _list_if_served(
+    api: Any, kind: str, namespace: str | None, selector: dict[str, str] | str | None = None
+) -> list[Obj]:
+    """``_list`` of a kind a CRD adds: none when the cluster does not serve it (404)."""
+    try:
+        return _list(api, kind, namespace, selector)
+    except kube_client.ClusterUnreachable as e:
+        cause = e.__cause__
+        if isinstance(cause, kube_client.RequestFailed) and cause.code == 404:
+            return []
+        raise
 
 
 def find_deployment(api: Any, name: str, namespace: str | None = None) -> KubeDeployment | None:
@@ -707,9 +742,33 @@ def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]
     selector = manifests.deployment_selector(dep.name)
     deployments = {str(_meta(d).get("name")): d for d in _list(api, "Deployment", ns, selector)}
     replicasets = _list(api, "ReplicaSet", ns, selector)
+    plan = Plan.model_validate(dep.plan) if dep.plan else None
+    groups = [r for r in (plan.roles if plan else []) if r.spans_nodes]
+    sets = (
+        {str(_meta(o).get("name")): o for o in _list(api, "LeaderWorkerSet", ns, selector)}
+        if groups
+        else {}
+    )
     out = []
     for role, deployment_name in dep.roles.items():
         pods = _list(api, "Pod", ns, manifests.selector_for(dep.name, role))
+        group = next((r for r in groups if r.name == role), None)
+        if group is not None:  # a LeaderWorkerSet: ready when every member of every group is
+            out.append(
+                group_state(
+                    role,
+                    deployment_name,
+                    pods,
+                    events,
+                    now=datetime.now(UTC),
+                    started=started,
+                    replicas=group.replicas,
+                    size=group.nodes_per_replica,
+                    lws=sets.get(deployment_name),
+                    restart_baseline=dep.restart_baseline or None,
+                )
+            )
+            continue
         out.append(
             role_state(
                 role,
@@ -916,9 +975,12 @@ def status(name: str, namespace: str | None = None) -> dict[str, Any]:
 # --- the deployment view: port-forwards held for the length of a command ------------------
 
 
-def _ready_pod(api: Any, dep: KubeDeployment, role: str) -> dict[str, Any]:
-    """The role's newest Ready Pod that is not being deleted; unusable (exit 2) without one."""
-    pods = _list(api, "Pod", dep.namespace, manifests.selector_for(dep.name, role))
+def _ready_pod(api: Any, dep: KubeDeployment, role: RolePlan) -> dict[str, Any]:
+    """The role's newest Ready Pod that serves its API (for a role spanning nodes, a group
+    leader, never a headless worker) and is not being deleted; unusable (exit 2) without
+    one."""
+    role_name = role.name
+    pods = _list(api, "Pod", dep.namespace, manifests.api_selector_for(dep.name, role))
     ready = [
         p
         for p in pods
@@ -930,7 +992,7 @@ def _ready_pod(api: Any, dep: KubeDeployment, role: str) -> dict[str, Any]:
     ]
     if not ready:
         raise UsageError(
-            f"deployment {dep.name}: role {role} has no Ready Pod in namespace "
+            f"deployment {dep.name}: role {role_name} has no Ready Pod in namespace "
             f"{dep.namespace} ({len(pods)} Pod(s) found). Run `servebook status {dep.name}`."
         )
     return max(ready, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
@@ -980,7 +1042,7 @@ def open_view(
         )
     plan = Plan.model_validate(dep.plan)
     api = api or _api()
-    pods = {r.name: _ready_pod(api, dep, r.name) for r in plan.roles}
+    pods = {r.name: _ready_pod(api, dep, r) for r in plan.roles}
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
     ) as fw:

@@ -65,12 +65,12 @@ def probe_targets(plan: Any) -> list[ProbeTarget]:
     seen: dict[tuple[str, str, str | None], list[str]] = {}
     image: dict[tuple[str, str, str | None], str] = {}
     for r in plan.engine_roles:
-        node = r.placement.node
-        if not node or not r.model_path or getattr(r, "pod_models", None):
+        if not r.model_path or getattr(r, "pod_models", None):
             continue
-        key = (node, r.model_path, r.draft_path)
-        seen.setdefault(key, []).append(r.name)
-        image[key] = r.image or plan.image or ""
+        for node in r.placement.all_nodes:  # every node a role's copies (or members) use
+            key = (node, r.model_path, r.draft_path)
+            seen.setdefault(key, []).append(r.name)
+            image[key] = r.image or plan.image or ""
     return [
         ProbeTarget(node=k[0], roles=tuple(v), image=image[k], model_dir=k[1], draft_dir=k[2])
         for k, v in seen.items()
