@@ -42,6 +42,13 @@ class RoleView:
     alive: Callable[[], bool | None] = _unknown  # None: the backend cannot tell
     describe: Callable[[], str] = _nothing  # "pid 123 running", "Pod x Ready on node y"
     log: Callable[[], str] | None = None  # its log, when the backend can read it
+    # The other replicas' /metrics when the role runs several Pods behind one Service:
+    # its counters are the sum over metrics_url and these (the router spreads requests).
+    replica_metrics_urls: tuple[str, ...] = ()
+
+    @property
+    def all_metrics_urls(self) -> tuple[str, ...]:
+        return (self.metrics_url, *self.replica_metrics_urls)
 
 
 @dataclass
@@ -93,6 +100,7 @@ class DeploymentView:
                 kind=r.kind,
                 url=r.api_url,
                 metrics_url=r.metrics_url,
+                replica_metrics_urls=r.replica_metrics_urls,
                 argv=list(r.argv),
                 alive=r.alive,
                 log=r.log,

@@ -626,6 +626,7 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
             o["status"] = {"replicas": 0, "observedGeneration": 1}
             _collect_garbage(st, o["metadata"]["uid"])
     revision = str(max(revisions, default=0) + 1)
+    want = int(dep["spec"].get("replicas", 1))
     if current is None:
         labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
         current = {
@@ -639,7 +640,7 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
                 "ownerReferences": [_owner(dep)],
             },
             "spec": {
-                "replicas": 1,
+                "replicas": want,
                 "selector": {"matchLabels": labels},
                 "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
             },
@@ -647,15 +648,16 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
         st.put(current)
     else:
         current["metadata"]["annotations"][REVISION] = revision
-    if not [o for o in st.objects.values() if _owned_by(o, current)]:
-        _start_pod(st, current, suffix=digest[:5])
+    running = [o for o in st.objects.values() if _owned_by(o, current)]
+    for i in range(len(running), want):
+        _start_pod(st, current, suffix=f"{digest[:5]}{i}")
     meta.setdefault("annotations", {})[REVISION] = revision
     dep["status"] = {
         "observedGeneration": meta["generation"],
-        "replicas": 1,
-        "updatedReplicas": 1,
-        "readyReplicas": 1,
-        "availableReplicas": 1,
+        "replicas": want,
+        "updatedReplicas": want,
+        "readyReplicas": want,
+        "availableReplicas": want,
     }
 
 

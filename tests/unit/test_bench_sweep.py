@@ -36,7 +36,7 @@ class FakeScrape:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, urls: Mapping[str, str]) -> dict[str, Snapshot | str]:
+    def __call__(self, urls: Mapping[str, str | tuple[str, ...]]) -> dict[str, Snapshot | str]:
         edge = "before" if self.calls % 2 == 0 else "after"
         self.calls += 1
         return {

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from servebook.backends import kubernetes as kube
 from servebook.bench.results import RESULTS_NAME, load_results
+from servebook.kube import manifests
 from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult
 from tests.unit.kube_standin import Server, serve
@@ -287,3 +288,34 @@ def test_tiny_pd_comes_up_with_its_model_generator_and_goes_down_without_a_recor
     r = cli("down", "tpd", "--backend", "kubernetes", "-n", "servebook", env=env)
     assert r.returncode == 0, r.stderr
     assert "ConfigMap/tpd-model-generator" in r.stdout and st.names("configmaps", "servebook") == []
+
+
+def test_a_role_with_replicas_is_read_over_every_replica(
+    cluster: tuple[Server, dict[str, str]],
+) -> None:
+    """Three decode replicas behind one Service (the router spreads requests over them):
+    the view forwards to each one's /metrics, and the role's counters are their sum, so a
+    handoff served by any replica counts."""
+    from servebook.metrics.scrape import scrape, scrape_replicas
+    from servebook.recipe.resolve import resolve as resolve_recipe
+
+    wide = Path(__file__).parent / "fixtures" / "render" / "vllm-pd-wide-ep-replicas"
+    plan = resolve_recipe(
+        "vllm-pd-wide-ep",
+        ["decode_nodes_per_replica=1", "decode_replicas=3"],
+        [wide / "values.yaml"],
+    )
+    assert (plan.role("decode").replicas, plan.role("prefill").replicas) == (3, 2)
+    kube.up(plan, name="wide", timeout_s=30, poll_s=0.1)
+    with kube.open_view("wide") as view:
+        decode = view.role("decode")
+        assert len(decode.replica_metrics_urls) == 2
+        assert len(view.role("prefill").all_metrics_urls) == 2
+        one = scrape(decode.metrics_url).value("vllm:prompt_tokens_total")
+        every = scrape_replicas(decode.all_metrics_urls).value("vllm:prompt_tokens_total")
+        assert one and every == 3 * one
+        (target,) = [t for t in view.targets() if t.name == "decode"]
+        assert list(target.replica_metrics_urls) == list(decode.replica_metrics_urls)
+        assert view.accelerators == sum(
+            manifests.gpu_count(r) * r.replicas for r in plan.engine_roles
+        )

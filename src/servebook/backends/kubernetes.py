@@ -975,11 +975,10 @@ def status(name: str, namespace: str | None = None) -> dict[str, Any]:
 # --- the deployment view: port-forwards held for the length of a command ------------------
 
 
-def _ready_pod(api: Any, dep: KubeDeployment, role: RolePlan) -> dict[str, Any]:
-    """The role's newest Ready Pod that serves its API (for a role spanning nodes, a group
-    leader, never a headless worker) and is not being deleted; unusable (exit 2) without
-    one."""
-    role_name = role.name
+def _ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str, Any]]:
+    """The role's Ready Pods that serve its API (for a role spanning nodes, the group
+    leaders, never a headless worker), newest first, one per replica; unusable (exit 2)
+    while fewer are Ready: the counters of a role are those of all its replicas."""
     pods = _list(api, "Pod", dep.namespace, manifests.api_selector_for(dep.name, role))
     ready = [
         p
@@ -990,12 +989,15 @@ def _ready_pod(api: Any, dep: KubeDeployment, role: RolePlan) -> dict[str, Any]:
             for c in p.get("status", {}).get("conditions", [])
         )
     ]
-    if not ready:
+    want = max(1, role.replicas)
+    if len(ready) < want:
         raise UsageError(
-            f"deployment {dep.name}: role {role_name} has no Ready Pod in namespace "
-            f"{dep.namespace} ({len(pods)} Pod(s) found). Run `servebook status {dep.name}`."
+            f"deployment {dep.name}: role {role.name} has {len(ready)} Ready Pod(s) of "
+            f"{want} in namespace {dep.namespace} ({len(pods)} found). Run `servebook status "
+            f"{dep.name}`."
         )
-    return max(ready, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
+    ready.sort(key=lambda p: str(p["metadata"].get("creationTimestamp", "")), reverse=True)
+    return ready[:want]
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -1023,9 +1025,10 @@ def open_view(
     name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
 ) -> Iterator[DeploymentView]:
     """The deployment as a command reaches it: a port-forward servebook holds to each
-    role's Ready Pod (engine API and metrics; router API and metrics) for the body of the
-    with-block.  A forward that dies or a Pod replaced meanwhile makes that role not alive,
-    with the reason in its description; the view's users fail naming the role."""
+    role's Ready Pod (engine API and metrics; router API and metrics; the metrics of every
+    other replica of a role that runs several) for the body of the with-block.  A forward
+    that dies or a Pod replaced meanwhile makes that role not alive, with the reason in
+    its description; the view's users fail naming the role."""
     from servebook.kube.portforward import Forwards, Kr8sDialer, kr8s_pod_identity
 
     api = None
@@ -1042,13 +1045,13 @@ def open_view(
         )
     plan = Plan.model_validate(dep.plan)
     api = api or _api()
-    pods = {r.name: _ready_pod(api, dep, r) for r in plan.roles}
+    pods = {r.name: _ready_pods(api, dep, r) for r in plan.roles}
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
     ) as fw:
         roles: list[RoleView] = []
         for r in plan.roles:
-            pod = pods[r.name]
+            pod, *others = pods[r.name]
             pod_name = str(pod["metadata"]["name"])
             node = pod.get("spec", {}).get("nodeName", "?")
             container = _container(pod, "router" if r.kind == "router" else "engine")
@@ -1068,6 +1071,16 @@ def open_view(
                 if r.kind == "router"
                 else api_url
             )
+            replicas = tuple(  # every other replica's counters (vLLM: on its API port)
+                fw.open(
+                    role=r.name,
+                    pod=str(p["metadata"]["name"]),
+                    namespace=dep.namespace,
+                    remote_port=manifests.ENGINE_PORT,
+                )
+                for p in others
+                if r.kind == "engine"
+            )
 
             def describe(role: str = r.name, pod: str = pod_name, node: str = node) -> str:
                 problem = fw.problems().get(role)
@@ -1080,6 +1093,7 @@ def open_view(
                     kind=r.kind,
                     api_url=api_url,
                     metrics_url=metrics_url,
+                    replica_metrics_urls=replicas,
                     argv=[*container.get("command", []), *container.get("args", [])],
                     env={
                         str(e["name"]): str(e["value"])
@@ -1091,7 +1105,10 @@ def open_view(
                     log=_pod_log(api, dep.namespace, pod_name, str(container.get("name", ""))),
                 )
             )
-        gpus = sum(manifests.gpu_count(r) for r in plan.engine_roles)
+        gpus = sum(
+            manifests.gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica)
+            for r in plan.engine_roles
+        )
         yield DeploymentView(
             name=dep.name,
             backend=dep.backend,

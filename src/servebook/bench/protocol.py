@@ -65,7 +65,7 @@ from servebook.bench.results import (
 )
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, Severity, UsageError, register
-from servebook.metrics.scrape import ScrapeError, Snapshot, scrape
+from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
 
 Order = Literal["shuffled", "ascending"]
 
@@ -726,7 +726,8 @@ class Target:
     per-accelerator throughput."""
 
     endpoint: Endpoint
-    metrics_urls: Mapping[str, str] = field(default_factory=dict)
+    # role -> its /metrics base URL, or every replica's when it runs several Pods
+    metrics_urls: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
     decode_role: str | None = None
     accelerators_used: int | None = None
     # role -> why it cannot be trusted now (process gone, forward broken, Pod replaced);
@@ -738,15 +739,18 @@ class Target:
         return self.decode_role is not None
 
 
-Scrape = Callable[[Mapping[str, str]], dict[str, Snapshot | str]]
+Scrape = Callable[[Mapping[str, str | tuple[str, ...]]], dict[str, Snapshot | str]]
 
 
-def scrape_roles(urls: Mapping[str, str], timeout: float = 5.0) -> dict[str, Snapshot | str]:
-    """Every role's /metrics; a role that cannot be read gets its error message instead."""
+def scrape_roles(
+    urls: Mapping[str, str | tuple[str, ...]], timeout: float = 5.0
+) -> dict[str, Snapshot | str]:
+    """Every role's /metrics (summed over its replicas when it names several URLs); a role
+    that cannot be read gets its error message instead."""
     out: dict[str, Snapshot | str] = {}
     for role, url in urls.items():
         try:
-            out[role] = scrape(url, timeout=timeout)
+            out[role] = scrape_replicas((url,) if isinstance(url, str) else url, timeout=timeout)
         except ScrapeError as e:
             out[role] = str(e)
     return out

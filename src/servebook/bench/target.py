@@ -49,11 +49,13 @@ class Subject:
     tokenize_url: str = ""  # an engine's base URL for /tokenize (not a router's)
 
 
-def pd_min_share(decode_url: str, input_len: int) -> float:
+def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> float:
     """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
-    handoff share falls below it is invalid (the handoff failed open)."""
+    handoff share falls below it is invalid (the handoff failed open).  ``decode_url``:
+    decode's /metrics base URL, or its replicas' (they share one block size)."""
+    first = decode_url if isinstance(decode_url, str) else decode_url[0]
     try:
-        block = block_size(scrape(decode_url, timeout=5.0))
+        block = block_size(scrape(first, timeout=5.0))
     except ScrapeError as e:
         raise UsageError(
             f"cannot read decode's /metrics to size the handoff threshold: {e}"
@@ -88,7 +90,9 @@ def from_deployment(
         )
     plan = view.plan
     engines = view.engines
-    metrics = {r.name: r.metrics_url for r in engines}
+    metrics: dict[str, str | tuple[str, ...]] = {
+        r.name: r.all_metrics_urls if r.replica_metrics_urls else r.metrics_url for r in engines
+    }
     version = fetch_engine_version(engines[0].api_url)
     roles = [
         RoleProvenance(

@@ -9,7 +9,7 @@ backwards means the server restarted mid-window: that is flagged, not a negative
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -76,6 +76,30 @@ def scrape(base_url: str, *, timeout: float = 5.0) -> Snapshot:
     if resp.status != 200:
         raise ScrapeError(f"GET {url}: HTTP {resp.status}")
     return snapshot_from_text(resp.text, url=url)
+
+
+# A role with several replicas (Pods behind one Service) is one set of counters: each
+# replica's series carries this label, so a value (and a delta) sums every replica.
+REPLICA_LABEL = "servebook_replica"
+
+
+def scrape_replicas(base_urls: Sequence[str], *, timeout: float = 5.0) -> Snapshot:
+    """One role's counters over all its replicas (``ScrapeError`` when any cannot be read:
+    a sum over some replicas is not the role's)."""
+    if len(base_urls) == 1:
+        return scrape(base_urls[0], timeout=timeout)
+    snaps = [scrape(u, timeout=timeout) for u in base_urls]
+    samples: dict[str, dict[Labels, float]] = {}
+    for i, snap in enumerate(snaps):
+        for name, series in snap.samples.items():
+            for labels, value in series.items():
+                tagged = tuple(sorted((*labels, (REPLICA_LABEL, str(i)))))
+                samples.setdefault(name, {})[tagged] = value
+    return Snapshot(
+        url=" + ".join(s.url for s in snaps),
+        taken_at=min(s.taken_at for s in snaps),
+        samples=samples,
+    )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 from servebook import auth, http
 from servebook.engines import vllm
 from servebook.findings import Finding, Severity
-from servebook.metrics.scrape import ScrapeError, Snapshot, scrape
+from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
 from servebook.verify import checks as C
 
 # A word list for verify's long prompt; a random nonce in front makes every verify's
@@ -58,6 +58,7 @@ class Target:
     log: Callable[[], str] | None = None
     describe: Callable[[], str] = lambda: ""
     metrics_url: str = ""  # where its /metrics is, when not at ``url``
+    replica_metrics_urls: Sequence[str] = ()  # the other replicas' (counters are summed)
 
     @property
     def counters_url(self) -> str:
@@ -210,7 +211,9 @@ def _scrape_all(
     findings: list[Finding] = []
     for t in engines:
         try:
-            snaps[t.name] = scrape(t.counters_url, timeout=opts.health_timeout_s)
+            snaps[t.name] = scrape_replicas(
+                [t.counters_url, *t.replica_metrics_urls], timeout=opts.health_timeout_s
+            )
         except ScrapeError as e:
             findings.append(
                 C.REACHABLE.finding(
