@@ -5,7 +5,6 @@ prompts, the word-table construction timed, and loads against a real HTTP server
 from __future__ import annotations
 
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +77,14 @@ def test_token_id_prompts_are_for_the_completions_api_only(tiny_dir: Path) -> No
 # --- text, fast ------------------------------------------------------------------------------
 
 
-def test_a_1024_token_text_prompt_is_built_in_well_under_a_millisecond(
+def test_1024_token_text_prompts_are_exact_distinct_and_built_once(
     tiny_dir: Path, tok: HFTokenizer
 ) -> None:
+    """How fast they are built is benchmarks/prompt_building.py's to measure (a timed test
+    on a shared machine only measures the machine)."""
     prompts = RandomPrompts(tiny_dir, input_len=1024, output_len=4, seed=0)
     prompts.pregenerate(range(8))  # the word table, found once per tokenizer
-    per_prompt = []
-    for k in range(3):
-        first = 1000 + 256 * k
-        t0 = time.perf_counter()
-        prompts.pregenerate(range(first, first + 256))
-        per_prompt.append((time.perf_counter() - t0) / 256)
-    # Best of three batches: this machine is shared; measured 0.4-0.5 ms here.
-    assert min(per_prompt) < 1e-3, f"{1e3 * min(per_prompt):.2f} ms per prompt"
+    prompts.pregenerate(range(1000, 1000 + 768))
     # Every one of them has exactly the asked length, by the tokenizer itself.
     texts = [prompts.get(i).text for i in range(1000, 1000 + 768)]
     assert {server_token_count(tok, t) for t in texts} == {1024}
