@@ -309,6 +309,17 @@ def _settings_env(plan: Plan, role: RolePlan, k8s: Kubernetes) -> dict[str, str]
     return {k: v for k, v in env.items() if k not in role.env}
 
 
+def _api_key_env(name: str, k8s: Kubernetes) -> list[Obj]:
+    """The API key as ``name`` from the recipe's Secret (api_key_secret): a reference, so
+    no key is ever written into a manifest.  vLLM reads VLLM_API_KEY itself (never
+    ``--api-key``, which ``ps`` and the Pod spec would show); vllm-router sends its own
+    OPENAI_API_KEY to the engines.  None without a Secret."""
+    ref = k8s.api_key_secret
+    if ref is None:
+        return []
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def _engine_ports(role: RolePlan) -> list[Obj]:
     ports: list[Obj] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     connector = vllm.kv_connector_of(role.args)
@@ -548,6 +559,8 @@ def _engine_pod(
     }
     env = _engine_env(plan, role)
     env += [{"name": k, "value": v} for k, v in _settings_env(plan, role, k8s).items()]
+    if "VLLM_API_KEY" not in role.env:
+        env += _api_key_env("VLLM_API_KEY", k8s)
     if env:
         container["env"] = env
     ports = _engine_ports(role) if member != "worker" else []
@@ -745,11 +758,12 @@ def _router_deployment(
     ]
     # The router waits for both engines before it serves; its budget is theirs plus a
     # minute, and it is ready once it has a healthy prefill and decode engine.
-    container: Obj = {
-        "name": "router",
-        "image": role.image,
-        "command": argv[:1],
-        "args": argv[1:],
+    container: Obj = {"name": "router", "image": role.image, "command": argv[:1], "args": argv[1:]}
+    # vllm-router checks no client's key; it sends its own OPENAI_API_KEY to the engines.
+    router_env = _api_key_env("OPENAI_API_KEY", k8s)
+    if router_env:
+        container["env"] = router_env
+    container |= {
         "ports": ports,
         "startupProbe": _http_probe(
             vllm.ROUTER_LIVENESS_PATH,

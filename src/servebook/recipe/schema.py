@@ -308,6 +308,38 @@ class CompileCache(_Strict):
     container_path: AbsPath = "/cache"
 
 
+# A Kubernetes Secret's name (RFC 1123 subdomain) and a key of its data.
+SecretName = Annotated[
+    str,
+    _matching(
+        r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
+        "a Secret's name: lowercase letters, digits, '-' and '.', starting and ending with "
+        "a letter or digit",
+    ),
+]
+SecretKey = Annotated[
+    str,
+    _matching(r"[-._A-Za-z0-9]{1,253}", "a key of a Secret's data: letters, digits, '-', '_', '.'"),
+]
+
+
+class SecretRef(_Strict):
+    """Kubernetes: one key of an existing Secret in the deployment's namespace, given as
+    ``NAME`` (key ``api-key``) or ``NAME/KEY``.  Only the reference is rendered
+    (``valueFrom.secretKeyRef``), never the value."""
+
+    name: SecretName
+    key: SecretKey = "api-key"
+
+    @model_validator(mode="before")
+    @classmethod
+    def name_or_name_key(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name, _, key = value.partition("/")
+            return {"name": name, "key": key} if key else {"name": name}
+        return value
+
+
 class PodSettings(_Strict):
     """Kubernetes: Pod settings of the engine (and router) Pods that admission, scheduling
     and QoS need, and a schema-checked ``overrides`` for the long tail."""
@@ -364,6 +396,9 @@ class Kubernetes(_Strict):
     # die with the container.
     compile_cache: CompileCache | None = None
     pod: PodSettings = Field(default_factory=PodSettings)
+    # The engines' API key: every engine container gets VLLM_API_KEY and the router
+    # OPENAI_API_KEY from this Secret's key (secretKeyRef); None: no key.
+    api_key_secret: SecretRef | None = None
 
     @field_validator("compile_cache", mode="before")
     @classmethod
