@@ -15,6 +15,7 @@ pytestmark = pytest.mark.engine
 
 PD = [
     "image=vllm/vllm-openai:v0.11.0",
+    "fabric=ib-shared",
     "prefill_node=gpu-node-1",
     "decode_node=gpu-node-2",
     "prefill_model_dir=/data/models/m",
@@ -74,3 +75,24 @@ def test_rendered_engine_arguments_parse_with_vllm(recipe: str, sets: list[str])
             assert ns.kv_transfer_config.kv_connector == "MooncakeConnector"
             assert ns.max_model_len == 8192
             assert ns.speculative_config is None
+
+
+def test_a_role_spanning_two_nodes_gives_leader_and_worker_arguments_vllm_accepts() -> None:
+    """vllm-pd-wide-ep (two nodes per role): the LeaderWorkerSet's leader and its headless
+    worker carry the multi-node data-parallel flags, which vLLM's parser reads as meant."""
+    from pathlib import Path
+
+    values = Path(__file__).parents[1] / "unit" / "fixtures" / "render" / "vllm-pd-wide-ep"
+    parser = _parser()
+    _, objects, _ = render_files("vllm-pd-wide-ep", [], [values / "values.yaml"])
+    sets = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
+    assert len(sets) == 2  # prefill and decode each span two nodes
+    for lws in sets:
+        tmpl = lws["spec"]["leaderWorkerTemplate"]
+        leader = parser.parse_args(tmpl["leaderTemplate"]["spec"]["containers"][0]["args"])
+        worker = parser.parse_args(tmpl["workerTemplate"]["spec"]["containers"][0]["args"])
+        for ns in (leader, worker):
+            assert ns.data_parallel_address == "$(LWS_LEADER_ADDRESS)"
+            assert ns.data_parallel_size == 2 * ns.data_parallel_size_local
+        assert not leader.headless and worker.headless
+        assert worker.data_parallel_start_rank == leader.data_parallel_size_local
