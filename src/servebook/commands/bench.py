@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from servebook import auth
+from servebook import auth, redact
 from servebook.backends import base
 from servebook.bench import target as tgt
 from servebook.bench.client import ClientError, default_workers
@@ -326,12 +326,13 @@ def _sweep(
     try:
         return run_bench(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
     except SweepStopped as e:
-        err.print(f"[bold red]bench stopped:[/] {escape(str(e))}")
+        err.print(f"[bold red]bench stopped:[/] {escape(redact.text(str(e)))}")
         raise typer.Exit(1) from None
     except ClientError as e:
         # The load generator itself failed: nothing this point measured is usable.
         err.print(
-            f"[bold red]bench could not run:[/] {escape(str(e))}. Points finished before it "
+            f"[bold red]bench could not run:[/] {escape(redact.text(str(e)))}. Points finished "
+            "before it "
             f"are in {escape(str(out_dir / RESULTS_NAME))}; rerun with --resume.",
             highlight=False,
             soft_wrap=True,

@@ -26,7 +26,11 @@ DEFAULT_RECIPE = "tiny-pd"
 
 
 def _say(msg: str) -> None:
-    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(
+        f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _plan_for(
