@@ -66,6 +66,7 @@ from servebook.bench.results import (
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, Severity, UsageError, register
 from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
+from servebook.values import parse_share
 
 Order = Literal["shuffled", "ascending"]
 
@@ -259,19 +260,14 @@ def parse_rates(text: str) -> tuple[float, ...]:
 
 def parse_precision(text: str) -> float | None:
     """``"5%"`` or ``"0.05"`` -> 0.05; ``"off"``/``"none"``/``"0"`` -> ``None`` (no target)."""
-    t = text.strip().lower()
-    if t in ("off", "none", "0", "0%"):
+    if text.strip().lower() in ("off", "none", "0", "0%"):
         return None
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        v = math.nan
-    if not 0 < v < 1:
-        raise UsageError(
-            f"--precision {text!r}: give the largest 95% half-width as a share of the mean, "
-            "e.g. 5% or 0.05 (more than 0, less than 100%), or off"
-        )
-    return v
+    return parse_share(
+        text,
+        flag="--precision",
+        what="the largest 95% half-width as a share of the mean",
+        also="off",
+    )
 
 
 # --- settings and order ---------------------------------------------------------------------

@@ -23,7 +23,6 @@ Levels only one run has are listed, not judged; no common level is unusable inpu
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, Literal
 from servebook.bench import stats
 from servebook.findings import UsageError
 from servebook.report.tables import METRICS, NA, Column, Level, Run, Table, fmt_num, levels
+from servebook.values import parse_share
 
 DEFAULT_TOLERANCE = 0.05
 REPRODUCE_METRICS = ("output_tokens_per_s", "tpot_ms.p50")
@@ -48,17 +48,7 @@ RULE = (
 
 def parse_tolerance(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05; a share strictly between 0 and 1."""
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        v = math.nan
-    if not 0 < v < 1:
-        raise UsageError(
-            f"--tolerance {text!r}: give a share of A's median, e.g. 5% or 0.05 (more "
-            "than 0, less than 100%)"
-        )
-    return v
+    return parse_share(text, flag="--tolerance", what="a share of A's median")
 
 
 @dataclass(frozen=True)

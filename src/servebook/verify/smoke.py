@@ -172,8 +172,8 @@ def _smoke_finding(
 
 def _reachable(t: Target, opts: Options) -> Finding:
     alive = t.alive()
-    extra = t.describe()
     if alive is False:
+        extra = t.describe()
         return C.REACHABLE.finding(
             Severity.FAIL,
             t.name,
@@ -194,7 +194,7 @@ def _reachable(t: Target, opts: Options) -> Finding:
             f"{t.name}: /health answered in {1000 * waited:.0f} ms",
             evidence={"url": t.url, "seconds": waited},
         )
-    extra = t.describe()  # again: the failure may have told the backend more (a forward)
+    extra = t.describe()  # after the failure, which may have told the backend more (a forward)
     return C.REACHABLE.finding(
         Severity.FAIL,
         t.name,
