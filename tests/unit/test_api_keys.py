@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ from servebook.report.render import write_report
 from servebook.verify.smoke import Claims, Options, Target, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult
+from tests.unit.served_app import served
 
 KEY = "sk-test-5f0e2c9d41b7a6"  # the API key: servebook knows it
 HF = "hf_q8ZrT3vLpW2mNx"  # a hub token in a flag and a variable: servebook never knew it
@@ -99,33 +98,14 @@ class Guarded:
 @pytest.fixture
 def guarded() -> Iterator[tuple[str, Guarded]]:
     srv = Guarded()
-    loop = asyncio.new_event_loop()
     app_ = web.Application()
     app_.router.add_post("/v1/completions", srv.completions)
     app_.router.add_get("/v1/models", srv.models)
     app_.router.add_get("/health", srv.health)
     app_.router.add_get("/version", srv.version)
     app_.router.add_get("/metrics", srv.metrics)
-    runner = web.AppRunner(app_, access_log=None)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock).start())
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{port}", srv
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    with served(app_) as url:
+        yield url, srv
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from servebook.bench.client import (
     run_load,
 )
 from servebook.bench.workload import DatasetPrompts, Prompt
+from tests.unit.served_app import served
 
 TTFT_MS, ITL_MS = 5.0, 2.0
 
@@ -93,30 +93,11 @@ class Server:
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, Server]]:
     srv = Server()
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/completions", srv.handle)
     app.router.add_post("/v1/chat/completions", srv.handle)
-    runner = web.AppRunner(app, access_log=None)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock).start())
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{port}", srv
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    with served(app) as url:
+        yield url, srv
 
 
 def prompts(*texts: str, out: int = 6) -> DatasetPrompts:

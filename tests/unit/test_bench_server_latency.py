@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_r
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.render import build_report, to_html, to_markdown
 from servebook.report.tables import load_runs
+from tests.unit.served_app import served
 
 STEP_S = 0.02  # the engine's time per output token
 TTFT_S = 0.01
@@ -99,29 +98,11 @@ class CoalescingServer:
 @pytest.fixture()
 def coalescing() -> Iterator[str]:
     srv = CoalescingServer()
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/completions", srv.completions)
     app.router.add_get("/metrics", srv.metrics)
-    runner = web.AppRunner(app, access_log=None)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock).start())
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    with served(app) as url:
+        yield url
 
 
 SETTINGS = ProtocolSettings(
