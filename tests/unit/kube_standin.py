@@ -408,20 +408,7 @@ def _app(st: StandIn) -> web.Application:
             await ws.close()
             return ws
 
-        async def pod_to_client() -> None:
-            while data := await reader.read(65536):
-                await ws.send_bytes(b"\x00" + data)
-            await ws.close()
-
-        relay = asyncio.ensure_future(pod_to_client())
-        try:
-            async for msg in ws:
-                if msg.type == web.WSMsgType.BINARY and msg.data[:1] == b"\x00":
-                    writer.write(msg.data[1:])
-                    await writer.drain()
-        finally:
-            relay.cancel()
-            writer.close()
+        await relay_port(ws, reader, writer)
         return ws
 
     async def dry_run(request: web.Request, body: Obj, plural: str, ns: str) -> web.Response:
@@ -704,6 +691,29 @@ def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
     }
     st.put(pod)
     return name
+
+
+async def relay_port(
+    ws: web.WebSocketResponse, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """What the kubelet does for a port-forward stream, after the port prefixes: bytes
+    from the container's port go out on data channel 0, and channel 0's frames go in,
+    until either side ends."""
+
+    async def pod_to_client() -> None:
+        while data := await reader.read(65536):
+            await ws.send_bytes(b"\x00" + data)
+        await ws.close()
+
+    relay = asyncio.ensure_future(pod_to_client())
+    try:
+        async for msg in ws:
+            if msg.type == web.WSMsgType.BINARY and msg.data[:1] == b"\x00":
+                writer.write(msg.data[1:])
+                await writer.drain()
+    finally:
+        relay.cancel()
+        writer.close()
 
 
 KUBECONFIG = """\

@@ -34,6 +34,7 @@ from servebook.kube.portforward import (
     Stream,
     kr8s_pod_identity,
 )
+from tests.unit.kube_standin import relay_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -475,7 +476,7 @@ class StandInApiServer:
         )
 
     async def portforward(self, request: Any) -> Any:
-        from aiohttp import WSMsgType, web
+        from aiohttp import web
 
         ns, name = request.match_info["ns"], request.match_info["pod"]
         self.seen.append(
@@ -511,20 +512,7 @@ class StandInApiServer:
             return ws
         reader, writer = await asyncio.open_connection("127.0.0.1", self.pod_port)
 
-        async def pod_to_ws() -> None:
-            while data := await reader.read(65536):
-                await ws.send_bytes(b"\x00" + data)
-            await ws.close()
-
-        relay = asyncio.ensure_future(pod_to_ws())
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY and msg.data[:1] == b"\x00":
-                    writer.write(msg.data[1:])
-                    await writer.drain()
-        finally:
-            relay.cancel()
-            writer.close()
+        await relay_port(ws, reader, writer)
         return ws
 
 
