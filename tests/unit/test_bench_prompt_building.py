@@ -24,26 +24,10 @@ from servebook.bench.workload import (
     HFTokenizer,
     Prompt,
     RandomPrompts,
-    load_tokenizer,
     server_token_count,
 )
 from servebook.findings import UsageError
-from servebook.models.tiny import tokenizer_files
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("tiny-tokenizer")
-    for name, data in tokenizer_files().items():
-        (d / name).write_bytes(data)
-    return d
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_dir: Path) -> HFTokenizer:
-    return load_tokenizer(tiny_dir)
-
 
 # --- token ids -------------------------------------------------------------------------------
 

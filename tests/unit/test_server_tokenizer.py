@@ -23,26 +23,11 @@ from servebook.bench.workload import (
     RandomPrompts,
     exact_length_prompt,
     load_dataset,
-    load_tokenizer,
     server_token_count,
 )
 from servebook.findings import UsageError
-from servebook.models.tiny import tokenizer_files
 
 MODEL = "tiny"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("tiny-tokenizer")
-    for name, data in tokenizer_files().items():
-        (d / name).write_bytes(data)
-    return d
-
-
-@pytest.fixture(scope="module")
-def local(tiny_dir: Path) -> HFTokenizer:
-    return load_tokenizer(tiny_dir)
 
 
 class StandIn:
@@ -122,9 +107,9 @@ def _vllm_like_handler(tok: HFTokenizer, seen: StandIn) -> type[BaseHTTPRequestH
 
 
 @pytest.fixture
-def stand_in(local: HFTokenizer) -> Iterator[tuple[str, StandIn]]:
+def stand_in(tok: HFTokenizer) -> Iterator[tuple[str, StandIn]]:
     seen = StandIn()
-    for url in _serve(_vllm_like_handler(local, seen)):
+    for url in _serve(_vllm_like_handler(tok, seen)):
         yield url, seen
 
 
@@ -135,26 +120,26 @@ def server_tok(stand_in: tuple[str, StandIn]) -> ServerTokenizer:
 
 @pytest.mark.parametrize("length", [1, 2, 7, 64, 513, 1007])
 def test_completion_prompts_have_exactly_the_asked_server_side_length(
-    server_tok: ServerTokenizer, local: HFTokenizer, length: int
+    server_tok: ServerTokenizer, tok: HFTokenizer, length: int
 ) -> None:
     for seed in range(3):
         text = exact_length_prompt(server_tok, length, np.random.default_rng([seed, length]))
-        assert len(local.encode(text, add_special_tokens=True)) == length
+        assert len(tok.encode(text, add_special_tokens=True)) == length
         assert len(server_tok.encode(text, add_special_tokens=True)) == length
 
 
 @pytest.mark.parametrize("length", [12, 40, 300])
 def test_chat_prompts_are_counted_by_the_servers_tokenize_with_messages(
-    server_tok: ServerTokenizer, local: HFTokenizer, stand_in: tuple[str, StandIn], length: int
+    server_tok: ServerTokenizer, tok: HFTokenizer, stand_in: tuple[str, StandIn], length: int
 ) -> None:
     pytest.importorskip("transformers")
     prompts = RandomPrompts(server_tok, input_len=length, output_len=4, seed=1, api="chat")
     for i in range(3):
         text = prompts.get(i).text
-        rendered = local.render_chat(text)
+        rendered = tok.render_chat(text)
         assert rendered is not None and rendered.startswith("<s><|user|>")
-        assert len(local.encode(rendered, add_special_tokens=False)) == length
-    assert server_tok.chat_token_count("hello") == server_token_count(local, "hello", "chat")
+        assert len(tok.encode(rendered, add_special_tokens=False)) == length
+    assert server_tok.chat_token_count("hello") == server_token_count(tok, "hello", "chat")
 
 
 def test_a_prompt_takes_a_handful_of_requests(
@@ -173,15 +158,15 @@ def test_a_prompt_takes_a_handful_of_requests(
 
 
 def test_sampleable_ids_are_clean_and_checked_in_few_requests(
-    server_tok: ServerTokenizer, local: HFTokenizer
+    server_tok: ServerTokenizer, tok: HFTokenizer
 ) -> None:
     ids = server_tok.sampleable_ids()
     assert server_tok.requests <= 4  # empty prompt, corpus, separator, one batch decode
-    corpus_ids = set(local.encode(CORPUS, add_special_tokens=False))
+    corpus_ids = set(tok.encode(CORPUS, add_special_tokens=False))
     assert set(ids) <= corpus_ids and len(ids) >= 200
-    assert not set(ids) & local.special_ids()
+    assert not set(ids) & tok.special_ids()
     # The one-request check agrees with decoding every candidate alone.
-    alone = {i for i in corpus_ids if (s := local.decode([i])).strip() and "\ufffd" not in s}
+    alone = {i for i in corpus_ids if (s := tok.decode([i])).strip() and "\ufffd" not in s}
     assert set(ids) == alone
     # The corpus's accented words split into byte pieces here: those are left out.
     assert len(alone) < len(corpus_ids)
@@ -224,14 +209,14 @@ def test_describe_names_the_server_and_keeps_the_local_fields(
 
 
 def test_a_dataset_records_the_servers_counts(
-    server_tok: ServerTokenizer, local: HFTokenizer, tmp_path: Path
+    server_tok: ServerTokenizer, tok: HFTokenizer, tmp_path: Path
 ) -> None:
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "hello world"}\n{"prompt": "import os\\nprint(os.sep)"}\n')
     ds = load_dataset(f, default_output_len=8, tokenizer=server_tok)
     assert [p.prompt_tokens for p in ds.prompts] == [
-        server_token_count(local, "hello world"),
-        server_token_count(local, "import os\nprint(os.sep)"),
+        server_token_count(tok, "hello world"),
+        server_token_count(tok, "import os\nprint(os.sep)"),
     ]
 
 
