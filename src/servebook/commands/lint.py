@@ -5,31 +5,25 @@
 findings.  Exit code 0: nothing failing (warnings allowed); 1: a failing finding; 2: the
 input could not be read (missing path, YAML that does not parse).
 
-``checks`` prints every registered check, from whichever area registered it.  A module
-registers checks by calling ``servebook.findings.register(...)``; ``all_checks`` imports
-every module of the package whose source does that (found by reading the source, so
-nothing else is imported), and a new area's checks appear here and in ``docs/checks.md``
-without editing this file.  ``docs/checks.md`` is
-generated: ``servebook checks --markdown > docs/checks.md``; a unit test fails when the
-committed file and the registry disagree.
+``checks`` prints every registered check, from whichever area registered it: ``all_checks``
+imports exactly the modules named in ``servebook.check_modules.CHECK_MODULES`` (a unit test
+fails when a module that registers checks is missing there) and lists the registry.
+``docs/checks.md`` is generated: ``servebook checks --markdown > docs/checks.md``; a unit
+test fails when the committed file and the registry disagree.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import typer
 
+from servebook.check_modules import CHECK_MODULES
 from servebook.commands import app, out
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
-
-# A module that calls servebook.findings.register(...), however it spells the id.
-_CALLS_REGISTER = re.compile(r"\bregister\(")
-_USES_FINDINGS = re.compile(r"\bservebook\.findings\b|\bfrom servebook import\b[^\n]*\bfindings\b")
 
 AREAS = (
     ("SB1", "Lint (`servebook lint`)"),
@@ -39,32 +33,9 @@ AREAS = (
 )
 
 
-def check_modules(package_dir: Path | None = None) -> list[str]:
-    """Modules of the servebook package whose source registers a check."""
-    import servebook
-
-    root = package_dir or Path(servebook.__file__).parent
-    names = []
-    for path in sorted(root.rglob("*.py")):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        rel = path.relative_to(root.parent).with_suffix("")
-        if rel.parts[-1] == "findings" or not (
-            _CALLS_REGISTER.search(text) and _USES_FINDINGS.search(text)
-        ):
-            continue
-        parts = list(rel.parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        names.append(".".join(parts))
-    return names
-
-
 def all_checks() -> list[Check]:
     """Every registered check, sorted by id, after importing every registering module."""
-    for name in check_modules():
+    for name in CHECK_MODULES:
         importlib.import_module(name)
     return [REGISTRY[k] for k in sorted(REGISTRY)]
 
