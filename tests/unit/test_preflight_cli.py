@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from servebook.kube.probe_pod import ProbeTarget, interpret_events, pod_manifest, probe_targets
+from servebook.preflight.probe_pod import ProbeTarget, interpret_events, pod_manifest, probe_targets
 from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult
 

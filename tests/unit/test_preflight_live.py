@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from servebook.findings import Finding, Severity
-from servebook.kube.probe_pod import pod_manifest, probe_targets
 from servebook.preflight import probe as P
 from servebook.preflight.live import PREFLIGHT_NAMESPACE_PREFIX, LiveOptions, plan_findings
+from servebook.preflight.probe_pod import pod_manifest, probe_targets
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult

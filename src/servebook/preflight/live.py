@@ -32,7 +32,6 @@ from servebook.kube.client import (
     send,
     server_of,
 )
-from servebook.kube.probe_pod import PROBE_POD, probe_targets, run_probe_pod
 from servebook.kube.snapshot import ClusterSnapshot, load_snapshot, read_with
 from servebook.preflight.admission import (
     ACCESS,
@@ -52,6 +51,7 @@ from servebook.preflight.cluster import (
     check_cluster,
     requirements_from_plan,
 )
+from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
 from servebook.preflight.weights_fit import (
     WeightsSize,
     check_weights_fit,
