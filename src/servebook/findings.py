@@ -13,10 +13,10 @@ input, unreachable endpoint).  Never 0 on an error.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -60,6 +60,7 @@ class Check:
 
 
 REGISTRY: dict[str, Check] = {}
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def register(id: str, title: str, rationale: str, fix: str) -> Check:
@@ -69,6 +70,35 @@ def register(id: str, title: str, rationale: str, fix: str) -> Check:
     check = Check(id=id, title=title, rationale=rationale, fix=fix)
     REGISTRY[id] = check
     return check
+
+
+class Rules(Generic[F]):
+    """The functions that decide an area's checks, each added where it is defined::
+
+        WINDOW_SHORT = register("SB401", ...)
+
+
+        @VERDICTS.add(WINDOW_SHORT)
+        def window_long_enough(...): ...
+
+    The area runs what was added instead of wiring its functions by hand.  They run in
+    check-id order, so the order of findings does not depend on which module was imported
+    first; one function per check."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[Check, F]] = {}
+
+    def add(self, check: Check) -> Callable[[F], F]:
+        def adding(fn: F) -> F:
+            if check.id in self._by_id:
+                raise ValueError(f"check id {check.id} decided by two functions")
+            self._by_id[check.id] = (check, fn)
+            return fn
+
+        return adding
+
+    def __iter__(self) -> Iterator[tuple[Check, F]]:
+        return iter([self._by_id[k] for k in sorted(self._by_id)])
 
 
 @dataclass

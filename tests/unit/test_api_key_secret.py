@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from servebook.cli import app
 from servebook.lint import loader, rules
+from servebook.lint.rules.objects import pod_specs
 
 REPO = Path(__file__).resolve().parents[2]
 RENDER = REPO / "tests" / "unit" / "fixtures" / "render"
@@ -31,7 +32,7 @@ def _render(recipe: str, tmp_path: Path, *sets: str) -> Path:
 def _containers(out: Path) -> list[tuple[str, dict[str, Any]]]:
     found: list[tuple[str, dict[str, Any]]] = []
     for doc in loader.load_paths([out]).documents:
-        for pod in rules.pod_specs(doc):
+        for pod in pod_specs(doc):
             for _, c in pod.containers():
                 found.append((doc.label, c))
     return found

@@ -15,6 +15,7 @@ import pytest
 
 from servebook.findings import Check, Finding
 from servebook.lint import docs, loader, rules
+from servebook.lint.rules.registry import DOCUMENT_RULES, ENGINE_RULES, PAIR_RULES, SET_RULES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lint"
 
@@ -96,8 +97,10 @@ def test_every_fixture_file_is_listed() -> None:
 
 
 def test_every_lint_check_has_a_failing_and_a_passing_fixture() -> None:
-    checks = [v for m in (rules, docs) for v in vars(m).values() if isinstance(v, Check)]
-    assert len(checks) >= 14
+    kinds = (DOCUMENT_RULES, ENGINE_RULES, PAIR_RULES, SET_RULES)
+    checks = [c for kind in kinds for c, _ in kind]
+    checks += [v for v in vars(docs).values() if isinstance(v, Check)]
+    assert len(checks) >= 17
     failing = {check for expected in EXPECTED.values() for check, _ in expected}
     passing_dirs = {k.split("/")[0] for k, v in EXPECTED.items() if not v}
     for c in checks:

@@ -9,6 +9,10 @@ import pytest
 from servebook.findings import Finding
 from servebook.lint import rules
 from servebook.lint.loader import LintSet, MarkdownFile, parse_yaml
+from servebook.lint.rules.hostpath import pinned_node
+from servebook.lint.rules.images import normalize_image
+from servebook.lint.rules.objects import is_label_value
+from servebook.lint.rules.placeholders import find_placeholders
 
 
 def lint_text(text: str, path: str = "m.yaml", *md: MarkdownFile) -> list[Finding]:
@@ -28,7 +32,7 @@ def ids(findings: list[Finding]) -> list[tuple[str, str]]:
      "REPLACE_WITH_NODE", "changeme", "x-<your-model>-y"],
 )  # fmt: skip
 def test_placeholder_spellings_are_found(text: str) -> None:
-    assert rules.find_placeholders(text)
+    assert find_placeholders(text)
 
 
 @pytest.mark.parametrize(
@@ -38,12 +42,12 @@ def test_placeholder_spellings_are_found(text: str) -> None:
      "{% if x %}{{ x }}{% endif %}", "<b>bold</b> <NOT_A_PLACEHOLDER_IN_MARKUP>"],
 )  # fmt: skip
 def test_placeholder_false_positive_guards(text: str) -> None:
-    assert rules.find_placeholders(text) == []
+    assert find_placeholders(text) == []
 
 
 def test_shell_expansion_is_not_a_placeholder_but_angle_brackets_still_are() -> None:
-    assert rules.find_placeholders("ls ${MODEL_DIR}", shell=True) == []
-    assert rules.find_placeholders("ls <MODEL_DIR>", shell=True) == ["<MODEL_DIR>"]
+    assert find_placeholders("ls ${MODEL_DIR}", shell=True) == []
+    assert find_placeholders("ls <MODEL_DIR>", shell=True) == ["<MODEL_DIR>"]
 
 
 def test_node_placeholder_and_mount_placeholder_name_different_failure_modes() -> None:
@@ -107,7 +111,7 @@ def test_recipe_references_must_be_declared_parameters() -> None:
      ("-x", False), ("x.", False), ("a/b", False), ("A_b.c-D", True)],
 )  # fmt: skip
 def test_label_value_syntax(value: str, ok: bool) -> None:
-    assert rules.is_label_value(value) is ok
+    assert is_label_value(value) is ok
 
 
 # --- SB103 ------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def test_label_value_syntax(value: str, ok: bool) -> None:
     ],
 )  # fmt: skip
 def test_pinned_node(spec: dict[str, object], pinned: bool) -> None:
-    assert rules.pinned_node(spec)[0] is pinned
+    assert pinned_node(spec)[0] is pinned
 
 
 # --- PD rules ---------------------------------------------------------------------------
@@ -279,7 +283,7 @@ def test_image_tags_that_differ_between_roles_fail_but_registry_spelling_does_no
      ("ghcr.io/x/y@sha256:" + "a" * 64, ("ghcr.io/x/y", "sha256:" + "a" * 64))],
 )  # fmt: skip
 def test_normalize_image(ref: str, norm: tuple[str, str]) -> None:
-    assert rules.normalize_image(ref) == norm
+    assert normalize_image(ref) == norm
 
 
 def test_docs_in_another_directory_are_not_compared() -> None:

@@ -587,10 +587,6 @@ def test_without_output_the_manifests_go_to_stdout(cli: Cli) -> None:
 # --- servebook lint on the rendered output ---------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not (REPO / "src" / "servebook" / "lint" / "rules.py").exists(),
-    reason="servebook lint is not in this tree yet",
-)
 @pytest.mark.parametrize("recipe", GPU_RECIPES + TINY_RECIPES)
 def test_servebook_lint_reports_nothing_on_rendered_output(recipe: str, cli: Cli) -> None:
     expected = FIXTURES / recipe / "expected"

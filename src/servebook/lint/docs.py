@@ -16,36 +16,6 @@ from dataclasses import dataclass, field
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import MarkdownFile
 
-UNCLOSED_FENCE = register(
-    "SB120",
-    "Markdown code fence never closed (odd number of fences)",
-    "An unclosed fence turns the rest of the document into one code block: the headings, "
-    "warnings and steps after it disappear from the rendered page, and a reader copying the "
-    "block gets prose pasted into their shell.",
-    "Close the fence with the same character (``` or ~~~), at least as long as the opening "
-    "one, on a line of its own.",
-)
-ANGLE_ALTERNATIVES = register(
-    "SB121",
-    "`<a|b>` alternatives inside a shell block",
-    "Pasted into a shell, `<prefill|decode>` is not a choice: `<prefill` redirects input "
-    "from a file named prefill and `|decode>` pipes into a command named decode, writing "
-    "to whatever follows. The command fails with a confusing error, or runs half of itself "
-    "and creates stray files.",
-    "Write one concrete command per alternative, or a variable the reader sets first "
-    "(`ROLE=decode` then `$ROLE`).",
-)
-CURL_NO_TIMEOUT = register(
-    "SB122",
-    "`curl` without --max-time in a shell block",
-    "A probe without a bound waits as long as the server lets it: a port-forward whose "
-    "local port was taken, or a PD pair that hangs with Pods Ready, keeps the command "
-    "(and any script or CI job built from the doc) waiting for tens of minutes, or a piped "
-    "check prints nothing and exits 0, a silent pass. Every probe carries an explicit "
-    "timeout.",
-    "Add `--max-time SECONDS` (or `-m SECONDS`) to every curl, or run it under `timeout SECONDS`.",
-)
-
 SHELL_LANGUAGES = frozenset(
     {"sh", "bash", "shell", "zsh", "ksh", "console", "shell-session", "shellsession", "terminal"}
 )
@@ -204,6 +174,17 @@ def _segments(command: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
+UNCLOSED_FENCE = register(
+    "SB120",
+    "Markdown code fence never closed (odd number of fences)",
+    "An unclosed fence turns the rest of the document into one code block: the headings, "
+    "warnings and steps after it disappear from the rendered page, and a reader copying the "
+    "block gets prose pasted into their shell.",
+    "Close the fence with the same character (``` or ~~~), at least as long as the opening "
+    "one, on a line of its own.",
+)
+
+
 def check_fences(md: MarkdownFile, blocks: list[CodeBlock]) -> list[Finding]:
     findings = []
     fences = sum(2 if b.closed else 1 for b in blocks)
@@ -220,6 +201,28 @@ def check_fences(md: MarkdownFile, blocks: list[CodeBlock]) -> list[Finding]:
                 )
             )
     return findings
+
+
+ANGLE_ALTERNATIVES = register(
+    "SB121",
+    "`<a|b>` alternatives inside a shell block",
+    "Pasted into a shell, `<prefill|decode>` is not a choice: `<prefill` redirects input "
+    "from a file named prefill and `|decode>` pipes into a command named decode, writing "
+    "to whatever follows. The command fails with a confusing error, or runs half of itself "
+    "and creates stray files.",
+    "Write one concrete command per alternative, or a variable the reader sets first "
+    "(`ROLE=decode` then `$ROLE`).",
+)
+CURL_NO_TIMEOUT = register(
+    "SB122",
+    "`curl` without --max-time in a shell block",
+    "A probe without a bound waits as long as the server lets it: a port-forward whose "
+    "local port was taken, or a PD pair that hangs with Pods Ready, keeps the command "
+    "(and any script or CI job built from the doc) waiting for tens of minutes, or a piped "
+    "check prints nothing and exits 0, a silent pass. Every probe carries an explicit "
+    "timeout.",
+    "Add `--max-time SECONDS` (or `-m SECONDS`) to every curl, or run it under `timeout SECONDS`.",
+)
 
 
 def check_shell_block(md: MarkdownFile, block: CodeBlock) -> list[Finding]:

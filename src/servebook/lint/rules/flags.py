@@ -1,0 +1,221 @@
+"""Engine flags: SB108 (a flag given twice), SB111 (a JSON flag that is not JSON) and
+SB113 (a LeaderWorkerSet whose leader and workers run different flags)."""
+
+from __future__ import annotations
+
+import json
+
+from servebook.engines.cmdline import EngineCommand
+from servebook.findings import Finding, Severity, register
+from servebook.lint.loader import Document, KeyPath
+from servebook.lint.rules.objects import (
+    Engine,
+    PodSpec,
+    engine_command,
+    finding_at,
+    lookup,
+    pod_specs,
+)
+from servebook.lint.rules.registry import DOCUMENT_RULES, ENGINE_RULES
+
+JSON_FLAGS = (
+    "--speculative-config",
+    "--kv-transfer-config",
+    "--compilation-config",
+    "--hf-overrides",
+    "--override-generation-config",
+    "--limit-mm-per-prompt",
+    "--kv-events-config",
+    "--additional-config",
+    "--model-loader-extra-config",
+    "--mm-processor-kwargs",
+    "--rope-scaling",
+)
+# Flags whose value must be JSON whatever it looks like.
+_ALWAYS_JSON = ("--speculative-config", "--kv-transfer-config")
+
+
+DUPLICATE_FLAG = register(
+    "SB108",
+    "Engine flag given more than once",
+    "vLLM's argument parser keeps the last occurrence of a repeated flag without a word, "
+    "so an edit that appends a flag instead of changing it takes effect or not depending "
+    "on its position, and a reader of the manifest sees two contradicting values. "
+    "`--x` and `--no-x`, `-tp` and `--tensor-parallel-size`, dashes and underscores count "
+    "as the same flag.",
+    "Give each engine flag once; delete the stale occurrence.",
+)
+
+
+@ENGINE_RULES.add(DUPLICATE_FLAG)
+def check_duplicate_flags(engine: Engine) -> list[Finding]:
+    findings = []
+    for setting, flags in engine.cmd.duplicates().items():
+        shown = [
+            f"{f.written} {f.value}" if f.value is not None and "=" not in f.written else f.written
+            for f in flags
+        ]
+        last = shown[-1]
+        findings.append(
+            finding_at(
+                DUPLICATE_FLAG,
+                Severity.FAIL,
+                engine.doc,
+                engine.path,
+                f"{setting} is given {len(flags)} times ({'; then '.join(shown)}); vLLM "
+                f"silently keeps the last one ({last}).",
+                extra=f"container {engine.cname}",
+                evidence={"flag": setting, "occurrences": shown},
+            )
+        )
+    return findings
+
+
+ENGINE_JSON = register(
+    "SB111",
+    "Engine flag that takes JSON is not valid JSON",
+    "`--speculative-config`, `--kv-transfer-config` and the other JSON flags are parsed at "
+    "engine start: a quoting slip (YAML quotes eaten, a trailing comma) makes the engine "
+    "exit after the image pull and weight load, or, where the flag is optional, the "
+    "intended feature is simply absent. Lint cannot compare a config it cannot read, so "
+    "this is also what keeps the prefill/decode rules from passing silently.",
+    "Write the value as one JSON object; in YAML, wrap it in single quotes: "
+    '`- \'{"kv_connector":"NixlConnector","kv_role":"kv_producer"}\'`.',
+)
+
+
+@ENGINE_RULES.add(ENGINE_JSON)
+def check_engine_json(engine: Engine) -> list[Finding]:
+    findings = []
+    for key in ("command", "args"):
+        items = engine.container.get(key)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, dict | list):
+                findings.append(
+                    finding_at(
+                        ENGINE_JSON,
+                        Severity.FAIL,
+                        engine.doc,
+                        (*engine.path, key, i),
+                        f"{key}[{i}] is a YAML {'mapping' if isinstance(item, dict) else 'list'}"
+                        f", not a string: unquoted JSON in YAML is parsed as YAML, and the API "
+                        f"server rejects the container; quote it: '{json.dumps(item)}'.",
+                        extra=f"container {engine.cname}",
+                        evidence={"item": item},
+                    )
+                )
+    for name in JSON_FLAGS:
+        flag = engine.cmd.last(name)
+        if flag is None or flag.value is None:
+            continue
+        text = flag.value.strip()
+        if "$" in text:
+            continue  # shell or Kubernetes expansion: the value is only known at run time
+        if name not in _ALWAYS_JSON and not text.startswith(("{", "[")):
+            continue  # e.g. `-O3`, `--compilation-config 3`
+        _, err = engine.cmd.json_value(name)
+        if err:
+            findings.append(
+                finding_at(
+                    ENGINE_JSON,
+                    Severity.FAIL,
+                    engine.doc,
+                    engine.path,
+                    f"{err}: {text[:120]!r}.",
+                    extra=f"container {engine.cname}",
+                    evidence={"flag": name, "value": text},
+                )
+            )
+    return findings
+
+
+# Flags that are each member's own in vLLM's multi-node data parallelism.
+_MEMBER_FLAGS = frozenset({"--headless", "--data-parallel-start-rank", "-dpr", "--host", "--port"})
+
+
+def _settings(cmd: EngineCommand) -> dict[str, str | None]:
+    return {f.setting: f.value for f in cmd.flags if f.name not in _MEMBER_FLAGS}
+
+
+GROUP_MEMBERS_DISAGREE = register(
+    "SB113",
+    "LeaderWorkerSet leader and workers run different engine settings",
+    "A group that spans nodes is one vLLM engine: every member must load the same model with "
+    "the same parallel sizes, KV connector and engine flags, and only the members' own "
+    "data-parallel flags may differ (workers --headless, each starting at its own rank). A "
+    "leader and worker that disagree fail the data-parallel handshake, hang in the first "
+    "collective, or a worker without --headless starts a second API server on a rank the "
+    "leader already counts.",
+    "Render the leader and worker from one argument list (servebook does), adding only "
+    "--headless and --data-parallel-start-rank (leader 0, worker k: k x "
+    "--data-parallel-size-local) to the workers.",
+)
+
+
+@DOCUMENT_RULES.add(GROUP_MEMBERS_DISAGREE)
+def check_group_members(doc: Document) -> list[Finding]:
+    """A LeaderWorkerSet's leader and worker engines agree on every flag but their own."""
+    if doc.kind != "LeaderWorkerSet":
+        return []
+    by_member: dict[str, tuple[PodSpec, KeyPath, EngineCommand]] = {}
+    for pod in pod_specs(doc):
+        member = "leader" if "leaderTemplate" in pod.path else "worker"
+        for cpath, container in pod.containers():
+            cmd = engine_command(container)
+            if cmd is not None:
+                by_member.setdefault(member, (pod, cpath, cmd))
+    if "worker" not in by_member:
+        return []
+    wpod, wpath, worker = by_member["worker"]
+    findings: list[Finding] = []
+    size = lookup(doc.data, "spec", "leaderWorkerTemplate", "size")
+    spans = isinstance(size, int) and size > 1
+    if "leader" in by_member:
+        _, _, leader = by_member["leader"]
+        a, b = _settings(leader), _settings(worker)
+        diff = sorted(
+            f"{k}: leader {a.get(k)!r}, worker {b.get(k)!r}"
+            for k in set(a) | set(b)
+            if a.get(k) != b.get(k)
+        )
+        if diff:
+            findings.append(
+                finding_at(
+                    GROUP_MEMBERS_DISAGREE,
+                    Severity.FAIL,
+                    doc,
+                    wpath,
+                    f"{doc.label}'s leader and workers run different engine settings: "
+                    + "; ".join(diff),
+                    extra=wpod.part,
+                    evidence={"differences": diff},
+                )
+            )
+        local = leader.value("--data-parallel-size-local")
+        rank = worker.value("--data-parallel-start-rank")
+        if spans and size == 2 and local and rank and not rank.startswith("$") and rank != local:
+            findings.append(
+                finding_at(
+                    GROUP_MEMBERS_DISAGREE,
+                    Severity.FAIL,
+                    doc,
+                    wpath,
+                    f"{doc.label}'s worker starts at data-parallel rank {rank}, but the leader "
+                    f"holds ranks 0 to {int(local) - 1} (--data-parallel-size-local {local}): "
+                    "the worker's first rank must be " + local,
+                    extra=wpod.part,
+                )
+            )
+    if spans and worker.has("--data-parallel-size") and not worker.has("--headless"):
+        findings.append(
+            finding_at(
+                GROUP_MEMBERS_DISAGREE,
+                Severity.FAIL,
+                doc,
+                wpath,
+                f"{doc.label}'s workers run data-parallel ranks without --headless: each would "
+                "start an API server of its own beside the leader's.",
+                extra=wpod.part,
+            )
+        )
+    return findings

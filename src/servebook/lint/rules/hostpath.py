@@ -1,0 +1,264 @@
+"""SB103 and SB104: hostPath volumes, which hold whatever the node the Pod lands on holds."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from servebook.engines.cmdline import EngineCommand, parse_container
+from servebook.findings import Finding, Severity, register
+from servebook.lint.loader import Document, KeyPath
+from servebook.lint.rules.objects import finding_at, lookup, pod_specs
+from servebook.lint.rules.registry import DOCUMENT_RULES
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Host paths that exist on every node and are not data: devices, kernel, runtime sockets.
+_SYSTEM_PATHS = (
+    "/dev",
+    "/sys",
+    "/proc",
+    "/run",
+    "/var/run",
+    "/var/lib/kubelet",
+    "/var/log",
+    "/etc",
+    "/lib/modules",
+    "/usr",
+    "/lib",
+    "/opt/cni",
+    "/var/lib/containerd",
+    "/var/lib/docker",
+)
+_WEIGHTS_WORD = re.compile(
+    r"(?i)(?:^|[/_.-])(models?|weights?|checkpoints?|ckpts?|safetensors|huggingface|hf|"
+    r"hf[-_]?(?:cache|home|hub)|hub)(?:[/_.-]|$)"
+)
+_CACHE_WORD = re.compile(r"(?i)(?:cache|huggingface|hf[-_]?home)")
+
+
+def _is_system_path(path: str) -> bool:
+    p = posixpath.normpath(path) if path else path
+    return any(p == s or p.startswith(s + "/") for s in _SYSTEM_PATHS)
+
+
+def _one_per_node(spec: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """A required pod anti-affinity on the hostname against the Pod's own labels: no two
+    such Pods share a node."""
+    terms = lookup(
+        spec, "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    for t in terms if isinstance(terms, list) else []:
+        match = lookup(t, "labelSelector", "matchLabels") if isinstance(t, dict) else None
+        if (
+            isinstance(t, dict)
+            and t.get("topologyKey") == HOSTNAME_LABEL
+            and isinstance(match, dict)
+            and match
+            and all(str(labels.get(k)) == str(v) for k, v in match.items())
+        ):
+            return True
+    return False
+
+
+def pinned_node(
+    spec: Mapping[str, Any], labels: Mapping[str, Any] | None = None
+) -> tuple[bool, str]:
+    """Whether a pod spec can only run on one node, and how (for messages).  With the
+    Pod's ``labels``, a required node affinity to several nodes counts as pinned when a
+    required anti-affinity keeps such Pods one per node (each listed node keeps the data)."""
+    node_name = spec.get("nodeName")
+    if isinstance(node_name, str) and node_name:
+        return True, f"nodeName {node_name}"
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and selector.get(HOSTNAME_LABEL) not in (None, ""):
+        return True, f"nodeSelector {HOSTNAME_LABEL}={selector[HOSTNAME_LABEL]}"
+    terms = lookup(
+        spec,
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "nodeSelectorTerms",
+    )
+    why = "no nodeSelector on kubernetes.io/hostname, no nodeName, no required node affinity"
+    if isinstance(terms, list) and terms:
+        hosts: set[str] = set()
+        for term in terms:  # terms are ORed: every one must pin, to the same node
+            term_hosts: set[str] | None = None
+            if isinstance(term, dict):
+                for key, field_name in (
+                    ("matchExpressions", HOSTNAME_LABEL),
+                    ("matchFields", "metadata.name"),
+                ):
+                    for expr in term.get(key) or []:
+                        if (
+                            isinstance(expr, dict)
+                            and expr.get("key") == field_name
+                            and expr.get("operator") == "In"
+                            and isinstance(expr.get("values"), list)
+                        ):
+                            vals = {str(v) for v in expr["values"]}
+                            term_hosts = vals if term_hosts is None else term_hosts & vals
+            if term_hosts is None or (len(term_hosts) != 1 and labels is None):
+                shown = ", ".join(sorted(term_hosts)) if term_hosts else "any node"
+                return False, f"required node affinity allows {shown}"
+            hosts |= term_hosts
+        if len(hosts) == 1:
+            return True, f"required node affinity on {hosts.pop()}"
+        if labels is not None and _one_per_node(spec, labels):
+            return True, f"one Pod per node of {', '.join(sorted(hosts))}"
+        return False, (
+            f"required node affinity allows any of {', '.join(sorted(hosts))} and no required "
+            "pod anti-affinity on kubernetes.io/hostname keeps its Pods one per node"
+        )
+    if lookup(spec, "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"):
+        why = "only a preferred (soft) node affinity, which the scheduler may ignore"
+    return False, why
+
+
+HOSTPATH_UNPINNED = register(
+    "SB103",
+    "hostPath volume in a Pod that is not pinned to exactly one node",
+    "A hostPath is a directory on whichever node the Pod lands on. Without pinning, the "
+    "scheduler may place the server and its workers (or a restarted Pod) on different "
+    "nodes; on a node where the path exists but is empty or stale, the engine crash-loops "
+    "with errors that read like a bad model name. Seen in the field: server and worker "
+    "Pods on different nodes, one with an empty weights directory.",
+    "Pin every Pod that mounts node-local data to one node: `nodeSelector: "
+    "{kubernetes.io/hostname: NODE}`, `nodeName: NODE`, or a required node affinity on "
+    "`kubernetes.io/hostname` with exactly one value; Pods of several nodes (replicas, "
+    "LeaderWorkerSet workers) may instead be pinned to a list of nodes that all keep the "
+    "data, with a required pod anti-affinity on `kubernetes.io/hostname` against their own "
+    "labels (one Pod per listed node). DaemonSets and system paths (/dev, /sys, /proc, "
+    "/run, /etc, ...) are exempt.",
+)
+
+
+@DOCUMENT_RULES.add(HOSTPATH_UNPINNED)
+def check_hostpath_pinning(doc: Document) -> list[Finding]:
+    findings: list[Finding] = []
+    if doc.kind == "DaemonSet":
+        return findings  # one Pod per node by design: a node-local path is the point
+    for pod in pod_specs(doc):
+        data_paths: list[str] = []
+        first: KeyPath = pod.path
+        for vpath, vol in pod.volumes():
+            hp = vol.get("hostPath")
+            path = hp.get("path") if isinstance(hp, dict) else None
+            if isinstance(path, str) and not _is_system_path(path):
+                if not data_paths:
+                    first = vpath
+                data_paths.append(f"{vol.get('name', '?')}={path}")
+        if not data_paths:
+            continue
+        pinned, how = pinned_node(pod.spec, pod.labels)
+        if pinned:
+            continue
+        findings.append(
+            finding_at(
+                HOSTPATH_UNPINNED,
+                Severity.FAIL,
+                doc,
+                first,
+                f"{pod.owner} mounts hostPath {', '.join(data_paths)} but is not pinned to "
+                f"one node ({how}); its Pods can land on a node where that path is missing, "
+                "empty or different.",
+                extra=pod.part,
+                evidence={"host_paths": data_paths},
+            )
+        )
+    return findings
+
+
+def _under(path: str, mount: str) -> bool:
+    p, m = posixpath.normpath(path), posixpath.normpath(mount)
+    return p == m or p.startswith(m.rstrip("/") + "/")
+
+
+def _local_model_paths(cmd: EngineCommand) -> list[str]:
+    paths = [cmd.model, cmd.value("--tokenizer"), cmd.value("--download-dir")]
+    spec, _ = cmd.json_value("--speculative-config")
+    if spec and isinstance(spec.get("model"), str):
+        paths.append(spec["model"])
+    paths.append(cmd.value("--speculative-model"))
+    return [p for p in paths if isinstance(p, str) and p.startswith("/")]
+
+
+HOSTPATH_CREATES_WEIGHTS = register(
+    "SB104",
+    "hostPath that should hold model weights may be created empty",
+    "With `type: DirectoryOrCreate` or `FileOrCreate` (and, in practice, with no `type`, "
+    "because container runtimes create a missing bind-mount source), a typo in the path "
+    "or a node without the weights gets a fresh empty directory instead of a mount error. "
+    "The fast, obvious failure becomes a slow crash loop minutes later (vLLM: 'not a local "
+    "path and HF resolution failed'), and a check that mounted it has mutated what it "
+    "checked.",
+    "Use `type: Directory` (or `File`) for weights, so a missing path fails at mount time "
+    "with the path in the event. Keep `DirectoryOrCreate` for caches that are meant to be "
+    "filled at startup.",
+)
+
+
+@DOCUMENT_RULES.add(HOSTPATH_CREATES_WEIGHTS)
+def check_hostpath_create(doc: Document) -> list[Finding]:
+    findings: list[Finding] = []
+    for pod in pod_specs(doc):
+        mounts: dict[str, list[tuple[str, EngineCommand | None]]] = {}
+        for _cpath, c in pod.containers():
+            cmd = parse_container(c)
+            for m in c.get("volumeMounts") or []:
+                if isinstance(m, dict) and isinstance(m.get("mountPath"), str):
+                    mounts.setdefault(str(m.get("name")), []).append((m["mountPath"], cmd))
+        for vpath, vol in pod.volumes():
+            hp = vol.get("hostPath")
+            if not isinstance(hp, dict) or not isinstance(hp.get("path"), str):
+                continue
+            htype = hp.get("type") or ""
+            if htype not in ("DirectoryOrCreate", "FileOrCreate", ""):
+                continue
+            name = str(vol.get("name", ""))
+            used = mounts.get(name, [])
+            # An engine whose local model/draft path lies under this mount: weights, surely.
+            holds = [
+                p
+                for mount, cmd in used
+                if cmd is not None
+                for p in _local_model_paths(cmd)
+                if _under(p, mount)
+            ]
+            named = [
+                s for s in [hp["path"], name, *(m for m, _ in used)] if _WEIGHTS_WORD.search(s)
+            ]
+            # A cache an engine mounts but does not read its model from is meant to start
+            # empty (`hf-cache` beside `vllm serve Qwen/Qwen3-8B`, a compile cache).
+            cache = any(cmd is not None for _m, cmd in used) and any(
+                _CACHE_WORD.search(s) for s in named
+            )
+            if not holds and (not named or cache):
+                continue
+            if not htype:
+                severity = Severity.WARN
+                what = (
+                    "has no `type`: kubelet checks nothing and the container runtime "
+                    "creates a missing directory"
+                )
+            else:
+                severity = Severity.FAIL
+                what = f"has type {htype}"
+            reason = f"the engine reads {holds[0]} from it" if holds else "its name says weights"
+            findings.append(
+                finding_at(
+                    HOSTPATH_CREATES_WEIGHTS,
+                    severity,
+                    doc,
+                    (*vpath, "hostPath"),
+                    f"hostPath volume {name} ({hp['path']}) holds model weights ({reason}) "
+                    f"but {what}: a wrong path or a node without the weights gets an empty "
+                    "directory, and the engine fails minutes later instead of the mount "
+                    "failing at once.",
+                    extra=pod.part,
+                    evidence={"host_path": hp["path"], "type": htype or None},
+                )
+            )
+    return findings

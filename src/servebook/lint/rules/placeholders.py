@@ -1,0 +1,233 @@
+"""SB101: placeholder text left in a manifest, a recipe or a values file.
+
+Placeholders must not fire on text that only looks like one: ``${VAR}`` inside a shell
+script (``sh -c``), in YAML that expands variables itself (compose, CI) or in a file
+carried by a ConfigMap; ``{{ }}`` in Jinja chat templates, in kinds that template on their
+own (PrometheusRule, Argo, KServe ServingRuntime) and GitHub's ``${{ }}``; ``<tok>`` model
+special tokens and HTML, and anything in a string with ``</`` or ``<|``; shell redirects
+(``< in > out``: the spaces keep them from matching); Kubernetes ``$(VAR)``.  In a recipe,
+``${name}`` is fine when ``name`` is a declared parameter.  Other YAML than Kubernetes
+objects (a servebook recipe, a Helm values file) is read for this rule, on string values.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any
+
+from servebook.findings import Finding, Severity, register
+from servebook.lint.loader import Document, KeyPath
+from servebook.lint.rules.objects import finding_at, is_label_value, keypath_str, lookup, walk
+from servebook.lint.rules.registry import DOCUMENT_RULES
+
+_ANGLE = re.compile(r"<([A-Za-z][A-Za-z0-9_.-]*)>")
+_DOLLAR = re.compile(r"\$\{([^{}]*)\}")
+_MUSTACHE = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.S)
+_REPLACE = re.compile(r"\bREPLACE(?:_[A-Z0-9_]+|[-_]?ME)\b")
+_CHANGEME = re.compile(r"\bchange[-_]?me\b", re.I)
+# Angle-bracket words that are tokens or markup, not placeholders: model special tokens
+# (`<s>`, `<think>`, `<image>`) and HTML.  Chat templates also use `<|...|>` (not matched).
+_TOKENS_AND_TAGS = frozenset(
+    {
+        *("s", "pad", "unk", "eos", "bos", "mask", "sep", "cls", "think"),
+        *("tool_call", "tool_response", "image", "video", "audio"),
+        *("start_of_turn", "end_of_turn", "start_of_image", "end_of_image"),
+        *("br", "hr", "p", "b", "i", "u", "a", "em", "strong", "code", "pre", "div", "span"),
+        *("img", "ul", "ol", "li", "table", "tr", "td", "th", "tbody", "thead", "html"),
+        *("h1", "h2", "h3", "h4", "h5", "h6", "head", "body", "title", "script", "style"),
+        *("meta", "link", "small", "sub", "sup"),
+    }
+)
+# Kinds whose fields legitimately carry `{{ }}` templates of their own tool.
+_TEMPLATING_KINDS = frozenset(
+    {
+        "PrometheusRule",
+        "AlertmanagerConfig",
+        "Workflow",
+        "WorkflowTemplate",
+        "ClusterWorkflowTemplate",
+        "CronWorkflow",
+        "ServingRuntime",  # KServe fills {{.Name}} / {{.StorageUri}}
+        "ClusterServingRuntime",
+        "ApplicationSet",
+    }
+)
+# Top-level keys of YAML that expands ${VAR} itself at run time (docker compose, CI
+# pipelines): there `${VAR}` is configuration, not a leftover.
+_EXPANDING_FILE_KEYS = frozenset({"services", "stages", "jobs", "steps", "variables"})
+# Parameter references a servebook recipe may use without declaring them (the recipe
+# resolver supplies them).  Kept here, not imported: lint must not depend on the schema.
+RECIPE_BUILTINS = frozenset({"cache_dir", "state_dir"})
+_SKIP_ANNOTATIONS = {"kubectl.kubernetes.io/last-applied-configuration"}
+_DATA_KEYS = (("data",), ("stringData",))
+
+
+def find_placeholders(
+    text: str, *, shell: bool = False, embedded_file: bool = False, templating: bool = False
+) -> list[str]:
+    """Placeholder-looking substrings of one value.
+
+    ``shell``: the value is a shell script, where ``${VAR}`` is an expansion.
+    ``embedded_file``: a file carried in a ConfigMap/Secret, where ``${}`` and ``{{ }}``
+    belong to whatever reads it.  ``templating``: an object of a kind that uses ``{{ }}``.
+    """
+    hits: list[str] = []
+    jinja = "{%" in text or "{#" in text
+    markup = "</" in text or "<|" in text
+    if not markup and not jinja:
+        for m in _ANGLE.finditer(text):
+            if m.group(1).lower() not in _TOKENS_AND_TAGS:
+                hits.append(m.group(0))
+    if not shell and not embedded_file:
+        hits.extend(m.group(0) for m in _DOLLAR.finditer(text))
+    if not jinja and not embedded_file and not templating:
+        hits.extend(
+            m.group(0)
+            for m in _MUSTACHE.finditer(text)
+            if not text[: m.start()].endswith("$")  # GitHub Actions `${{ expr }}`
+        )
+    hits.extend(m.group(0) for m in _REPLACE.finditer(text))
+    hits.extend(m.group(0) for m in _CHANGEME.finditer(text))
+    return list(dict.fromkeys(hits))
+
+
+def _placeholder_effect(doc: Document, keypath: KeyPath, hits: list[str], value: str) -> str:
+    """What happens in production when this placeholder is applied: the two field-notes
+    failure modes (no Pod ever appears / mount fails minutes later) read differently."""
+    keys = [k for k in keypath if isinstance(k, str)]
+    workload = doc.kind not in ("Pod", "")
+    if not doc.is_kubernetes:
+        return (
+            "an unresolved value in a recipe or values file; anything rendered from it "
+            "carries the placeholder into the cluster"
+        )
+    if any(k in ("nodeSelector", "nodeName", "affinity") for k in keys):
+        if not all(is_label_value(h) for h in hits) or not is_label_value(value):
+            if workload:
+                return (
+                    "scheduling: apply reports the object created, but every Pod the "
+                    "controller tries to create is rejected as invalid, so no Pod ever "
+                    "appears; the only error is in the controller's events"
+                )
+            return "scheduling: the API server rejects the Pod as invalid"
+        return (
+            "scheduling: no node matches, so Pods are created and stay Pending forever "
+            "(no error, just no Pod running)"
+        )
+    if "hostPath" in keys or "local" in keys or any("Path" in k for k in keys[-1:]):
+        return (
+            "mount: the Pod is created and scheduled, then fails at volume mount time "
+            "minutes later (the event reads like a storage problem); with "
+            "DirectoryOrCreate the literal directory is created and the engine crash-loops "
+            "on an empty model directory instead"
+        )
+    if keys and keys[-1] == "image":
+        return "image: the Pod fails with InvalidImageName / ErrImagePull"
+    if any(k in ("labels", "matchLabels", "selector") for k in keys):
+        return "label: the object (or every Pod it creates) is rejected as invalid"
+    if "env" in keys and hits and all(h.startswith("${") for h in hits):
+        return (
+            "env: Kubernetes expands $(VAR) in env values, never ${VAR}; the process "
+            "receives the literal text"
+        )
+    if any(k in ("command", "args") for k in keys):
+        return (
+            "engine arguments: the container starts with the literal text and fails only "
+            "after the image pull (as a bad model name, path or flag)"
+        )
+    return "the literal text reaches the cluster"
+
+
+def _declared_parameters(doc: Document) -> set[str] | None:
+    params = doc.data.get("parameters") if isinstance(doc.data, dict) else None
+    if isinstance(params, dict):
+        return {str(k) for k in params} | RECIPE_BUILTINS
+    return None
+
+
+def _container_runs_shell(container: Any) -> bool:
+    if not isinstance(container, dict):
+        return False
+    command = container.get("command")
+    argv = [str(x) for x in command] if isinstance(command, list) else []
+    if not argv:
+        args = container.get("args")
+        argv = [str(x) for x in args] if isinstance(args, list) else []
+    return bool(argv) and posixpath.basename(argv[0]) in {"sh", "bash", "zsh", "dash", "ash"}
+
+
+PLACEHOLDER = register(
+    "SB101",
+    "Unresolved placeholder in a value",
+    "A manifest applies with placeholder text such as `<NODE>`, `<MODEL_DIR>`, `${X}`, "
+    "`{{ .Values.x }}`, `REPLACE_...` or `CHANGEME` still in it, and the failure shows up "
+    "far from the cause. In a nodeSelector or nodeName the workload is 'created' (apply "
+    "exits 0) but no Pod ever appears: the controller's Pod is rejected or stays Pending, "
+    "and the only error is in the controller's events. In a hostPath the Pod is created "
+    "and scheduled, then fails at volume mount time minutes later, which reads like a "
+    "storage problem. In engine arguments vLLM starts with the literal text as a model "
+    "name or path and fails after the image pull.",
+    "Replace every placeholder with its real value before applying (or render a servebook "
+    "recipe with `servebook render ... --set NAME=VALUE`, which refuses to write anything "
+    "while a parameter is unresolved).",
+)
+
+
+@DOCUMENT_RULES.add(PLACEHOLDER)
+def check_placeholders(doc: Document) -> list[Finding]:
+    findings: list[Finding] = []
+    declared = None if doc.is_kubernetes else _declared_parameters(doc)
+    templating = doc.kind in _TEMPLATING_KINDS
+    expands_env = (
+        not doc.is_kubernetes
+        and declared is None
+        and isinstance(doc.data, dict)
+        and bool(_EXPANDING_FILE_KEYS & set(doc.data))
+    )
+    data_kind = doc.kind in ("ConfigMap", "Secret")
+    for keypath, node in walk(doc.data):
+        if keypath[:2] == ("metadata", "managedFields") or (
+            keypath[:2] == ("metadata", "annotations")
+            and len(keypath) > 2
+            and keypath[2] in _SKIP_ANNOTATIONS
+        ):
+            continue
+        texts: list[str] = []
+        if isinstance(node, str):
+            texts.append(node)
+        if isinstance(node, dict):
+            # Keys can be placeholders too (a nodeSelector `<LABEL>: x`).
+            texts.extend(str(k) for k in node if isinstance(k, str) and ("<" in k or "$" in k))
+            if not texts:
+                continue
+        for text in texts:
+            shell = False
+            if doc.is_kubernetes and any(k in ("command", "args") for k in keypath):
+                idx = max(i for i, k in enumerate(keypath) if k in ("command", "args"))
+                shell = _container_runs_shell(lookup(doc.data, *keypath[:idx]))
+            # A file carried in a ConfigMap/Secret (a script, a chat template).
+            embedded = data_kind and "\n" in text.strip() and keypath[:1] in _DATA_KEYS
+            hits = find_placeholders(
+                text, shell=shell or expands_env, embedded_file=embedded, templating=templating
+            )
+            if declared is not None:
+                hits = [h for h in hits if not (h.startswith("${") and h[2:-1].strip() in declared)]
+            if not hits:
+                continue
+            effect = _placeholder_effect(doc, keypath, hits, text)
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            undeclared = [h for h in hits if h.startswith("${")] if declared is not None else []
+            note = f" ({', '.join(undeclared)} is not a declared parameter)" if undeclared else ""
+            findings.append(
+                finding_at(
+                    PLACEHOLDER,
+                    Severity.FAIL,
+                    doc,
+                    keypath,
+                    f"{keypath_str(keypath) or 'value'} = {shown!r} contains "
+                    f"{', '.join(hits)}{note}. Effect if applied: {effect}.",
+                    evidence={"placeholders": hits, "value": text},
+                )
+            )
+    return findings
