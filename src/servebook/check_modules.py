@@ -22,6 +22,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "servebook.lint.rules.secrets",
     "servebook.preflight.admission",
     "servebook.preflight.cluster",
+    "servebook.preflight.nodes",
     "servebook.preflight.probe_checks",
     "servebook.preflight.probe_pod",
     "servebook.preflight.weights_fit",

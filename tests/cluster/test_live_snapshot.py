@@ -9,14 +9,10 @@ from __future__ import annotations
 import pytest
 
 from servebook.findings import Severity
+from servebook.kube.objects import is_cordoned, is_ready
 from servebook.kube.snapshot import ClusterSnapshot
-from servebook.preflight.cluster import (
-    ClusterRequirements,
-    NodeAsk,
-    check_cluster,
-    is_cordoned,
-    is_ready,
-)
+from servebook.preflight.cluster import check_cluster
+from servebook.preflight.requirements import ClusterRequirements, NodeAsk
 
 pytestmark = pytest.mark.cluster
 

@@ -31,6 +31,14 @@ from servebook.findings import (
     exit_code,
 )
 from servebook.findings import Severity as S
+from servebook.kube.objects import (
+    BadObject,
+    accelerators_on_node,
+    index_pods_by_node,
+    parse_quantity,
+    pod_request,
+    tolerates,
+)
 from servebook.kube.snapshot import (
     SNAPSHOT_COMMAND,
     ClusterSnapshot,
@@ -40,15 +48,14 @@ from servebook.kube.snapshot import (
     snapshot_from_list,
 )
 from servebook.preflight import cluster as C
-from servebook.preflight.cluster import (
+from servebook.preflight.cluster import check_cluster
+from servebook.preflight.nodes import taint_verdicts
+from servebook.preflight.requirements import (
     LWS_CRD,
     ClusterRequirements,
     NodeAsk,
-    check_cluster,
-    parse_quantity,
-    pod_request,
+    UnplacedRole,
     requirements_from_plan,
-    tolerates,
 )
 from servebook.recipe.plan import Plan, RolePlan
 from servebook.recipe.schema import Placement, Resources
@@ -424,8 +431,8 @@ def test_free_gpus_count_pods_in_every_namespace_and_non_terminal_phase() -> Non
         gpu_pod("team-d", "done", "Succeeded", "4"),
         gpu_pod("team-e", "crashed", "Failed", "4"),
     ]
-    on_node = C.index_pods_by_node(pods)["gpu-a"]
-    acc = C.accelerators_on_node(node, on_node, "nvidia.com/gpu")
+    on_node = index_pods_by_node(pods)["gpu-a"]
+    acc = accelerators_on_node(node, on_node, "nvidia.com/gpu")
     assert (acc.allocatable, acc.held, acc.free) == (8, 4, 4)
     assert [(h.pod, h.state) for h in acc.holders] == [
         ("team-c/terminating", "Running (Terminating)"),
@@ -505,20 +512,20 @@ def test_noexecute_toleration_with_seconds_evicts_and_fails() -> None:
     taint = {"key": "maintenance", "effect": "NoExecute"}
     timed = {"key": "maintenance", "operator": "Exists", "tolerationSeconds": 600}
     forever = {"key": "maintenance", "operator": "Exists"}
-    (v,) = C.taint_verdicts(_tainted(taint), [timed])
+    (v,) = taint_verdicts(_tainted(taint), [timed])
     assert (v.severity, v.why) == (S.FAIL, "tolerated for 600 s, then evicted")
     # Kubernetes takes the least tolerationSeconds among the matching tolerations.
-    (v,) = C.taint_verdicts(_tainted(taint), [forever, timed])
+    (v,) = taint_verdicts(_tainted(taint), [forever, timed])
     assert v.severity is S.FAIL
-    (v,) = C.taint_verdicts(_tainted(taint), [forever])
+    (v,) = taint_verdicts(_tainted(taint), [forever])
     assert v.severity is S.PASS
 
 
 def test_not_ready_taints_on_a_ready_node_are_judged_like_any_taint() -> None:
     stale = {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}
-    (v,) = C.taint_verdicts(_tainted(stale, ready=True), [])
+    (v,) = taint_verdicts(_tainted(stale, ready=True), [])
     assert v.severity is S.FAIL
-    assert C.taint_verdicts(_tainted(stale, ready=False), []) == []
+    assert taint_verdicts(_tainted(stale, ready=False), []) == []
 
 
 @pytest.mark.parametrize(
@@ -541,7 +548,7 @@ def test_quantities_parse_as_kubernetes_writes_them(text: str | int, value: Frac
 
 @pytest.mark.parametrize("bad", ["eight", "", "8 GPUs", "1KB", None, True, [8]])
 def test_malformed_quantities_are_refused(bad: Any) -> None:
-    with pytest.raises(C.BadObject):
+    with pytest.raises(BadObject):
         parse_quantity(bad)
 
 
@@ -606,7 +613,7 @@ def test_requirements_from_plan_adds_up_roles_on_the_same_node() -> None:
             rdma_devices=1,  # only prefill asks for RDMA
         ),
     )
-    assert req.unplaced == (C.UnplacedRole("router", 0),)
+    assert req.unplaced == (UnplacedRole("router", 0),)
     # Together they need all 8 of a node where 4 are held.
     findings = check_cluster(snap("limits-only"), req)
     assert finding(findings, "SB254", "node/gpu-a").severity is S.FAIL

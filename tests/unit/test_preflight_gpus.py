@@ -20,7 +20,8 @@ from servebook.preflight.admission import (
     pods_of,
     required_access,
 )
-from servebook.preflight.cluster import ClusterRequirements, NodeAsk, check_cluster
+from servebook.preflight.cluster import check_cluster
+from servebook.preflight.requirements import ClusterRequirements, NodeAsk
 from servebook.preflight.weights_fit import (
     Parallelism,
     RoleWeights,

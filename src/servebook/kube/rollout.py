@@ -37,11 +37,23 @@ is.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
+
+from servebook.kube.objects import (
+    annotation,
+    as_int,
+    condition,
+    hostpath_absent,
+    is_ready,
+    is_terminating,
+    labels_of,
+    owned_by,
+    parse_time,
+    restarts,
+)
 
 Obj = Mapping[str, Any]
 
@@ -54,7 +66,6 @@ FATAL_WAITING = {
     "CreateContainerError": "the container could not be created",
     "RunContainerError": "the container could not be started",
 }
-_HOSTPATH = re.compile(r"hostPath type check failed: (?P<path>\S+) is not a directory")
 
 
 REVISION = "deployment.kubernetes.io/revision"
@@ -96,29 +107,13 @@ def restart_counts(pods: Iterable[Obj]) -> dict[str, int]:
     for p in pods:
         uid = p.get("metadata", {}).get("uid")
         if uid:
-            out[str(uid)] = _restarts(p)
+            out[str(uid)] = restarts(p)
     return out
-
-
-def _restarts(pod: Obj) -> int:
-    return sum(
-        int(cs.get("restartCount") or 0)
-        for cs in pod.get("status", {}).get("containerStatuses") or []
-    )
-
-
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _newest(pods: Sequence[Obj]) -> Obj | None:
     """The Pod that matters: the newest one that is not being deleted."""
-    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    live = [p for p in pods if not is_terminating(p)]
     if not live:
         return None
     return max(live, key=lambda p: str(p.get("metadata", {}).get("creationTimestamp", "")))
@@ -136,48 +131,8 @@ def _events_for(events: Iterable[Obj], kind: str, name_prefix: str, exact: bool)
     return sorted(out, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
 
 
-def _ready(pod: Obj) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-def _condition(pod: Obj, kind: str) -> Obj | None:
-    for c in pod.get("status", {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return c
-    return None
-
-
 def _age_s(since: datetime | None, now: datetime) -> float:
     return (now - since).total_seconds() if since else 0.0
-
-
-def _labels(obj: Obj) -> Mapping[str, Any]:
-    return obj.get("metadata", {}).get("labels") or {}
-
-
-def _annotation(obj: Obj, key: str) -> str | None:
-    value = (obj.get("metadata", {}).get("annotations") or {}).get(key)
-    return None if value is None else str(value)
-
-
-def _int(value: Any, default: int = 0) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _owned_by(rs: Obj, deployment_name: str, uid: str | None) -> bool:
-    for ref in rs.get("metadata", {}).get("ownerReferences") or []:
-        if (
-            ref.get("kind") == "Deployment"
-            and ref.get("name") == deployment_name
-            and ref.get("controller", True) is not False
-            and (not uid or not ref.get("uid") or ref.get("uid") == uid)
-        ):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -206,41 +161,41 @@ def _rollout(
         meta = deployment.get("metadata", {})
         status = deployment.get("status") or {}
         uid = meta.get("uid")
-        generation = _int(meta.get("generation"), 0)
-        observed = _int(status.get("observedGeneration"), 0)
+        generation = as_int(meta.get("generation"), 0)
+        observed = as_int(status.get("observedGeneration"), 0)
         if observed < generation:
             return _Rollout(
                 known=True,
                 unobserved=f"rollout of generation {generation} not yet observed by the "
                 f"Deployment controller (it has observed {observed or 'none'})",
             )
-        revision = _annotation(deployment, REVISION)
-        desired = _int((deployment.get("spec") or {}).get("replicas"), 1)
-        updated = _int(status.get("updatedReplicas"), 0)  # omitted when 0
+        revision = annotation(deployment, REVISION)
+        desired = as_int((deployment.get("spec") or {}).get("replicas"), 1)
+        updated = as_int(status.get("updatedReplicas"), 0)  # omitted when 0
     if replicasets is None:
         # Without the ReplicaSets the template hash is unknown: the Deployment's counters
         # still gate readiness, and the newest Pod is judged.
         return _Rollout(known=True, desired=desired, updated=updated)
-    owned = [rs for rs in replicasets if _owned_by(rs, deployment_name, uid)]
+    owned = [rs for rs in replicasets if owned_by(rs, "Deployment", deployment_name, uid)]
     if deployment is None:
         # No Deployment: the highest revision is the current one.
-        owned = sorted(owned, key=lambda rs: _int(_annotation(rs, REVISION), -1))[-1:]
-        revision = _annotation(owned[0], REVISION) if owned else None
+        owned = sorted(owned, key=lambda rs: as_int(annotation(rs, REVISION), -1))[-1:]
+        revision = annotation(owned[0], REVISION) if owned else None
     current = [
         rs
         for rs in owned
         if revision is not None
-        and _annotation(rs, REVISION) == revision
+        and annotation(rs, REVISION) == revision
         # Under Recreate the Deployment keeps the old revision, its ReplicaSet scaled to
         # 0, until the old Pods have stopped and the new ReplicaSet is created.
-        and (_int((rs.get("spec") or {}).get("replicas"), 1) > 0 or desired == 0)
+        and (as_int((rs.get("spec") or {}).get("replicas"), 1) > 0 or desired == 0)
     ]
     rs = current[0] if current else None
     return _Rollout(
         known=True,
         replicaset=str(rs.get("metadata", {}).get("name", "")) if rs else None,
         template_hash=(
-            str(_labels(rs).get(TEMPLATE_HASH) or "")
+            str(labels_of(rs).get(TEMPLATE_HASH) or "")
             or str(
                 (((rs.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}).get(
                     TEMPLATE_HASH, ""
@@ -315,9 +270,9 @@ def role_state(
         parts = []
         for n in old:
             p = by_name.get(n, {})
-            if p.get("metadata", {}).get("deletionTimestamp"):
+            if is_terminating(p):
                 parts.append(f"old Pod {n} terminating")
-            elif _ready(p):
+            elif is_ready(p):
                 parts.append(f"old Pod {n} still Ready (not counted)")
             else:
                 parts.append(f"old Pod {n} not counted")
@@ -334,7 +289,9 @@ def role_state(
         )
 
     if ro.template_hash is not None:
-        mine: Sequence[Obj] = [p for p in pods if _labels(p).get(TEMPLATE_HASH) == ro.template_hash]
+        mine: Sequence[Obj] = [
+            p for p in pods if labels_of(p).get(TEMPLATE_HASH) == ro.template_hash
+        ]
     elif ro.known and replicasets is not None:
         mine = []  # the current ReplicaSet does not exist yet: no Pod is this apply's
     else:
@@ -350,7 +307,7 @@ def role_state(
         if e.get("reason") == "FailedCreate"
         # Events outlive their objects (an hour by default): an earlier deploy's refusal
         # in the same namespace is not this one's.
-        and (_time(e.get("lastTimestamp") or e.get("eventTime")) or now) >= started
+        and (parse_time(e.get("lastTimestamp") or e.get("eventTime")) or now) >= started
     ]
     pod = _newest(mine)
     old = old_of(mine, pod)
@@ -409,11 +366,11 @@ def role_state(
         "kubernetes.io/hostname"
     )
     status = pod.get("status", {})
-    total_restarts = _restarts(pod)
+    total_restarts = restarts(pod)
     since_apply = max(
         0, total_restarts - int((restart_baseline or {}).get(str(meta.get("uid", "")), 0))
     )
-    pod_ready = _ready(pod)
+    pod_ready = is_ready(pod)
     base: dict[str, Any] = {"pod": name, "node": node}
     per_role: dict[str, Any] = {
         "pod": name,
@@ -444,11 +401,11 @@ def role_state(
 
     for e in reversed(pod_events):
         msg = str(e.get("message", ""))
-        m = _HOSTPATH.search(msg)
-        if e.get("reason") == "FailedMount" and m:
+        absent = hostpath_absent(msg)
+        if e.get("reason") == "FailedMount" and absent:
             return result(
                 "failed",
-                f"{m.group('path')} is absent on node {node}: the hostPath mount failed. Put "
+                f"{absent} is absent on node {node}: the hostPath mount failed. Put "
                 "the weights there, or fix the model directory parameter and render again.",
                 {**base, "event": msg, "reason": "FailedMount"},
             )
@@ -464,10 +421,10 @@ def role_state(
         why = status.get("message") or status.get("reason") or phase
         return result("failed", f"Pod {name} ended ({phase}): {why}", {**base, "phase": phase})
 
-    sched = _condition(pod, "PodScheduled")
+    sched = condition(pod, "PodScheduled")
     if sched is not None and sched.get("status") == "False":
         msg = str(sched.get("message") or sched.get("reason") or "")
-        waited = _age_s(_time(str(meta.get("creationTimestamp"))), now)
+        waited = _age_s(parse_time(str(meta.get("creationTimestamp"))), now)
         if waited > unschedulable_grace_s:
             return result(
                 "failed",
@@ -482,7 +439,7 @@ def role_state(
         (
             cs
             for cs in statuses
-            if _int(cs.get("restartCount")) > 0 and (cs.get("lastState") or {}).get("terminated")
+            if as_int(cs.get("restartCount")) > 0 and (cs.get("lastState") or {}).get("terminated")
         ),
         key=_terminated_at,
     )
@@ -500,10 +457,10 @@ def role_state(
                 {**base, "container": cname, "reason": reason, "message": msg},
             )
         last = (cs.get("lastState") or {}).get("terminated")
-        restarts = _int(cs.get("restartCount"))
+        container_restarts = as_int(cs.get("restartCount"))
         ended = now_state.get("terminated")
         if cname == crashed_since_apply and last:
-            n = min(since_apply, restarts)
+            n = min(since_apply, container_restarts)
             when = " since this apply" if restart_baseline is not None else ""
             code = last.get("exitCode")
             why = last.get("reason") or "Error"
@@ -517,7 +474,7 @@ def role_state(
                     "exit_code": code,
                     "reason": why,
                     "message": last.get("message"),
-                    "restarts": restarts,
+                    "restarts": container_restarts,
                     "restarts_since_apply": n,
                 },
                 crashed=cname,
@@ -538,15 +495,15 @@ def role_state(
                     "exit_code": code,
                     "reason": why,
                     "message": exit_.get("message"),
-                    "restarts": restarts,
+                    "restarts": container_restarts,
                     "restarts_since_apply": since_apply,
                 },
                 crashed=cname,
             )
 
     if pod_ready:
-        live_mine = [p for p in mine if not p.get("metadata", {}).get("deletionTimestamp")]
-        ready_n = sum(1 for p in live_mine if _ready(p))
+        live_mine = [p for p in mine if not is_terminating(p)]
+        ready_n = sum(1 for p in live_mine if is_ready(p))
         if ro.updated is not None and ro.updated < ro.desired:
             return result(
                 "waiting",
@@ -559,7 +516,7 @@ def role_state(
         return result("ready", f"Pod {name} is Ready on {node}", base)
     running_since = None
     for cs in statuses:
-        running_since = _time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+        running_since = parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     if running_since is not None:
         what = f"engine starting on {node} for {_age_s(running_since, now):.0f} s"
     else:
@@ -609,7 +566,7 @@ def group_state(
     controller having observed this apply and reporting every group updated and ready;
     each member Pod is judged as ``role_state`` judges a Pod (mount failures, pulls,
     crashes, scheduling), and the first that failed fails the role, named."""
-    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    live = [p for p in pods if not is_terminating(p)]
     gone = tuple(sorted(str(p["metadata"].get("name", "")) for p in pods if p not in live))
     for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
         one = role_state(
@@ -622,18 +579,18 @@ def group_state(
             restart_baseline=restart_baseline,
         )
         if one.state == "failed":
-            member = _labels(p).get(LWS_WORKER_INDEX)
-            group = _labels(p).get(LWS_GROUP_INDEX)
+            member = labels_of(p).get(LWS_WORKER_INDEX)
+            group = labels_of(p).get(LWS_GROUP_INDEX)
             where = f" (group {group}, member {member})" if group is not None else ""
             return replace(one, summary=one.summary + where, old_pods=gone)
     groups: dict[str, list[Obj]] = {}
     for p in live:
-        groups.setdefault(str(_labels(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
+        groups.setdefault(str(labels_of(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
     if lws is not None:
         meta = lws.get("metadata", {})
         status = lws.get("status") or {}
-        generation = _int(meta.get("generation"), 0)
-        observed = _int(status.get("observedGeneration"), 0)
+        generation = as_int(meta.get("generation"), 0)
+        observed = as_int(status.get("observedGeneration"), 0)
         if observed < generation:
             return RoleState(
                 role,
@@ -656,10 +613,10 @@ def group_state(
             )
         return RoleState(role, "waiting", "no Pod yet", old_pods=gone)
     complete = [
-        g for g, members in groups.items() if len(members) >= size and all(map(_ready, members))
+        g for g, members in groups.items() if len(members) >= size and all(map(is_ready, members))
     ]
-    ready_pods = sum(1 for p in live if _ready(p))
-    leader = next((p for p in live if _labels(p).get(LWS_WORKER_INDEX) == "0"), live[0])
+    ready_pods = sum(1 for p in live if is_ready(p))
+    leader = next((p for p in live if labels_of(p).get(LWS_WORKER_INDEX) == "0"), live[0])
     lname = str(leader.get("metadata", {}).get("name", ""))
     node = leader.get("spec", {}).get("nodeName")
     evidence = {
@@ -676,7 +633,7 @@ def group_state(
         "restarts_since_apply": sum(
             max(
                 0,
-                _restarts(p)
+                restarts(p)
                 - int((restart_baseline or {}).get(str(p["metadata"].get("uid", "")), 0)),
             )
             for p in live
@@ -686,8 +643,8 @@ def group_state(
     if lws is not None:
         status = lws.get("status") or {}
         counted_ok = (
-            _int(status.get("updatedReplicas")) >= replicas
-            and _int(status.get("readyReplicas")) >= replicas
+            as_int(status.get("updatedReplicas")) >= replicas
+            and as_int(status.get("readyReplicas")) >= replicas
         )
     if len(complete) >= replicas and counted_ok:
         return RoleState(

@@ -46,12 +46,9 @@ from servebook.preflight.admission import (
     required_access,
     review_from_answer,
 )
-from servebook.preflight.cluster import (
-    ClusterRequirements,
-    check_cluster,
-    requirements_from_plan,
-)
+from servebook.preflight.cluster import check_cluster
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
+from servebook.preflight.requirements import ClusterRequirements, requirements_from_plan
 from servebook.preflight.weights_fit import (
     WeightsSize,
     check_weights_fit,

@@ -27,14 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from servebook.findings import REGISTRY, Finding, Severity, UsageError, register
-from servebook.preflight.cluster import (
-    GPU_MEMORY_LABEL,
-    GPU_PRODUCT_LABEL,
-    BadObject,
-    NodeAsk,
-    parse_quantity,
-    resolve_node,
-)
+from servebook.kube.objects import BadObject, parse_quantity
+from servebook.preflight.cluster import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
+from servebook.preflight.nodes import resolve_node
+from servebook.preflight.requirements import NodeAsk
 
 Obj = Mapping[str, Any]
 
