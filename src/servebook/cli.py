@@ -19,17 +19,21 @@ from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401
 from servebook.commands import report as _report  # noqa: F401
 from servebook.commands import verify as _verify  # noqa: F401
-from servebook.findings import UsageError
+from servebook.errors import ServebookError
 
 
 def main() -> None:
-    """Console entry point: unusable input exits 2 with one clear message, nothing else."""
+    """Console entry point: a command that cannot go on raises ``ServebookError``, and this
+    is the one place it is printed (``LABEL: MESSAGE``, then ``fix: HINT`` on its own line)
+    and turned into the exit code; nothing else is printed after it."""
     try:
         app()
-    except UsageError as e:
+    except ServebookError as e:
         # Messages quote URLs, command lines and log lines: never a secret in them.
         message = escape(redact.text(str(e)))
-        err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]{e.label}:[/] {message}", highlight=False, soft_wrap=True)
+        if e.hint:
+            err.print(f"fix: {escape(redact.text(e.hint))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
 
 

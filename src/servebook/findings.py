@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+# Unusable input (exit 2); its home is servebook.errors, imported from here by many modules.
+from servebook.errors import UsageError as UsageError
+
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_UNUSABLE = 2
@@ -179,9 +182,3 @@ def print_table(findings: Sequence[Finding], title: str = "", console: Any = Non
     n_warn = sum(1 for f in findings if f.severity is Severity.WARN)
     console.print(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)")
 
-
-class UsageError(Exception):
-    """Unusable input: the command prints this message and exits 2, having started and
-    written nothing.  The message names the file, key or value, and the fix."""
-
-    exit_code = EXIT_UNUSABLE

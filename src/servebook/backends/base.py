@@ -17,10 +17,33 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from servebook.deployment import DeploymentView
-from servebook.findings import Finding, UsageError
+from servebook.errors import ServebookError, UsageError
+from servebook.findings import Finding
 from servebook.recipe.plan import Plan
 
 Say = Callable[[str], None]
+
+
+class UpFailed(ServebookError):
+    """The deployment did not become ready (exit 1): the message carries the evidence, a
+    role's last log lines or the cluster's own words.  ``role`` names the role that failed
+    first, where one did; ``log_tail`` is its log's end (the local backend reads it to tell
+    a lost port from a real failure)."""
+
+    exit_code = 1
+    label = "up failed"
+
+    def __init__(
+        self,
+        message: str,
+        role: str | None = None,
+        log_tail: str = "",
+        *,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.role = role
+        self.log_tail = log_tail
 
 
 @dataclass
@@ -143,7 +166,8 @@ def find(name: str | None) -> tuple[Backend, str] | None:
         raise UsageError(
             "several deployments are recorded: "
             + ", ".join(f"{n} ({b})" for n, b in everything)
-            + f". Name one, e.g. `servebook status {everything[0][0]}`."
+            + ".",
+            hint=f"Name one, e.g. `servebook status {everything[0][0]}`.",
         )
     if not everything:
         return None
@@ -167,14 +191,14 @@ def locate(
         names = chosen.recorded()
         if len(names) != 1:
             raise UsageError(
-                f"name the deployment: {len(names)} are recorded here on {chosen.name} "
-                f"(`servebook status --backend {chosen.name}` lists what it has)."
+                f"name the deployment: {len(names)} are recorded here on {chosen.name}.",
+                hint=f"`servebook status --backend {chosen.name}` lists what it has.",
             )
         return chosen, names[0]
     found = find(name)
     if found is None:
         what = f"named {name!r} " if name else ""
-        raise UsageError(f"no deployment {what}is up. {hint}")
+        raise UsageError(f"no deployment {what}is up.", hint=hint)
     return found
 
 
@@ -185,6 +209,7 @@ __all__ = [
     "Found",
     "Ready",
     "Say",
+    "UpFailed",
     "every",
     "find",
     "get",
