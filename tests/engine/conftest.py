@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servebook.backends import local
+from servebook.backends.processes import group_members
 from servebook.recipe.plan import Plan
 from servebook.verify.smoke import Claims, Target
 
@@ -32,7 +33,7 @@ def engine_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def assert_all_stopped(dep: local.Deployment, members: set[int]) -> None:
-    still = local.group_members([r.pid for r in dep.roles]) | {
+    still = group_members([r.pid for r in dep.roles]) | {
         pid for pid in members if Path(f"/proc/{pid}").exists() and _not_zombie(pid)
     }
     assert not still, f"processes still alive after down: {sorted(still)}"
@@ -54,11 +55,11 @@ def deployed(
     dep = local.up(plan, name=name, timeout_s=timeout_s, entry_port=entry_port, say=print)
     members: set[int] = set()
     try:
-        members = local.group_members([r.pid for r in dep.roles])
+        members = group_members([r.pid for r in dep.roles])
         assert members, "no process found for a deployment that is up"
         yield dep
     finally:
-        members |= local.group_members([r.pid for r in dep.roles])
+        members |= group_members([r.pid for r in dep.roles])
         stopped, result = local.down(name)
         assert stopped is not None
         assert all(v in ("stopped", "killed", "not running") for v in result.values()), result

@@ -41,9 +41,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from servebook.backends.base import Down, Found, Ready
-from servebook.backends.local import KUBE_STATE_FILE as STATE_FILE
-from servebook.backends.local import UpFailed, deployments_dir, state_dir_for
+from servebook.backends.base import Down, Found, Ready, UpFailed
+from servebook.backends.state import KUBE_STATE_FILE as STATE_FILE
+from servebook.backends.state import deployments_dir, state_dir_for
 from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
 from servebook.files import read_model, write_atomic

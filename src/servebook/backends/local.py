@@ -6,242 +6,65 @@ never mistaken for ours) and endpoints go to ``state.json`` as soon as each proc
 so ``down`` works from another shell and after an interrupted ``up``.  Readiness means a
 real completion through the entry point, within a bounded time; early death or timeout
 fails with the role's last log lines and stops everything that was started.
+
+This module is the launcher (``up`` and its waits) and the ``Backend``; the records live in
+``backends.state``, the process groups in ``backends.processes``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from servebook import auth, http, redact
-from servebook.backends.base import Down, Found, Ready
+from servebook import auth, http
+from servebook.backends.base import Down, Found, Ready, UpFailed
+from servebook.backends.processes import (
+    is_ours_alive,
+    log_tail,
+    process_state,
+    spawn,
+    start_ticks,
+    stop_process_group,
+)
+from servebook.backends.state import (
+    STATE_FILE,
+    Deployment,
+    RoleProcess,
+    list_deployments,
+    pick_deployment,
+    read_state,
+    remove_state,
+    state_dir_for,
+    write_state,
+)
 from servebook.deployment import DeploymentView, RoleView
 from servebook.engines import vllm
-from servebook.files import read_model, write_atomic
-from servebook.findings import Finding, UsageError
+from servebook.errors import UsageError
+from servebook.findings import Finding
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import servebook_home
 from servebook.recipe.schema import Generate
 from servebook.verify.smoke import completion
 
 HOST = "127.0.0.1"
-STATE_FILE = "state.json"
-# A Kubernetes deployment's record, beside where a local one's would be (backends.kubernetes).
-KUBE_STATE_FILE = "kube-state.json"
 SMOKE_PROMPT = "The quick brown fox"
 PORT_RETRIES = 3
+
+Say = Callable[[str], None]
 
 
 def port_clash(log_text: str) -> bool:
     """Whether a role's log says it died because its port was taken."""
     return "address already in use" in log_text.lower()
-
-
-class RoleProcess(BaseModel):
-    name: str
-    kind: str
-    pid: int
-    start_ticks: int | None
-    port: int
-    url: str
-    log: str
-    argv: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
-    # A port of its own for /metrics (the router's Prometheus port); None: the API port.
-    metrics_port: int | None = None
-
-
-class Deployment(BaseModel):
-    name: str
-    backend: str = "local"
-    recipe: str
-    state_dir: str
-    created: str
-    served_model_name: str
-    entry_role: str
-    entry_url: str = ""
-    roles: list[RoleProcess] = Field(default_factory=list)
-    kv_storage: list[str] = Field(default_factory=list)
-    ready: bool = False
-    plan: dict[str, Any] = Field(default_factory=dict)
-
-    def role(self, name: str) -> RoleProcess:
-        for r in self.roles:
-            if r.name == name:
-                return r
-        raise KeyError(name)
-
-
-class UpFailed(Exception):
-    """The deployment did not become ready: the message carries the evidence."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, role: str | None = None, log_tail: str = "") -> None:
-        super().__init__(message)
-        self.role = role
-        self.log_tail = log_tail
-
-
-def deployments_dir() -> Path:
-    return servebook_home() / "deployments"
-
-
-def state_dir_for(name: str) -> Path:
-    return deployments_dir() / name
-
-
-# --- process bookkeeping ------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat from field 3 on: [state, ppid, pgrp, ...], or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
-
-
-def is_ours_alive(proc: RoleProcess) -> bool:
-    fields = _stat_fields(proc.pid)
-    if not fields:
-        return False
-    if proc.start_ticks is not None and int(fields[19]) != proc.start_ticks:
-        return False  # the PID was recycled by an unrelated process
-    return fields[0] != "Z"
-
-
-def group_members(pgids: Iterable[int]) -> set[int]:
-    """Live (non-zombie) processes in the given process groups."""
-    wanted = set(pgids)
-    found: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields and int(fields[2]) in wanted and fields[0] != "Z":
-            found.add(int(entry.name))
-    return found
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies still count for killpg; look for a live member.
-    return bool(group_members([pgid]))
-
-
-def stop_process_group(proc: RoleProcess, grace_s: float = 15.0) -> str:
-    """Stop the role's process group (the engine and the workers it spawned)."""
-    # When the leader is gone its group may still hold children (vLLM's engine core).
-    if not is_ours_alive(proc) and not _group_alive(proc.pid):
-        return "not running"
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        _reap(proc.pid)
-        if not _group_alive(proc.pid):
-            return "stopped"
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        _reap(proc.pid)
-        if not _group_alive(proc.pid):
-            return "killed"
-        time.sleep(0.1)
-    return "still running"
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def log_tail(path: str | Path, lines: int = 25) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    # Printed in up's failure messages and read into verify's findings: never a secret.
-    return redact.text("\n".join(data.splitlines()[-lines:]))
-
-
-# --- state file ---------------------------------------------------------------------------
-
-
-def write_state(dep: Deployment) -> None:
-    """Atomically: a reader never sees half a state file."""
-    write_atomic(Path(dep.state_dir) / STATE_FILE, dep.model_dump_json(indent=2))
-
-
-def read_state(name: str) -> Deployment | None:
-    return read_model(
-        state_dir_for(name) / STATE_FILE,
-        Deployment,
-        "a servebook state file",
-        "Remove it if no processes of that deployment are running.",
-    )
-
-
-def list_deployments() -> list[Deployment]:
-    root = deployments_dir()
-    if not root.is_dir():
-        return []
-    out = []
-    for d in sorted(root.iterdir()):
-        dep = read_state(d.name) if (d / STATE_FILE).is_file() else None
-        if dep is not None:
-            out.append(dep)
-    return out
-
-
-def pick_deployment(name: str | None) -> Deployment | None:
-    """The named deployment, or the only one there is."""
-    if name:
-        return read_state(name)
-    deps = list_deployments()
-    if len(deps) > 1:
-        raise UsageError(
-            "several deployments are recorded: "
-            + ", ".join(d.name for d in deps)
-            + ". Name one, e.g. `servebook down "
-            + deps[0].name
-            + "`."
-        )
-    return deps[0] if deps else None
 
 
 # --- prerequisites ------------------------------------------------------------------------
@@ -250,8 +73,8 @@ def pick_deployment(name: str | None) -> Deployment | None:
 def check_engine_installed() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise UsageError(
-            f"vLLM is not installed in this Python environment ({sys.executable}). "
-            "Install vLLM's CPU build with `scripts/setup.sh` (see README), then retry."
+            f"vLLM is not installed in this Python environment ({sys.executable}).",
+            hint="Install vLLM's CPU build with `scripts/setup.sh` (see README), then retry.",
         )
 
 
@@ -263,12 +86,12 @@ def router_binary() -> str:
     if found:
         return found
     raise UsageError(
-        "vllm-router is not installed (the PD entry point). Install it with "
-        "`pip install vllm-router` or run `scripts/setup.sh`, then retry."
+        "vllm-router is not installed (the PD entry point).",
+        hint="Install it with `pip install vllm-router` or run `scripts/setup.sh`, then retry.",
     )
 
 
-def ensure_models(plan: Plan, say: Callable[[str], None]) -> None:
+def ensure_models(plan: Plan, say: Say) -> None:
     """Create the tiny models a recipe may generate; refuse any other missing directory.
 
     Only directories under servebook's own cache are ever created: a missing directory
@@ -289,37 +112,84 @@ def ensure_models(plan: Plan, say: Callable[[str], None]) -> None:
                 continue
             param = "draft_dir" if kind == "draft model" else "model_dir"
             raise UsageError(
-                f"{kind} directory {path} (role {role.name}) does not exist. Point "
-                f"--set {param}=DIR at an existing model directory, or create one with "
-                f"`servebook model tiny DIR{' --draft' if kind == 'draft model' else ''}`."
+                f"{kind} directory {path} (role {role.name}) does not exist.",
+                hint=f"Point --set {param}=DIR at an existing model directory, or create one "
+                f"with `servebook model tiny DIR{' --draft' if kind == 'draft model' else ''}`.",
             )
 
 
-# --- up / down ----------------------------------------------------------------------------
-
-
-def _spawn(
-    argv: list[str], env: dict[str, str], log: Path, secret_env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start one role.  ``secret_env`` (an API key) reaches the process's environment only:
-    not its command line, where `ps` shows it, and not the recorded state."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    # One log per run: verify reads it for failure signatures, and an earlier run's engine
-    # death must not be reported as this one's.  The previous run's log is kept beside it.
-    if log.exists():
-        os.replace(log, log.with_suffix(".prev.log"))
-    with open(log, "wb") as f:
-        shown = redact.argv(argv)[0]
-        f.write(f"# servebook: {datetime.now(UTC).isoformat()} starting: {shown}\n".encode())
-        f.flush()
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env, **(secret_env or {})},
-            start_new_session=True,  # own process group: down stops exactly this tree
+def engine_secrets(plan: Plan, api_key: str | None) -> dict[str, dict[str, str]]:
+    """The environment each kind of role gets its API key in, when the recipe requires one
+    (never on a command line)."""
+    if not plan.require_api_key:
+        return {"engine": {}, "router": {}}
+    if api_key is None:
+        raise UsageError(
+            f"recipe {plan.recipe} requires an API key (require_api_key: true).",
+            hint="Set OPENAI_API_KEY (or VLLM_API_KEY), or pass --api-key to `servebook run`. "
+            "The engines get it as VLLM_API_KEY in their environment, never on their command "
+            "line.",
         )
+    # vLLM reads VLLM_API_KEY; vllm-router sends $OPENAI_API_KEY as the bearer token of its
+    # requests to prefill and decode (it checks no key of its own).
+    return {"engine": {"VLLM_API_KEY": api_key}, "router": {"OPENAI_API_KEY": api_key}}
+
+
+def _router_for(plan: Plan, say: Say) -> str | None:
+    """The vllm-router binary when the recipe has a router role, else None."""
+    router = router_binary() if any(r.kind == "router" for r in plan.roles) else None
+    if plan.require_api_key and router is not None:
+        # Seen on vllm-router 0.1.17: a PD completion without a key went through.
+        say(
+            "note: vllm-router checks no client key: the engines require one, but the PD "
+            "entry point completes requests without it; do not expose its port"
+        )
+    return router
+
+
+def _refuse_running(name: str) -> None:
+    existing = read_state(name)
+    alive = [r for r in existing.roles if is_ours_alive(r)] if existing is not None else []
+    if alive:
+        raise UsageError(
+            f"deployment '{name}' is already up (pids "
+            + ", ".join(str(r.pid) for r in alive)
+            + ").",
+            hint=f"Stop it with `servebook down {name}`, or choose another --name.",
+        )
+
+
+def _hold_entry_port(entry_port: int | None) -> dict[int, socket.socket]:
+    if entry_port is None:
+        return {}
+    try:
+        return {entry_port: http.hold_port(HOST, entry_port)}
+    except OSError:
+        raise UsageError(
+            f"port {entry_port} on {HOST} is already taken.",
+            hint="Choose a free one with --port, or leave it out and servebook picks one.",
+        ) from None
+
+
+def _fresh_record(name: str, plan: Plan) -> Deployment:
+    """The deployment's record, nothing started yet: its state directory emptied of an
+    earlier record, its KV storage emptied (stale KV from an earlier run is not evidence)."""
+    sdir = state_dir_for(name)
+    (sdir / "logs").mkdir(parents=True, exist_ok=True)
+    (sdir / STATE_FILE).unlink(missing_ok=True)
+    for kv in plan.kv_storage:
+        shutil.rmtree(kv, ignore_errors=True)
+        Path(kv).mkdir(parents=True, exist_ok=True)
+    return Deployment(
+        name=name,
+        recipe=plan.recipe,
+        state_dir=str(sdir),
+        created=datetime.now(UTC).isoformat(),
+        served_model_name=plan.served_model_name,
+        entry_role=plan.entry_role,
+        kv_storage=list(plan.kv_storage),
+        plan=plan.model_dump(mode="json"),
+    )
 
 
 def _health(url: str, timeout: float = 2.0) -> bool:
@@ -343,13 +213,155 @@ def smoke_completion(
     return body
 
 
+# --- up / down ----------------------------------------------------------------------------
+
+
+class _Launch:
+    """One ``up`` in progress: the roles it started, the ports it holds, and how to undo it.
+
+    Ports are held (bound, not listening) from the moment they are chosen until their role
+    starts: engines starting meanwhile take ephemeral ports of their own (ZMQ, torch) from
+    the same range, and the kernel never hands out a port that a socket is bound to."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        dep: Deployment,
+        *,
+        held: dict[int, socket.socket],
+        entry_port: int | None,
+        router: str | None,
+        secret_env: dict[str, dict[str, str]],
+        deadline: float,
+        say: Say,
+    ) -> None:
+        self.plan = plan
+        self.dep = dep
+        self.held = held
+        self.entry_port = entry_port
+        self.router = router
+        self.secret_env = secret_env
+        self.deadline = deadline
+        self.say = say
+        self.ports: dict[str, int] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.fixed = {plan.entry_role} if entry_port is not None else set()
+
+    def pick_port(self) -> int:
+        while True:
+            s = http.hold_port(HOST, 0)
+            p = int(s.getsockname()[1])
+            if p not in self.held and p not in self.ports.values():
+                self.held[p] = s
+                return p
+            s.close()
+
+    def release(self, port: int) -> None:
+        s = self.held.pop(port, None)
+        if s is not None:
+            s.close()
+
+    def start(
+        self,
+        role_name: str,
+        argv: list[str],
+        env: dict[str, str],
+        kind: str,
+        metrics_port: int | None = None,
+    ) -> None:
+        port = self.ports[role_name]
+        log = Path(self.dep.state_dir) / "logs" / f"{role_name}.log"
+        self.release(port)
+        proc = spawn(argv, env, log, self.secret_env[kind])
+        self.procs[role_name] = proc
+        self.dep.roles.append(
+            RoleProcess(
+                name=role_name,
+                kind=kind,
+                pid=proc.pid,
+                start_ticks=start_ticks(proc.pid),
+                port=port,
+                url=f"http://{HOST}:{port}",
+                log=str(log),
+                argv=argv,
+                env=env,
+                metrics_port=metrics_port,
+            )
+        )
+        write_state(self.dep)
+        self.say(f"started {role_name} (pid {proc.pid}, port {port}, log {log})")
+
+    def start_role(self, role_name: str) -> None:
+        if role_name in self.fixed and self.entry_port is not None:
+            self.ports[role_name] = self.entry_port
+        else:
+            self.ports[role_name] = self.pick_port()
+        rr = self.plan.role(role_name)
+        if rr.kind != "router":
+            argv = vllm.server_argv(sys.executable, rr.args, HOST, self.ports[role_name])
+            self.start(role_name, argv, rr.env, "engine")
+            return
+        assert self.router is not None
+        # vllm-router always binds a Prometheus port (29000 by default): give it a free one
+        # so two deployments, or anything else on 29000, cannot make it panic.
+        metrics_port = self.pick_port()
+        argv = vllm.router_argv(
+            self.router,
+            prefill_url=self.dep.role("prefill").url,
+            decode_url=self.dep.role("decode").url,
+            host=HOST,
+            port=self.ports[role_name],
+            extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
+        )
+        self.release(metrics_port)
+        self.start(role_name, argv, rr.env, "router", metrics_port)
+
+    def start_healthy(self, names: list[str]) -> None:
+        """Start the roles and wait for /health; a role that lost a port servebook chose
+        to another process in the moment between choosing and binding starts again."""
+        for n in names:
+            self.start_role(n)
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                _wait_healthy(self.dep, self.procs, names, self.deadline, self.say)
+                return
+            except UpFailed as e:
+                failed = e.role
+                if attempt == PORT_RETRIES or failed is None or failed in self.fixed:
+                    raise
+                if not port_clash(e.log_tail):
+                    raise
+                self.say(
+                    f"{failed} could not bind port {self.ports[failed]}: starting it on another one"
+                )
+                stop_process_group(self.dep.role(failed), grace_s=5)
+                with contextlib.suppress(Exception):
+                    self.procs[failed].wait(timeout=1)
+                self.dep.roles = [r for r in self.dep.roles if r.name != failed]
+                self.start_role(failed)
+
+    def undo(self) -> None:
+        """Nothing stray: whatever was started is stopped and its record and KV storage
+        removed; logs stay for the post-mortem."""
+        for port in list(self.held):
+            self.release(port)
+        for rp in reversed(self.dep.roles):
+            stop_process_group(rp, grace_s=5)
+        for child in self.procs.values():
+            with contextlib.suppress(Exception):
+                child.wait(timeout=1)
+        remove_state(self.dep)
+        for kv in self.plan.kv_storage:
+            shutil.rmtree(kv, ignore_errors=True)
+
+
 def up(
     plan: Plan,
     *,
     name: str | None = None,
     timeout_s: float = 600.0,
     entry_port: int | None = None,
-    say: Callable[[str], None] = lambda s: None,
+    say: Say = lambda s: None,
 ) -> Deployment:
     """Start every role of the Plan and wait until the entry point completes a request."""
     name = name or plan.recipe
@@ -358,187 +370,39 @@ def up(
     # this environment, or an --api-key in its arguments) and the engines get when the
     # recipe requires one.
     api_key = auth.for_engines()
-    secret_env: dict[str, dict[str, str]] = {"engine": {}, "router": {}}
-    if plan.require_api_key:
-        if api_key is None:
-            raise UsageError(
-                f"recipe {plan.recipe} requires an API key (require_api_key: true): set "
-                "OPENAI_API_KEY (or VLLM_API_KEY), or pass --api-key to `servebook run`. The "
-                "engines get it as VLLM_API_KEY in their environment, never on their command "
-                "line."
-            )
-        # vLLM reads VLLM_API_KEY; vllm-router sends $OPENAI_API_KEY as the bearer token of
-        # its requests to prefill and decode (it checks no key of its own).
-        secret_env = {"engine": {"VLLM_API_KEY": api_key}, "router": {"OPENAI_API_KEY": api_key}}
-    router = router_binary() if any(r.kind == "router" for r in plan.roles) else None
-    if plan.require_api_key and router is not None:
-        # Seen on vllm-router 0.1.17: a PD completion without a key went through.
-        say(
-            "note: vllm-router checks no client key: the engines require one, but the PD "
-            "entry point completes requests without it; do not expose its port"
-        )
-    existing = read_state(name)
-    if existing is not None:
-        alive = [r for r in existing.roles if is_ours_alive(r)]
-        if alive:
-            raise UsageError(
-                f"deployment '{name}' is already up (pids "
-                + ", ".join(str(r.pid) for r in alive)
-                + f"). Stop it with `servebook down {name}`, or choose another --name."
-            )
-    held: dict[int, socket.socket] = {}
-    if entry_port is not None:
-        try:
-            held[entry_port] = http.hold_port(HOST, entry_port)
-        except OSError:
-            raise UsageError(
-                f"port {entry_port} on {HOST} is already taken. Choose a free one with --port, "
-                "or leave it out and servebook picks one."
-            ) from None
+    secret_env = engine_secrets(plan, api_key)
+    router = _router_for(plan, say)
+    _refuse_running(name)
+    held = _hold_entry_port(entry_port)
     try:
         ensure_models(plan, say)
     except BaseException:
         for s in held.values():
             s.close()
         raise
-
-    sdir = state_dir_for(name)
-    (sdir / "logs").mkdir(parents=True, exist_ok=True)
-    (sdir / STATE_FILE).unlink(missing_ok=True)
-    for kv in plan.kv_storage:
-        shutil.rmtree(kv, ignore_errors=True)  # stale KV from an earlier run is not evidence
-        Path(kv).mkdir(parents=True, exist_ok=True)
-    dep = Deployment(
-        name=name,
-        recipe=plan.recipe,
-        state_dir=str(sdir),
-        created=datetime.now(UTC).isoformat(),
-        served_model_name=plan.served_model_name,
-        entry_role=plan.entry_role,
-        kv_storage=list(plan.kv_storage),
-        plan=plan.model_dump(mode="json"),
+    dep = _fresh_record(name, plan)
+    launch = _Launch(
+        plan,
+        dep,
+        held=held,
+        entry_port=entry_port,
+        router=router,
+        secret_env=secret_env,
+        deadline=time.monotonic() + timeout_s,
+        say=say,
     )
-    ports: dict[str, int] = {}
-    fixed = {plan.entry_role} if entry_port is not None else set()
-
-    # Ports are held (bound, not listening) from the moment they are chosen until their role
-    # starts: engines starting meanwhile take ephemeral ports of their own (ZMQ, torch) from
-    # the same range, and the kernel never hands out a port that a socket is bound to.
-
-    def pick_port() -> int:
-        while True:
-            s = http.hold_port(HOST, 0)
-            p = int(s.getsockname()[1])
-            if p not in held and p not in ports.values():
-                held[p] = s
-                return p
-            s.close()
-
-    def release(port: int) -> None:
-        s = held.pop(port, None)
-        if s is not None:
-            s.close()
-
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(
-        role_name: str,
-        argv: list[str],
-        env: dict[str, str],
-        kind: str,
-        metrics_port: int | None = None,
-    ) -> None:
-        log = sdir / "logs" / f"{role_name}.log"
-        release(ports[role_name])
-        proc = _spawn(argv, env, log, secret_env[kind])
-        procs[role_name] = proc
-        dep.roles.append(
-            RoleProcess(
-                name=role_name,
-                kind=kind,
-                pid=proc.pid,
-                start_ticks=_start_ticks(proc.pid),
-                port=ports[role_name],
-                url=f"http://{HOST}:{ports[role_name]}",
-                log=str(log),
-                argv=argv,
-                env=env,
-                metrics_port=metrics_port,
-            )
-        )
-        write_state(dep)
-        say(f"started {role_name} (pid {proc.pid}, port {ports[role_name]}, log {log})")
-
-    def start_role(role_name: str) -> None:
-        if role_name in fixed and entry_port is not None:
-            ports[role_name] = entry_port
-        else:
-            ports[role_name] = pick_port()
-        rr = plan.role(role_name)
-        if rr.kind == "router":
-            assert router is not None
-            # vllm-router always binds a Prometheus port (29000 by default): give it a free
-            # one so two deployments, or anything else on 29000, cannot make it panic.
-            metrics_port = pick_port()
-            argv = vllm.router_argv(
-                router,
-                prefill_url=dep.role("prefill").url,
-                decode_url=dep.role("decode").url,
-                host=HOST,
-                port=ports[role_name],
-                extra=[*rr.args, "--prometheus-host", HOST, "--prometheus-port", str(metrics_port)],
-            )
-            release(metrics_port)
-            start(role_name, argv, rr.env, "router", metrics_port)
-        else:
-            argv = vllm.server_argv(sys.executable, rr.args, HOST, ports[role_name])
-            start(role_name, argv, rr.env, "engine")
-
-    def start_healthy(names: list[str]) -> None:
-        """Start the roles and wait for /health; a role that lost a port servebook chose
-        to another process in the moment between choosing and binding starts again."""
-        for n in names:
-            start_role(n)
-        for attempt in range(PORT_RETRIES + 1):
-            try:
-                _wait_healthy(dep, procs, names, deadline, say)
-                return
-            except UpFailed as e:
-                failed = e.role
-                if attempt == PORT_RETRIES or failed is None or failed in fixed:
-                    raise
-                if not port_clash(e.log_tail):
-                    raise
-                say(f"{failed} could not bind port {ports[failed]}: starting it on another one")
-                stop_process_group(dep.role(failed), grace_s=5)
-                with contextlib.suppress(Exception):
-                    procs[failed].wait(timeout=1)
-                dep.roles = [r for r in dep.roles if r.name != failed]
-                start_role(failed)
-
-    deadline = time.monotonic() + timeout_s
     try:
-        start_healthy([r.name for r in plan.engine_roles])
+        launch.start_healthy([r.name for r in plan.engine_roles])
         if router is not None:
-            start_healthy(["router"])
+            launch.start_healthy(["router"])
         dep.entry_url = dep.role(plan.entry_role).url
         write_state(dep)
-        _wait_completion(dep, procs, deadline, say, api_key)
+        _wait_completion(dep, launch.procs, launch.deadline, say, api_key)
         dep.ready = True
         write_state(dep)
         return dep
     except BaseException:
-        for port in list(held):
-            release(port)
-        # Nothing stray: whatever was started is stopped; logs stay for the post-mortem.
-        for rp in reversed(dep.roles):
-            stop_process_group(rp, grace_s=5)
-        for child in procs.values():
-            with contextlib.suppress(Exception):
-                child.wait(timeout=1)
-        (sdir / STATE_FILE).unlink(missing_ok=True)
-        for kv in plan.kv_storage:
-            shutil.rmtree(kv, ignore_errors=True)
+        launch.undo()
         raise
 
 
@@ -558,7 +422,9 @@ def _check_alive(
             )
 
 
-def _timeout(dep: Deployment, names: list[str], what: str, timeout_hint: str) -> UpFailed:
+def _timeout(
+    dep: Deployment, names: list[str], what: str, detail: str = "", hint: str | None = None
+) -> UpFailed:
     parts = []
     for n in names:
         rp = dep.role(n)
@@ -566,8 +432,10 @@ def _timeout(dep: Deployment, names: list[str], what: str, timeout_hint: str) ->
             f"--- {n} (pid {rp.pid}, {rp.url}), last lines of {rp.log}:\n{log_tail(rp.log, 15)}"
         )
     return UpFailed(
-        f"timed out waiting for {what}: {', '.join(names)}. {timeout_hint}\n" + "\n".join(parts),
+        f"timed out waiting for {what}: {', '.join(names)}.{' ' + detail if detail else ''}\n"
+        + "\n".join(parts),
         role=names[0] if names else None,
+        hint=hint,
     )
 
 
@@ -576,7 +444,7 @@ def _wait_healthy(
     procs: dict[str, subprocess.Popen[bytes]],
     names: list[str],
     deadline: float,
-    say: Callable[[str], None],
+    say: Say,
 ) -> None:
     pending = list(names)
     t0 = time.monotonic()
@@ -589,7 +457,7 @@ def _wait_healthy(
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise _timeout(dep, pending, "/health", "Raise --timeout if the model is large.")
+            raise _timeout(dep, pending, "/health", hint="Raise --timeout if the model is large.")
         time.sleep(0.5)
 
 
@@ -597,7 +465,7 @@ def _wait_completion(
     dep: Deployment,
     procs: dict[str, subprocess.Popen[bytes]],
     deadline: float,
-    say: Callable[[str], None],
+    say: Say,
     api_key: str | None = None,
 ) -> None:
     last = ""
@@ -605,13 +473,12 @@ def _wait_completion(
         _check_alive(dep, procs, [r.name for r in dep.roles])
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            err = _timeout(
+            raise _timeout(
                 dep,
                 [r.name for r in dep.roles],
                 f"a completion through the entry point {dep.entry_url}",
                 f"Last error: {last}",
             )
-            raise err
         try:
             body = smoke_completion(
                 dep.entry_url, dep.served_model_name, min(60.0, remaining), api_key
@@ -635,7 +502,7 @@ def down(name: str | None) -> tuple[Deployment | None, dict[str, str]]:
     for kv in dep.kv_storage:
         shutil.rmtree(kv, ignore_errors=True)
     if all(v != "still running" for v in result.values()):
-        (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)
+        remove_state(dep)
     return dep, result
 
 
@@ -672,21 +539,7 @@ def status(dep: Deployment) -> dict[str, Any]:
     }
 
 
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2)
-
-
 # --- what verify and bench see -------------------------------------------------------------
-
-
-def process_state(proc: RoleProcess) -> str:
-    """A short description of the role's process for messages ("stopped (SIGSTOP)")."""
-    fields = _stat_fields(proc.pid)
-    if not fields or not is_ours_alive(proc):
-        return f"pid {proc.pid} is not running"
-    state = fields[0]
-    names = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer", "D": "in uninterruptible I/O"}
-    return f"pid {proc.pid} {names.get(state, 'running')}"
 
 
 def view(dep: Deployment) -> DeploymentView:
@@ -747,7 +600,7 @@ class LocalBackend:
         *,
         name: str,
         timeout_s: float | None,
-        say: Callable[[str], None],
+        say: Say,
         port: int | None = None,
     ) -> Ready:
         dep = up(

@@ -1,0 +1,110 @@
+"""The state store: each deployment's record on this machine.
+
+A deployment has a directory of its own under ``$SERVEBOOK_HOME/deployments/NAME``: the
+local backend keeps its processes' record there (``state.json``: PIDs with their kernel
+start times, ports, logs), the Kubernetes backend the objects it applied
+(``kube-state.json``, ``backends.kubernetes``).  A record is written atomically as soon as
+there is something to stop, so ``down`` works from another shell and after an interrupted
+``up``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from servebook.errors import UsageError
+from servebook.files import read_model, write_atomic
+from servebook.recipe.resolve import servebook_home
+
+STATE_FILE = "state.json"
+# A Kubernetes deployment's record, beside where a local one's would be (backends.kubernetes).
+KUBE_STATE_FILE = "kube-state.json"
+
+
+class RoleProcess(BaseModel):
+    name: str
+    kind: str
+    pid: int
+    start_ticks: int | None
+    port: int
+    url: str
+    log: str
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    # A port of its own for /metrics (the router's Prometheus port); None: the API port.
+    metrics_port: int | None = None
+
+
+class Deployment(BaseModel):
+    name: str
+    backend: str = "local"
+    recipe: str
+    state_dir: str
+    created: str
+    served_model_name: str
+    entry_role: str
+    entry_url: str = ""
+    roles: list[RoleProcess] = Field(default_factory=list)
+    kv_storage: list[str] = Field(default_factory=list)
+    ready: bool = False
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+    def role(self, name: str) -> RoleProcess:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+def deployments_dir() -> Path:
+    return servebook_home() / "deployments"
+
+
+def state_dir_for(name: str) -> Path:
+    return deployments_dir() / name
+
+
+def write_state(dep: Deployment) -> None:
+    """Atomically: a reader never sees half a state file."""
+    write_atomic(Path(dep.state_dir) / STATE_FILE, dep.model_dump_json(indent=2))
+
+
+def read_state(name: str) -> Deployment | None:
+    return read_model(
+        state_dir_for(name) / STATE_FILE,
+        Deployment,
+        "a servebook state file",
+        "Remove it if no processes of that deployment are running.",
+    )
+
+
+def remove_state(dep: Deployment) -> None:
+    (Path(dep.state_dir) / STATE_FILE).unlink(missing_ok=True)
+
+
+def list_deployments() -> list[Deployment]:
+    root = deployments_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        dep = read_state(d.name) if (d / STATE_FILE).is_file() else None
+        if dep is not None:
+            out.append(dep)
+    return out
+
+
+def pick_deployment(name: str | None) -> Deployment | None:
+    """The named deployment, or the only one there is."""
+    if name:
+        return read_state(name)
+    deps = list_deployments()
+    if len(deps) > 1:
+        raise UsageError(
+            "several deployments are recorded: " + ", ".join(d.name for d in deps) + ".",
+            hint=f"Name one, e.g. `servebook down {deps[0].name}`.",
+        )
+    return deps[0] if deps else None
