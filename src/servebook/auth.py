@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 from servebook import redact
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 ENV_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
 MISSING = "the server requires an API key: pass --api-key or set OPENAI_API_KEY"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from servebook.engines import vllm
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import fabrics
 from servebook.recipe.schema import (
     ENGINE_ROLES,

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.recipe.plan import Plan, RecipeValueError, build_plan
 from servebook.recipe.schema import Parameter, ParamType, Recipe
 
