@@ -10,7 +10,7 @@ package and fails when this tuple and the source disagree.
 from __future__ import annotations
 
 CHECK_MODULES: tuple[str, ...] = (
-    "servebook.bench.protocol",
+    "servebook.bench.validity",
     "servebook.lint.docs",
     "servebook.lint.rules.flags",
     "servebook.lint.rules.hostpath",

@@ -19,7 +19,8 @@ from servebook import auth, redact
 from servebook.backends import local
 from servebook.bench import target as tgt
 from servebook.bench.client import Endpoint, LoadSpec, run_load
-from servebook.bench.protocol import ProtocolSettings, Thresholds, Warmup, run_sweep
+from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
+from servebook.bench.validity import Thresholds
 from servebook.bench.results import ResultsWriter, load_results
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.deployment import DeploymentView, RoleView

@@ -6,16 +6,13 @@ from typing import Any
 
 import pytest
 
-from servebook.bench import protocol
+from servebook.bench import protocol, validity
 from servebook.bench.client import Progress
 from servebook.bench.protocol import (
     Level,
     ProtocolSettings,
-    Thresholds,
     Warmup,
     WindowController,
-    apply_verdict,
-    judge,
     parse_duration,
     parse_levels,
     parse_rates,
@@ -23,6 +20,7 @@ from servebook.bench.protocol import (
     point_order,
 )
 from servebook.bench.results import ClientEvidence, Latency, Point, WindowInfo
+from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.findings import REGISTRY, UsageError
 
 # --- parsing -----------------------------------------------------------------------------
@@ -384,4 +382,4 @@ def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
     for i in ids:
         c = REGISTRY[i]
         assert c.title and len(c.rationale) > 60 and len(c.fix) > 30
-    assert protocol.WINDOW_SHORT.id == "SB401"
+    assert validity.WINDOW_SHORT.id == "SB401"

@@ -22,7 +22,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from servebook.bench.client import Endpoint
-from servebook.bench.protocol import ProtocolSettings, Target, Thresholds, Warmup, run_sweep
+from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
+from servebook.bench.validity import Thresholds
 from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_results
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.render import build_report, to_html, to_markdown

@@ -21,7 +21,6 @@ from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
     ProtocolSettings,
-    Thresholds,
     parse_duration,
     parse_levels,
     parse_precision,
@@ -32,6 +31,7 @@ from servebook.bench.protocol import (
 )
 from servebook.bench.results import RESULTS_NAME, Results, ResultsWriter, parse_slo
 from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt

@@ -18,6 +18,7 @@ from servebook.findings import Finding, Severity, register
 from servebook.kube import fabrics
 from servebook.metrics.scrape import Snapshot, delta
 
+# Decided in servebook.verify.smoke, which sends the requests and probes the roles.
 SMOKE = register(
     "SB301",
     "A real generation completes through the entry point",
@@ -27,31 +28,6 @@ SMOKE = register(
     "Read the failing role's log (`servebook status`, then the log path); the message "
     "names the role and the HTTP status or timeout.",
 )
-HANDOFF = register(
-    "SB302",
-    "PD handoff: decode received the prompt's KV cache from prefill",
-    "A PD deployment whose KV handoff fails open still answers, because decode silently "
-    "recomputes the prompt, and it even looks faster. Only decode's counters of prompt "
-    "tokens that arrived by KV transfer show the handoff happened.",
-    "Check that both roles use the same KV connector settings (connector, storage or "
-    "transfer endpoint, block size) and that the router sends prefill first.",
-)
-SPECULATION = register(
-    "SB303",
-    "Speculative decoding is engaged where the recipe claims it",
-    "Speculation that is configured but not running makes every speculative figure a "
-    "baseline figure with the wrong label; disabling speculation also hides the "
-    "speculation-related crashes it was meant to test (field notes).",
-    "Check the serving role's --speculative-config and the draft model path; the role's "
-    "vllm:spec_decode_* counters must grow under traffic.",
-)
-OUTCOMES = register(
-    "SB304",
-    "No request in the window ended in error or abort",
-    "Errors and aborts are requests a user did not get an answer to; a verify that only "
-    "looks at the last response misses them.",
-    "Read the role's log around the window for the failing requests.",
-)
 REACHABLE = register(
     "SB305",
     "Every role answers within its timeout",
@@ -60,44 +36,6 @@ REACHABLE = register(
     "and exited 0).",
     "Check the role's process (`servebook status`) and its log; a stopped (SIGSTOP) or "
     "overloaded engine does not answer /health.",
-)
-METRICS = register(
-    "SB306",
-    "The engine exposes the metrics verify decides from",
-    "An absent metric read as zero turns 'cannot tell' into a verdict. Metrics are absent "
-    "on engines that are not vLLM, too old, or started with --disable-log-stats.",
-    "Use a vLLM version that exports the metric (see the message) and do not pass "
-    "--disable-log-stats.",
-)
-LOGS = register(
-    "SB307",
-    "No known failure signature in the roles' logs",
-    "Some failures read as something else: a decode engine dying on a missing draft-model "
-    "KV file reads as HTTP 500, an empty model directory reads as a bad model name. The "
-    "log line says what really happened.",
-    "Follow the fix in the message; it is specific to the signature found.",
-)
-SPEC_SYMMETRY = register(
-    "SB308",
-    "Speculative config identical on every role that runs the model",
-    "With speculation on decode only, decode registers draft layers prefill never "
-    "computes: it crashes or hangs on the first handoff, with pods Ready (field notes: "
-    "pd-spec).",
-    "Define speculation once (the recipe's `speculative:`) so every role gets the same "
-    "--speculative-config.",
-)
-KV_TRANSPORT = register(
-    "SB309",
-    "PD KV transfer uses the transport the recipe's fabric claims",
-    "With no RDMA device, or one the transport library cannot use, NIXL does not fail: it "
-    "moves the KV cache over TCP through host memory, and the handoff still succeeds, so "
-    "every counter check passes while time to first token is up to hundreds of times "
-    "worse (NVIDIA Dynamo's guide measured ~98 s). Only the transport library's own log "
-    "lines say which transport each endpoint uses.",
-    "Check the Pod got its RDMA devices and interfaces (`kubectl describe pod`, "
-    "`ls /dev/infiniband` in the engine container), that UCX sees them (`ucx_info -d`), "
-    "and that the fabric parameter matches the cluster's network; or render with "
-    "fabric=tcp and allow_tcp_kv=true if TCP is intended.",
 )
 
 # One block of slack per request: connectors differ in how they round the last block.
@@ -134,6 +72,16 @@ def _fmt_share(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+METRICS = register(
+    "SB306",
+    "The engine exposes the metrics verify decides from",
+    "An absent metric read as zero turns 'cannot tell' into a verdict. Metrics are absent "
+    "on engines that are not vLLM, too old, or started with --disable-log-stats.",
+    "Use a vLLM version that exports the metric (see the message) and do not pass "
+    "--disable-log-stats.",
+)
+
+
 def check_metrics_present(role: str, snap: Snapshot, names: Sequence[str]) -> list[Finding]:
     missing = [n for n in names if not snap.has(n)]
     if missing:
@@ -148,6 +96,17 @@ def check_metrics_present(role: str, snap: Snapshot, names: Sequence[str]) -> li
             )
         ]
     return [METRICS.finding(Severity.PASS, role, f"{role}: all {len(names)} metrics present")]
+
+
+HANDOFF = register(
+    "SB302",
+    "PD handoff: decode received the prompt's KV cache from prefill",
+    "A PD deployment whose KV handoff fails open still answers, because decode silently "
+    "recomputes the prompt, and it even looks faster. Only decode's counters of prompt "
+    "tokens that arrived by KV transfer show the handoff happened.",
+    "Check that both roles use the same KV connector settings (connector, storage or "
+    "transfer endpoint, block size) and that the router sends prefill first.",
+)
 
 
 def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
@@ -271,6 +230,17 @@ def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
     return out
 
 
+SPECULATION = register(
+    "SB303",
+    "Speculative decoding is engaged where the recipe claims it",
+    "Speculation that is configured but not running makes every speculative figure a "
+    "baseline figure with the wrong label; disabling speculation also hides the "
+    "speculation-related crashes it was meant to test (field notes).",
+    "Check the serving role's --speculative-config and the draft model path; the role's "
+    "vllm:spec_decode_* counters must grow under traffic.",
+)
+
+
 def check_speculation(role: str, w: Window) -> list[Finding]:
     b, a = w.before[role], w.after[role]
     drafts = delta(b, a, M.SPEC_DRAFTS)
@@ -322,6 +292,15 @@ def check_speculation(role: str, w: Window) -> list[Finding]:
             evidence=ev,
         )
     ]
+
+
+OUTCOMES = register(
+    "SB304",
+    "No request in the window ended in error or abort",
+    "Errors and aborts are requests a user did not get an answer to; a verify that only "
+    "looks at the last response misses them.",
+    "Read the role's log around the window for the failing requests.",
+)
 
 
 def check_outcomes(role: str, w: Window) -> list[Finding]:
@@ -385,6 +364,17 @@ def _spec_arg(argv: Sequence[str]) -> dict[str, object] | None:
     return cfg
 
 
+SPEC_SYMMETRY = register(
+    "SB308",
+    "Speculative config identical on every role that runs the model",
+    "With speculation on decode only, decode registers draft layers prefill never "
+    "computes: it crashes or hangs on the first handoff, with pods Ready (field notes: "
+    "pd-spec).",
+    "Define speculation once (the recipe's `speculative:`) so every role gets the same "
+    "--speculative-config.",
+)
+
+
 def check_spec_symmetry(argv_by_role: Mapping[str, Sequence[str]]) -> list[Finding]:
     """Compare the speculative config each engine role was actually started with.  The
     draft's path may differ per node; everything else must be identical."""
@@ -422,6 +412,16 @@ def check_spec_symmetry(argv_by_role: Mapping[str, Sequence[str]]) -> list[Findi
     ]
 
 
+LOGS = register(
+    "SB307",
+    "No known failure signature in the roles' logs",
+    "Some failures read as something else: a decode engine dying on a missing draft-model "
+    "KV file reads as HTTP 500, an empty model directory reads as a bad model name. The "
+    "log line says what really happened.",
+    "Follow the fix in the message; it is specific to the signature found.",
+)
+
+
 def check_logs(role: str, log_text: str) -> list[Finding]:
     out = []
     for sig, line in vllm.match_log(log_text):
@@ -435,6 +435,21 @@ def check_logs(role: str, log_text: str) -> list[Finding]:
             )
         )
     return out
+
+
+KV_TRANSPORT = register(
+    "SB309",
+    "PD KV transfer uses the transport the recipe's fabric claims",
+    "With no RDMA device, or one the transport library cannot use, NIXL does not fail: it "
+    "moves the KV cache over TCP through host memory, and the handoff still succeeds, so "
+    "every counter check passes while time to first token is up to hundreds of times "
+    "worse (NVIDIA Dynamo's guide measured ~98 s). Only the transport library's own log "
+    "lines say which transport each endpoint uses.",
+    "Check the Pod got its RDMA devices and interfaces (`kubectl describe pod`, "
+    "`ls /dev/infiniband` in the engine container), that UCX sees them (`ucx_info -d`), "
+    "and that the fabric parameter matches the cluster's network; or render with "
+    "fabric=tcp and allow_tcp_kv=true if TCP is intended.",
+)
 
 
 def check_kv_transport(role: str, fabric: str | None, log_text: str) -> list[Finding]:
