@@ -313,13 +313,10 @@ OUTPUT_LENGTH = register(
 
 @VERDICTS.add(OUTPUT_LENGTH)
 def output_lengths_as_asked(case: Case) -> Verdict:
-    n = case.point.output_tokens_mismatch
-    return Verdict(
-        n > 0,
-        f"{n} successful request(s) returned a different number of output tokens than asked for"
-        if n
-        else "every request produced the output length asked for",
-        dict(mismatched=n),
+    return _lengths(
+        case.point.output_tokens_mismatch,
+        "returned a different number of output tokens than asked for",
+        "every request produced the output length asked for",
     )
 
 
@@ -337,14 +334,19 @@ INPUT_LENGTH = register(
 
 @VERDICTS.add(INPUT_LENGTH)
 def input_lengths_as_stated(case: Case) -> Verdict:
-    n = case.point.prompt_tokens_mismatch
+    return _lengths(
+        case.point.prompt_tokens_mismatch,
+        "had a server-counted prompt length different from the workload's",
+        "every prompt had the stated input length (server's count)",
+    )
+
+
+def _lengths(mismatched: int, failing: str, passing: str) -> Verdict:
+    """SB408/SB409: ``mismatched`` successful requests had another length than stated."""
     return Verdict(
-        n > 0,
-        f"{n} successful request(s) had a server-counted prompt length different from "
-        "the workload's"
-        if n
-        else "every prompt had the stated input length (server's count)",
-        dict(mismatched=n),
+        mismatched > 0,
+        f"{mismatched} successful request(s) {failing}" if mismatched else passing,
+        dict(mismatched=mismatched),
     )
 
 
