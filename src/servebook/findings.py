@@ -181,4 +181,3 @@ def print_table(findings: Sequence[Finding], title: str = "", console: Any = Non
     n_fail = sum(1 for f in findings if f.failed)
     n_warn = sum(1 for f in findings if f.severity is Severity.WARN)
     console.print(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)")
-
