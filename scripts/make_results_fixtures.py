@@ -1,11 +1,11 @@
 """Write the results files the report and compare tests read
 (``tests/unit/fixtures/results/*/results.json``), deterministically.
 
-Each file is built with servebook's own models (``bench.results``): provenance, points
+Each file is built with servebook's own models (``servebook.results``): provenance, points
 judged by ``protocol.judge`` (so validity and reasons are the real ones), server evidence
-computed by ``results.server_evidence`` from Prometheus text in vLLM's metric names, and
-aggregates from ``results.aggregate``.  The per-repetition figures are chosen by hand so
-the tests can pin hand-computed verdicts:
+computed by ``results.evidence.server_evidence`` from Prometheus text in vLLM's metric
+names, and aggregates from ``results.aggregate``.  The per-repetition figures are chosen by
+hand so the tests can pin hand-computed verdicts:
 
 * ``mixed-tp2`` (A): one TP=2 engine on 2 of a host's 8 H200s, c = 1, 4, 16, 3 reps;
 * ``pd-2p2d`` (B): the same model as PD, 2 GPUs prefill + 2 GPUs decode; its c=16 rep 2
@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from servebook.bench.protocol import ProtocolSettings, Thresholds, apply_verdict, judge
-from servebook.bench.results import (
+from servebook.engines.vllm import SOURCE_EXTERNAL, M
+from servebook.files import write_atomic
+from servebook.metrics.scrape import snapshot_from_text
+from servebook.results.aggregate import aggregate
+from servebook.results.evidence import server_evidence
+from servebook.results.schema import (
     Accelerator,
     ClientEvidence,
     Latency,
@@ -38,12 +43,7 @@ from servebook.bench.results import (
     Results,
     RoleProvenance,
     WindowInfo,
-    aggregate,
-    server_evidence,
-    write_atomic,
 )
-from servebook.engines.vllm import SOURCE_EXTERNAL, M
-from servebook.metrics.scrape import snapshot_from_text
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "unit" / "fixtures" / "results"
 WINDOW_S = 60.0

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from servebook.backends import local
-from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.recipe.resolve import resolve
+from servebook.results.schema import RESULTS_NAME
+from servebook.results.store import load_results
 from tests.engine.conftest import deployed
 
 pytestmark = pytest.mark.engine

@@ -13,10 +13,11 @@ import pytest
 
 from servebook import http
 from servebook.backends import local
-from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.findings import exit_code
 from servebook.metrics.scrape import delta, scrape
 from servebook.recipe.resolve import resolve
+from servebook.results.schema import RESULTS_NAME
+from servebook.results.store import load_results
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify_run
 from tests.engine.conftest import deployed

@@ -14,10 +14,11 @@ import pytest
 
 from servebook import http
 from servebook.backends import local
-from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import RandomPrompts, load_tokenizer, server_token_count
 from servebook.recipe.resolve import resolve
+from servebook.results.schema import RESULTS_NAME
+from servebook.results.store import load_results
 from tests.engine.conftest import deployed
 
 pytestmark = pytest.mark.engine

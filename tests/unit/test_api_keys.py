@@ -21,13 +21,13 @@ from servebook.bench import target as tgt
 from servebook.bench.client import Endpoint, LoadSpec, run_load
 from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
-from servebook.bench.results import ResultsWriter, load_results
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.deployment import DeploymentView, RoleView
 from servebook.findings import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.recipe.resolve import resolve
 from servebook.report.render import write_report
+from servebook.results.store import ResultsWriter, load_results
 from servebook.verify.smoke import Claims, Options, Target, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult

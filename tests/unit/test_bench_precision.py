@@ -28,17 +28,6 @@ from servebook.bench.protocol import (
     round_order,
     run_sweep,
 )
-from servebook.bench.results import (
-    ClientEvidence,
-    Latency,
-    ModelInfo,
-    Point,
-    Provenance,
-    ResultsWriter,
-    WindowInfo,
-    load_results,
-    resume_mismatches,
-)
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.findings import UsageError
 from servebook.report.compare import compare, rows_table, to_json
@@ -46,6 +35,16 @@ from servebook.report.plots import IMPRECISE, plot_specs
 from servebook.report.render import build_report
 from servebook.report.summary import describe_protocol
 from servebook.report.tables import load_runs, validity_table
+from servebook.results.provenance import resume_mismatches
+from servebook.results.schema import (
+    ClientEvidence,
+    Latency,
+    ModelInfo,
+    Point,
+    Provenance,
+    WindowInfo,
+)
+from servebook.results.store import ResultsWriter, load_results
 
 SETTINGS = ProtocolSettings(
     concurrencies=(1, 2, 4),

@@ -18,7 +18,7 @@ from servebook.bench.client import (
     Progress,
     run_load,
 )
-from servebook.bench.results import point_from_load
+from servebook.bench.figures import point_from_load
 from servebook.bench.workload import (
     DatasetPrompts,
     HFTokenizer,

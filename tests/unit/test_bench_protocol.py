@@ -19,9 +19,9 @@ from servebook.bench.protocol import (
     parse_warmup,
     point_order,
 )
-from servebook.bench.results import ClientEvidence, Latency, Point, WindowInfo
 from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.findings import REGISTRY, UsageError
+from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
 
 # --- parsing -----------------------------------------------------------------------------
 

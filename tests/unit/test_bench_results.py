@@ -11,22 +11,29 @@ from typing import Any
 
 import pytest
 
-from servebook.bench import results as R
 from servebook.bench.client import Endpoint, LoadResult, LoadSpec, RequestRecord, WorkerStats
-from servebook.bench.results import (
-    Latency,
-    Provenance,
-    ResultsWriter,
-    achieved_concurrency,
-    aggregate,
-    load_results,
-    parse_slo,
-    point_from_load,
-    server_evidence,
-)
+from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
 from servebook.engines import SGLANG, VLLM, counters_of
 from servebook.findings import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
+from servebook.results.aggregate import aggregate
+from servebook.results.evidence import server_evidence
+from servebook.results.provenance import (
+    fetch_engine_version,
+    make_provenance,
+    model_config_hash,
+    redact_env,
+)
+from servebook.results.schema import (
+    ClientEvidence,
+    Latency,
+    ModelInfo,
+    Point,
+    Provenance,
+    RoleProvenance,
+    WindowInfo,
+)
+from servebook.results.store import ResultsWriter, load_results
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000
@@ -176,9 +183,9 @@ def test_slo_parser_rejects_bad_objectives(text: str) -> None:
 # --- aggregates --------------------------------------------------------------------------
 
 
-def point(conc: int, rep: int, tok_s: float, p50: float, *, valid: bool = True) -> R.Point:
+def point(conc: int, rep: int, tok_s: float, p50: float, *, valid: bool = True) -> Point:
     lat = Latency(p50=p50, p90=p50, p99=p50, mean=p50, n=10)
-    return R.Point(
+    return Point(
         concurrency=conc,
         repetition=rep,
         valid=valid,
@@ -191,10 +198,8 @@ def point(conc: int, rep: int, tok_s: float, p50: float, *, valid: bool = True) 
         itl_ms=lat,
         tpot_ms=lat,
         e2e_ms=lat,
-        window=R.WindowInfo(
-            warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0
-        ),
-        client=R.ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
+        window=WindowInfo(warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0),
+        client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
     )
 
 
@@ -286,7 +291,7 @@ def prov(**over: Any) -> Provenance:
         servebook_version="0.1.0",
         engine="vllm",
         engine_version="0.32.0",
-        model=R.ModelInfo(name="tiny", config_hash="sha256:abc"),
+        model=ModelInfo(name="tiny", config_hash="sha256:abc"),
         protocol={"duration_s": 60},
         workload={"input_len": 64},
         seed=0,
@@ -400,7 +405,7 @@ def test_a_bad_results_file_is_a_usage_error(tmp_path: Path, content: str, words
 
 
 def test_environment_secrets_are_redacted_in_provenance() -> None:
-    env = R.redact_env({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "k"})
+    env = redact_env({"HF_TOKEN": "hf_x", "VLLM_CPU_KVCACHE_SPACE": "1", "OPENAI_API_KEY": "k"})
     assert env == {
         "HF_TOKEN": "<redacted>",
         "OPENAI_API_KEY": "<redacted>",
@@ -413,14 +418,14 @@ def test_model_config_hash_ignores_key_order_and_whitespace(tmp_path: Path) -> N
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "config.json").write_text('{"x": 1, "y": [1, 2]}')
     (tmp_path / "b" / "config.json").write_text('{\n "y": [1,2],\n "x": 1}\n')
-    ha, hb = R.model_config_hash(tmp_path / "a"), R.model_config_hash(tmp_path / "b")
+    ha, hb = model_config_hash(tmp_path / "a"), model_config_hash(tmp_path / "b")
     assert ha == hb and ha is not None and ha.startswith("sha256:")
-    assert R.model_config_hash(tmp_path / "missing") is None
+    assert model_config_hash(tmp_path / "missing") is None
 
 
 def test_new_provenance_records_this_machine_and_the_run(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    p = R.make_provenance(
+    p = make_provenance(
         target={"url": "http://127.0.0.1:8000", "api": "completions"},
         model_name="tiny",
         model_dir=tmp_path,
@@ -428,14 +433,14 @@ def test_new_provenance_records_this_machine_and_the_run(tmp_path: Path) -> None
         workload={"input_len": 64},
         seed=3,
         roles=[
-            R.RoleProvenance(
+            RoleProvenance(
                 name="mixed",
                 command=["python", "-m", "vllm..."],
-                env=R.redact_env({"HF_TOKEN": "x"}),
+                env=redact_env({"HF_TOKEN": "x"}),
             )
         ],
     )
-    assert p.model.config_hash == R.model_config_hash(tmp_path)
+    assert p.model.config_hash == model_config_hash(tmp_path)
     assert p.accelerator is not None and p.accelerator.kind == "cpu"
     assert p.host["cpu_cores"] >= 1 and "numpy" in p.packages
     assert p.roles[0].env == {"HF_TOKEN": "<redacted>"}
@@ -443,7 +448,7 @@ def test_new_provenance_records_this_machine_and_the_run(tmp_path: Path) -> None
 
 
 def test_engine_version_of_an_unreachable_server_is_none() -> None:
-    assert R.fetch_engine_version("http://127.0.0.1:9", timeout=0.5) is None
+    assert fetch_engine_version("http://127.0.0.1:9", timeout=0.5) is None
 
 
 def test_client_evidence_is_taken_from_the_window_not_the_warmup() -> None:

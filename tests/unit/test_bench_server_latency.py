@@ -24,10 +24,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from servebook.bench.client import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
-from servebook.bench.results import ModelInfo, Provenance, ResultsWriter, load_results
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.render import build_report, to_html, to_markdown
 from servebook.report.tables import load_runs
+from servebook.results.schema import ModelInfo, Provenance
+from servebook.results.store import ResultsWriter, load_results
 from tests.unit.served_app import served
 
 STEP_S = 0.02  # the engine's time per output token

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from servebook.bench.results import load_results
 from servebook.cli import app
+from servebook.report import comparability as cb
 from servebook.report import compare as cmp
 from servebook.report.tables import load_runs
+from servebook.results import stats
+from servebook.results.store import load_results
 from tests.conftest import CliResult
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"
@@ -176,12 +178,12 @@ def test_ports_hosts_interpreter_and_placement_are_not_differences() -> None:
     # The rerun listens on another host and port, runs /opt/venv/bin/python instead of
     # /usr/bin/python3 and on other GPUs: only its seed differs.
     a_run, r_run = load_runs([A, RERUN])
-    diffs = cmp.provenance_differences(a_run.results.provenance, r_run.results.provenance)
+    diffs = cb.provenance_differences(a_run.results.provenance, r_run.results.provenance)
     assert [(d.kind, d.field) for d in diffs] == [("seed", "seed")]
 
 
 def test_normalized_command_keeps_real_flags() -> None:
-    from servebook.bench.results import ModelInfo
+    from servebook.results.schema import ModelInfo
 
     argv = [
         "/opt/venv/bin/python3.11",
@@ -197,7 +199,7 @@ def test_normalized_command_keeps_real_flags() -> None:
         "--max-num-seqs",
         "64",
     ]
-    got = cmp.normalize_command(argv, ModelInfo(name="m", path="/models/m"))
+    got = cb.normalize_command(argv, ModelInfo(name="m", path="/models/m"))
     assert got == [
         "python",
         "-m",
@@ -221,9 +223,9 @@ def test_unknown_variable_is_bad_input_naming_the_vocabulary(cli: Cli) -> None:
 
 
 def test_every_kind_has_a_variable_of_its_own_name() -> None:
-    assert set(cmp.KINDS) <= set(cmp.VARIABLES)
-    for name, v in cmp.VARIABLES.items():
-        assert name in v.kinds and set(v.kinds) <= set(cmp.KINDS)
+    assert set(cb.KINDS) <= set(cb.VARIABLES)
+    for name, v in cb.VARIABLES.items():
+        assert name in v.kinds and set(v.kinds) <= set(cb.KINDS)
 
 
 # --- --force ---------------------------------------------------------------------------
@@ -271,7 +273,7 @@ def test_welch_on_hand_computed_samples() -> None:
     # F(t) = 1/2 + (3/8) u (1 - t^2 / (12 (1 + t^2/4))), u = t / sqrt(1 + t^2/4), so the
     # two-sided p = 2 (1 - F(6.123724)) = 0.0036022.  95% CI of the difference:
     # 10 +- t(0.975, 4) * se = 10 +- 2.776445 * 1.632993 = [5.46608, 14.53392].
-    w = cmp.welch([100, 102, 98], [110, 112, 108])
+    w = stats.welch([100, 102, 98], [110, 112, 108])
     assert w is not None
     assert w.t == pytest.approx(6.123724, rel=1e-6)
     assert w.df == pytest.approx(4.0)
@@ -284,14 +286,14 @@ def test_welch_on_hand_computed_samples() -> None:
 def test_welch_unequal_variances_and_a_nonsignificant_difference() -> None:
     # A = 100, 110, 90 (s^2 = 100); B = 105, 95, 115 (s^2 = 100): t = 5 / 8.164966 =
     # 0.612372, df = 4, p = 2 (1 - F(0.612372)) = 0.57339 -> not distinguishable.
-    w = cmp.welch([100, 110, 90], [105, 95, 115])
+    w = stats.welch([100, 110, 90], [105, 95, 115])
     assert w is not None and w.p == pytest.approx(0.57339, abs=1e-5)
     assert cmp.verdict_of(w, "higher") == "not distinguishable"
     # Unequal variances and sizes: A = 10, 12 (mean 11, s^2 = 2), B = 20, 30, 40, 50
     # (mean 35, s^2 = 166.67): qa = 2/2 = 1, qb = 166.67/4 = 41.667, se = 6.531973,
     # t = 24 / se = 3.674235, df = 42.667^2 / (1^2/1 + 41.667^2/3) = 3.140302; p = 0.032315
     # (numerical integration of the t density with 3.1403 df: no closed form).
-    w2 = cmp.welch([10, 12], [20, 30, 40, 50])
+    w2 = stats.welch([10, 12], [20, 30, 40, 50])
     assert w2 is not None
     assert w2.df == pytest.approx(3.140302, abs=1e-6)
     assert w2.t == pytest.approx(3.674235, abs=1e-6)
@@ -300,7 +302,7 @@ def test_welch_unequal_variances_and_a_nonsignificant_difference() -> None:
 
 
 def test_fewer_than_two_repetitions_is_never_a_verdict() -> None:
-    assert cmp.welch([100.0], [200.0, 201.0, 199.0]) is None
+    assert stats.welch([100.0], [200.0, 201.0, 199.0]) is None
     assert cmp.verdict_of(None, "higher") == "not distinguishable (too few repetitions)"
     a_run, r_run = load_runs([A, RERUN])
     c = cmp.compare(a_run, r_run, ["seed"])
@@ -340,7 +342,7 @@ def test_invalid_points_are_excluded_from_ratios() -> None:
     tok = row(c, "c=16", "output_tokens_per_s")
     assert tok.b.n == 2 and tok.b.mean == pytest.approx(1520.0)
     assert tok.ratio == pytest.approx(1520.0 / 1200.0)
-    w = cmp.welch([1200, 1230, 1170], [1500, 1540])
+    w = stats.welch([1200, 1230, 1170], [1500, 1540])
     assert w is not None and tok.test == w
     doc = cmp.to_json(c)
     r16 = next(

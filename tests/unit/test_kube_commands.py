@@ -28,9 +28,10 @@ import pytest
 from aiohttp import web
 
 from servebook.backends import kubernetes as kube
-from servebook.bench.results import RESULTS_NAME, load_results
 from servebook.kube import manifests
 from servebook.recipe.resolve import resolve
+from servebook.results.schema import RESULTS_NAME
+from servebook.results.store import load_results
 from tests.conftest import CliResult
 from tests.unit.kube_standin import Server, serve
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from servebook.bench.stats import Interval, mean_ci
 from servebook.findings import UsageError
 from servebook.report.tables import (
     NA,
@@ -21,6 +20,7 @@ from servebook.report.tables import (
     throughput_table,
     validity_table,
 )
+from servebook.results.stats import Interval, mean_ci
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 A = RESULTS / "mixed-tp2"

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from servebook.bench import stats
+from servebook.results import stats
 
 
 def test_percentile_is_numpy_linear_type7_on_a_known_sample() -> None:

@@ -53,21 +53,16 @@ from typing import Any, Literal
 import numpy as np
 
 from servebook.bench.client import Decision, Endpoint, LoadResult, LoadSpec, Progress, run_load
-from servebook.bench.results import (
-    Point,
-    PrecisionTarget,
-    Results,
-    ResultsWriter,
-    point_from_load,
-    point_key,
-    server_evidence,
-    utc_now,
-    with_server_latency,
-)
+from servebook.bench.figures import point_from_load
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, UsageError
 from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
+from servebook.results.aggregate import PrecisionTarget
+from servebook.results.evidence import server_evidence, with_server_latency
+from servebook.results.provenance import utc_now
+from servebook.results.schema import Point, Results, point_key
+from servebook.results.store import ResultsWriter
 from servebook.values import parse_share
 
 Order = Literal["shuffled", "ascending"]

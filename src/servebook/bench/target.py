@@ -21,18 +21,14 @@ from typing import Any
 from servebook import auth, http, redact
 from servebook.bench.client import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
-from servebook.bench.results import (
-    Provenance,
-    RoleProvenance,
-    fetch_engine_version,
-    make_provenance,
-)
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment import DeploymentView
 from servebook.engines import counters_of
 from servebook.findings import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
+from servebook.results.provenance import fetch_engine_version, make_provenance
+from servebook.results.schema import Provenance, RoleProvenance
 from servebook.verify.checks import block_size, handoff_required_tokens
 
 

@@ -17,6 +17,7 @@ from servebook.backends import base
 from servebook.bench import target as tgt
 from servebook.bench.client import ClientError, default_workers
 from servebook.bench.client import Progress as LoadProgress
+from servebook.bench.figures import parse_slo
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -29,13 +30,14 @@ from servebook.bench.protocol import (
     point_order,
     run_sweep,
 )
-from servebook.bench.results import RESULTS_NAME, Results, ResultsWriter, parse_slo
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.findings import UsageError
+from servebook.results.schema import RESULTS_NAME, Results
+from servebook.results.store import ResultsWriter
 
 
 class SweepStopped(Exception):

@@ -2,7 +2,7 @@
 
 Both read results files only.  ``report`` writes markdown, self-contained html and plots;
 ``compare`` puts B beside A with a verdict per point, after checking that the two runs
-differ only in what the user says is under test (``servebook.report.compare``).
+differ only in what the user says is under test (``servebook.report.comparability``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from servebook.files import write_atomic
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
 from servebook.report import reproduce as rep
+from servebook.report.comparability import VARIABLES, check_variables
 from servebook.report.render import (
     md_code,
     md_table,
@@ -29,7 +30,7 @@ from servebook.report.render import (
 from servebook.report.tables import Table, load_runs
 
 _VARIABLES_HELP = "\n\n".join(
-    f"  {name}: {v.meaning} (allows: {', '.join(v.kinds)})" for name, v in cmp.VARIABLES.items()
+    f"  {name}: {v.meaning} (allows: {', '.join(v.kinds)})" for name, v in VARIABLES.items()
 )
 
 
@@ -135,7 +136,7 @@ def compare(
     variable: list[str] = typer.Option(
         [],
         "--variable",
-        help=f"What differs on purpose (repeatable): {', '.join(cmp.VARIABLES)}.",
+        help=f"What differs on purpose (repeatable): {', '.join(VARIABLES)}.",
     ),
     force: bool = typer.Option(
         False, "--force", help="Compare despite other provenance differences (stamped)."
@@ -157,7 +158,7 @@ def compare(
 ) -> None:
     if reproduce:
         variable = [*variable, "seed"]
-    variables = cmp.check_variables(variable)
+    variables = check_variables(variable)
     tol = rep.parse_tolerance(tolerance) if reproduce else rep.DEFAULT_TOLERANCE
     run_a, run_b = load_runs([a, b])
     try:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servebook.bench.results import Point
 from servebook.report.tables import (
     METRICS,
     Level,
@@ -30,6 +29,7 @@ from servebook.report.tables import (
     levels,
     tokens_per_user,
 )
+from servebook.results.schema import Point
 
 NAN = float("nan")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from servebook import __version__
 from servebook.files import write_atomic
 from servebook.findings import UsageError
-from servebook.report.compare import differences_table
+from servebook.report.comparability import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
 from servebook.report.summary import (
     ACCELERATORS_ABSENT,

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servebook.bench import stats
 from servebook.findings import UsageError
 from servebook.report.tables import METRICS, NA, Column, Level, Run, Table, fmt_num, levels
+from servebook.results import stats
 from servebook.values import parse_share
 
 DEFAULT_TOLERANCE = 0.05

@@ -18,7 +18,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servebook.bench.results import Point
 from servebook.report.plots import check_ids
 from servebook.report.tables import (
     Level,
@@ -28,6 +27,7 @@ from servebook.report.tables import (
     levels,
     settings_value,
 )
+from servebook.results.schema import Point
 
 ACCELERATORS_ABSENT = (
     "Per-accelerator figures are not shown: no run records how many accelerators its "

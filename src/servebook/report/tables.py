@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servebook import redact
-from servebook.bench import stats
-from servebook.bench.results import RESULTS_NAME, LevelPrecision, Point, Results, load_results
 from servebook.findings import UsageError
+from servebook.results import stats
+from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
+from servebook.results.store import load_results
 
 Better = Literal["higher", "lower"]
 Mode = Literal["concurrency", "rate"]

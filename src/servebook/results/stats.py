@@ -21,6 +21,11 @@ Methods, stated once so a reader of a results file knows what a number is:
   for a minimum number of repetitions first and why a level that never gets there is
   reported *imprecise* with the interval it reached rather than dropped.
 
+* **Comparing two runs** (``servebook compare``) uses Welch's two-sided t-test over the
+  per-repetition values of each side (:func:`welch`): a repetition is the unit that was
+  actually replicated, and Welch's test does not assume the two sides vary alike.  Its
+  95% interval of the difference is the same t machinery as every interval above.
+
 The t quantile is computed here (the regularized incomplete beta function by continued
 fraction, then bisection on the CDF) because scipy is not a dependency; the unit tests pin
 it against printed t tables.
@@ -193,6 +198,48 @@ def mean_ci(values: Iterable[float | None], level: float = 0.95) -> Interval:
     s = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
     half = t_quantile(0.5 + level / 2.0, n - 1) * s / math.sqrt(n)
     return Interval(m, m - half, m + half, n, level)
+
+
+# --- Welch's test: two runs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Welch:
+    n_a: int
+    n_b: int
+    mean_a: float
+    mean_b: float
+    diff: float  # mean_b - mean_a
+    se: float
+    df: float | None  # None when both samples have zero variance
+    t: float | None
+    p: float
+    low: float  # 95% interval of the difference
+    high: float
+
+
+def welch(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> Welch | None:
+    """Welch's two-sided t-test of mean(b) - mean(a); ``None`` with fewer than two values
+    on a side (no variance estimate: no test)."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        return None
+    ma, mb = math.fsum(a) / na, math.fsum(b) / nb
+    va = math.fsum((x - ma) ** 2 for x in a) / (na - 1)
+    vb = math.fsum((x - mb) ** 2 for x in b) / (nb - 1)
+    qa, qb = va / na, vb / nb
+    se = math.sqrt(qa + qb)
+    diff = mb - ma
+    if se == 0.0:
+        # Identical repetitions on both sides: the difference is exact (p 1 when there is
+        # none, else 0); real measurements essentially never land here.
+        p = 1.0 if diff == 0 else 0.0
+        return Welch(na, nb, ma, mb, diff, 0.0, None, None, p, diff, diff)
+    df = (qa + qb) ** 2 / (qa**2 / (na - 1) + qb**2 / (nb - 1))
+    t = diff / se
+    p = min(1.0, 2.0 * t_cdf(-abs(t), df))
+    half = t_quantile(0.5 + level / 2.0, df) * se
+    return Welch(na, nb, ma, mb, diff, se, df, t, p, diff - half, diff + half)
 
 
 # --- the precision target: when to stop repeating a point --------------------------------

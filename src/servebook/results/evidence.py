@@ -1,0 +1,223 @@
+"""The server's side of a point: what every role's counters say about the window
+(``server_evidence``) and the engine's own latency histograms over it, set against the
+client's figures (``with_server_latency``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from servebook.engines import SGLANG, VLLM, counters_of, sglang
+from servebook.engines.vllm import (
+    BAD_FINISH_REASONS,
+    LATENCY_HISTOGRAMS,
+    SOURCE_EXTERNAL,
+    SOURCE_LOCAL_CACHE,
+    H,
+    M,
+)
+from servebook.metrics.histogram import (
+    HistogramWindow,
+    LatencyDiagnosis,
+    diagnose_client_latency,
+    histogram_window,
+    latency_windows,
+)
+from servebook.metrics.scrape import Snapshot, delta
+from servebook.results.schema import Point
+
+# --- server evidence -----------------------------------------------------------------------
+
+
+def server_evidence(
+    before: Mapping[str, Snapshot | str],
+    after: Mapping[str, Snapshot | str],
+    *,
+    decode_role: str | None = None,
+) -> dict[str, Any]:
+    """What every role's counters say about one window, read under each role's engine's
+    own names (vLLM's or SGLang's, ``servebook.engines``): per-role deltas, and
+    ``handoff_share`` (share of decode's prompt tokens that arrived by KV transfer, when
+    ``decode_role`` is given), ``spec_acceptance`` (accepted / draft tokens over roles),
+    ``preemptions`` and ``request_errors`` (finished with error or abort).  A role given as
+    a string is one whose scrape failed (the string is the error).  ``missing`` lists what
+    could not be read; an empty list means the evidence is complete."""
+    missing: list[str] = []
+    roles: dict[str, Any] = {}
+    totals: dict[str, float] = {}
+    vllm_names: dict[str, tuple[str, dict[str, str]]] = {
+        "prompt_tokens": (M.PROMPT_TOKENS, {}),
+        "generation_tokens": (M.GENERATION_TOKENS, {}),
+        "preemptions": (M.PREEMPTIONS, {}),
+        "spec_draft_tokens": (M.SPEC_DRAFT_TOKENS, {}),
+        "spec_accepted_tokens": (M.SPEC_ACCEPTED_TOKENS, {}),
+        "external_prefix_hits": (M.EXTERNAL_PREFIX_HITS, {}),
+        "prompt_tokens_by_transfer": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_EXTERNAL}),
+        "prompt_tokens_local_cache": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_LOCAL_CACHE}),
+    }
+    for role in sorted(set(before) | set(after)):
+        b, a = before.get(role), after.get(role)
+        if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
+            err = b if isinstance(b, str) else a if isinstance(a, str) else "not scraped"
+            missing.append(f"{role}: /metrics not read ({err})")
+            roles[role] = {"scraped": False, "error": err}
+            continue
+        engine = counters_of(set(a.samples))
+        if engine is None:
+            missing.append(
+                f"{role}: metric(s) absent: no counters of vLLM "
+                f"({', '.join(VLLM.required)}) or SGLang ({', '.join(SGLANG.required)})"
+            )
+            roles[role] = {"scraped": True, "url": a.url, "engine": None}
+            continue
+        names: dict[str, tuple[str, dict[str, str]]]
+        if engine is SGLANG:
+            names = {
+                "prompt_tokens": (sglang.M.PROMPT_TOKENS, {}),
+                "generation_tokens": (sglang.M.GENERATION_TOKENS, {}),
+                "preemptions": (sglang.M.RETRACTED_REQUESTS, {}),
+                "cached_prompt_tokens": (sglang.M.CACHED_TOKENS, {}),
+                "requests": (sglang.M.REQUESTS, {}),
+                "request_errors": (sglang.M.ABORTED_REQUESTS, {}),
+            }
+        else:
+            names = vllm_names
+        counters: dict[str, float | None] = {}
+        resets: list[str] = []
+        for key, (name, labels) in names.items():
+            d = delta(b, a, name, **labels)
+            counters[key] = d.value
+            if d.reset:
+                resets.append(name)
+            if d.value is not None:
+                totals[key] = totals.get(key, 0.0) + d.value
+        if engine is not SGLANG:
+            bad = 0.0
+            for reason in BAD_FINISH_REASONS:
+                d = delta(b, a, M.REQUEST_SUCCESS, finished_reason=reason)
+                bad += d.value or 0.0
+            counters["request_errors"] = bad
+            totals["request_errors"] = totals.get("request_errors", 0.0) + bad
+        absent = [n for n in engine.required if not a.has(n)]
+        if absent:
+            missing.append(f"{role}: metric(s) absent: {', '.join(absent)}")
+        if resets:
+            missing.append(f"{role}: counters went backwards (the role restarted in the window)")
+        roles[role] = {
+            "scraped": True,
+            "url": a.url,
+            "engine": engine.engine,
+            "counters": counters,
+            "reset": resets,
+        }
+    share = None
+    if decode_role is not None:
+        c = roles.get(decode_role, {}).get("counters") or {}
+        moved = c.get("prompt_tokens_by_transfer")
+        if moved is None:
+            moved = c.get("external_prefix_hits")
+        total = c.get("prompt_tokens")
+        # Tokens decode found in its own prefix cache needed no transfer (a prompt it had
+        # seen, e.g. a second sweep with the same seed on a kept deployment): the share is
+        # of the tokens decode had to get from somewhere.
+        cached = c.get("prompt_tokens_local_cache") or 0.0
+        needed = total - cached if total else total
+        if moved is not None and needed:
+            share = moved / needed
+        elif moved is not None and total:
+            missing.append(
+                f"{decode_role}: every prompt token of the window was in decode's own prefix "
+                "cache (prompts it had already seen: run with another --seed), so no handoff "
+                "could be measured"
+            )
+        elif decode_role in roles and roles[decode_role].get("scraped"):
+            missing.append(f"{decode_role}: no KV-transfer counters to compute the handoff share")
+    drafts = totals.get("spec_draft_tokens")
+    return {
+        "roles": roles,
+        "handoff_share": share,
+        "spec_acceptance": (
+            totals["spec_accepted_tokens"] / drafts
+            if drafts and "spec_accepted_tokens" in totals
+            else None
+        ),
+        "preemptions": totals.get("preemptions"),
+        "request_errors": totals.get("request_errors"),
+        "missing": missing,
+    }
+
+
+# --- the server's latency ------------------------------------------------------------------
+
+
+def server_latency_windows(
+    before: Mapping[str, Snapshot | str], after: Mapping[str, Snapshot | str]
+) -> dict[str, dict[str, HistogramWindow]]:
+    """Every role read at both edges: its latency histograms over the window (vLLM's
+    names, ``engines.vllm.LATENCY_HISTOGRAMS``; ITL under its pre-0.11 name when the new
+    one is absent).  A role not read at an edge is left out (``server.missing`` says so)."""
+    out: dict[str, dict[str, HistogramWindow]] = {}
+    for role in sorted(set(before) & set(after)):
+        b, a = before[role], after[role]
+        if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
+            continue
+        w = latency_windows(b, a, LATENCY_HISTOGRAMS)
+        if w["itl"].status == "absent":
+            legacy = histogram_window(b, a, H.ITL_LEGACY)
+            if legacy.status != "absent":
+                w["itl"] = legacy
+        out[role] = w
+    return out
+
+
+def diagnose_point(
+    point: Point, windows: Mapping[str, Mapping[str, HistogramWindow]], decode_role: str | None
+) -> LatencyDiagnosis:
+    """The client's TPOT (mean) and ITL (p50) against the server's.  The server's figures
+    come from the role that produced the tokens: PD's decode role; else the only role
+    whose TPOT histogram saw the window (several engine roles behind one entry point each
+    saw only their share: compare them per role in ``server_latency``)."""
+    role = decode_role
+    if role is None:
+        seen = [r for r, w in windows.items() if w["tpot"].usable or w["itl"].usable]
+        if len(seen) > 1:
+            return LatencyDiagnosis(
+                None,
+                None,
+                f"several engine roles ({', '.join(seen)}) served the window: each role's "
+                "own latency is in server_latency",
+                client_tpot_ms=point.tpot_ms.mean,
+                client_itl_ms=point.itl_ms.p50,
+            )
+        role = seen[0] if seen else None
+    w = windows.get(role) if role is not None else None
+    return diagnose_client_latency(
+        client_tpot_ms=point.tpot_ms.mean,
+        client_itl_ms=point.itl_ms.p50,
+        server_tpot=w["tpot"] if w else None,
+        server_itl=w["itl"] if w else None,
+        client_cpu_fraction=point.client.cpu_fraction,
+        client_loop_lag_p99_ms=point.client.loop_lag_p99_ms,
+    )
+
+
+def with_server_latency(
+    point: Point,
+    before: Mapping[str, Snapshot | str],
+    after: Mapping[str, Snapshot | str],
+    *,
+    decode_role: str | None = None,
+) -> Point:
+    """The point with ``server_latency`` (per role, ms) and ``latency_diagnosis``, from
+    the scrapes its server evidence was read from."""
+    windows = server_latency_windows(before, after)
+    if not windows:
+        return point
+    return point.model_copy(
+        update={
+            "server_latency": {
+                role: {k: w.to_dict(1000) for k, w in ws.items()} for role, ws in windows.items()
+            },
+            "latency_diagnosis": diagnose_point(point, windows, decode_role).to_dict(),
+        }
+    )
