@@ -3,10 +3,15 @@ command (or command group) to ``app``; ``servebook.cli`` imports them all."""
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Any
+
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from servebook import __version__
+from servebook import __version__, redact
 
 app = typer.Typer(
     name="servebook",
@@ -20,6 +25,24 @@ app = typer.Typer(
 
 out = Console()
 err = Console(stderr=True)
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr, with the time (up's and run's steps)."""
+    err.print(
+        f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def print_json(doc: Any) -> None:
+    """``--json`` output, one way for every command: ``doc`` (an object, or JSON text) on
+    stdout, indented by 2, non-ASCII as it is, without colour, so a pipe gets exactly what
+    a terminal shows."""
+    if isinstance(doc, str):
+        doc = json.loads(doc)
+    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
 
 
 def _version_callback(value: bool) -> None:

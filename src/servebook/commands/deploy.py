@@ -3,34 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 
 from servebook import redact
-from servebook.backends import base, local
-from servebook.backends.base import Backend, Down, Found, Ready
-from servebook.backends.local import UpFailed
-from servebook.commands import app, err, out
-from servebook.commands.bench import BenchArgs
+from servebook.backends import base
+from servebook.backends.base import Backend, Down, Found
+from servebook.backends.state import state_dir_for
+from servebook.commands import app, err, out, print_json, say
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt
-from servebook.findings import UsageError, exit_code
+from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt, options
+from servebook.errors import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 
 DEFAULT_RECIPE = "tiny-pd"
-
-
-def _say(msg: str) -> None:
-    err.print(
-        f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}",
-        highlight=False,
-        soft_wrap=True,
-    )
 
 
 def _plan_for(
@@ -38,29 +27,13 @@ def _plan_for(
 ) -> tuple[str, Plan]:
     """(deployment name, resolved Plan) of a recipe meant for ``backend``."""
     dep_name = name or Path(recipe).stem
-    plan = resolve(recipe, sets, values, state_dir=local.state_dir_for(dep_name))
+    plan = resolve(recipe, sets, values, state_dir=state_dir_for(dep_name))
     if backend.name not in plan.backends:
         raise UsageError(
-            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not "
-            f"{backend.title}. {backend.recipes_hint}"
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not {backend.title}.",
+            hint=backend.recipes_hint,
         )
     return dep_name, plan
-
-
-def _up(
-    backend: Backend, dep_name: str, plan: Plan, timeout: float | None, port: int | None
-) -> Ready:
-    """Bring the Plan up on ``backend``; a deployment that did not become ready prints
-    its evidence on stderr and exits 1."""
-    try:
-        return backend.up(plan, name=dep_name, timeout_s=timeout, say=_say, port=port)
-    except UpFailed as e:
-        err.print(
-            f"[bold red]up failed:[/] {escape(redact.text(str(e)))}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(e.exit_code) from None
 
 
 BackendOpt = typer.Option(
@@ -108,9 +81,9 @@ def up(
     """
     chosen = base.get(backend)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
-    ready = _up(chosen, dep_name, plan, timeout, port)
+    ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
     if json_out:
-        out.print_json(json.dumps(redact.scrub(chosen.status(ready.name))[0]))
+        print_json(redact.scrub(chosen.status(ready.name))[0])
     else:
         out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
 
@@ -135,7 +108,7 @@ def _print_found(
     backend: Backend, namespace: str | None, found: list[Found], json_out: bool
 ) -> None:
     if json_out:
-        out.print_json(json.dumps([dataclasses.asdict(f) for f in found]))
+        print_json([dataclasses.asdict(f) for f in found])
         return
     where = f"namespace {namespace} on {backend.name}" if namespace else backend.name
     if not found:
@@ -186,7 +159,7 @@ def status(
     # secret (a backend reports them as applied).
     st = redact.scrub(owner.status(dep_name, namespace))[0]
     if json_out:
-        out.print_json(json.dumps(st))
+        print_json(st)
     else:
         out.print(f"[bold]{st['name']}[/] ({st['recipe']}, {st['backend']}) entry {st['entry']}")
         for r in st["roles"]:
@@ -250,20 +223,6 @@ def _print_down(result: Down) -> None:
     out.print(f"[green]down:[/] {result.name}")
 
 
-# The main job's sweep: short windows that a 2-core machine running both servers can
-# finish in about a minute; the relaxed client-lag bound is recorded in the results.
-RUN_SWEEP = BenchArgs(
-    concurrency="1,4",
-    repetitions=2,
-    duration="8s",
-    warmup="3s",
-    min_requests=4,
-    input_len=512,
-    output_len=64,
-    max_client_lag_ms=250.0,
-)
-
-
 RUN_HELP = """The main job: [preflight ->] up -> verify -> a short bench sweep -> report -> down.
 
 With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the tiny
@@ -301,63 +260,22 @@ def run(
         help="Where results and the report go (default: ./servebook-runs/NAME-TIME).",
     ),
 ) -> None:
-    from servebook.bench import target as tgt
-    from servebook.commands.bench import print_points, run_bench, settings_from
-    from servebook.commands.verify import options, print_report, verify_deployment
-    from servebook.findings import print_table
-    from servebook.report.render import write_report
-    from servebook.report.summary import describe_protocol
+    from servebook import pipeline
 
     chosen = base.get(backend)
     # The key verify and bench send, and the one the engines get when the recipe requires
     # one (local: as VLLM_API_KEY in their environment).
     opts = options(120.0, 5.0, max_tokens, "stop,length", api_key)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
-    checks = chosen.preflight(plan)
-    if checks:
-        print_table(checks, title=f"servebook preflight {recipe}", console=out)
-        code = exit_code(checks)
-        if code:
-            err.print("[bold red]preflight failed:[/] nothing was deployed.")
-            raise typer.Exit(code)
-    ready = _up(chosen, dep_name, plan, timeout, None)
-    out_dir = out_dir or Path("servebook-runs") / f"{ready.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    rc = 0
-    try:
-        with chosen.open(ready.name) as view:
-            _say(f"verifying {view.name} from server-side counters")
-            rep = verify_deployment(view, opts)
-            print_report(rep, view.name)
-            rc = exit_code(rep.findings)
-            if rc == 0:
-                plan_text = describe_protocol(settings_from(RUN_SWEEP, None).to_dict())
-                _say(
-                    f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
-                    f"{RUN_SWEEP.output_len} output tokens"
-                )
-                subject = tgt.from_deployment(
-                    view, api="completions", request_timeout_s=120.0, api_key=opts.api_key
-                )
-                results, path = run_bench(
-                    subject,
-                    RUN_SWEEP,
-                    out_dir,
-                    resume=False,
-                    tokenizer=None,
-                    alive=view.dead_roles,
-                )
-                print_points(results, path)
-                if not all(p.valid for p in results.points):
-                    rc = 1
-                html = write_report([out_dir], out_dir)
-                out.print(f"report: {html}", highlight=False, markup=False)
-    finally:
-        if keep:
-            out.print(
-                f"kept: {ready.name} is still up (`servebook down {ready.name}` removes it).",
-                highlight=False,
-            )
-        else:
-            result = chosen.down(ready.name)
-            out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.done.items()))
-    raise typer.Exit(rc)
+    job = pipeline.Job(
+        backend=chosen,
+        name=dep_name,
+        plan=plan,
+        recipe=recipe,
+        opts=opts,
+        timeout_s=timeout,
+        keep=keep,
+        out_dir=out_dir,
+        say=say,
+    )
+    raise typer.Exit(pipeline.run(job))

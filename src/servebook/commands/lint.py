@@ -15,14 +15,13 @@ test fails when the committed file and the registry disagree.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import typer
 
 from servebook.check_modules import CHECK_MODULES
-from servebook.commands import app, out
+from servebook.commands import app, out, print_json
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
 
 AREAS = (
@@ -101,7 +100,7 @@ def checks_command(
         doc = [
             {"id": c.id, "title": c.title, "rationale": c.rationale, "fix": c.fix} for c in checks
         ]
-        typer.echo(json.dumps(doc, indent=2))
+        print_json(doc)
         return
     from rich.markup import escape
 
@@ -137,7 +136,7 @@ def lint_command(
         f"{len(lint_set.markdown_files)} markdown file(s)"
     )
     if as_json:
-        typer.echo(to_json(findings, paths=[str(p) for p in paths], read=summary))
+        print_json(to_json(findings, paths=[str(p) for p in paths], read=summary))
     elif findings:
         print_table(findings, title=f"servebook lint: {summary}", console=out)
     else:

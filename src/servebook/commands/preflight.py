@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from servebook.commands import app, out
+from servebook.commands import app, out, print_json
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.findings import Finding, UsageError, exit_code, print_table, to_json
 from servebook.kube.snapshot import SNAPSHOT_COMMAND
@@ -100,7 +100,7 @@ def preflight(
         pull_timeout=pull_timeout,
     )
     if json_out:
-        out.print_json(to_json(findings))
+        print_json(to_json(findings))
     else:
         print_table(findings, title=f"servebook preflight {recipe}", console=out)
     code = exit_code(findings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from servebook.commands import app, out
+from servebook.commands import app, out, print_json
 from servebook.findings import UsageError, exit_code, print_table, to_json
 from servebook.preflight import probe as probe_lib
 from servebook.preflight.probe_checks import to_findings
@@ -106,7 +106,7 @@ def probe(
         title = f"probe {directory}"
 
     if json_out:
-        typer.echo(to_json(findings, **extra))
+        print_json(to_json(findings, **extra))
     else:
         print_table(findings, title=title, console=out)
     raise typer.Exit(exit_code(findings))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from servebook.commands import app, out
+from servebook.commands import app, out, print_json
 from servebook.recipe.resolve import catalog_names, load_source, resolve
 
 recipes_app = typer.Typer(
@@ -48,7 +47,7 @@ def list_recipes(json_out: bool = typer.Option(False, "--json", help="Machine-re
             }
         )
     if json_out:
-        out.print_json(json.dumps(rows))
+        print_json(rows)
         return
     t = Table(title="built-in recipes")
     for col in ("name", "topology", "speculative", "backends", "description"):
@@ -79,7 +78,7 @@ def show(
     """
     plan = resolve(recipe, sets, values)
     if json_out:
-        out.print_json(plan.model_dump_json())
+        print_json(plan.model_dump_json())
         return
     out.print(f"[bold]{plan.recipe}[/] ({plan.topology}, engine {plan.engine}) from {plan.origin}")
     for k, v in plan.params.items():

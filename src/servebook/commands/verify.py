@@ -10,7 +10,7 @@ from rich.table import Table
 
 from servebook import auth, redact
 from servebook.backends import base
-from servebook.commands import app, out
+from servebook.commands import app, out, print_json
 from servebook.deployment import DeploymentView
 from servebook.findings import REGISTRY, Finding, UsageError, exit_code, to_json
 from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
@@ -168,7 +168,7 @@ def verify(
         rep = verify_deployment(view, opts)
     if json_out:
         doc = to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s)
-        out.print_json(redact.text(doc))
+        print_json(redact.text(doc))
     else:
         print_report(rep, dep_name)
     code = exit_code(rep.findings)

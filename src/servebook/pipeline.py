@@ -1,0 +1,136 @@
+"""The main job, `servebook run`: [preflight ->] up -> verify -> a short bench sweep ->
+report -> down, one named step each.
+
+Exit 0 only when verify passed and every benchmark point is valid; the sweep runs only
+when verify passed.  A step that cannot go on raises ``ServebookError`` (a failed
+preflight deploys nothing; ``UpFailed`` carries the role's evidence); whatever was brought
+up is taken down afterwards unless ``keep``, whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servebook.backends.base import Backend, Say
+from servebook.bench import target as tgt
+from servebook.bench.client import ClientError
+from servebook.commands import out
+from servebook.commands.bench import BenchArgs, SweepStopped, print_points, run_bench, settings_from
+from servebook.commands.verify import print_report
+from servebook.deployment import DeploymentView
+from servebook.errors import ServebookError
+from servebook.findings import exit_code, print_table
+from servebook.recipe.plan import Plan
+from servebook.report.render import write_report
+from servebook.report.summary import describe_protocol
+from servebook.results.schema import RESULTS_NAME
+from servebook.verify.smoke import Options
+from servebook.verify.smoke import run as verify
+
+# The main job's sweep: short windows that a 2-core machine running both servers can
+# finish in about a minute; the relaxed client-lag bound is recorded in the results.
+RUN_SWEEP = BenchArgs(
+    concurrency="1,4",
+    repetitions=2,
+    duration="8s",
+    warmup="3s",
+    min_requests=4,
+    input_len=512,
+    output_len=64,
+    max_client_lag_ms=250.0,
+)
+
+
+@dataclass
+class Job:
+    """What one run does: the recipe resolved for ``backend`` and how to treat it."""
+
+    backend: Backend
+    name: str  # the deployment's
+    plan: Plan
+    recipe: str  # as the user named it, for titles
+    opts: Options  # verify's, with the API key bench sends too
+    timeout_s: float | None
+    keep: bool
+    out_dir: Path | None  # None: ./servebook-runs/NAME-TIME
+    say: Say
+
+
+def run(job: Job) -> int:
+    """Every step in order; the exit code of the whole job."""
+    preflight(job)
+    ready = job.backend.up(job.plan, name=job.name, timeout_s=job.timeout_s, say=job.say)
+    out_dir = (
+        job.out_dir or Path("servebook-runs") / f"{ready.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    try:
+        with job.backend.open(ready.name) as view:
+            rc = verify_step(job, view)
+            if rc == 0:
+                rc = bench_step(job, view, out_dir)
+                report_step(out_dir)
+        return rc
+    finally:
+        down_step(job, ready.name)
+
+
+def preflight(job: Job) -> None:
+    """The backend's checks worth their time before up (a cluster's); a failing one
+    deploys nothing."""
+    checks = job.backend.preflight(job.plan)
+    if not checks:
+        return
+    print_table(checks, title=f"servebook preflight {job.recipe}", console=out)
+    code = exit_code(checks)
+    if code:
+        raise ServebookError("nothing was deployed.", exit_code=code, label="preflight failed")
+
+
+def verify_step(job: Job, view: DeploymentView) -> int:
+    job.say(f"verifying {view.name} from server-side counters")
+    rep = verify(view.targets(), view.claims(), job.opts)
+    print_report(rep, view.name)
+    return exit_code(rep.findings)
+
+
+def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
+    """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
+    does a failing load generator (exit 2)."""
+    plan_text = describe_protocol(settings_from(RUN_SWEEP, None).to_dict())
+    job.say(
+        f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
+        f"{RUN_SWEEP.output_len} output tokens"
+    )
+    subject = tgt.from_deployment(
+        view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
+    )
+    try:
+        results, path = run_bench(
+            subject, RUN_SWEEP, out_dir, resume=False, tokenizer=None, alive=view.dead_roles
+        )
+    except SweepStopped as e:
+        raise ServebookError(str(e), exit_code=1, label="bench stopped") from None
+    except ClientError as e:
+        raise ServebookError(
+            f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}.",
+            label="bench could not run",
+        ) from None
+    print_points(results, path)
+    return 0 if all(p.valid for p in results.points) else 1
+
+
+def report_step(out_dir: Path) -> None:
+    html = write_report([out_dir], out_dir)
+    out.print(f"report: {html}", highlight=False, markup=False)
+
+
+def down_step(job: Job, name: str) -> None:
+    if job.keep:
+        out.print(
+            f"kept: {name} is still up (`servebook down {name}` removes it).", highlight=False
+        )
+        return
+    result = job.backend.down(name)
+    out.print("down: " + ", ".join(f"{k} {v}" for k, v in result.done.items()))
