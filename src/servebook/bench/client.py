@@ -7,9 +7,9 @@ This module sends and times; it does not decide when a measurement window opens 
 **Clock.**  Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC on Linux, the same
 clock ``perf_counter_ns`` reads there), which is system-wide, so timestamps from worker
 processes and from a reference server on the same host are comparable.  Body bytes are
-stamped inside the event loop's ``data_received``, as aiohttp's HTTP parser hands over
-each chunk of the chunked body (see "reading the body without buffering it" below); every
-SSE event of one chunk shares its timestamp (they arrived together).
+stamped inside the connection's ``data_received``, as the event loop reads them
+(``http1.py``: servebook's own HTTP/1.1 for the load, and why); every SSE event of one
+read shares its timestamp (they arrived together).
 
 **Tokens are counted from the server, not from chunks.**  A chunk carries ``k >= 1``
 tokens when the server batches (speculative decoding, stream intervals).  The count per
@@ -31,13 +31,11 @@ exceeds its TPOT.  TPOT here is ``(e2e - ttft) / (n - 1)`` as in vLLM's bench.
 TTFT and E2E are measured from a request's *scheduled* time, so a request that went out
 late is charged its lateness (field notes: a late client must not hide server latency).
 Closed loop: there is no schedule, and latency is measured from when the request's bytes
-were handed to the socket (aiohttp's request-chunk-sent trace); the client's own delay
+were written to the socket (``http1.Connection.start``); the client's own delay
 between a slot coming free and its request going out is *send lag*, recorded per request
 and reported, instead of being added to the server's latency; what it costs the load shows
-in the achieved concurrency (time-weighted requests in flight), which SB404 judges.
-(On Python < 3.12 aiohttp writes a request body from a separate task that runs after
-every other ready task: in a burst of 512 sends, a stamp taken before ``post()`` is tens of
-ms early.)  The event loop's own lag is sampled too, and reported.
+in the achieved concurrency (time-weighted requests in flight), which SB404 judges.  The
+event loop's own lag is sampled too, and reported.
 
 **Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
 closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
@@ -74,11 +72,13 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from servebook import auth
+from servebook.bench import http1
 from servebook.bench.workload import Api, BuildsPrompts, Prompt, PromptSource
 
 try:  # orjson parses a stream chunk several times faster; json is the fallback.
@@ -182,7 +182,7 @@ class RequestRecord:
     # Open loop: the arrival time the seeded schedule gave it.  Closed loop: when its slot
     # came free.
     scheduled_ns: int
-    # When its bytes were handed to the socket (aiohttp's request-chunk-sent trace); the
+    # When its bytes were written to the socket (``http1.Connection.start``); the
     # time just before the send began until then.
     sent_ns: int = 0
     # Where latency is measured from: "scheduled" (open loop: a late client is charged)
@@ -644,8 +644,10 @@ class WorkerStats:
 class LoadResult:
     spec: LoadSpec
     endpoint: Endpoint
-    records: list[RequestRecord]
-    workers: list[WorkerStats]
+    # Not in the repr: asyncio formats a finished task's result when it restores the
+    # SIGINT handler, and the repr of every record took seconds after a long load.
+    records: list[RequestRecord] = field(repr=False)
+    workers: list[WorkerStats] = field(repr=False)
     start_ns: int
     end_ns: int
     window_start_ns: int | None
@@ -686,124 +688,46 @@ class LoadResult:
 _LAG_TICK_NS = 10_000_000
 
 
-async def _on_chunk_sent(session: Any, ctx: Any, params: Any) -> None:
-    """Stamp a request when its body is handed to the socket.  On Python < 3.12 aiohttp
-    writes the body from a task of its own, which runs only after every other ready task:
-    in a burst of hundreds of sends a stamp taken before ``post()`` is tens of ms early,
-    and that would be reported as server latency (vllm bench serve stamps there)."""
-    rec = ctx.trace_request_ctx
-    if isinstance(rec, RequestRecord) and not rec.sent_traced:
-        rec.sent_ns = now_ns()
-        rec.sent_traced = True
-
-
-# --- reading the body without buffering it ---------------------------------------------------
+# --- reading the body --------------------------------------------------------------------------
 #
-# aiohttp buffers a streamed body in its StreamReader and wakes the reading coroutine for
-# every read; profiling at 64 streams showed that per-HTTP-chunk bookkeeping (buffering,
-# flow control, joining chunks back) cost more client CPU than parsing the events.  The
-# fast path keeps aiohttp for everything (connections, TLS, headers, the C chunked-body
-# parser) and changes only where the body goes: the response's StreamReader is given a
-# subclass (no new slots, so ``__class__`` assignment is allowed) whose ``feed_data``
-# stamps each chunk inside ``data_received``, i.e. as soon as the event loop read it from
-# the socket, and queues it for the request's SSE parser, which runs once the loop turn's
-# reads are done (``_fold_pending``).  The coroutine then only waits for EOF.  Where this
-# is not possible (another aiohttp's StreamReader layout, a body behind a decompressor)
-# the plain ``readany`` loop runs instead, with the same results.
+# The connection (``http1.Connection``) stamps each body chunk inside its ``data_received``
+# and queues it; once the loop turn's reads are done the queue comes here (``_fold``), to
+# each request's SSE parser.  The request's coroutine only waits for the response's end.
 
 
 class _Sink:
-    """Where one hooked response's body goes."""
+    """Where one response's body goes.  ``busy``: its SSE parser holds part of an event
+    (then every chunk goes through the parser)."""
 
-    __slots__ = ("chat", "parser", "rec")
+    __slots__ = ("busy", "chat", "parser", "rec")
 
-    def __init__(self, rec: RequestRecord, parser: SSEParser, chat: bool) -> None:
-        self.rec, self.parser, self.chat = rec, parser, chat
-
-
-_SINKS: dict[int, _Sink] = {}
-# Chunks stamped but not parsed yet, in arrival order.
-_PENDING: list[tuple[_Sink, int, bytes]] = []
+    def __init__(self, rec: RequestRecord, chat: bool) -> None:
+        self.rec, self.parser, self.chat, self.busy = rec, SSEParser(), chat, False
 
 
-def _fold_pending() -> None:
-    """Parse every chunk stamped since the last call (scheduled by the first of them).
-    Stamping on arrival and parsing once the loop turn's reads are done means chunks that
-    arrived together are stamped microseconds apart, not one parse apart each (hundreds of
-    streams x ~5 us).  This is the per-token hot path: keep it flat."""
-    global _PENDING
-    pending, _PENDING = _PENDING, []
-    for sink, t, data in pending:
-        rec, p = sink.rec, sink.parser
+def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
+    """Parse the chunks the connections read in one loop turn (``http1.Pool.on_chunks``).
+    This is the per-token hot path: keep it flat."""
+    for sink, t, data in chunks:
         try:
-            # One whole event per chunk, the usual case: skip the general parser.
+            # One whole event per chunk, the usual case ("data: ...\n\n", no other line
+            # end): skip the general parser.
             if (
-                data[:6] == b"data: "
-                and data[-2:] == b"\n\n"
-                and not p._buf  # p.idle, inlined
-                and not p._data
-                and not p._event
-                and not p._skip_lf
-                and data.count(b"\n") == 2
+                not sink.busy
+                and data[:6] == b"data: "
+                and data.find(b"\n") == len(data) - 2
+                and data[-1] == 10
                 and b"\r" not in data
             ):
-                apply_data(rec, t, data[6:-2], sink.chat)
+                apply_data(sink.rec, t, data[6:-2], sink.chat)
             else:
+                p = sink.parser
                 events = p.feed(data)
+                sink.busy = not p.idle
                 if events:
-                    apply_events(rec, t, events, sink.chat)
+                    apply_events(sink.rec, t, events, sink.chat)
         except Exception as e:  # a bad chunk fails its request, never the load
-            rec.error = rec.error or f"client failed to read the stream: {e!r}"[:500]
-
-
-def _timed_reader_class() -> type | None:
-    try:
-        from aiohttp.streams import StreamReader
-    except ImportError:  # pragma: no cover
-        return None
-
-    class TimedReader(StreamReader):
-        __slots__ = ()
-
-        def feed_data(self, data: bytes, size: int = 0) -> bool:
-            sink = _SINKS.get(id(self))
-            if sink is None:
-                return bool(StreamReader.feed_data(self, data, size))
-            if data:
-                _PENDING.append((sink, now_ns(), data))
-                if len(_PENDING) == 1:
-                    asyncio.get_running_loop().call_soon(_fold_pending)
-            return False
-
-        # Chunk-boundary bookkeeping serves iter_chunks(), which nothing reads here.
-        def begin_http_chunk_receiving(self) -> None:
-            return None
-
-        def end_http_chunk_receiving(self) -> None:
-            return None
-
-    return TimedReader
-
-
-_TimedReader = _timed_reader_class()
-
-
-def _hook_reader(content: Any, rec: RequestRecord, parser: SSEParser, chat: bool) -> bool:
-    """Send ``content``'s future body chunks straight to ``rec`` (and what is already
-    buffered, now).  False when the reader cannot be hooked."""
-    if _TimedReader is None or type(content) is not _TimedReader.__mro__[1]:
-        return False
-    try:
-        content.__class__ = _TimedReader
-    except TypeError:
-        return False
-    sink = _Sink(rec, parser, chat)
-    reader: Any = content
-    if reader._buffer:  # arrived with the headers, before the hook: stamp it now
-        _PENDING.append((sink, now_ns(), reader.read_nowait()))
-        _fold_pending()
-    _SINKS[id(reader)] = sink
-    return True
+            sink.rec.error = sink.rec.error or f"client failed to read the stream: {e!r}"[:500]
 
 
 # --- prompts, ready before they are needed ----------------------------------------------------
@@ -994,9 +918,9 @@ class _Feed:
     async def get(self, index: int) -> Prompt | None:
         """Prompt ``index``; ``None`` when none is left for it (the slot ends)."""
         prompts = self.prompts
-        if not isinstance(prompts, BuildsPrompts):
+        if not self.builds:
             return prompts.get(index)
-        p = prompts.cached(index)
+        p = cast(BuildsPrompts, prompts).cached(index)
         if p is not None:
             return p
         p = self.ready.pop(index, None)
@@ -1023,11 +947,29 @@ class _Feed:
         return p
 
 
-class _Worker:
-    # Read bodies through the unbuffered hook (module note above); tests turn it off to
-    # pin that both paths give the same records.
-    fast_reader = True
+def _request_head(endpoint: Endpoint) -> tuple[bytes, bytes]:
+    """The bytes every request of this endpoint starts with (request line and fixed
+    headers; each request adds its length, its id and its body), and the id prefix."""
+    u = urlsplit(endpoint.url)
+    target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    pool = http1.Pool(endpoint.url, endpoint.request_timeout_s)
+    lines = [
+        f"POST {target} HTTP/1.1",
+        f"Host: {pool.host_header}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+    ]
+    if endpoint.api_key:
+        lines.append(f"Authorization: Bearer {endpoint.api_key}")
+    head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+    return head, endpoint.request_id_prefix.encode("latin-1")
 
+
+def _time_out(conn: http1.Connection, after_s: float) -> None:
+    conn.fail(f"timed out after {after_s:g} s")
+
+
+class _Worker:
     def __init__(
         self,
         worker: int,
@@ -1050,9 +992,7 @@ class _Worker:
         self.chat = endpoint.api == "chat"
         self._next = spec.index_offset + worker
         self._end = spec.index_offset + spec.num_requests if spec.num_requests is not None else None
-        self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if endpoint.api_key:
-            self._headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        self._head, self._id_prefix = _request_head(endpoint)
 
     def _take(self) -> int | None:
         i = self._next
@@ -1061,11 +1001,9 @@ class _Worker:
         self._next += self.spec.workers
         return i
 
-    async def _send(self, session: Any, index: int, scheduled_ns: int) -> bool:
+    async def _send(self, pool: http1.Pool, index: int, scheduled_ns: int) -> bool:
         """Send request ``index`` and read its stream; False when there was no prompt for
         it (the prompts built before the load ran out), so nothing was sent."""
-        import aiohttp
-
         ep, c, w = self.endpoint, self.control, self.worker
         prompt = await self.feed.get(index)
         if prompt is None:
@@ -1081,56 +1019,51 @@ class _Worker:
         self.records.append(rec)
         sent: str | list[int] = prompt.token_ids if prompt.token_ids is not None else prompt.text
         body = _dumps(request_body(ep, sent, prompt.output_len))
-        headers = dict(self._headers)
-        headers["X-Request-Id"] = f"{ep.request_id_prefix}{index}"
-        parser = SSEParser()
-        chat = self.chat
+        request = b"".join(
+            (
+                self._head,
+                b"Content-Length: %d\r\nX-Request-Id: %s%d\r\n\r\n"
+                % (len(body), self._id_prefix, index),
+                body,
+            )
+        )
+        sink = _Sink(rec, self.chat)
         c.add(w, _W_SENT)
-        rec.sent_ns = now_ns()  # replaced by the trace when the bytes go out
-        rec.sent_traced = False
+        rec.sent_ns = now_ns()  # replaced by the send's own stamp once connected
+        conn: http1.Connection | None = None
+        timer: asyncio.TimerHandle | None = None
         try:
-            async with session.post(
-                ep.url, data=body, headers=headers, trace_request_ctx=rec
-            ) as resp:
-                rec.status = resp.status
-                if resp.status != 200:
-                    text = (await resp.content.read(2048)).decode("utf-8", "replace")
-                    rec.error = f"HTTP {resp.status}: {text.strip()[:500]}"
-                    rec.end_ns = now_ns()
-                    if auth.is_rejection(resp.status):
-                        c.add(w, _W_AUTH)
-                elif self.fast_reader and _hook_reader(resp.content, rec, parser, chat):
-                    try:
-                        await resp.content.wait_eof()
-                    finally:
-                        _SINKS.pop(id(resp.content), None)
-                        if _PENDING:
-                            _fold_pending()
-                    finish_record(rec, now_ns())
-                else:
-                    content = resp.content
-                    while True:
-                        data = await content.readany()
-                        t = now_ns()
-                        if not data:
-                            break
-                        events = parser.feed(data)
-                        if events:
-                            apply_events(rec, t, events, chat)
-                    finish_record(rec, now_ns())
+            conn = await pool.get()
+            exchange = http1.Exchange(sink)
+            timer = asyncio.get_running_loop().call_later(
+                ep.request_timeout_s, _time_out, conn, ep.request_timeout_s
+            )
+            rec.sent_ns = conn.start(request, exchange)
+            rec.sent_traced = True
+            await exchange.done
+            pool.flush()
+            rec.status = exchange.status
+            if exchange.status != 200:
+                text = bytes(exchange.error_body).decode("utf-8", "replace")
+                rec.error = f"HTTP {exchange.status}: {text.strip()[:500]}"
+                rec.end_ns = now_ns()
+                if auth.is_rejection(exchange.status):
+                    c.add(w, _W_AUTH)
+            else:
+                finish_record(rec, now_ns())
         except asyncio.CancelledError:
+            if conn is not None:
+                conn.close()
             rec.cancelled = True
             rec.end_ns = now_ns()
             raise
-        except TimeoutError:
-            rec.error = f"timed out after {ep.request_timeout_s:g} s"
+        except http1.ExchangeFailed as e:
+            pool.flush()
+            rec.error = str(e)[:500]
             rec.end_ns = now_ns()
-        except aiohttp.ClientError as e:
-            rec.error = f"{type(e).__name__}: {e}"[:500]
-            rec.end_ns = now_ns()
-        except OSError as e:
-            rec.error = f"{type(e).__name__}: {e}"[:500]
-            rec.end_ns = now_ns()
+        finally:
+            if timer is not None:
+                timer.cancel()
         if rec.error is not None:
             c.add(w, _W_ERR)
         else:
@@ -1141,7 +1074,9 @@ class _Worker:
             c.add(w, _W_WIN_ERR if rec.error is not None else _W_WIN_OK)
         return True
 
-    async def _closed_slot(self, session: Any, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
+    async def _closed_slot(
+        self, pool: http1.Pool, admit: asyncio.Queue[asyncio.Future[None]]
+    ) -> None:
         loop = asyncio.get_running_loop()
         while not self.control.stopped:
             i = self._take()
@@ -1151,16 +1086,16 @@ class _Worker:
             turn: asyncio.Future[None] = loop.create_future()
             admit.put_nowait(turn)
             await turn
-            if not await self._send(session, i, scheduled):
+            if not await self._send(pool, i, scheduled):
                 return
 
     async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
-        """Let one request start per event-loop turn.  Starting a
-        request costs ~150 us of aiohttp; when hundreds of streams end together (a
-        closed loop against a server whose requests all take the same time), starting
-        all their successors in one turn held the loop for ~75 ms at 512 streams, and
-        every token that arrived meanwhile was stamped that late.  Spread over turns, the
-        loop reads sockets between starts; the wait is recorded as send lag.  One start
+        """Let one request start per event-loop turn.  When hundreds of streams end
+        together (a closed loop against a server whose requests all take the same time),
+        starting all their successors in one turn held the loop for ~75 ms at 512 streams
+        (with aiohttp), and every token that arrived meanwhile was stamped that late.
+        Spread over turns, the loop reads sockets between starts; the wait is recorded as
+        send lag.  One start
         per turn (benchmarks/client_capacity.py at 512 streams, ITL 20 ms): the p99 delay
         from the server's token write to the client's stamp was 1.5 ms with eight per turn,
         0.7 ms with two and 0.3 ms with one."""
@@ -1170,15 +1105,15 @@ class _Worker:
                 turn.set_result(None)
             await asyncio.sleep(0)
 
-    async def _closed_loop(self, session: Any, slots: int) -> None:
+    async def _closed_loop(self, pool: http1.Pool, slots: int) -> None:
         admit: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
         admitter = asyncio.create_task(self._admitter(admit))
         try:
-            await asyncio.gather(*(self._closed_slot(session, admit) for _ in range(slots)))
+            await asyncio.gather(*(self._closed_slot(pool, admit) for _ in range(slots)))
         finally:
             admitter.cancel()
 
-    async def _open_loop(self, session: Any, rate: float, cap: int | None) -> None:
+    async def _open_loop(self, pool: http1.Pool, rate: float, cap: int | None) -> None:
         rng = np.random.default_rng([self.spec.seed, self.worker, 0x5EED])
         sem = asyncio.Semaphore(cap) if cap is not None else None
         tasks: set[asyncio.Task[None]] = set()
@@ -1186,10 +1121,10 @@ class _Worker:
 
         async def one(i: int, t: int) -> None:
             if sem is None:
-                await self._send(session, i, t)
+                await self._send(pool, i, t)
                 return
             async with sem:
-                await self._send(session, i, t)
+                await self._send(pool, i, t)
 
         try:
             while not self.control.stopped:
@@ -1226,46 +1161,22 @@ class _Worker:
             self.ticks.append(t1)
             self.tick_cpu.append(cpu())
 
-    async def _open_connections(self, session: Any, n: int) -> None:
-        """Open ``n`` keep-alive connections before the load starts, with concurrent
-        ``GET /v1/models``: otherwise every request of the first wave also opens its TCP
-        connection, and at 512 streams that burst of connection set-up held the loop for
-        ~15 ms while the first tokens arrived.  Failures are ignored here: the load's own
-        requests report them."""
-        url = self.endpoint.base_url.rstrip("/") + "/v1/models"
-        headers = {k: v for k, v in self._headers.items() if k == "Authorization"}
-
-        async def one() -> None:
-            async with session.get(url, headers=headers) as resp:
-                await resp.read()
-
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                asyncio.gather(*(one() for _ in range(n)), return_exceptions=True), 30
-            )
-
     async def _stop_watch(self, main: asyncio.Task[None]) -> None:
         while not self.control.stopped:
             await asyncio.sleep(0.01)
         main.cancel()
 
     async def run(self) -> WorkerStats:
-        import aiohttp
-
         slots, rate, cap = self.spec.share(self.worker)
         c = self.control
-        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=False)
-        timeout = aiohttp.ClientTimeout(total=self.endpoint.request_timeout_s)
-        trace = aiohttp.TraceConfig()
-        trace.on_request_chunk_sent.append(_on_chunk_sent)
-        async with aiohttp.ClientSession(
-            trace_configs=[trace],
-            connector=conn,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=["User-Agent"],
-        ) as session:
-            await self._open_connections(session, slots if slots is not None else cap or 16)
+        pool = http1.Pool(self.endpoint.url, self.endpoint.request_timeout_s, _fold)
+        try:
+            # Connections open before the load starts: otherwise every request of the
+            # first wave also opens its TCP connection, and at 512 streams that burst of
+            # connection set-up held the loop for ~15 ms while the first tokens arrived.
+            # Failures are left for the load's own requests to report.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pool.warm(slots if slots is not None else cap or 16), 30)
             self.feed.start()
             c.add(self.worker, _W_READY)
             while not c.start_ns:
@@ -1285,10 +1196,10 @@ class _Worker:
             cpu0, wall0 = time.process_time_ns(), now_ns()
             lag = asyncio.create_task(self._lag_probe())
             if slots is not None:
-                body = self._closed_loop(session, slots)
+                body = self._closed_loop(pool, slots)
             else:
                 assert rate is not None
-                body = self._open_loop(session, rate, cap)
+                body = self._open_loop(pool, rate, cap)
             main = asyncio.create_task(body)
             watch = asyncio.create_task(self._stop_watch(main))
             try:
@@ -1302,6 +1213,8 @@ class _Worker:
                 gc.unfreeze()
                 if gc_was_enabled:
                     gc.enable()
+        finally:
+            pool.close()
         c.add(self.worker, _W_DONE)
         self.records.sort(key=lambda r: r.index)
         return WorkerStats(
