@@ -16,14 +16,15 @@ import pytest
 from aiohttp import web
 
 from servebook import auth, redact
-from servebook.backends import local
+from servebook.backends import local, state
+from servebook.backends.processes import log_tail
 from servebook.bench import target as tgt
 from servebook.bench.client import Endpoint, LoadSpec, run_load
 from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.deployment import DeploymentView, RoleView
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.recipe.resolve import resolve
 from servebook.report.render import write_report
@@ -298,11 +299,11 @@ def test_results_reports_status_and_printed_lines_carry_no_secret(
     write_report([out], out)
 
     # A state file for `status --json`, with the secret in its URLs and its argv.
-    sdir = local.state_dir_for("secretive")
+    sdir = state.state_dir_for("secretive")
     sdir.mkdir(parents=True)
     leaky = f"http://bench:{URL_PW}@127.0.0.1:9"
-    local.write_state(
-        local.Deployment(
+    state.write_state(
+        state.Deployment(
             name="secretive",
             recipe="tiny-mixed",
             state_dir=str(sdir),
@@ -311,7 +312,7 @@ def test_results_reports_status_and_printed_lines_carry_no_secret(
             entry_role="mixed",
             entry_url=leaky,
             roles=[
-                local.RoleProcess(
+                state.RoleProcess(
                     name="mixed",
                     kind="engine",
                     pid=2**22 + 1,  # no such process
@@ -336,7 +337,7 @@ def test_results_reports_status_and_printed_lines_carry_no_secret(
     assert [r.returncode for r in runs] == [1, 1, 0], [r.stderr for r in runs]
     # A log read by a command that holds the key (from OPENAI_API_KEY, as up does).
     auth.from_environment()
-    tail = local.log_tail(sdir / "mixed.log")
+    tail = log_tail(sdir / "mixed.log")
     assert "--hf-token <redacted>" in tail
     printed = [
         *(r.stdout + r.stderr for r in runs),
