@@ -28,7 +28,7 @@ import pytest
 from aiohttp import web
 
 from servebook.backends import kubernetes as kube
-from servebook.kube import manifests
+from servebook.kube.engine_pod import gpu_count
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
@@ -317,6 +317,4 @@ def test_a_role_with_replicas_is_read_over_every_replica(
         assert one and every == 3 * one
         (target,) = [t for t in view.targets() if t.name == "decode"]
         assert list(target.replica_metrics_urls) == list(decode.replica_metrics_urls)
-        assert view.accelerators == sum(
-            manifests.gpu_count(r) * r.replicas for r in plan.engine_roles
-        )
+        assert view.accelerators == sum(gpu_count(r) * r.replicas for r in plan.engine_roles)

@@ -21,7 +21,12 @@ from servebook.backends.kubernetes import (
 )
 from servebook.findings import UsageError
 from servebook.kube import manifests
-from servebook.kube.manifests import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
+from servebook.kube.names import (
+    CREATED_BY_ANNOTATION,
+    DEPLOYMENT_LABEL,
+    object_name,
+    selector_for,
+)
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 
@@ -92,12 +97,12 @@ def test_names_labels_and_selectors_follow_the_deployment_name(pd: Plan) -> None
             else o["spec"]["selector"]
         )
         role = o["metadata"]["labels"]["app.kubernetes.io/component"]
-        assert selector == manifests.selector_for("blue", role)
+        assert selector == selector_for("blue", role)
     # the default name is the recipe's: today's names
     assert [o["metadata"]["name"] for o in manifests.render(pd)][1] == "vllm-pd-prefill"
     mixed = resolve("vllm-mixed", [], [MIXED])
-    assert manifests.object_name(mixed, "mixed", "green") == "green"
-    assert manifests.object_name(mixed, "mixed") == "vllm-mixed"
+    assert object_name(mixed, "mixed", "green") == "green"
+    assert object_name(mixed, "mixed") == "vllm-mixed"
 
 
 @pytest.mark.parametrize("bad", ["Blue", "a_b", "x" * 60, "-a", "a-"])

@@ -49,8 +49,9 @@ from servebook.engines import vllm
 from servebook.files import read_model, write_atomic
 from servebook.findings import Finding, UsageError
 from servebook.kube import client as kube_client
-from servebook.kube import manifests
-from servebook.kube.manifests import (
+from servebook.kube import manifests, names
+from servebook.kube.engine_pod import gpu_count
+from servebook.kube.names import (
     COMPONENT_LABEL,
     CREATED_BY_ANNOTATION,
     DEPLOYMENT_LABEL,
@@ -228,7 +229,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     else:
         entry_role = "router" if "router" in by_role else (order[0] if order else "")
     entry_svc = by_role.get(entry_role, {}).get("Service")
-    entry_port = manifests.ROUTER_PORT if entry_role == "router" else manifests.ENGINE_PORT
+    entry_port = names.ROUTER_PORT if entry_role == "router" else names.ENGINE_PORT
     if entry_svc is not None:
         for port in entry_svc.get("spec", {}).get("ports", []):
             if port.get("name") == "http" and isinstance(port.get("port"), int):
@@ -258,7 +259,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
         entry_service=(
             str(_meta(entry_svc)["name"])
             if entry_svc is not None
-            else manifests.role_object_name(name, entry_role)
+            else names.role_object_name(name, entry_role)
         ),
         entry_port=entry_port,
         served_model_name=served,
@@ -320,8 +321,8 @@ def deployments_found(objects: Sequence[Obj]) -> list[Found]:
 def _workload_name(plan: Plan, role: str, name: str) -> str:
     """The name of the object a role is: its Deployment's, or its LeaderWorkerSet's."""
     if plan.role(role).spans_nodes:
-        return manifests.lws_name(name, role)
-    return manifests.object_name(plan, role, name)
+        return names.lws_name(name, role)
+    return names.object_name(plan, role, name)
 
 
 def with_plan(objects: list[Obj], plan: Plan, name: str) -> list[Obj]:
@@ -370,7 +371,7 @@ _API_VERSIONS = {
     "ReplicaSet": "apps/v1",
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
-    "LeaderWorkerSet": manifests.LWS_API_VERSION,
+    "LeaderWorkerSet": names.LWS_API_VERSION,
 }
 # The objects a role is: one Deployment, or a LeaderWorkerSet when its copy spans nodes.
 _WORKLOADS = ("Deployment", "LeaderWorkerSet")
@@ -577,7 +578,7 @@ def apply_deployment(
         raise UsageError(
             "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
         )
-    k8s = manifests.settings(plan)
+    k8s = names.settings(plan)
     ns_obj = _namespace_exists(api, k8s.namespace)
     created_ns = any(o["kind"] == "Namespace" for o in objects) and (
         ns_obj is None or _annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
@@ -618,12 +619,12 @@ def apply_deployment(
             for o in objects
         ],
         roles={r.name: _workload_name(plan, r.name, name) for r in plan.roles},
-        entry_service=manifests.object_name(plan, entry.name, name),
-        entry_port=manifests.ROUTER_PORT if entry.kind == "router" else manifests.ENGINE_PORT,
+        entry_service=names.object_name(plan, entry.name, name),
+        entry_port=names.ROUTER_PORT if entry.kind == "router" else names.ENGINE_PORT,
         served_model_name=plan.served_model_name,
         plan=plan.model_dump(mode="json"),
         restart_baseline=restart_counts(
-            _list(api, "Pod", k8s.namespace, manifests.deployment_selector(name))
+            _list(api, "Pod", k8s.namespace, names.deployment_selector(name))
             if ns_obj is not None
             else []
         ),
@@ -644,7 +645,7 @@ def _cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[
     Deployments, LeaderWorkerSets (where the cluster serves that kind) and Services, in
     ``namespace`` or, when None, every namespace; with the Namespace of each found when
     it can be read."""
-    selector = manifests.deployment_selector(name) if name else DEPLOYMENT_LABEL
+    selector = names.deployment_selector(name) if name else DEPLOYMENT_LABEL
     try:
         found = [
             o
@@ -739,7 +740,7 @@ def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]
     events; restarts count from the baseline recorded at apply time."""
     ns = dep.namespace
     events = _list(api, "Event", ns)
-    selector = manifests.deployment_selector(dep.name)
+    selector = names.deployment_selector(dep.name)
     deployments = {str(_meta(d).get("name")): d for d in _list(api, "Deployment", ns, selector)}
     replicasets = _list(api, "ReplicaSet", ns, selector)
     plan = Plan.model_validate(dep.plan) if dep.plan else None
@@ -751,7 +752,7 @@ def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]
     )
     out = []
     for role, deployment_name in dep.roles.items():
-        pods = _list(api, "Pod", ns, manifests.selector_for(dep.name, role))
+        pods = _list(api, "Pod", ns, names.selector_for(dep.name, role))
         group = next((r for r in groups if r.name == role), None)
         if group is not None:  # a LeaderWorkerSet: ready when every member of every group is
             out.append(
@@ -979,7 +980,7 @@ def _ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str,
     """The role's Ready Pods that serve its API (for a role spanning nodes, the group
     leaders, never a headless worker), newest first, one per replica; unusable (exit 2)
     while fewer are Ready: the counters of a role are those of all its replicas."""
-    pods = _list(api, "Pod", dep.namespace, manifests.api_selector_for(dep.name, role))
+    pods = _list(api, "Pod", dep.namespace, names.api_selector_for(dep.name, role))
     ready = [
         p
         for p in pods
@@ -1059,14 +1060,14 @@ def open_view(
                 role=r.name,
                 pod=pod_name,
                 namespace=dep.namespace,
-                remote_port=manifests.ROUTER_PORT if r.kind == "router" else manifests.ENGINE_PORT,
+                remote_port=names.ROUTER_PORT if r.kind == "router" else names.ENGINE_PORT,
             )
             metrics_url = (
                 fw.open(
                     role=r.name,
                     pod=pod_name,
                     namespace=dep.namespace,
-                    remote_port=manifests.ROUTER_METRICS_PORT,
+                    remote_port=names.ROUTER_METRICS_PORT,
                 )
                 if r.kind == "router"
                 else api_url
@@ -1076,7 +1077,7 @@ def open_view(
                     role=r.name,
                     pod=str(p["metadata"]["name"]),
                     namespace=dep.namespace,
-                    remote_port=manifests.ENGINE_PORT,
+                    remote_port=names.ENGINE_PORT,
                 )
                 for p in others
                 if r.kind == "engine"
@@ -1106,7 +1107,7 @@ def open_view(
                 )
             )
         gpus = sum(
-            manifests.gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica)
+            gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica)
             for r in plan.engine_roles
         )
         yield DeploymentView(
@@ -1158,7 +1159,7 @@ class KubernetesBackend:
         if port is not None:
             raise UsageError("--port is for the local backend; a Kubernetes entry is a Service.")
         # The engines' own startup budget, plus time to pull the image and schedule.
-        budget = manifests.settings(plan).startup_timeout_s + 600.0
+        budget = names.settings(plan).startup_timeout_s + 600.0
         dep = up(plan, name=name, timeout_s=timeout_s if timeout_s is not None else budget, say=say)
         return Ready(
             dep.name,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook.findings import Finding, Severity
-from servebook.kube import manifests
+from servebook.kube import manifests, names
 from servebook.kube.client import (
     CONNECT_TIMEOUT_S,
     REQUEST_TIMEOUT_S,
@@ -209,7 +209,7 @@ def workspace(api: Any, namespace: str, exists: bool) -> Iterator[Workspace]:
         "metadata": {
             "name": name,
             "labels": {
-                manifests.MANAGED_BY_LABEL: manifests.MANAGED_BY,
+                names.MANAGED_BY_LABEL: names.MANAGED_BY,
                 PREFLIGHT_LABEL: "true",
             },
             "annotations": {"servebook.io/stands-in-for": namespace},
