@@ -2,7 +2,7 @@
 
 This module sends and times; it does not decide when a measurement window opens or closes
 (``protocol.py`` does, through a ``Controller``) and it does not compute figures
-(``results.py`` and ``stats.py`` do).
+(``bench/figures.py`` and ``results/`` do).
 
 **Clock.**  Every timestamp is ``time.monotonic_ns()`` (CLOCK_MONOTONIC on Linux, the same
 clock ``perf_counter_ns`` reads there), which is system-wide, so timestamps from worker
@@ -686,6 +686,8 @@ class LoadResult:
 
 
 _LAG_TICK_NS = 10_000_000
+#: Requests a closed loop starts per event-loop turn at most (``_Worker._admitter``).
+ADMIT_PER_TURN = 4
 
 
 # --- reading the body --------------------------------------------------------------------------
@@ -734,10 +736,13 @@ def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
 
 #: Prompts per batch a producer writes; and how many a worker keeps ready before it stops
 #: reading the pipe (the producer then blocks on the full pipe: memory stays bounded).
-PRODUCER_BATCH = 32
+PRODUCER_BATCH = 64
 READY_HIGH = 1024
-#: The producer counts one prompt in this many (``workload.RandomPrompts.build_many``).
-PRODUCER_CHECK_EVERY = 16
+#: The producer counts one prompt in this many (``workload.RandomPrompts.build_many``):
+#: one per batch.  The word table prompts are sampled from was checked whole when it was
+#: made; counting a 1024-token text costs ~0.6 ms, twenty times the sampling, and one
+#: count in 16 made the producer's CPU per prompt 81 us instead of 43 us.
+PRODUCER_CHECK_EVERY = 64
 
 
 def _produce(
@@ -1090,19 +1095,25 @@ class _Worker:
                 return
 
     async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
-        """Let one request start per event-loop turn.  When hundreds of streams end
-        together (a closed loop against a server whose requests all take the same time),
-        starting all their successors in one turn held the loop for ~75 ms at 512 streams
-        (with aiohttp), and every token that arrived meanwhile was stamped that late.
-        Spread over turns, the loop reads sockets between starts; the wait is recorded as
-        send lag.  One start
-        per turn (benchmarks/client_capacity.py at 512 streams, ITL 20 ms): the p99 delay
-        from the server's token write to the client's stamp was 1.5 ms with eight per turn,
-        0.7 ms with two and 0.3 ms with one."""
+        """Let at most ``ADMIT_PER_TURN`` requests start per event-loop turn.  When
+        hundreds of streams end together (a closed loop against a server whose requests
+        all take the same time), starting all their successors in one turn held the loop
+        for ~75 ms at 512 streams (with aiohttp), and every token that arrived meanwhile
+        was stamped that late.  Spread over turns, the loop reads sockets between starts;
+        the wait is recorded as send lag.  With aiohttp a start cost ~150 us, and one per
+        turn was best (benchmarks/client_capacity.py at 512 streams, ITL 20 ms: the p99
+        delay from the server's token write to the client's stamp was 1.5 ms with eight
+        per turn, 0.7 ms with two and 0.3 ms with one).  A start now costs a few times
+        less, and one per turn capped a fast server's closed loop at one start per loop
+        turn: slots waited their turn and the achieved concurrency fell below the level."""
         while True:
             turn = await admit.get()
             if not turn.done():
                 turn.set_result(None)
+            for _ in range(min(ADMIT_PER_TURN - 1, admit.qsize())):
+                turn = admit.get_nowait()
+                if not turn.done():
+                    turn.set_result(None)
             await asyncio.sleep(0)
 
     async def _closed_loop(self, pool: http1.Pool, slots: int) -> None:
