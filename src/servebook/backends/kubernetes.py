@@ -1030,7 +1030,8 @@ def open_view(
     other replica of a role that runs several) for the body of the with-block.  A forward
     that dies or a Pod replaced meanwhile makes that role not alive, with the reason in
     its description; the view's users fail naming the role."""
-    from servebook.kube.portforward import Forwards, Kr8sDialer, kr8s_pod_identity
+    from servebook.kube.kr8s_dialer import Kr8sDialer, kr8s_pod_identity
+    from servebook.kube.portforward import Forwards
 
     api = None
     dep = read_state(name)

@@ -56,15 +56,11 @@ client reading a short answer still sees it as short; an engine that crashed and
 restarted is caught by ``pod_identity``).  The port-forward protocol has no half-close,
 so a client that ends its side ends the connection.
 
-Dialers: ``Kr8sDialer(api)`` takes a kr8s ``Api`` (``kr8s.api()``) and
-uses its credentials (``api.auth``: server, token, TLS context, proxy, SNI name, as kr8s
-loaded them from the kubeconfig or service account) for its own HTTP client on the
-forwards' event loop; it opens ``/api/v1/namespaces/NS/pods/POD/portforward?ports=PORT``
-with the ``v4.channel.k8s.io`` subprotocol.  A dialer is any object with
-``connect(namespace, pod, port)`` returning an async context manager that yields a
-``Stream`` (``read() -> bytes``, b"" at a clean end, raising at a break; ``write(data)``),
-and ``async aclose()``; both run on the forwards' event loop thread.
-``kr8s_pod_identity(api)`` is the ``pod_identity`` for a synchronous ``kr8s.api()``.
+A dialer is any object with ``connect(namespace, pod, port)`` returning an async context
+manager that yields a ``Stream`` (``read() -> bytes``, b"" at a clean end, raising at a
+break; ``write(data)``), and ``async aclose()``; both run on the forwards' event loop
+thread.  The cluster's is ``kube.kr8s_dialer.Kr8sDialer`` (the API server's port-forward
+WebSocket), with ``kr8s_pod_identity`` as the ``pod_identity``.
 """
 
 from __future__ import annotations
@@ -75,7 +71,7 @@ import errno
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -83,7 +79,6 @@ from typing import Any, Protocol, TypeVar
 from servebook.findings import EXIT_UNUSABLE, UsageError
 
 LOOPBACK = "127.0.0.1"
-PORTFORWARD_PROTOCOL = "v4.channel.k8s.io"
 _CHUNK = 64 * 1024
 
 PodIdentity = Callable[[str, str], str | None]
@@ -158,7 +153,8 @@ class _Forward:
         return f"pod {self.namespace}/{self.pod} port {self.remote_port}"
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
+    """An exception as one line of a reason: its type, and its text when it has one."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
@@ -283,7 +279,7 @@ class Forwards:
             ) from e
         except Exception as e:
             raise ForwardUnavailable(
-                role, f"cannot read pod {namespace}/{pod}: {_describe(e)}", pod=pod
+                role, f"cannot read pod {namespace}/{pod}: {describe_error(e)}", pod=pod
             ) from e
         if identity is None:
             raise ForwardUnavailable(
@@ -306,7 +302,7 @@ class Forwards:
                     f"({e.strerror}); free it or choose another port"
                 )
             else:
-                reason = f"cannot listen on {LOOPBACK}:{local_port}: {_describe(e)}"
+                reason = f"cannot listen on {LOOPBACK}:{local_port}: {describe_error(e)}"
             raise ForwardUnavailable(role, reason, pod=pod, port=local_port) from e
 
         fwd = _Forward(role, namespace, pod, remote_port, sock, identity)
@@ -395,7 +391,7 @@ class Forwards:
                     self._fail(fwd, broken)
                     return
                 except Exception as e:
-                    broken = f"cannot open a stream to {fwd.what}: {_describe(e)}"
+                    broken = f"cannot open a stream to {fwd.what}: {describe_error(e)}"
                     self._fail(fwd, broken)
                     return
                 broken = await self._relay(fwd, stream, reader, writer)
@@ -405,7 +401,7 @@ class Forwards:
             broken = broken or "cancelled"
             raise
         except BaseException as e:  # a dialer's close failing: the stream broke
-            broken = f"the stream to {fwd.what} failed: {_describe(e)}"
+            broken = f"the stream to {fwd.what} failed: {describe_error(e)}"
             self._fail(fwd, broken)
         finally:
             fwd.conns.discard(task)
@@ -434,14 +430,14 @@ class Forwards:
                 try:
                     await stream.write(data)
                 except Exception as e:
-                    return f"writing to {fwd.what} failed: {_describe(e)}"
+                    return f"writing to {fwd.what} failed: {describe_error(e)}"
 
         async def down() -> str | None:  # Pod -> client
             while True:
                 try:
                     data = await stream.read()
                 except Exception as e:
-                    return f"the stream from {fwd.what} broke: {_describe(e)}"
+                    return f"the stream from {fwd.what} broke: {describe_error(e)}"
                 if not data:
                     return None
                 try:
@@ -510,7 +506,9 @@ class Forwards:
                 why = f"pod identity check timed out after {self._timeout_s:g} s"
                 reason = f"cannot confirm pod {namespace}/{pod} is still the same: {why}"
             except Exception as e:
-                reason = f"cannot confirm pod {namespace}/{pod} is still the same: {_describe(e)}"
+                reason = (
+                    f"cannot confirm pod {namespace}/{pod} is still the same: {describe_error(e)}"
+                )
             else:
                 for fwd in fwds:
                     if now != fwd.identity:
@@ -551,194 +549,13 @@ class Forwards:
                 await self._dialer.aclose()
 
 
-# -- the Kubernetes port-forward WebSocket, with a kr8s Api's credentials ----------------
-
-
-class _ChannelStream:
-    """One port over the v4.channel.k8s.io protocol: binary frames whose first byte is the
-    channel (0 data, 1 error for the first port); the first two bytes on each channel
-    are the port number, little-endian."""
-
-    def __init__(self, ws: Any, port: int, what: str) -> None:
-        self._ws = ws
-        self._port = port
-        self._what = what
-        self._prefix = {0: b"", 1: b""}
-
-    async def read(self) -> bytes:
-        from httpx_ws import (
-            WebSocketDisconnect,
-            WebSocketInvalidTypeReceived,
-            WebSocketNetworkError,
-        )
-
-        while True:
-            try:
-                frame = await self._ws.receive_bytes()
-            except WebSocketDisconnect as e:
-                if e.code in (1000, 1005):  # normal closure / closed without a status
-                    return b""
-                raise StreamBroken(
-                    f"the API server closed the port-forward to {self._what} "
-                    f"(WebSocket code {e.code}{': ' + e.reason if e.reason else ''})"
-                ) from e
-            except WebSocketNetworkError as e:
-                raise StreamBroken(
-                    f"the connection to the API server for {self._what} broke"
-                ) from e
-            except WebSocketInvalidTypeReceived as e:
-                raise StreamBroken(f"unexpected text frame from the API server: {e}") from e
-            if not frame:
-                continue
-            channel, body = frame[0], bytes(frame[1:])
-            if channel not in self._prefix:
-                raise StreamBroken(f"unexpected port-forward channel {channel} for {self._what}")
-            need = 2 - len(self._prefix[channel])
-            if need > 0:
-                self._prefix[channel] += body[:need]
-                body = body[need:]
-                got = self._prefix[channel]
-                if len(got) == 2 and int.from_bytes(got, "little") != self._port:
-                    raise StreamBroken(
-                        f"the API server answered for port {int.from_bytes(got, 'little')}, "
-                        f"not {self._port}"
-                    )
-            if not body:
-                continue
-            if channel == 1:
-                text = body.decode("utf-8", errors="replace").strip()
-                raise StreamBroken(f"the port-forward to {self._what} reported: {text}")
-            return body
-
-    async def write(self, data: bytes) -> None:
-        try:
-            await self._ws.send_bytes(b"\x00" + data)
-        except Exception as e:
-            raise StreamBroken(f"sending to {self._what} failed: {_describe(e)}") from e
-
-
-class Kr8sDialer:
-    """Dials a Pod's port through the API server's port-forward WebSocket, using the
-    credentials of a kr8s ``Api`` (``kr8s.api()``).
-
-    kr8s's own HTTP client belongs to kr8s's event loop, so this dialer builds its own
-    httpx client on the forwards' loop from ``api.auth`` exactly as kr8s configures its
-    own (server, bearer token, TLS context, proxy, SNI name); an HTTP 401 on the upgrade
-    re-authenticates once through kr8s (exec plugins, refreshed tokens) and retries.
-    """
-
-    def __init__(self, api: Any, *, timeout_s: float = 10.0) -> None:
-        self._api = api
-        self._timeout_s = timeout_s
-        self._client: Any = None
-
-    async def _http(self) -> Any:
-        import httpx
-
-        auth = self._api.auth
-        if not auth.server:
-            await auth.reauthenticate()
-        if self._client is None:
-            verify = await auth.ssl_context()
-        if self._client is None:  # (another dial may have made it meanwhile)
-            self._client = httpx.AsyncClient(
-                base_url=auth.server,
-                verify=verify,
-                timeout=httpx.Timeout(self._timeout_s),
-                proxy=auth.proxy,
-                headers={"User-Agent": "servebook"},
-            )
-        return self._client
-
-    @contextlib.asynccontextmanager
-    async def connect(self, namespace: str, pod: str, port: int) -> AsyncIterator[Stream]:
-        import httpx
-        from httpx_ws import WebSocketUpgradeError, aconnect_ws
-
-        what = f"pod {namespace}/{pod} port {port}"
-        client = await self._http()
-        auth = self._api.auth
-        url = f"/api/v1/namespaces/{namespace}/pods/{pod}/portforward"
-        ws: Any = None
-        async with contextlib.AsyncExitStack() as stack:
-            for attempt in (1, 2):
-                headers = {"Authorization": f"Bearer {auth.token}"} if auth.token else {}
-                extensions = {"sni_hostname": auth.tls_server_name} if auth.tls_server_name else {}
-                try:
-                    ws = await stack.enter_async_context(
-                        aconnect_ws(
-                            url,
-                            client,
-                            subprotocols=[PORTFORWARD_PROTOCOL],
-                            params={"ports": str(port)},
-                            headers=headers,
-                            extensions=extensions,
-                            max_message_size_bytes=1024 * 1024,
-                        )
-                    )
-                except WebSocketUpgradeError as e:
-                    status = e.response.status_code
-                    if status == 401 and attempt == 1:
-                        await auth.reauthenticate()
-                        continue
-                    hint = {
-                        401: " (the credentials were refused)",
-                        403: " (RBAC: needs create, or get on older clusters, on pods/portforward)",
-                        404: " (no such pod)",
-                    }.get(status, "")
-                    raise StreamBroken(
-                        f"the API server answered HTTP {status} {e.response.reason_phrase} "
-                        f"to the port-forward for {what}{hint}"
-                    ) from None
-                except httpx.HTTPError as e:
-                    raise StreamBroken(
-                        f"cannot reach the API server {auth.server}: {_describe(e)}"
-                    ) from e
-                break
-            if ws.subprotocol != PORTFORWARD_PROTOCOL:
-                raise StreamBroken(
-                    f"the API server did not accept the {PORTFORWARD_PROTOCOL} protocol "
-                    f"(it chose {ws.subprotocol!r})"
-                )
-            yield _ChannelStream(ws, port, what)
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-
-def kr8s_pod_identity(api: Any) -> PodIdentity:
-    """A ``pod_identity`` for Forwards from a (synchronous) kr8s ``Api``: the Pod's UID and
-    its containers' total restart count (a restarted engine has fresh counters just as a
-    replaced Pod has), or None when the Pod is gone or being deleted."""
-
-    from kr8s.objects import Pod  # the class itself: no API discovery requests
-
-    def identity(namespace: str, pod: str) -> str | None:
-        found = list(api.get(Pod, namespace=namespace, field_selector={"metadata.name": pod}))
-        if not found:
-            return None
-        raw = dict(found[0].raw)
-        meta = raw.get("metadata", {})
-        if meta.get("deletionTimestamp"):
-            return None
-        statuses = raw.get("status", {}).get("containerStatuses", []) or []
-        restarts = sum(int(s.get("restartCount", 0)) for s in statuses)
-        return f"uid {meta.get('uid')} restarts {restarts}"
-
-    return identity
-
-
 __all__ = [
-    "PORTFORWARD_PROTOCOL",
     "Dialer",
     "ForwardFailed",
     "ForwardUnavailable",
     "Forwards",
-    "Kr8sDialer",
     "PodIdentity",
     "Stream",
     "StreamBroken",
-    "kr8s_pod_identity",
+    "describe_error",
 ]
