@@ -12,13 +12,15 @@ For each prompt length, for every concurrency (default 1, 64, 256, 512) and each
    one sweep over every level (``--order ascending --repetitions 1 --workers 1``, a short
    warm-up and ``--duration`` window per point); its figures are those of each point's
    window: output tokens/s as the point reports it, and the command's CPU time per output
-   token over the window (user + system of the command's process, from ``/proc`` via
-   psutil, sampled every 20 ms and interpolated).  ``vllm bench serve`` sends ``n``
+   token over the window (user + system of the command's process and of every process
+   it started, the prompt producer included, from ``/proc`` via psutil, sampled every
+   20 ms and interpolated).  ``vllm bench serve`` sends ``n``
    requests per level; its figures are over its load (the server's first request to its
    last stream end).  Neither counts its start-up, its prompt preparation before the load
    or its final reporting.  The sweep's wall time and the time its points spent building
-   prompts before their warm-ups (``prompt_build_s`` of each point) are printed: the
-   share is a target (under 10%).
+   prompts (before their warm-ups, ``prompt_build_s`` of each point, and in the prompt
+   producer during the loads, ``client.producer_cpu_s``: that CPU time is also in the
+   command's CPU per token above) are printed: the share is a target (under 10%).
 2. **timing** - the server waits 100 ms to the first token and 20 ms between tokens and
    records when it handed each token to the socket.  Reported: the client's p50 and p99 of
    TTFT and ITL minus the same percentiles of the server's truth (ms).  The client's TTFT
@@ -133,7 +135,9 @@ def http_json(url: str, body: Any = None) -> Any:
 
 
 class CpuSampler:
-    """Every 20 ms: a process's CPU time (user + system, all threads), the server's, and
+    """Every 20 ms: a process's CPU time (user + system, all threads, and that of every
+    process it started: servebook's prompt producer and load workers are the client's
+    CPU too), the server's, and
     the whole machine's busy time, so CPU can be read over any interval, including what
     processes other than these two used (a machine shared with other work)."""
 
@@ -153,11 +157,19 @@ class CpuSampler:
         while not self._stop.is_set():
             try:
                 ct, st = self.proc.cpu_times(), self.server.cpu_times()
+                kids = self.proc.children(recursive=True)
             except psutil.Error:
                 return
+            own = ct.user + ct.system + ct.children_user + ct.children_system
+            for k in kids:  # the prompt producer, worker processes: the client's too
+                try:
+                    kt = k.cpu_times()
+                except psutil.Error:
+                    continue  # gone: its time is in the parent's children_* once reaped
+                own += kt.user + kt.system
             m = psutil.cpu_times()
             self.t.append(now_ns())
-            self.cpu.append(ct.user + ct.system)
+            self.cpu.append(own)
             self.server_cpu.append(st.user + st.system)
             self.busy.append(sum(m) - m.idle - getattr(m, "iowait", 0.0))
             self.steal.append(getattr(m, "steal", 0.0))
@@ -294,7 +306,8 @@ class Bench:
                 "steal": sampler.steal_between(t_a, t_b),
                 "achieved": p["client"].get("achieved_concurrency"),
                 "prompt_waits": p["client"].get("prompt_waits", 0),
-                "prompt_build_s": p.get("prompt_build_s") or 0.0,
+                "prompt_build_s": (p.get("prompt_build_s") or 0.0)
+                + (p["client"].get("producer_cpu_s") or 0.0),
                 "reasons": [r.split(":")[0] for r in p["invalid_reasons"]],
             }
         rows[0] = {
@@ -587,7 +600,7 @@ def print_table(
         print(
             f"prompt preparation, servebook bench sweep c={','.join(map(str, levels))} at "
             f"{input_len}/{out_len}: {sw['prompt_build_s']:.2f} s of {sw['wall_s']:.0f} s wall "
-            f"({100 * share:.1f}%; target < 10%)"
+            f"({100 * share:.1f}%; target < 10%; before the warm-ups and in the producer)"
         )
     print("other load = CPU used by other processes during the runs (max of the two runs);")
     print("  above ~10% the machine was shared and that row's figures are not clean;")

@@ -131,6 +131,8 @@ def test_no_prompt_is_built_in_the_load_yet_every_request_has_its_own(
     # Built before the load, by this process: 8.  During it: none (the rest came from
     # the producer processes).
     assert built == {"open": 8, "close": 8} and prompts.built == 8
+    # The producers' work is the client's too: their CPU time is recorded.
+    assert all(w.producer_cpu_s > 0 for w in res.workers)
     assert len(set(sent)) == len(sent)
     assert {server_token_count(tok, t) for t in sent} == {64}
     by_index = {r.index: r for r in res.records}

@@ -615,6 +615,7 @@ class WorkerStats:
     prompt_waits: int = 0  # requests that waited for their prompt from the producer
     prompt_wait_ns: int = 0
     prompts_ran_out: bool = False  # a slot ended because no prompt was left
+    producer_cpu_s: float = 0.0  # CPU time of this worker's prompt producer (0: none ran)
 
     @property
     def cpu_fraction(self) -> float:
@@ -675,6 +676,11 @@ class LoadResult:
     @property
     def prompts_ran_out(self) -> bool:
         return any(w.prompts_ran_out for w in self.workers)
+
+    @property
+    def producer_cpu_s(self) -> float:
+        """CPU time the prompt producers used (building prompts during the load)."""
+        return sum(w.producer_cpu_s for w in self.workers)
 
     def cpu_fraction_between(self, t0: int, t1: int) -> float:
         """Busiest worker's share of a core within ``[t0, t1]`` (whole load if unknown)."""
@@ -749,8 +755,10 @@ def _produce(
     source: BuildsPrompts, first: int, step: int, conn: Any, avoid: tuple[int, ...] | None
 ) -> None:
     """Body of a producer process: build prompts ``first, first + step, ...`` in batches
-    and write each batch to the pipe as a length-prefixed pickle of ``[(index, prompt)]``,
-    until the reader goes; a failure is written as ``("error", message)``.  It runs off
+    and write each batch to the pipe as a length-prefixed pickle of ``("batch", cpu_s,
+    [(index, prompt)])`` (``cpu_s``: the CPU time this process has used so far, which the
+    point records: the producer's work is the client's too), until the reader goes; a
+    failure is written as ``("error", message)``.  It runs off
     the cores the workers are pinned to when there are others; at the same priority as the
     load it feeds (at a lower one, on a busy machine, it fell behind and requests waited
     for prompts), and it takes no more than the load consumes: it blocks on a full pipe."""
@@ -773,7 +781,7 @@ def _produce(
             idx = [i + k * step for k in range(PRODUCER_BATCH)]
             try:
                 built = source.build_many(idx, check_every=PRODUCER_CHECK_EVERY)
-                batch: Any = list(zip(idx, built, strict=True))
+                batch: Any = ("batch", time.process_time(), list(zip(idx, built, strict=True)))
             except Exception as e:
                 write(("error", f"{type(e).__name__}: {e}"))
                 return
@@ -855,6 +863,7 @@ class _Feed:
         self.wait_ns = 0
         self.ran_out = False
         self.error: str | None = None  # the producer failed: the load cannot go on
+        self.producer_cpu_s = 0.0  # the producer's CPU time, as of its last batch
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -904,11 +913,12 @@ class _Feed:
                 break
             batch = pickle.loads(buf[pos + 4 : pos + 4 + n])
             pos += 4 + n
-            if isinstance(batch, tuple):  # ("error", message)
+            if batch[0] != "batch":  # ("error", message)
                 self.error = str(batch[1])
                 self.stop()
                 return
-            for i, p in batch:
+            _, self.producer_cpu_s, items = batch
+            for i, p in items:
                 fut = self.waiters.pop(i, None)
                 if fut is not None and not fut.done():
                     fut.set_result(p)
@@ -1240,6 +1250,7 @@ class _Worker:
             prompt_waits=self.feed.waits,
             prompt_wait_ns=self.feed.wait_ns,
             prompts_ran_out=self.feed.ran_out,
+            producer_cpu_s=self.feed.producer_cpu_s,
         )
 
 

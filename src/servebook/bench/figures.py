@@ -229,6 +229,7 @@ def point_from_load(
             offered_rate=len(lags) / win_s if load.spec.rate is not None and win_s > 0 else None,
             prompt_waits=load.prompt_waits,
             prompts_ran_out=load.prompts_ran_out,
+            producer_cpu_s=load.producer_cpu_s,
         ),
         server=dict(server or {}),
         started_at=started_at,

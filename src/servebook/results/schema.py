@@ -129,6 +129,9 @@ class ClientEvidence(BaseModel):
     offered_rate: float | None = None
     prompt_waits: int = 0  # requests that waited for their prompt to be built
     prompts_ran_out: bool = False  # the prompts built before the point ran out
+    # CPU seconds the prompt producer used during the load (it builds prompts ahead of
+    # need in a process of its own; 0 when every prompt was built before the warm-up).
+    producer_cpu_s: float = 0.0
 
 
 #: The figures a precision target judges: throughput, and median TPOT (the per-step figure
