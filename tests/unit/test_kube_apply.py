@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from servebook.backends import kubernetes as kube
+from servebook.backends.kube_record import find_deployment, read_state
 from servebook.findings import UsageError
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
 from servebook.recipe.plan import Plan
@@ -288,7 +289,7 @@ def test_roles_that_span_nodes_and_the_routers_identity_are_applied_found_and_de
     up = ["up", "vllm-pd-wide-ep", "--name", "wide", "--backend", "kubernetes", "-f", str(WIDE)]
     r = cli(*up, "--timeout", "2", env=env)
     assert r.returncode == 1, r.stderr  # not ready within 2 s: nothing runs the LWS
-    record = kube.read_state("wide")
+    record = read_state("wide")
     assert record is not None
     ns = record.namespace
     assert st.names("leaderworkersets", ns) == ["wide-decode-lws"]
@@ -296,7 +297,7 @@ def test_roles_that_span_nodes_and_the_routers_identity_are_applied_found_and_de
     assert st.names("roles", ns) == ["wide-router"] == st.names("rolebindings", ns)
     shutil.rmtree(sb_home / "deployments" / "wide")
     if crd:
-        found = kube.find_deployment(kube._api(), "wide", ns)
+        found = find_deployment(kube._api(), "wide", ns)
         assert found is not None and found.roles["decode"] == "wide-decode-lws"
         r = cli("down", "wide", "--backend", "kubernetes", "-n", ns, env=env)
         assert r.returncode == 0, r.stderr

@@ -1,0 +1,160 @@
+"""How verify, bench and run reach a Kubernetes deployment: ``open_view`` holds a
+port-forward servebook opens (``kube.portforward``) to each role's Ready Pod for the length
+of the command, and reads the command lines and environment from those Pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
+from servebook.deployment import DeploymentView, RoleView
+from servebook.findings import UsageError
+from servebook.kube import client as kube_client
+from servebook.kube import names
+from servebook.kube.engine_pod import gpu_count
+from servebook.kube.objects import is_ready, is_terminating
+from servebook.kube.resources import list_objects
+from servebook.recipe.plan import Plan, RolePlan
+
+
+def _ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str, Any]]:
+    """The role's Ready Pods that serve its API (for a role spanning nodes, the group
+    leaders, never a headless worker), newest first, one per replica; unusable (exit 2)
+    while fewer are Ready: the counters of a role are those of all its replicas."""
+    pods = list_objects(api, "Pod", dep.namespace, names.api_selector_for(dep.name, role))
+    ready = [p for p in pods if not is_terminating(p) and is_ready(p)]
+    want = max(1, role.replicas)
+    if len(ready) < want:
+        raise UsageError(
+            f"deployment {dep.name}: role {role.name} has {len(ready)} Ready Pod(s) of "
+            f"{want} in namespace {dep.namespace} ({len(pods)} found). Run `servebook status "
+            f"{dep.name}`."
+        )
+    ready.sort(key=lambda p: str(p["metadata"].get("creationTimestamp", "")), reverse=True)
+    return ready[:want]
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    for c in pod.get("spec", {}).get("containers", []):
+        if c.get("name") == name:
+            return dict(c)
+    return dict(pod.get("spec", {}).get("containers", [{}])[0])
+
+
+def _pod_log(api: Any, namespace: str, pod: str, container: str) -> Callable[[], str]:
+    from kr8s.objects import Pod
+
+    def read() -> str:
+        try:
+            obj = Pod.get(pod, namespace=namespace, api=api)
+            return "\n".join(obj.logs(container=container, tail_lines=4000))
+        except Exception as e:  # the log is evidence, not a requirement
+            return f"(the log of Pod {pod} could not be read: {type(e).__name__}: {e})"
+
+    return read
+
+
+@contextlib.contextmanager
+def open_view(
+    name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
+) -> Iterator[DeploymentView]:
+    """The deployment as a command reaches it: a port-forward servebook holds to each
+    role's Ready Pod (engine API and metrics; router API and metrics; the metrics of every
+    other replica of a role that runs several) for the body of the with-block.  A forward
+    that dies or a Pod replaced meanwhile makes that role not alive, with the reason in
+    its description; the view's users fail naming the role."""
+    from servebook.kube.kr8s_dialer import Kr8sDialer, kr8s_pod_identity
+    from servebook.kube.portforward import Forwards
+
+    api = None
+    dep = read_state(name)
+    if dep is None or (namespace is not None and dep.namespace != namespace):
+        api = kube_client.connect()  # not recorded here: as the cluster has it
+        dep = find_deployment(api, name, namespace)
+        if dep is None:
+            raise not_found(name, namespace)
+    if not dep.plan:
+        raise UsageError(
+            f"deployment {name} was recorded by an older servebook without its plan: "
+            f"`servebook down {name}`, then up again."
+        )
+    plan = Plan.model_validate(dep.plan)
+    api = api or kube_client.connect()
+    pods = {r.name: _ready_pods(api, dep, r) for r in plan.roles}
+    with Forwards(
+        Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
+    ) as fw:
+        roles: list[RoleView] = []
+        for r in plan.roles:
+            pod, *others = pods[r.name]
+            pod_name = str(pod["metadata"]["name"])
+            node = pod.get("spec", {}).get("nodeName", "?")
+            container = _container(pod, "router" if r.kind == "router" else "engine")
+            api_url = fw.open(
+                role=r.name,
+                pod=pod_name,
+                namespace=dep.namespace,
+                remote_port=names.ROUTER_PORT if r.kind == "router" else names.ENGINE_PORT,
+            )
+            metrics_url = (
+                fw.open(
+                    role=r.name,
+                    pod=pod_name,
+                    namespace=dep.namespace,
+                    remote_port=names.ROUTER_METRICS_PORT,
+                )
+                if r.kind == "router"
+                else api_url
+            )
+            replicas = tuple(  # every other replica's counters (vLLM: on its API port)
+                fw.open(
+                    role=r.name,
+                    pod=str(p["metadata"]["name"]),
+                    namespace=dep.namespace,
+                    remote_port=names.ENGINE_PORT,
+                )
+                for p in others
+                if r.kind == "engine"
+            )
+
+            def describe(role: str = r.name, pod: str = pod_name, node: str = node) -> str:
+                problem = fw.problems().get(role)
+                where = f"Pod {pod} on node {node}"
+                return f"{where}: {problem}" if problem else where
+
+            roles.append(
+                RoleView(
+                    name=r.name,
+                    kind=r.kind,
+                    api_url=api_url,
+                    metrics_url=metrics_url,
+                    replica_metrics_urls=replicas,
+                    argv=[*container.get("command", []), *container.get("args", [])],
+                    env={
+                        str(e["name"]): str(e["value"])
+                        for e in container.get("env", [])
+                        if "value" in e
+                    },
+                    alive=lambda role=r.name: fw.alive(role),  # type: ignore[misc]
+                    describe=describe,
+                    log=_pod_log(api, dep.namespace, pod_name, str(container.get("name", ""))),
+                )
+            )
+        gpus = sum(
+            gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica)
+            for r in plan.engine_roles
+        )
+        yield DeploymentView(
+            name=dep.name,
+            backend=dep.backend,
+            recipe=dep.recipe,
+            plan=plan,
+            served_model_name=dep.served_model_name,
+            entry_url=next(v.api_url for v in roles if v.name == plan.entry_role),
+            roles=roles,
+            local_model_dir=None,  # the weights live on the nodes: bench asks the server
+            accelerators=gpus or None,
+        )

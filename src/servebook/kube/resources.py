@@ -1,0 +1,237 @@
+"""Kubernetes objects by kind, through ``kube.client`` (one connection's kubeconfig,
+context and timeouts): where a kind's objects live, get, list, and server-side apply.  Every
+request is bounded; a refusal is exit 2 naming the request and what servebook needs (a 409
+names the conflicting fields and their manager: servebook applies as field manager
+``servebook`` and never forces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from servebook.findings import UsageError
+from servebook.kube import client as kube_client
+from servebook.kube.names import LWS_API_VERSION
+
+FIELD_MANAGER = "servebook"
+
+Obj = dict[str, Any]
+
+PLURALS = {
+    "Namespace": "namespaces",
+    "Deployment": "deployments",
+    "Service": "services",
+    "Pod": "pods",
+    "Event": "events",
+    "ReplicaSet": "replicasets",
+    "ConfigMap": "configmaps",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "LeaderWorkerSet": "leaderworkersets",
+}
+API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "LeaderWorkerSet": LWS_API_VERSION,
+}
+
+
+@dataclass(frozen=True)
+class Where:
+    """One resource path: kr8s's (version, namespace, url) and how a person reads it."""
+
+    version: str
+    namespace: str | None
+    url: str
+
+    @property
+    def path(self) -> str:
+        base = "/api" if self.version == "v1" else "/apis"
+        ns = f"/namespaces/{self.namespace}" if self.namespace else ""
+        return f"{base}/{self.version}{ns}/{self.url}"
+
+
+def where_of(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> Where:
+    plural = PLURALS[kind]
+    ns = None if kind == "Namespace" else namespace
+    return Where(api_version, ns, f"{plural}/{name}" if name else plural)
+
+
+def what_of(obj: Obj) -> str:
+    """``Kind/name in namespace NS``, as a message names an object."""
+    meta = obj["metadata"]
+    return object_text(obj["kind"], meta["name"], meta.get("namespace"))
+
+
+def object_text(kind: str, name: str, namespace: str | None) -> str:
+    return f"{kind}/{name}" + (
+        f" in namespace {namespace}" if namespace and kind != "Namespace" else ""
+    )
+
+
+class Conflict(UsageError):
+    """A server-side apply that conflicts with another field manager (HTTP 409)."""
+
+
+def _conflict_text(status: Obj) -> str:
+    causes = (status.get("details") or {}).get("causes") or []
+    parts = [
+        f"{c.get('field', '?')} ({c.get('message', c.get('reason', 'conflict'))})"
+        for c in causes
+        if isinstance(c, dict)
+    ]
+    return "; ".join(parts) or str(status.get("message", "conflict"))
+
+
+def request(
+    api: Any,
+    method: str,
+    where: Where,
+    doing: str,
+    *,
+    params: dict[str, str] | None = None,
+    body: Obj | None = None,
+    content_type: str = "application/json",
+    missing_ok: bool = False,
+) -> Obj | None:
+    """One bounded request (``kube.client.call``).  The answer's JSON; None for a 404 when
+    ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the request: a 409 is a
+    ``Conflict`` naming the fields and their manager, a 401/403 ``Forbidden`` saying what
+    servebook needs."""
+    try:
+        return kube_client.call(
+            api,
+            method,
+            where.path,
+            doing,
+            params=params,
+            body=body,
+            content_type=content_type,
+            missing_ok=missing_ok,
+        )
+    except kube_client.RequestFailed as e:
+        status, code = e.status, e.code
+        message = e.server_message
+        if code == 409:
+            raise Conflict(
+                f"{doing}: the server-side apply conflicts with another field manager: "
+                f"{_conflict_text(status)}. servebook applies as field manager "
+                f"'{FIELD_MANAGER}' and never forces: undo the other change (or delete the "
+                "object), then up again."
+            ) from e
+        if code in (401, 403):
+            raise Forbidden(
+                f"{doing}: the API server refused {e.request} ({code} "
+                f"{status.get('reason', 'Forbidden')}: {message}). servebook needs get, list, "
+                "patch and delete on deployments and services in the namespace, and get and "
+                "patch on namespaces to create one."
+            ) from e
+        if code == 422:
+            raise UsageError(f"{doing}: the API server rejected it as invalid: {message}") from e
+        raise kube_client.ClusterUnreachable(f"the cluster request failed: {e}") from e
+
+
+def get(api: Any, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+    return request(
+        api,
+        "GET",
+        where_of(api_version, kind, namespace, name),
+        f"reading {kind}/{name}",
+        missing_ok=True,
+    )
+
+
+def list_objects(
+    api: Any,
+    kind: str,
+    namespace: str | None,
+    selector: dict[str, str] | str | None = None,
+) -> list[Obj]:
+    """The items of a list (every namespace when ``namespace`` is None), each with its
+    ``kind`` and ``apiVersion`` set as ``kubectl get -o json`` writes them."""
+    kind = {v: k for k, v in PLURALS.items()}.get(kind, kind)
+    api_version = API_VERSIONS.get(kind, "v1")
+    if isinstance(selector, dict):
+        selector = ",".join(f"{k}={v}" for k, v in selector.items())
+    where = where_of(api_version, kind, namespace)
+    doing = f"listing {PLURALS[kind]}" + (f" in namespace {namespace}" if namespace else "")
+    got = request(
+        api, "GET", where, doing, params={"labelSelector": selector} if selector else None
+    )
+    items = (got or {}).get("items") or []
+    return [{"apiVersion": api_version, "kind": kind, **i} for i in items if isinstance(i, dict)]
+
+
+def list_if_served(
+    api: Any, kind: str, namespace: str | None, selector: dict[str, str] | str | None = None
+) -> list[Obj]:
+    """``list_objects`` of a kind a CRD adds: none when the cluster does not serve it (404)."""
+    try:
+        return list_objects(api, kind, namespace, selector)
+    except kube_client.ClusterUnreachable as e:
+        cause = e.__cause__
+        if isinstance(cause, kube_client.RequestFailed) and cause.code == 404:
+            return []
+        raise
+
+
+class Forbidden(UsageError):
+    """The API server refused a request (401/403): exit 2 naming it."""
+
+
+def namespace_exists(api: Any, namespace: str) -> Obj | None:
+    """The Namespace, or None when it does not exist.  Credentials bound to the namespace
+    alone (a Role and RoleBinding in it) may not read the cluster-scoped Namespace; such a
+    binding exists only in a namespace that exists, so it is taken as existing and used as
+    it is (never applied over, never deleted)."""
+    try:
+        return get(api, "v1", "Namespace", None, namespace)
+    except Forbidden:
+        return {"metadata": {"name": namespace}}
+
+
+def apply(
+    api: Any,
+    objects: list[Obj],
+    say: Callable[[str], None],
+    existed: dict[str, bool] | None = None,
+) -> None:
+    """Server-side apply of each object, in order, as field manager ``servebook`` (no
+    force: a conflict is a ``Conflict``, exit 2)."""
+    for spec in objects:
+        meta = spec["metadata"]
+        what = what_of(spec)
+        request(
+            api,
+            "PATCH",
+            where_of(spec["apiVersion"], spec["kind"], meta.get("namespace"), meta["name"]),
+            f"applying {what}",
+            params={"fieldManager": FIELD_MANAGER},
+            body=spec,
+            content_type="application/apply-patch+yaml",
+        )
+        say(f"{'configured' if (existed or {}).get(what) else 'created'} {what}")
+
+
+__all__ = [
+    "API_VERSIONS",
+    "FIELD_MANAGER",
+    "PLURALS",
+    "Conflict",
+    "Forbidden",
+    "Where",
+    "apply",
+    "get",
+    "list_if_served",
+    "list_objects",
+    "namespace_exists",
+    "object_text",
+    "request",
+    "what_of",
+    "where_of",
+]
