@@ -32,6 +32,7 @@ from servebook.kube.client import (
     send,
     server_of,
 )
+from servebook.kube.resources import FIELD_MANAGER
 from servebook.kube.snapshot import ClusterSnapshot, load_snapshot, read_with
 from servebook.preflight.admission import (
     ACCESS,
@@ -58,7 +59,6 @@ from servebook.preflight.weights_fit import (
 )
 from servebook.recipe.plan import Plan
 
-FIELD_MANAGER = "servebook"
 PREFLIGHT_NAMESPACE_PREFIX = "servebook-preflight-"
 PREFLIGHT_LABEL = "servebook.io/preflight"
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"

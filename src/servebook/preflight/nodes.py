@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servebook.findings import REGISTRY, Check, Finding, Severity, register
+from servebook.kube.names import HOSTNAME_LABEL
 from servebook.kube.objects import (
     BadObject,
     condition,
@@ -26,7 +27,7 @@ from servebook.kube.objects import (
     taint_text,
     tolerates,
 )
-from servebook.preflight.requirements import HOSTNAME_LABEL, NodeAsk, roles_text
+from servebook.preflight.requirements import NodeAsk, roles_text
 
 Obj = Mapping[str, Any]
 

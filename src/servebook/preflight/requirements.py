@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from servebook.findings import UsageError
 
+# The render pins each Pod with `nodeSelector: {kubernetes.io/hostname: NODE}`.
+from servebook.kube.names import HOSTNAME_LABEL
+
 if TYPE_CHECKING:
     from servebook.recipe.plan import Plan
 
@@ -21,8 +24,6 @@ Obj = Mapping[str, Any]
 
 DEFAULT_NAMESPACE = "servebook"
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
-# The render pins each Pod with `nodeSelector: {kubernetes.io/hostname: NODE}`.
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,6 @@ def roles_text(ask: NodeAsk, verb: str = "") -> str:
 
 __all__ = [
     "DEFAULT_NAMESPACE",
-    "HOSTNAME_LABEL",
     "LWS_CRD",
     "ClusterRequirements",
     "NodeAsk",
