@@ -26,7 +26,8 @@ import time
 from typing import Any
 
 from servebook.kube.snapshot import ClusterSnapshot, load_snapshot, snapshot_from_list
-from servebook.preflight.cluster import LWS_CRD, ClusterRequirements, NodeAsk, check_cluster
+from servebook.preflight.cluster import check_cluster
+from servebook.preflight.requirements import LWS_CRD, ClusterRequirements, NodeAsk
 
 GPU = "nvidia.com/gpu"
 RDMA = "rdma/ib"
