@@ -1010,8 +1010,16 @@ class _Worker:
         self._head, self._id_prefix = _request_head(endpoint)
 
     def _take(self) -> int | None:
+        """The next request's index; None when this worker sends no more: its share is
+        sent, its prompts ran out, or the server refused the API key (the load ends with
+        the key error: no request after a refusal is sent, not even until the
+        controller's next poll)."""
         i = self._next
-        if (self._end is not None and i >= self._end) or self.feed.ran_out:
+        if (
+            (self._end is not None and i >= self._end)
+            or self.feed.ran_out
+            or self.control.get(self.worker, _W_AUTH)
+        ):
             return None
         self._next += self.spec.workers
         return i
