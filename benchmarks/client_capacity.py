@@ -81,7 +81,9 @@ VLLM_BENCH = (
 
 def client_child(spec_json: str) -> None:
     """Run servebook's client once and write what it reported (``--client`` mode)."""
-    from servebook.bench.client import Endpoint, LoadSpec, run_load
+    from servebook.bench.client import run_load
+    from servebook.bench.control import LoadSpec
+    from servebook.bench.openai_stream import Endpoint
     from servebook.bench.workload import RandomPrompts
 
     spec = json.loads(spec_json)

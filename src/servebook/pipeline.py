@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servebook.backends.base import Backend, Say
 from servebook.bench import target as tgt
-from servebook.bench.client import ClientError
+from servebook.bench.control import ClientError
 from servebook.commands import out
 from servebook.commands.bench import BenchArgs, SweepStopped, print_points, run_bench, settings_from
 from servebook.commands.verify import print_report

@@ -14,15 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp import web
-
-from servebook.bench.client import (
-    Decision,
-    Endpoint,
-    LoadSpec,
-    Progress,
-    request_body,
-    run_load,
-)
+from servebook.bench.client import run_load
+from servebook.bench.control import Decision, LoadSpec, Progress
+from servebook.bench.openai_stream import Endpoint, request_body
 from servebook.bench.workload import DatasetPrompts, Prompt
 from tests.unit.served_app import served
 
@@ -271,7 +265,7 @@ def test_events_split_across_chunks_multi_token_chunks_and_error_events_give_the
 
 
 def test_default_workers_scale_with_concurrency_within_the_cores() -> None:
-    from servebook.bench.client import default_workers
+    from servebook.bench.control import default_workers
 
     assert default_workers(1, cores=8) == 1
     assert default_workers(256, cores=8) == 1

@@ -9,16 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from servebook.bench.client import (
-    ClientError,
-    Decision,
-    Endpoint,
-    LoadSpec,
-    Progress,
-    run_load,
-)
-from servebook.bench.figures import point_from_load
+from servebook.bench.client import run_load
+from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
+from servebook.bench.openai_stream import Endpoint
 from servebook.bench.workload import (
     DatasetPrompts,
     HFTokenizer,
@@ -28,6 +21,8 @@ from servebook.bench.workload import (
 )
 from servebook.findings import UsageError
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
+
+from servebook.bench.figures import point_from_load
 
 # --- token ids -------------------------------------------------------------------------------
 
@@ -190,9 +185,9 @@ def test_a_client_error_ends_bench_with_a_message_and_exit_2_not_a_traceback(
     # The real CLI against a real server, with a failure injected into the load generator
     # of that process (a worker's bug): what the user sees is the point of the test.
     inject = [
-        "import servebook.bench.client as c",
+        "import servebook.bench.prompt_feed as f",
         "async def broken(self, index): raise RuntimeError('injected worker failure')",
-        "c._Feed.get = broken",
+        "f.PromptFeed.get = broken",
     ]
     r = cli(
         "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from servebook.bench.client import Endpoint, LoadResult, LoadSpec, RequestRecord, WorkerStats
-from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
+from servebook.bench.control import LoadSpec
+from servebook.bench.openai_stream import Endpoint
+from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.engines import SGLANG, VLLM, counters_of
 from servebook.findings import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
@@ -34,6 +34,8 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from servebook.results.store import ResultsWriter, load_results
+
+from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000

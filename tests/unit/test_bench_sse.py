@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from servebook.bench.client import RequestRecord, SSEParser, apply_events, finish_record
+from servebook.bench.openai_stream import apply_events, finish_record
+from servebook.bench.records import RequestRecord
+from servebook.bench.sse import SSEParser
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 STREAM = (FIXTURES / "vllm-completions-stream.txt").read_bytes()

@@ -23,8 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from servebook.bench.client import LoadResult, RequestRecord
+from servebook.bench.records import LoadResult, RequestRecord
 from servebook.findings import UsageError
 from servebook.results.provenance import utc_now
 from servebook.results.schema import ClientEvidence, Goodput, Latency, Point, WindowInfo

@@ -51,9 +51,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-
-from servebook.bench.client import Decision, Endpoint, LoadResult, LoadSpec, Progress, run_load
+from servebook.bench.client import run_load
+from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load
+from servebook.bench.openai_stream import Endpoint
+from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.findings import Finding, UsageError

@@ -1,0 +1,160 @@
+"""The OpenAI-compatible side of the load: what a request asks (``Endpoint``,
+``request_body``) and how its streamed events fold into its ``RequestRecord``.
+
+**Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
+closes before ``data: [DONE]``, a stream with no tokens: each sets the record's ``error``;
+nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from servebook.bench.workload import Api
+
+if TYPE_CHECKING:
+    from servebook.bench.records import RequestRecord
+
+try:  # orjson parses a stream chunk several times faster; json is the fallback.
+    import orjson
+
+    loads: Callable[[bytes], Any] = orjson.loads
+    dumps: Callable[[Any], bytes] = orjson.dumps
+except ImportError:  # pragma: no cover - depends on the environment
+    loads = json.loads
+
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible server and how to ask it."""
+
+    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
+    model: str
+    api: Api = "completions"
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    api_key: str | None = None
+    extra_body: tuple[tuple[str, Any], ...] = ()
+    request_timeout_s: float = 600.0
+    request_id_prefix: str = "sb-"
+
+    @property
+    def url(self) -> str:
+        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return self.base_url.rstrip("/") + path
+
+
+def request_body(endpoint: Endpoint, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
+    """The request for one prompt: text, or (completions only) a list of token ids."""
+    body: dict[str, Any] = {"model": endpoint.model}
+    if endpoint.api == "chat":
+        if not isinstance(prompt, str):
+            raise ValueError("the chat API takes text, not token ids")
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body.update(
+        {
+            "max_tokens": max_tokens,
+            "temperature": endpoint.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    if endpoint.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(dict(endpoint.extra_body))
+    return body
+
+
+def _error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        msg = err.get("message") or json.dumps(err)[:300]
+        code = err.get("code") or err.get("type")
+        return f"server error event: {msg}" + (f" ({code})" if code else "")
+    return f"server error event: {str(err)[:300]}"
+
+
+def _choice_tokens(choice: Any, chat: bool) -> int:
+    """Tokens a streamed choice carries (0 for role-only or finish-only chunks)."""
+    if not isinstance(choice, dict):
+        return 0
+    ids = choice.get("token_ids")
+    if ids:
+        return len(ids)
+    if chat:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            return 1
+        return 1 if delta.get("tool_calls") else 0
+    return 1 if choice.get("text") else 0
+
+
+def apply_events(
+    rec: RequestRecord, t: int, events: Sequence[tuple[str, bytes]], chat: bool
+) -> None:
+    """Fold SSE events that arrived at ``t`` into ``rec``."""
+    for name, data in events:
+        if name == "error":
+            rec.error = rec.error or _error_text(data.decode("utf-8", "replace"))
+        else:
+            apply_data(rec, t, data, chat)
+
+
+def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> None:
+    """Fold one ``message`` event's data (a JSON chunk or ``[DONE]``) into ``rec``.  This is
+    the per-token hot path: keep it flat."""
+    if data == b"[DONE]":
+        rec.done = True
+        return
+    try:
+        obj = loads(data)
+    except ValueError:
+        rec.error = rec.error or f"malformed stream event: {data[:200]!r}"
+        return
+    if type(obj) is not dict:
+        rec.error = rec.error or f"unexpected stream event: {data[:200]!r}"
+        return
+    err = obj.get("error")
+    if err is not None:
+        rec.error = rec.error or _error_text(err)
+        return
+    choices = obj.get("choices")
+    if choices:
+        c0 = choices[0]
+        if not chat and type(c0) is dict:  # completions, inlined
+            ids = c0.get("token_ids")
+            k = len(ids) if ids else 1 if c0.get("text") else 0
+        else:
+            k = _choice_tokens(c0, chat)
+        if k:
+            rec.chunk_ns.append(t)
+            if k != 1 or rec.chunk_tokens is not None:
+                if rec.chunk_tokens is None:
+                    rec.chunk_tokens = array("i", [1] * (len(rec.chunk_ns) - 1))
+                rec.chunk_tokens.append(k)
+    usage = obj.get("usage")
+    if usage:
+        ct = usage.get("completion_tokens")
+        if isinstance(ct, int):
+            rec.usage_output_tokens = ct
+        pt = usage.get("prompt_tokens")
+        if isinstance(pt, int):
+            rec.prompt_tokens = pt
+
+
+def finish_record(rec: RequestRecord, t: int) -> None:
+    """Close a stream that ended normally: a stream must end with [DONE] and carry tokens."""
+    rec.end_ns = t
+    if rec.error is None:
+        if not rec.done:
+            rec.error = "stream closed before data: [DONE]"
+        elif rec.output_tokens == 0:
+            rec.error = "stream carried no output tokens"
