@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+from servebook import auth, redact
 from servebook.backends import local, state
 from servebook.backends.processes import log_tail
+from servebook.bench import target as tgt
 from servebook.bench.client import run_load
 from servebook.bench.control import LoadSpec
 from servebook.bench.openai_stream import Endpoint
+from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.deployment import DeploymentView, RoleView
@@ -31,10 +35,6 @@ from servebook.verify.smoke import Claims, Options, Target, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult
 from tests.unit.served_app import served
-
-from servebook import auth, redact
-from servebook.bench import target as tgt
-from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 
 KEY = "sk-test-5f0e2c9d41b7a6"  # the API key: servebook knows it
 HF = "hf_q8ZrT3vLpW2mNx"  # a hub token in a flag and a variable: servebook never knew it

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp import web
+
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.openai_stream import Endpoint, request_body

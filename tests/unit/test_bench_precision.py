@@ -15,7 +15,19 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+
+from servebook.bench import protocol
 from servebook.bench.openai_stream import Endpoint
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    Target,
+    parse_precision,
+    point_order,
+    round_order,
+    run_sweep,
+)
 from servebook.bench.records import LoadResult
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.findings import UsageError
@@ -34,18 +46,6 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from servebook.results.store import ResultsWriter, load_results
-
-from servebook.bench import protocol
-from servebook.bench.protocol import (
-    PointOutcome,
-    PointSpec,
-    ProtocolSettings,
-    Target,
-    parse_precision,
-    point_order,
-    round_order,
-    run_sweep,
-)
 
 SETTINGS = ProtocolSettings(
     concurrencies=(1, 2, 4),

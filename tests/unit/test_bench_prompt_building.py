@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from servebook.bench.client import run_load
 from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
+from servebook.bench.figures import point_from_load
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.workload import (
     DatasetPrompts,
@@ -21,8 +23,6 @@ from servebook.bench.workload import (
 )
 from servebook.findings import UsageError
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
-
-from servebook.bench.figures import point_from_load
 
 # --- token ids -------------------------------------------------------------------------------
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from servebook.bench.control import Progress
-from servebook.bench.validity import Thresholds, apply_verdict, judge
-from servebook.findings import REGISTRY, UsageError
-from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
 
 from servebook.bench import protocol, validity
+from servebook.bench.control import Progress
 from servebook.bench.protocol import (
     Level,
     ProtocolSettings,
@@ -22,6 +19,9 @@ from servebook.bench.protocol import (
     parse_warmup,
     point_order,
 )
+from servebook.bench.validity import Thresholds, apply_verdict, judge
+from servebook.findings import REGISTRY, UsageError
+from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
 
 # --- parsing -----------------------------------------------------------------------------
 

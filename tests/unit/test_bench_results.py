@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from servebook.bench.control import LoadSpec
+from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.engines import SGLANG, VLLM, counters_of
@@ -34,8 +36,6 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from servebook.results.store import ResultsWriter, load_results
-
-from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
 from servebook.bench.openai_stream import Endpoint
+from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.render import build_report, to_html, to_markdown
@@ -28,8 +30,6 @@ from servebook.report.tables import load_runs
 from servebook.results.schema import ModelInfo, Provenance
 from servebook.results.store import ResultsWriter, load_results
 from tests.unit.served_app import served
-
-from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
 
 STEP_S = 0.02  # the engine's time per output token
 TTFT_S = 0.01

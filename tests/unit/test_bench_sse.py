@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from servebook.bench.openai_stream import apply_events, finish_record
 from servebook.bench.records import RequestRecord
 from servebook.bench.sse import SSEParser

@@ -10,14 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from servebook.bench.openai_stream import Endpoint
-from servebook.bench.validity import Thresholds
-from servebook.bench.workload import DatasetPrompts, Prompt
-from servebook.metrics.scrape import Snapshot, snapshot_from_text
-from servebook.results.schema import ModelInfo, Provenance
-from servebook.results.store import ResultsWriter, load_results
-from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
 
+from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -27,6 +21,12 @@ from servebook.bench.protocol import (
     run_sweep,
 )
 from servebook.bench.target import from_url
+from servebook.bench.validity import Thresholds
+from servebook.bench.workload import DatasetPrompts, Prompt
+from servebook.metrics.scrape import Snapshot, snapshot_from_text
+from servebook.results.schema import ModelInfo, Provenance
+from servebook.results.store import ResultsWriter, load_results
+from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
 from servebook.bench.records import LoadResult, RequestRecord
 from servebook.findings import UsageError
 from servebook.results.provenance import utc_now

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load

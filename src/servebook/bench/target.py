@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servebook import auth, http, redact
 from servebook.bench.openai_stream import Endpoint
+from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment import DeploymentView
@@ -28,9 +30,6 @@ from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
 from servebook.results.schema import Provenance, RoleProvenance
 from servebook.verify.checks import block_size, handoff_required_tokens
-
-from servebook import auth, http, redact
-from servebook.bench.protocol import ProtocolSettings, Target
 
 
 @dataclass

@@ -11,6 +11,8 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from servebook import auth, redact
 from servebook.backends import base
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
@@ -31,13 +33,11 @@ from servebook.bench.protocol import (
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
+from servebook.commands import app, err, out
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.findings import UsageError
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import ResultsWriter
-
-from servebook import auth, redact
-from servebook.commands import app, err, out
 
 
 class SweepStopped(Exception):
