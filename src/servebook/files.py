@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-# Unusable input (exit 2); its home is servebook.errors, imported from here by many modules.
-from servebook.errors import UsageError as UsageError
-
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_UNUSABLE = 2

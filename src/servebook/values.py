@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 
 def parse_share(text: str, *, flag: str, what: str, also: str = "") -> float:

@@ -30,7 +30,7 @@ from servebook.bench.protocol import (
 )
 from servebook.bench.records import LoadResult
 from servebook.bench.workload import DatasetPrompts, Prompt
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.report.compare import compare, rows_table, to_json
 from servebook.report.plots import IMPRECISE, plot_specs
 from servebook.report.render import build_report

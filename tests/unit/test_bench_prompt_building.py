@@ -21,7 +21,7 @@ from servebook.bench.workload import (
     RandomPrompts,
     server_token_count,
 )
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
 
 # --- token ids -------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from servebook.bench.protocol import (
     point_order,
 )
 from servebook.bench.validity import Thresholds, apply_verdict, judge
-from servebook.findings import REGISTRY, UsageError
+from servebook.errors import UsageError
+from servebook.findings import REGISTRY
 from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
 
 # --- parsing -----------------------------------------------------------------------------

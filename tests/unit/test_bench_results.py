@@ -16,7 +16,7 @@ from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.engines import SGLANG, VLLM, counters_of
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.results.aggregate import aggregate
 from servebook.results.evidence import server_evidence

@@ -18,7 +18,7 @@ from servebook.bench.workload import (
     load_tokenizer,
     server_token_count,
 )
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 
 def test_the_tiny_tokenizer_adds_bos_which_the_server_counts(tok: HFTokenizer) -> None:

@@ -377,7 +377,7 @@ def test_levels_only_in_one_run_are_listed_not_compared(tmp_path: Path) -> None:
 
 
 def test_the_same_directory_twice_is_bad_input(tmp_path: Path) -> None:
-    from servebook.findings import UsageError
+    from servebook.errors import UsageError
 
     shutil.copytree(A, tmp_path / "a")
     with pytest.raises(UsageError, match="given twice"):

@@ -16,7 +16,7 @@ import pytest
 
 from servebook.backends import kubernetes as kube
 from servebook.backends.kube_record import find_deployment, read_state
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve

@@ -19,7 +19,7 @@ from servebook.backends.kube_record import (
     recover_record,
     with_plan,
 )
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import manifests
 from servebook.kube.names import (
     CREATED_BY_ANNOTATION,

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 import servebook.commands.lint as lint_command
 from servebook.commands import app
-from servebook.findings import REGISTRY, UsageError
+from servebook.errors import UsageError
+from servebook.findings import REGISTRY
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lint"
 REPO = Path(__file__).resolve().parents[2]

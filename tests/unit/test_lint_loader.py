@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.lint.loader import load_paths, parse_yaml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lint"

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube.kr8s_dialer import PORTFORWARD_PROTOCOL, Kr8sDialer, kr8s_pod_identity
 from servebook.kube.portforward import ForwardFailed, Forwards, ForwardUnavailable, Stream
 from tests.unit.kube_standin import relay_port

@@ -21,15 +21,8 @@ from typing import Any
 
 import pytest
 
-from servebook.findings import (
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_UNUSABLE,
-    REGISTRY,
-    Finding,
-    UsageError,
-    exit_code,
-)
+from servebook.errors import UsageError
+from servebook.findings import EXIT_FAIL, EXIT_OK, EXIT_UNUSABLE, REGISTRY, Finding, exit_code
 from servebook.findings import Severity as S
 from servebook.kube.objects import (
     BadObject,

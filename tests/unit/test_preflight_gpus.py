@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from servebook.findings import Finding, Severity, UsageError
+from servebook.errors import UsageError
+from servebook.findings import Finding, Severity
 from servebook.kube.snapshot import load_snapshot
 from servebook.preflight.admission import (
     Access,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.recipe.resolve import catalog_names, resolve
 
 RECIPE = """\

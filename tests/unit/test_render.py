@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from servebook.commands.render import PARAMETERS_FILE, render_files, write_atomically
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import manifests
 from servebook.kube.validate import K8S_VERSION, schema_errors
 from tests.conftest import CliResult

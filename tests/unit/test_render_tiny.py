@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from servebook.commands.render import render_files
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import manifests
 from servebook.models.tiny import make_tiny_model
 from servebook.recipe.plan import POD_MODEL_DIR, POD_MODELS_MOUNT

@@ -25,7 +25,7 @@ from servebook.bench.workload import (
     load_dataset,
     server_token_count,
 )
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 MODEL = "tiny"
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.models import tiny
 from servebook.models.tiny import TINY_DRAFT_NAME, TINY_NAME, make_tiny_model
 

@@ -21,8 +21,8 @@ from pydantic import BaseModel, Field
 from servebook.backends.base import Found
 from servebook.backends.state import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.state import deployments_dir, state_dir_for
+from servebook.errors import UsageError
 from servebook.files import read_model, write_atomic
-from servebook.findings import UsageError
 from servebook.kube import names
 from servebook.kube.names import (
     COMPONENT_LABEL,

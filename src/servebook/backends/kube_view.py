@@ -11,7 +11,7 @@ from typing import Any
 
 from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
 from servebook.deployment import DeploymentView, RoleView
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube import names
 from servebook.kube.engine_pod import gpu_count

@@ -55,7 +55,8 @@ from servebook.backends.kube_record import (
 from servebook.backends.kube_view import open_view
 from servebook.deployment import DeploymentView
 from servebook.engines import vllm
-from servebook.findings import Finding, UsageError
+from servebook.errors import UsageError
+from servebook.findings import Finding
 from servebook.kube import client as kube_client
 from servebook.kube import manifests, names
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL

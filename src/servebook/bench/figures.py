@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from servebook.bench.records import LoadResult, RequestRecord
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.results.provenance import utc_now
 from servebook.results.schema import ClientEvidence, Goodput, Latency, Point, WindowInfo
 

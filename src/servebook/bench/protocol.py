@@ -59,7 +59,8 @@ from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
 from servebook.bench.workload import BuildsPrompts, PromptSource
-from servebook.findings import Finding, UsageError
+from servebook.errors import UsageError
+from servebook.findings import Finding
 from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
 from servebook.results.aggregate import PrecisionTarget
 from servebook.results.evidence import server_evidence, with_server_latency

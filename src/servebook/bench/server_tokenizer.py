@@ -49,7 +49,7 @@ from typing import Any
 
 from servebook import http
 from servebook.bench.workload import clean_piece
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 FIX = "to build prompts with a local tokenizer instead, pass --tokenizer DIR (the model directory)"
 

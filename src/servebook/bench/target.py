@@ -25,7 +25,7 @@ from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment import DeploymentView
 from servebook.engines import counters_of
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
 from servebook.results.schema import Provenance, RoleProvenance

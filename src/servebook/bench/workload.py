@@ -81,7 +81,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 Api = Literal["completions", "chat"]
 PromptFormat = Literal["text", "ids"]

@@ -35,7 +35,7 @@ from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.commands import app, err, out
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import ResultsWriter
 

@@ -8,7 +8,8 @@ import typer
 
 from servebook.commands import app, out, print_json
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.findings import Finding, UsageError, exit_code, print_table, to_json
+from servebook.errors import UsageError
+from servebook.findings import Finding, exit_code, print_table, to_json
 from servebook.kube.snapshot import SNAPSHOT_COMMAND
 from servebook.preflight.live import LiveOptions, plan_findings
 from servebook.recipe.resolve import resolve

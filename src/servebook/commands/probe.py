@@ -9,7 +9,8 @@ from pathlib import Path
 import typer
 
 from servebook.commands import app, out, print_json
-from servebook.findings import UsageError, exit_code, print_table, to_json
+from servebook.errors import UsageError
+from servebook.findings import exit_code, print_table, to_json
 from servebook.preflight import probe as probe_lib
 from servebook.preflight.probe_checks import to_findings
 

@@ -21,7 +21,7 @@ from typing import Any
 import typer
 
 from servebook.commands import app, out
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import manifests
 from servebook.kube.parameters_doc import MARKER, parameters_markdown
 from servebook.kube.validate import K8S_VERSION, check_schema

@@ -12,7 +12,8 @@ from servebook import auth, redact
 from servebook.backends import base
 from servebook.commands import app, out, print_json
 from servebook.deployment import DeploymentView
-from servebook.findings import REGISTRY, Finding, UsageError, exit_code, to_json
+from servebook.errors import UsageError
+from servebook.findings import REGISTRY, Finding, exit_code, to_json
 from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
 from servebook.verify.smoke import Options, Report, run
 

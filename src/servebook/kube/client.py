@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 REQUEST_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 15.0

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from servebook.engines import vllm
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import fabrics
 from servebook.kube.names import (
     ENGINE_PORT,

@@ -50,7 +50,7 @@ from typing import Any
 import yaml
 
 from servebook.engines import vllm
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 # Re-exported for tests/unit/test_render_tiny.py, which reads them as manifests.*; their
 # home is kube.engine_pod (the lead moves the test, then these lines go).

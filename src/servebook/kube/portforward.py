@@ -76,7 +76,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from servebook.findings import EXIT_UNUSABLE, UsageError
+from servebook.errors import UsageError
+from servebook.findings import EXIT_UNUSABLE
 
 LOOPBACK = "127.0.0.1"
 _CHUNK = 64 * 1024

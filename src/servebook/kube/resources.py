@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube.names import LWS_API_VERSION
 

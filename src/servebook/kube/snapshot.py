@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.kube.client import (
     ClusterUnreachable,
     RequestFailed,

@@ -9,7 +9,7 @@ from typing import Any
 
 import kubernetes_validate
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 # The Kubernetes version whose schema every render is checked against.  1.33 is the oldest
 # release still widely deployed that has every field servebook writes; the objects use

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 Key = str | int
 KeyPath = tuple[Key, ...]

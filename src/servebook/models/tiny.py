@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from servebook.findings import UsageError
+    from servebook.errors import UsageError
 except ImportError:  # run as a lone script in a cluster's engine image: no servebook there
 
     class UsageError(Exception):  # type: ignore[no-redef]

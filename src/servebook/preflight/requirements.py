@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 
 # The render pins each Pod with `nodeSelector: {kubernetes.io/hostname: NODE}`.
 from servebook.kube.names import HOSTNAME_LABEL

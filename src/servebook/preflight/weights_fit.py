@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servebook.findings import REGISTRY, Finding, Severity, UsageError, register
+from servebook.errors import UsageError
+from servebook.findings import REGISTRY, Finding, Severity, register
 from servebook.kube.objects import BadObject, parse_quantity
 from servebook.preflight.cluster import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from servebook.preflight.nodes import resolve_node

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.report.tables import Column, Run, Table, show_value
 from servebook.results.schema import ModelInfo, Provenance
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servebook import __version__
+from servebook.errors import UsageError
 from servebook.files import write_atomic
-from servebook.findings import UsageError
 from servebook.report.comparability import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
 from servebook.report.summary import (

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.report.tables import METRICS, NA, Column, Level, Run, Table, fmt_num, levels
 from servebook.results import stats
 from servebook.values import parse_share

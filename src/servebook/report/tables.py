@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servebook import redact
-from servebook.findings import UsageError
+from servebook.errors import UsageError
 from servebook.results import stats
 from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
 from servebook.results.store import load_results

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from servebook.errors import UsageError
 from servebook.files import write_atomic
-from servebook.findings import UsageError
 from servebook.results.aggregate import PrecisionTarget, aggregate, mark_precision
 from servebook.results.provenance import resume_mismatches, utc_now
 from servebook.results.schema import RESULTS_NAME, SCHEMA, Point, PointKey, Provenance, Results
