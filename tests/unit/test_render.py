@@ -20,7 +20,7 @@ import yaml
 
 from servebook.commands.render import PARAMETERS_FILE, render_files, write_atomically
 from servebook.errors import UsageError
-from servebook.kube import manifests
+from servebook.kube.names import ENGINE_PORT
 from servebook.kube.validate import K8S_VERSION, schema_errors
 from tests.conftest import CliResult
 
@@ -599,7 +599,7 @@ def test_object_names_follow_the_roles() -> None:
     _, objects, _ = render_files("vllm-pd", PD)
     plan_names = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
     assert plan_names == ["vllm-pd-prefill", "vllm-pd-decode", "vllm-pd-router"]
-    assert manifests.ENGINE_PORT == 8000
+    assert ENGINE_PORT == 8000
 
 
 # --- extra engine flags ---------------------------------------------------------------------

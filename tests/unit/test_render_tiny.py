@@ -22,6 +22,8 @@ import pytest
 from servebook.commands.render import render_files
 from servebook.errors import UsageError
 from servebook.kube import manifests
+from servebook.kube.engine_pod import GENERATOR_HASH_ANNOTATION, GENERATOR_MOUNT, KV_VOLUME
+from servebook.kube.names import GENERATOR_KEY
 from servebook.models.tiny import make_tiny_model
 from servebook.recipe.plan import POD_MODEL_DIR, POD_MODELS_MOUNT
 from servebook.recipe.resolve import Source, parse_recipe, resolve
@@ -62,8 +64,8 @@ def _run_init_container(init: Obj, script_text: str, root: Path) -> Path:
     emptyDir at its mount path, both under ``root``; servebook made unimportable, as in
     vLLM's image."""
     mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
-    assert mounts == {"models": POD_MODELS_MOUNT, "model-generator": manifests.GENERATOR_MOUNT}
-    script = root / mounts["model-generator"].lstrip("/") / manifests.GENERATOR_KEY
+    assert mounts == {"models": POD_MODELS_MOUNT, "model-generator": GENERATOR_MOUNT}
+    script = root / mounts["model-generator"].lstrip("/") / GENERATOR_KEY
     script.parent.mkdir(parents=True)
     script.write_text(script_text, encoding="utf-8")
     (root / POD_MODELS_MOUNT.lstrip("/")).mkdir(parents=True)
@@ -91,7 +93,7 @@ def test_the_pods_init_container_makes_the_same_model_as_servebook_model_tiny(
 ) -> None:
     _, objects, _ = render_files(recipe, PD if recipe == "tiny-pd" else [IMAGE])
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
-    script_text = cm["data"][manifests.GENERATOR_KEY]
+    script_text = cm["data"][GENERATOR_KEY]
     engines = [n for n, d in _deployments(objects).items() if not n.endswith("-router")]
     inits = {
         n: [c for c in _pod(objects, n)["initContainers"] if c["name"] == "make-model"]
@@ -111,7 +113,7 @@ def test_the_pods_init_container_makes_the_same_model_as_servebook_model_tiny(
         assert _flag(pod["containers"][0]["args"], "--model") == POD_MODEL_DIR
         # A new generator rolls the Pods (a ConfigMap change alone would not).
         annotations = _deployments(objects)[n]["spec"]["template"]["metadata"]["annotations"]
-        assert annotations[manifests.GENERATOR_HASH_ANNOTATION] == (
+        assert annotations[GENERATOR_HASH_ANNOTATION] == (
             hashlib.sha256(script_text.encode()).hexdigest()
         )
 
@@ -137,7 +139,7 @@ def test_pd_engines_share_one_node_directory_as_the_connectors_storage() -> None
     pre, dec = _pod(objects, "tiny-pd-prefill"), _pod(objects, "tiny-pd-decode")
     for pod in (pre, dec):
         assert pod["nodeSelector"] == {"kubernetes.io/hostname": "kind-control-plane"}
-        kv = {v["name"]: v for v in pod["volumes"]}[manifests.KV_VOLUME]
+        kv = {v["name"]: v for v in pod["volumes"]}[KV_VOLUME]
         # Scratch, one per deployment, created when absent; never the weights.
         assert kv["hostPath"] == {
             "path": "/var/lib/servebook/kv/tiny-pd",
@@ -145,7 +147,7 @@ def test_pd_engines_share_one_node_directory_as_the_connectors_storage() -> None
         }
         assert not [v for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "Directory"]
         engine = pod["containers"][0]
-        mount = {m["name"]: m for m in engine["volumeMounts"]}[manifests.KV_VOLUME]
+        mount = {m["name"]: m for m in engine["volumeMounts"]}[KV_VOLUME]
         assert "readOnly" not in mount
         cfg = json.loads(_flag(engine["args"], "--kv-transfer-config"))
         assert cfg == {
@@ -181,7 +183,7 @@ def test_two_deployments_of_tiny_pd_get_their_own_kv_directories() -> None:
 
     def kv_path(objects: list[Obj], name: str) -> str:
         vols = {v["name"]: v for v in _pod(objects, name)["volumes"]}
-        return str(vols[manifests.KV_VOLUME]["hostPath"]["path"])
+        return str(vols[KV_VOLUME]["hostPath"]["path"])
 
     assert kv_path(a, "a-prefill") == kv_path(a, "a-decode") == "/var/lib/servebook/kv/a"
     assert kv_path(b, "b-decode") == "/var/lib/servebook/kv/b"

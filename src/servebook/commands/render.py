@@ -22,7 +22,7 @@ import typer
 
 from servebook.commands import app, out
 from servebook.errors import UsageError
-from servebook.kube import manifests
+from servebook.kube import manifests, names
 from servebook.kube.parameters_doc import MARKER, parameters_markdown
 from servebook.kube.validate import K8S_VERSION, check_schema
 from servebook.recipe.plan import Plan
@@ -160,9 +160,9 @@ def render(
         markup=False,
         soft_wrap=True,
     )
-    entry = manifests.object_name(plan, plan.entry_role, name)
-    port = manifests.ROUTER_PORT if plan.topology == "pd" else manifests.ENGINE_PORT
-    namespace = manifests.settings(plan).namespace
+    entry = names.object_name(plan, plan.entry_role, name)
+    port = names.ROUTER_PORT if plan.topology == "pd" else names.ENGINE_PORT
+    namespace = names.settings(plan).namespace
     out.print(
         f"apply: kubectl apply -f {output}/   entry point: service/{entry} port {port} "
         f"in namespace {namespace}",

@@ -51,12 +51,6 @@ import yaml
 
 from servebook.engines import vllm
 from servebook.errors import UsageError
-
-# Re-exported for tests/unit/test_render_tiny.py, which reads them as manifests.*; their
-# home is kube.engine_pod (the lead moves the test, then these lines go).
-from servebook.kube.engine_pod import GENERATOR_HASH_ANNOTATION as GENERATOR_HASH_ANNOTATION
-from servebook.kube.engine_pod import GENERATOR_MOUNT as GENERATOR_MOUNT
-from servebook.kube.engine_pod import KV_VOLUME as KV_VOLUME
 from servebook.kube.engine_pod import (
     PROBE_PERIOD_S,
     api_key_env,
