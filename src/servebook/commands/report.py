@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from servebook.commands import app, err, out
+from servebook.commands import app, err, out, print_json
 from servebook.files import write_atomic
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
@@ -165,7 +165,7 @@ def compare(
         c = cmp.compare(run_a, run_b, variables, force=force)
     except cmp.Refused as r:
         if as_json:
-            typer.echo(json.dumps(cmp.refusal_json(r.comparability), indent=2))
+            print_json(cmp.refusal_json(r.comparability))
         else:
             err.print(escape(cmp.refusal_message(r.comparability)), highlight=False)
         raise typer.Exit(EXIT_UNUSABLE if reproduce else EXIT_FAIL) from None
@@ -177,7 +177,7 @@ def compare(
         write_atomic(output / "compare.md", compare_markdown(c))
         write_atomic(output / "compare.json", json.dumps(doc, indent=2))
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        print_json(doc)
         return
     if c.stamp:
         out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
@@ -224,7 +224,7 @@ def _reproduce(c: cmp.Comparison, tolerance: float, as_json: bool, output: Path 
         write_atomic(output / "reproduce.md", reproduce_markdown(r, c.stamp))
         write_atomic(output / "reproduce.json", json.dumps(doc, indent=2))
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        print_json(doc)
     else:
         if c.stamp:
             out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
