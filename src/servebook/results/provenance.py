@@ -26,13 +26,6 @@ def utc_now() -> str:
 RESUME_KEYS = ("engine", "engine_version", "model", "target", "protocol", "workload", "seed")
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A role's environment for the record, secrets replaced (``servebook.redact.env``)."""
-    from servebook import redact
-
-    return redact.env(env)[0]
-
-
 def model_config_hash(model_dir: str | Path) -> str | None:
     """sha256 of the model's config.json in canonical JSON (key order and whitespace do not
     matter); ``None`` when there is no readable config.json."""
