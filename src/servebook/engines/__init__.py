@@ -13,30 +13,20 @@ from servebook.engines import sglang, vllm
 
 @dataclass(frozen=True)
 class EngineCounters:
-    """One engine's names for the counters a benchmark window is judged by."""
+    """One engine's name and the counters its ``/metrics`` page must carry (any of them
+    names the engine: ``counters_of``).  A window's counters are read under each engine's
+    own names in ``results.evidence``."""
 
     engine: str
-    prompt_tokens: str
-    generation_tokens: str
-    requests: str  # finished requests
-    preemptions: str | None
     required: tuple[str, ...]
 
 
 VLLM = EngineCounters(
     engine="vllm",
-    prompt_tokens=vllm.M.PROMPT_TOKENS,
-    generation_tokens=vllm.M.GENERATION_TOKENS,
-    requests=vllm.M.REQUEST_SUCCESS,
-    preemptions=vllm.M.PREEMPTIONS,
     required=vllm.REQUIRED_METRICS,
 )
 SGLANG = EngineCounters(
     engine="sglang",
-    prompt_tokens=sglang.M.PROMPT_TOKENS,
-    generation_tokens=sglang.M.GENERATION_TOKENS,
-    requests=sglang.M.REQUESTS,
-    preemptions=sglang.M.RETRACTED_REQUESTS,
     required=sglang.REQUIRED_METRICS,
 )
 ENGINES = (VLLM, SGLANG)

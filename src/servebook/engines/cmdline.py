@@ -90,8 +90,6 @@ BOOLEAN_FLAGS = frozenset(
 MULTI_VALUE_FLAGS = frozenset({"--served-model-name", "--lora-modules", "--allowed-origins"})
 # Flags argparse accumulates (action="append"): repeating them is not an override.
 REPEATABLE_FLAGS = frozenset({"--middleware"})
-# Shell words that only prefix the real command.
-_WRAPPERS = frozenset({"exec", "nohup", "time", "env", "command", "stdbuf", "numactl"})
 _PUNCTUATION = frozenset(";&|()<>\n")
 # The file-descriptor number glued to a redirection (``2>&1``, ``2>/dev/null``).
 _FD_REDIRECT = re.compile(r"(?<![^\s;&|])\d+(?=[<>])")

@@ -222,8 +222,6 @@ class M:
 
     EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
     EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
-    PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-    PREFIX_HITS = "vllm:prefix_cache_hits_total"
     PROMPT_TOKENS = "vllm:prompt_tokens_total"
     PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
     GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -249,7 +247,6 @@ class H:
     QUEUE = "vllm:request_queue_time_seconds"
     PREFILL = "vllm:request_prefill_time_seconds"
     DECODE = "vllm:request_decode_time_seconds"
-    INFERENCE = "vllm:request_inference_time_seconds"
     # Before 0.11 the ITL histogram had this name (removed 2026-01); read it when ITL is absent.
     ITL_LEGACY = "vllm:time_per_output_token_seconds"
 

@@ -179,7 +179,6 @@ PROFILES: dict[str, Profile] = {
         sources=("dynamo-comm",),
     ),
 }
-NAMES: tuple[str, ...] = tuple(PROFILES)
 
 
 def profile(name: str) -> Profile:

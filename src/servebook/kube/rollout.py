@@ -91,9 +91,6 @@ class RoleState:
     ready: bool = False
     restarts_since_apply: int = 0
     image: str | None = None
-    # The known failure signature of the crashed container's previous log; role_state
-    # never sets it (it reads no logs): the backend fills it in.
-    failure_signature: str | None = None
     # The Deployment revision this apply rolls out, when the Deployment was given.
     revision: str | None = None
     # Pods of an earlier revision (or being deleted) that are not this role's Pods.
