@@ -8,7 +8,7 @@ import sys
 from rich.markup import escape
 
 from servebook import redact
-from servebook.commands import app, err
+from servebook.commands import app
 from servebook.commands import bench as _bench  # noqa: F401  (registers commands)
 from servebook.commands import deploy as _deploy  # noqa: F401
 from servebook.commands import lint as _lint  # noqa: F401
@@ -19,6 +19,7 @@ from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401
 from servebook.commands import report as _report  # noqa: F401
 from servebook.commands import verify as _verify  # noqa: F401
+from servebook.console import err
 from servebook.errors import ServebookError
 
 

@@ -15,17 +15,14 @@ from pathlib import Path
 
 from servebook.backends.base import Backend, Say
 from servebook.bench import target as tgt
-from servebook.bench.control import ClientError
-from servebook.commands import out
-from servebook.commands.bench import BenchArgs, SweepStopped, print_points, run_bench, settings_from
-from servebook.commands.verify import print_report
+from servebook.console import out, print_points, print_report
 from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
 from servebook.report.summary import describe_protocol
-from servebook.results.schema import RESULTS_NAME
+from servebook.sweep import BenchArgs, run_bench, settings_from
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
 
@@ -97,7 +94,7 @@ def verify_step(job: Job, view: DeploymentView) -> int:
 
 def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
-    does a failing load generator (exit 2)."""
+    does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
     plan_text = describe_protocol(settings_from(RUN_SWEEP, None).to_dict())
     job.say(
         f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
@@ -106,17 +103,15 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     subject = tgt.from_deployment(
         view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
     )
-    try:
-        results, path = run_bench(
-            subject, RUN_SWEEP, out_dir, resume=False, tokenizer=None, alive=view.dead_roles
-        )
-    except SweepStopped as e:
-        raise ServebookError(str(e), exit_code=1, label="bench stopped") from None
-    except ClientError as e:
-        raise ServebookError(
-            f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}.",
-            label="bench could not run",
-        ) from None
+    results, path = run_bench(
+        subject,
+        RUN_SWEEP,
+        out_dir,
+        resume=False,
+        tokenizer=None,
+        alive=view.dead_roles,
+        resumable=False,
+    )
     print_points(results, path)
     return 0 if all(p.valid for p in results.points) else 1
 

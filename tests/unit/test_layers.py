@@ -21,8 +21,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "servebook"
 MAX_LINES = 700
@@ -126,11 +124,6 @@ def test_preflight_imports_no_backend() -> None:
     assert violations(source_files("preflight"), ["servebook.backends"]) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline.py still imports commands.bench, commands.verify and commands.out; "
-    "drop this mark once they move out of commands/",
-)
 def test_only_the_cli_and_the_commands_import_the_commands() -> None:
     edge = {PACKAGE / "cli.py", *source_files("commands")}
     rest = [p for p in source_files(".") if p not in edge]

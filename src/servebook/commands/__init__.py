@@ -1,5 +1,6 @@
-"""The Typer application and its consoles.  Each module beside this one attaches one
-command (or command group) to ``app``; ``servebook.cli`` imports them all."""
+"""The Typer application, and the two ways every command prints beside its tables
+(``servebook.console``): progress lines and ``--json``.  Each module beside this one
+attaches one command (or command group) to ``app``; ``servebook.cli`` imports them all."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import time
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from servebook import __version__, redact
+from servebook.console import err, out
 
 app = typer.Typer(
     name="servebook",
@@ -22,9 +23,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-out = Console()
-err = Console(stderr=True)
 
 
 def say(msg: str) -> None:

@@ -12,9 +12,10 @@ from servebook import redact
 from servebook.backends import base
 from servebook.backends.base import Backend, Down, Found
 from servebook.backends.state import state_dir_for
-from servebook.commands import app, err, out, print_json, say
+from servebook.commands import app, print_json, say
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt, options
+from servebook.console import err, out
 from servebook.errors import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve

@@ -21,7 +21,8 @@ from pathlib import Path
 import typer
 
 from servebook.check_modules import CHECK_MODULES
-from servebook.commands import app, out, print_json
+from servebook.commands import app, print_json
+from servebook.console import out
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
 
 AREAS = (

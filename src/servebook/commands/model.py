@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from servebook.commands import app, out
+from servebook.commands import app
+from servebook.console import out
 
 model_app = typer.Typer(
     help="Make models for demos and tests (nothing is downloaded).",

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from servebook.commands import app, out, print_json
+from servebook.commands import app, print_json
 from servebook.commands.recipes import SetOpt, ValuesOpt
+from servebook.console import out
 from servebook.errors import UsageError
 from servebook.findings import Finding, exit_code, print_table, to_json
 from servebook.kube.snapshot import SNAPSHOT_COMMAND

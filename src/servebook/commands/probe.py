@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from servebook.commands import app, out, print_json
+from servebook.commands import app, print_json
+from servebook.console import out
 from servebook.errors import UsageError
 from servebook.findings import exit_code, print_table, to_json
 from servebook.preflight import probe as probe_lib

@@ -9,7 +9,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from servebook.commands import app, out, print_json
+from servebook.commands import app, print_json
+from servebook.console import out
 from servebook.recipe.resolve import catalog_names, load_source, resolve
 
 recipes_app = typer.Typer(

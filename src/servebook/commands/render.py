@@ -20,7 +20,8 @@ from typing import Any
 
 import typer
 
-from servebook.commands import app, out
+from servebook.commands import app
+from servebook.console import out
 from servebook.errors import UsageError
 from servebook.kube import manifests, names
 from servebook.kube.parameters_doc import MARKER, parameters_markdown

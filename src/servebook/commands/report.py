@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from servebook.commands import app, err, out, print_json
+from servebook.commands import app, print_json
+from servebook.console import err, out
 from servebook.files import write_atomic
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp

@@ -2,77 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from servebook import auth, redact
 from servebook.backends import base
-from servebook.commands import app, out, print_json
+from servebook.commands import app, print_json
+from servebook.console import print_report
 from servebook.deployment import DeploymentView
 from servebook.errors import UsageError
-from servebook.findings import REGISTRY, Finding, exit_code, to_json
+from servebook.findings import REGISTRY, exit_code, to_json
 from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
 from servebook.verify.smoke import Options, Report, run
-
-_STYLE = {
-    "pass": "green",
-    "info": "cyan",
-    "warn": "yellow",
-    "fail": "bold red",
-    "error": "bold magenta",
-}
 
 
 def _checks_help() -> str:
     lines = [f"  {c.id}  {c.title}" for c in REGISTRY.values() if c.id.startswith("SB3")]
     return "\n\n".join(lines)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{100 * v:.1f}%" if 0 <= v <= 1 else f"{v:.2f}"
-    return str(v)
-
-
-def _measured(f: Finding) -> tuple[str, str]:
-    ev = f.evidence
-    if "share" in ev:
-        return _fmt(ev["share"]), _fmt(ev.get("threshold"))
-    if "acceptance_rate" in ev:
-        return f"acceptance {_fmt(ev['acceptance_rate'])}", "> 0 drafts"
-    if "seconds" in ev:
-        return f"{ev['seconds']:.2f} s", ""
-    if "preemptions" in ev and ev.get("preemptions") is not None:
-        return f"preemptions {ev['preemptions']:.0f}", "0 errors/aborts"
-    return "", ""
-
-
-def print_report(rep: Report, name: str) -> None:
-    t = Table(title=f"servebook verify {name}")
-    for col in ("check", "role", "verdict", "measured", "threshold", "message"):
-        t.add_column(col, overflow="fold")
-    for f in rep.findings:
-        measured, threshold = _measured(f)
-        msg = escape(redact.text(f.message))
-        if f.failed and f.hint:
-            msg += f"\n[dim]fix: {escape(f.hint)}[/]"
-        t.add_row(
-            f.check,
-            f.subject,
-            f"[{_STYLE[f.severity.value]}]{f.severity.value}[/]",
-            measured,
-            threshold,
-            msg,
-        )
-    out.print(t)
-    n_fail = sum(1 for f in rep.findings if f.failed)
-    verdict = "[green]PASS[/]" if n_fail == 0 else f"[bold red]FAIL[/] ({n_fail} failing)"
-    out.print(f"verify {name}: {verdict} in {rep.elapsed_s:.1f} s")
 
 
 def verify_deployment(view: DeploymentView, opts: Options) -> Report:

@@ -1,0 +1,261 @@
+"""A load sweep as servebook runs it, for `servebook bench` and the main job alike: the
+sweep's arguments, its prompts, its results file and its progress on the terminal
+(bench/protocol.py decides what the sweep is; this module runs it for a person).
+
+A sweep that cannot go on ends as a ``ServebookError`` that ``cli.main`` prints: a role of
+the deployment died (``SweepStopped``, exit 1: further points would only measure errors)
+or the load generator itself failed (``LoadFailed``, exit 2: nothing the point measured is
+usable).  Either way the points finished before it are in the results file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from servebook.bench import target as tgt
+from servebook.bench.control import ClientError, default_workers
+from servebook.bench.control import Progress as LoadProgress
+from servebook.bench.figures import parse_slo
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    parse_duration,
+    parse_levels,
+    parse_precision,
+    parse_rates,
+    parse_warmup,
+    point_order,
+    run_sweep,
+)
+from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.validity import Thresholds
+from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
+from servebook.console import err, number
+from servebook.errors import ServebookError, UsageError
+from servebook.findings import EXIT_FAIL
+from servebook.results.schema import RESULTS_NAME, Results
+from servebook.results.store import ResultsWriter
+
+
+class SweepStopped(ServebookError):
+    """A role of the deployment died: further points would only measure errors."""
+
+    exit_code = EXIT_FAIL
+    label = "bench stopped"
+
+
+class LoadFailed(ServebookError):
+    """The load generator itself failed (a worker died): nothing the point measured is
+    usable."""
+
+    label = "bench could not run"
+
+
+@dataclasses.dataclass
+class BenchArgs:
+    concurrency: str | None = "1,4,16"
+    rate: str | None = None
+    input_len: int = 1024
+    output_len: int = 128
+    warmup: str | None = None
+    duration: str = "60s"
+    min_requests: int | None = None
+    repetitions: int = 3
+    order: str = "shuffled"
+    seed: int = 0
+    slo: str | None = None
+    api: str = "completions"
+    dataset: Path | None = None
+    workers: int | None = None  # None: one per 256 streams, at most the cores
+    request_timeout: float = 600.0
+    max_point: str | None = None
+    max_client_lag_ms: float = 10.0
+    min_achieved_concurrency: float = 0.98
+    prompt_format: str = "text"
+    # Points without server counters are invalid (always for servebook's own deployments).
+    require_server_evidence: bool = True
+    # A precision target ("5%"): repeat each level until its interval is that tight, up to
+    # max_repetitions (None: the protocol's default).  None: off, --repetitions exactly.
+    precision: str | None = None
+    max_repetitions: int | None = None
+
+
+def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
+    if not 0 < a.min_achieved_concurrency <= 1:
+        raise UsageError(
+            f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
+            "level between 0 and 1, e.g. 0.98"
+        )
+    conc = parse_levels(a.concurrency) if a.concurrency else ()
+    rates = parse_rates(a.rate) if a.rate else ()
+    return ProtocolSettings(
+        concurrencies=conc,
+        rates=rates,
+        repetitions=a.repetitions,
+        order=a.order,  # type: ignore[arg-type]
+        seed=a.seed,
+        warmup=parse_warmup(a.warmup) if a.warmup else None,
+        duration_s=parse_duration(a.duration),
+        min_requests=a.min_requests,
+        max_point_s=parse_duration(a.max_point, "--max-point") if a.max_point else None,
+        precision=parse_precision(a.precision) if a.precision else None,
+        max_repetitions=a.max_repetitions,
+        thresholds=Thresholds(
+            min_handoff_share=min_handoff_share,
+            max_send_lag_p99_ms=a.max_client_lag_ms,
+            max_loop_lag_p99_ms=a.max_client_lag_ms,
+            require_server_evidence=a.require_server_evidence,
+            min_achieved_concurrency=a.min_achieved_concurrency,
+        ),
+    )
+
+
+def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
+    if a.api not in ("completions", "chat"):
+        raise UsageError(f"--api {a.api!r}: choose completions or chat")
+    if a.prompt_format not in ("text", "ids"):
+        raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
+    if a.dataset is not None:
+        if a.prompt_format != "text":
+            raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
+        return load_dataset(
+            a.dataset,
+            default_output_len=a.output_len,
+            tokenizer=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
+            api=a.api,  # type: ignore[arg-type]
+        )
+    return RandomPrompts(
+        tokenizer,
+        input_len=a.input_len,
+        output_len=a.output_len,
+        seed=a.seed,
+        api=a.api,  # type: ignore[arg-type]
+        prompt_format=a.prompt_format,  # type: ignore[arg-type]
+    )
+
+
+def run_bench(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    out_dir: Path,
+    *,
+    resume: bool,
+    tokenizer: str | None,
+    alive: Callable[[], list[str]] | None = None,
+    resumable: bool = True,
+) -> tuple[Results, Path]:
+    """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
+    the names of dead roles (a deployment) so the sweep stops instead of measuring errors.
+    ``resumable``: the caller can continue the results file (``bench --resume``), and a
+    failed load generator's message says so."""
+    try:
+        return _run(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
+    except ClientError as e:
+        raise LoadFailed(
+            f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}"
+            + ("; rerun with --resume." if resumable else ".")
+        ) from None
+
+
+def _run(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    out_dir: Path,
+    *,
+    resume: bool,
+    tokenizer: str | None,
+    alive: Callable[[], list[str]] | None,
+) -> tuple[Results, Path]:
+    tok = tgt.tokenizer_for(subject, tokenizer)
+    share = None
+    if subject.target.decode_role is not None:
+        share = tgt.pd_min_share(
+            subject.target.metrics_urls[subject.target.decode_role], a.input_len
+        )
+    settings = settings_from(a, share)
+    prompts = prompts_from(a, tok)
+    slo = parse_slo(a.slo) if a.slo else None
+    workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
+    subject.info["client_workers"] = workers
+    writer = ResultsWriter(out_dir, tgt.provenance(subject, settings, prompts), resume=resume)
+    order = point_order(settings)
+    done_before = len(writer.done_keys())
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} points"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("starting", total=len(order), completed=done_before)
+        current = {"label": "", "t0": time.monotonic()}
+
+        def on_point(spec: PointSpec, outcome: PointOutcome | None) -> None:
+            label = f"{spec.level.label()} rep {spec.repetition}"
+            if outcome is None:
+                if spec.repetition >= settings.min_repetitions:
+                    # A round a precision target added: the sweep grows by this point.
+                    t = next(t for t in bar.tasks if t.id == task)
+                    bar.update(task, total=max(t.total or 0, t.completed) + 1)
+                current["label"], current["t0"] = label, time.monotonic()
+                bar.update(task, description=f"{label}: warm-up")
+                return
+            p = outcome.point
+            verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
+            if isinstance(p.server, dict) and p.server.get("evidence") == "none":
+                verdict += " (no server evidence)"
+            level_now = next(
+                (x for x in writer.results.points if x.key == p.key), None
+            )  # marked with its level's precision by the writer
+            if level_now is not None and level_now.precision is not None:
+                pr = level_now.precision
+                verdict += (
+                    f"; level {pr.status if pr.status != 'pending' else 'not yet precise'}: "
+                    f"{pr.describe()}"
+                )
+            bar.console.print(
+                f"{label}: {number(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
+                f"{p.errors} errors, {verdict}",
+                highlight=False,
+                markup=False,
+            )
+            bar.advance(task)
+            if alive is not None:
+                dead = alive()
+                if dead:
+                    raise SweepStopped(
+                        f"role(s) {', '.join(dead)} of the deployment are not running; the "
+                        f"sweep stopped after {label}. Finished points are in "
+                        f"{writer.path}; bring the deployment back and rerun with --resume."
+                    )
+
+        def on_progress(pr: LoadProgress) -> None:
+            phase = "window" if pr.window_start_ns is not None else "warm-up"
+            el = max(pr.elapsed_s, 1e-9)
+            bar.update(
+                task,
+                description=(
+                    f"{current['label']}: {phase}, {pr.completed_ok} ok, {pr.errors} err, "
+                    f"{pr.output_tokens / el:.0f} tok/s"
+                ),
+            )
+
+        results = run_sweep(
+            subject.target,
+            settings,
+            prompts,
+            writer,
+            workers=workers,
+            slo_ms=slo,
+            on_point=on_point,
+            on_progress=on_progress,
+        )
+    return results, writer.path
