@@ -72,6 +72,12 @@ def register(id: str, title: str, rationale: str, fix: str) -> Check:
     return check
 
 
+def register_once(id: str, title: str, rationale: str, fix: str) -> Check:
+    """``register`` for a module that may be imported again (a test reloads it): an id
+    already registered is returned as it is, not refused."""
+    return REGISTRY.get(id) or register(id, title, rationale, fix)
+
+
 class Rules(Generic[F]):
     """The functions that decide an area's checks, each added where it is defined::
 

@@ -11,15 +11,18 @@ import servebook
 from servebook.check_modules import CHECK_MODULES
 
 PACKAGE = Path(servebook.__file__).parent
+# The functions of servebook.findings that register a check.
+REGISTER = {"register", "register_once"}
 
 
 def _calls_register(tree: ast.Module) -> bool:
-    """Whether the module calls ``servebook.findings.register``, however it imported it."""
+    """Whether the module calls ``servebook.findings.register`` (or ``register_once``),
+    however it imported it."""
     direct: set[str] = set()  # register, or what it was imported as
     modules: set[str] = set()  # names bound to servebook.findings
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == "servebook.findings":
-            direct |= {a.asname or a.name for a in node.names if a.name == "register"}
+            direct |= {a.asname or a.name for a in node.names if a.name in REGISTER}
         elif isinstance(node, ast.ImportFrom) and node.module == "servebook":
             modules |= {a.asname or a.name for a in node.names if a.name == "findings"}
         elif isinstance(node, ast.Import):
@@ -30,11 +33,7 @@ def _calls_register(tree: ast.Module) -> bool:
         f = node.func
         if isinstance(f, ast.Name) and f.id in direct:
             return True
-        if (
-            isinstance(f, ast.Attribute)
-            and f.attr == "register"
-            and ast.unparse(f.value) in modules
-        ):
+        if isinstance(f, ast.Attribute) and f.attr in REGISTER and ast.unparse(f.value) in modules:
             return True
     return False
 
@@ -77,6 +76,9 @@ def test_registering_modules_sees_every_spelling_of_register(tmp_path: Path) -> 
     (pkg / "area" / "c.py").write_text(
         "from servebook.findings import register as reg\nX = reg('SB9', 't', 'r', 'f')\n"
     )
+    (pkg / "area" / "d.py").write_text(
+        "from servebook.findings import register_once\nX = register_once('SB9', 't', 'r', 'f')\n"
+    )
     (pkg / "area" / "other.py").write_text("import atexit\natexit.register(print)\n")
     (pkg / "findings.py").write_text("def register(id): ...\n")
-    assert registering_modules(pkg) == ["servebook.area.a", "servebook.area.b", "servebook.area.c"]
+    assert registering_modules(pkg) == [f"servebook.area.{m}" for m in "abcd"]

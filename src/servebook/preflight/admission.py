@@ -24,16 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servebook.findings import REGISTRY, Check, Finding, Severity, register
+from servebook.findings import Finding, Severity, register_once
 
 Obj = dict[str, Any]
 
 
-def _check(id: str, title: str, rationale: str, fix: str) -> Check:
-    return REGISTRY.get(id) or register(id, title, rationale, fix)
-
-
-ACCESS = _check(
+ACCESS = register_once(
     "SB263",
     "The caller may do everything servebook up and down do",
     "`up` applies, reads and waits on several kinds, reads logs and opens port-forwards; "
@@ -44,7 +40,7 @@ ACCESS = _check(
     "Ask the cluster's admin for a Role (and RoleBinding) in the namespace granting the "
     "verbs the finding lists; `kubectl auth can-i VERB RESOURCE -n NAMESPACE` checks one.",
 )
-ADMISSION = _check(
+ADMISSION = register_once(
     "SB264",
     "The API server admits the rendered objects (server-side dry run)",
     "Admission is decided only when objects are applied: Pod Security levels, "

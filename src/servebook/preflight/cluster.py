@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from servebook.findings import REGISTRY, Check, Finding, Severity, register
+from servebook.findings import Check, Finding, Severity, register_once
 from servebook.kube.objects import (
     Accelerators,
     BadObject,
@@ -62,16 +62,11 @@ if TYPE_CHECKING:
 Obj = Mapping[str, Any]
 
 
-def _check(id: str, title: str, rationale: str, fix: str) -> Check:
-    # A module reload (tests) must not register the same id twice.
-    return REGISTRY.get(id) or register(id, title, rationale, fix)
-
-
 # ---------------------------------------------------------------------------------------
 # The checks.  Ids are stable: docs, CI configs and people refer to them.  The target
 # node's own (SB250-SB253) are registered in ``preflight.nodes``.
 
-FREE_ACCELERATORS = _check(
+FREE_ACCELERATORS = register_once(
     "SB254",
     "Enough free accelerators on the target node",
     "The scheduler admits a Pod only where allocatable minus what every bound Pod requests "
@@ -82,7 +77,7 @@ FREE_ACCELERATORS = _check(
     "Free the devices (the finding names the pods that hold them), lower the recipe's "
     "gpus, or choose a node with enough free devices.",
 )
-RDMA_ADVERTISED = _check(
+RDMA_ADVERTISED = register_once(
     "SB255",
     "RDMA resource advertised on the target node",
     "Prefill/decode KV transfer over RDMA needs the node's RDMA device plugin to advertise "
@@ -92,7 +87,7 @@ RDMA_ADVERTISED = _check(
     "Install or fix the RDMA device plugin on the node (its allocatable must list the "
     "resource), or choose a node that advertises it.",
 )
-NAMESPACE_READY = _check(
+NAMESPACE_READY = register_once(
     "SB256",
     "Namespace exists or the rendered set creates it",
     "Applying into a namespace that does not exist fails part-way through a multi-object "
@@ -101,7 +96,7 @@ NAMESPACE_READY = _check(
     "Create it (`kubectl create namespace NAME`), render with the namespace included, or "
     "pick an existing namespace.",
 )
-CRDS_INSTALLED = _check(
+CRDS_INSTALLED = register_once(
     "SB257",
     "Required CustomResourceDefinitions are installed and established",
     "Objects of a kind whose CRD is missing are rejected by the API server (`no matches "
@@ -111,7 +106,7 @@ CRDS_INSTALLED = _check(
     "https://lws.sigs.k8s.io/docs/installation/) and wait for "
     "`kubectl wait --for condition=established crd/NAME`.",
 )
-ROLE_PLACED = _check(
+ROLE_PLACED = register_once(
     "SB258",
     "Role is pinned to a node",
     "A role without a node is placed by the scheduler, so no node check (readiness, "
@@ -121,7 +116,7 @@ ROLE_PLACED = _check(
     "its weights.",
 )
 
-MIG_SLICES = _check(
+MIG_SLICES = register_once(
     "SB260",
     "Target node's GPUs are whole GPUs, not MIG slices",
     "With MIG strategy `single` (NVIDIA GPU operator, device plugin and feature discovery), "
@@ -134,7 +129,7 @@ MIG_SLICES = _check(
     "admin turn MIG off on the node (with the GPU operator's MIG manager: `kubectl label "
     "node NODE nvidia.com/mig.config=all-disabled --overwrite`).",
 )
-RDMA_FREE = _check(
+RDMA_FREE = register_once(
     "SB261",
     "Enough free RDMA devices on the target node",
     "An RDMA device plugin advertises a fixed number of devices (one per HCA or virtual "

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servebook.findings import REGISTRY, Check, Finding, Severity, register
+from servebook.findings import Check, Finding, Severity, register_once
 from servebook.kube.names import HOSTNAME_LABEL
 from servebook.kube.objects import (
     BadObject,
@@ -32,14 +32,9 @@ from servebook.preflight.requirements import NodeAsk, roles_text
 Obj = Mapping[str, Any]
 
 
-def _check(id: str, title: str, rationale: str, fix: str) -> Check:
-    # A module reload (tests) must not register the same id twice.
-    return REGISTRY.get(id) or register(id, title, rationale, fix)
-
-
 # Ids are stable: docs, CI configs and people refer to them.
 
-NODE_EXISTS = _check(
+NODE_EXISTS = register_once(
     "SB250",
     "Target node exists",
     "A Pod pinned to a node name that is not in the cluster stays Pending forever (with "
@@ -48,7 +43,7 @@ NODE_EXISTS = _check(
     "Use a name from `kubectl get nodes` (the node's metadata.name, which can differ from "
     "its hostname) in the recipe's node parameter.",
 )
-NODE_READY = _check(
+NODE_READY = register_once(
     "SB251",
     "Target node is Ready",
     "On a node whose Ready condition is False or Unknown the kubelet is not running Pods (or "
@@ -57,7 +52,7 @@ NODE_READY = _check(
     "Look at `kubectl describe node NODE` (conditions, kubelet and runtime status) and fix "
     "the node, or choose a Ready node.",
 )
-NODE_SCHEDULABLE = _check(
+NODE_SCHEDULABLE = register_once(
     "SB252",
     "Target node is not cordoned",
     "A cordoned node (spec.unschedulable) takes no new Pods: the scheduler leaves the "
@@ -65,7 +60,7 @@ NODE_SCHEDULABLE = _check(
     "broken GPU), so deploying there also fights whoever cordoned it.",
     "Ask why the node is cordoned; `kubectl uncordon NODE` once it is fit, or choose another node.",
 )
-NODE_TAINTS = _check(
+NODE_TAINTS = register_once(
     "SB253",
     "Target node's taints are tolerated by the recipe's Pods",
     "A NoSchedule taint the Pods do not tolerate keeps them Pending; an untolerated "
