@@ -119,7 +119,7 @@ def test_a_series_that_converges_stops_as_soon_as_its_interval_is_tight() -> Non
     d = _repeat_until_decided(
         {"output_tokens_per_s": tok, "tpot_ms.p50": tpot}, target=0.05, minimum=3, cap=20
     )
-    assert d.status == "precise" and d.precise
+    assert d.status == "precise"
     assert d.repetitions == 7
     rel = d.relative["output_tokens_per_s"]
     assert rel == pytest.approx(0.0479, abs=1e-4)

@@ -267,10 +267,6 @@ class PrecisionDecision:
     intervals: Mapping[str, Interval]
     relative: Mapping[str, float | None]
 
-    @property
-    def precise(self) -> bool:
-        return self.status == "precise"
-
 
 def precision_decision(
     series: Mapping[str, Sequence[float]],
