@@ -27,9 +27,6 @@ MAX_LINES = 700
 LONG_FILES_ALLOWED = {
     # One stdlib script shipped into the probe Pods: it cannot import the rest of servebook.
     "preflight/probe.py",
-    # Temporary: being split by job (SSE, stream folding, records, control, load generator);
-    # the split removes this line.
-    "bench/client.py",
 }
 
 

@@ -47,7 +47,8 @@ import os
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -72,6 +73,7 @@ from servebook.bench.control import (
     Controller,
     LoadSpec,
     Progress,
+    WindowEdge,
     WindowHook,
     decide,
 )
@@ -238,7 +240,6 @@ class _Worker:
                 ep.request_timeout_s, _time_out, conn, ep.request_timeout_s
             )
             rec.sent_ns = conn.start(request, exchange)
-            rec.sent_traced = True
             await exchange.done
             pool.flush()
             rec.status = exchange.status
@@ -432,7 +433,6 @@ class _Worker:
             self.tick_cpu,
             self.spec.cpus,
             prompt_waits=self.feed.waits,
-            prompt_wait_ns=self.feed.wait_ns,
             prompts_ran_out=self.feed.ran_out,
             producer_cpu_s=self.feed.producer_cpu_s,
         )
@@ -482,18 +482,53 @@ def _refused(records: Iterable[RequestRecord], endpoint: Endpoint) -> None:
             raise auth.rejected(r.status or 401, endpoint.url, endpoint.api_key)
 
 
-async def run_load_async(
+@dataclass(frozen=True)
+class _Hooks:
+    """What the caller of ``run_load`` sees and decides at each poll."""
+
+    controller: Controller | None
+    on_progress: Callable[[Progress], None] | None
+    poll_s: float
+    on_window: WindowHook | None
+
+    def poll(self, control: Control, spec: LoadSpec) -> tuple[list[WindowEdge], int | None]:
+        """One poll: the window edges to report now, in order, and when the load stops
+        (None: it goes on)."""
+        opened, stop = decide(control, self.controller, spec, self.on_progress)
+        edges: list[WindowEdge] = []
+        if self.on_window is not None:
+            if opened:
+                edges.append("open")
+            if stop is not None and control.window_start_ns:
+                edges.append("close")
+        return edges, stop
+
+
+def _result(
     endpoint: Endpoint,
     spec: LoadSpec,
-    prompts: PromptSource,
-    controller: Controller | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-    poll_s: float = 0.05,
-    on_window: WindowHook | None = None,
+    records: list[RequestRecord],
+    stats: list[WorkerStats],
+    span: tuple[int, int],
+    control: Control,
 ) -> LoadResult:
-    """The load in this process's running event loop (``spec.workers`` must be 1)."""
-    if spec.workers != 1:
-        raise ValueError("run_load_async runs one worker; use run_load for worker processes")
+    _refused(records, endpoint)
+    return LoadResult(
+        spec,
+        endpoint,
+        records,
+        stats,
+        span[0],
+        span[1],
+        control.window_start_ns or None,
+        control.stop_ns or None,
+    )
+
+
+async def _load_here(
+    endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: _Hooks
+) -> LoadResult:
+    """One worker, in this process's running event loop."""
     control = Control(1, array("q", bytes(8 * (G_N + W_N))))
     (producer,) = start_producers(prompts, spec)
     try:
@@ -504,15 +539,13 @@ async def run_load_async(
         start = now_ns()
         control.arr[G_START] = start
         while not task.done():
-            await asyncio.sleep(poll_s)
-            opened, stop = decide(control, controller, spec, on_progress)
+            await asyncio.sleep(hooks.poll_s)
+            edges, stop = hooks.poll(control, spec)
             # Hooks do blocking I/O (scraping /metrics): in a thread, so this loop keeps
             # reading streams and stamping tokens meanwhile.
-            if opened and on_window is not None:
-                await asyncio.to_thread(on_window, "open")
+            for edge in edges:
+                await asyncio.to_thread(cast(WindowHook, hooks.on_window), edge)
             if stop is not None:
-                if on_window is not None and control.window_start_ns:
-                    await asyncio.to_thread(on_window, "close")
                 control.stop(stop)
         try:
             stats = task.result()
@@ -521,18 +554,7 @@ async def run_load_async(
     finally:
         if producer is not None:
             producer.stop()
-    end = now_ns()
-    _refused(w.records, endpoint)
-    return LoadResult(
-        spec,
-        endpoint,
-        w.records,
-        [stats],
-        start,
-        end,
-        control.window_start_ns or None,
-        control.stop_ns or None,
-    )
+    return _result(endpoint, spec, w.records, [stats], (start, now_ns()), control)
 
 
 def run_load(
@@ -552,14 +574,20 @@ def run_load(
     both edges.  ``on_progress`` sees every poll (for a progress display).
 
     One worker runs in this process under uvloop (the caller must not be inside a running
-    event loop: use ``run_load_async`` there).  More workers run as spawned processes,
-    started together at one shared start time; the controller is polled here."""
+    event loop).  More workers run as spawned processes, started together at one shared
+    start time; the controller is polled here."""
+    hooks = _Hooks(controller, on_progress, poll_s, on_window)
     if spec.workers == 1:
         _pin(spec, 0)
         _install_uvloop()
-        return asyncio.run(
-            run_load_async(endpoint, spec, prompts, controller, on_progress, poll_s, on_window)
-        )
+        return asyncio.run(_load_here(endpoint, spec, prompts, hooks))
+    return _load_in_workers(endpoint, spec, prompts, hooks)
+
+
+def _load_in_workers(
+    endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: _Hooks
+) -> LoadResult:
+    """``spec.workers`` spawned worker processes; the controller is polled here."""
     ctx = mp.get_context("spawn")
     control = Control(spec.workers)
     conns, procs = [], []
@@ -599,13 +627,11 @@ def run_load(
         start = now_ns() + 20_000_000
         control.arr[G_START] = start
         while len(results) < spec.workers:
-            time.sleep(poll_s)
-            opened, stop = decide(control, controller, spec, on_progress)
-            if opened and on_window is not None:
-                on_window("open")
+            time.sleep(hooks.poll_s)
+            edges, stop = hooks.poll(control, spec)
+            for edge in edges:
+                cast(WindowHook, hooks.on_window)(edge)
             if stop is not None:
-                if on_window is not None and control.window_start_ns:
-                    on_window("close")
                 control.stop(stop)
             _check_workers(procs, conns, results)
     finally:
@@ -617,20 +643,9 @@ def run_load(
         for prod in producers:
             if prod is not None:
                 prod.stop()
-    end = now_ns()
     records = sorted((r for recs, _ in results.values() for r in recs), key=lambda r: r.index)
     stats = [results[w][1] for w in sorted(results)]
-    _refused(records, endpoint)
-    return LoadResult(
-        spec,
-        endpoint,
-        records,
-        stats,
-        start,
-        end,
-        control.window_start_ns or None,
-        control.stop_ns or None,
-    )
+    return _result(endpoint, spec, records, stats, (start, now_ns()), control)
 
 
 def _check_workers(

@@ -198,7 +198,8 @@ def progress(control: Control, t: int) -> Progress:
     )
 
 
-WindowHook = Callable[[Literal["open", "close"]], None]
+WindowEdge = Literal["open", "close"]
+WindowHook = Callable[[WindowEdge], None]
 
 
 def decide(

@@ -28,13 +28,13 @@ now_ns = time.monotonic_ns
 
 #: Prompts per batch a producer writes; and how many a worker keeps ready before it stops
 #: reading the pipe (the producer then blocks on the full pipe: memory stays bounded).
-PRODUCER_BATCH = 64
+PRODUCER_BATCH = 128
 READY_HIGH = 1024
 #: The producer counts one prompt in this many (``workload.RandomPrompts.build_many``):
 #: one per batch.  The word table prompts are sampled from was checked whole when it was
-#: made; counting a 1024-token text costs ~0.6 ms, twenty times the sampling, and one
-#: count in 16 made the producer's CPU per prompt 81 us instead of 43 us.
-PRODUCER_CHECK_EVERY = 64
+#: made; counting a 1024-token text costs ~1 ms, forty times the sampling: one count in 16
+#: made the producer's CPU per prompt 81 us, one in 64 43 us, one in 128 ~35 us.
+PRODUCER_CHECK_EVERY = 128
 
 
 def _produce(
@@ -146,7 +146,6 @@ class PromptFeed:
         self.reading = False
         self.closed = conn is None
         self.waits = 0
-        self.wait_ns = 0
         self.ran_out = False
         self.error: str | None = None  # the producer failed: the load cannot go on
         self.producer_cpu_s = 0.0  # the producer's CPU time, as of its last batch
@@ -234,10 +233,8 @@ class PromptFeed:
             fut: asyncio.Future[Prompt | None] = asyncio.get_running_loop().create_future()
             self.waiters[index] = fut
             self.waits += 1
-            t0 = now_ns()
             self._resume()
             p = await fut
-            self.wait_ns += now_ns() - t0
             if p is None:
                 if self.error is not None:
                     raise ClientError(f"building prompts failed: {self.error}")

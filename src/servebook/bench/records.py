@@ -59,7 +59,6 @@ class RequestRecord:
     # Stopped by the load's end (the window closed); neither a success nor an error.
     cancelled: bool = False
     done: bool = False  # data: [DONE] seen
-    sent_traced: bool = False  # sent_ns came from the socket write, not the fallback
 
     @property
     def ok(self) -> bool:
@@ -133,7 +132,6 @@ class WorkerStats:
     tick_cpu_ns: array = field(default_factory=lambda: array("q"))  # ...with this CPU used
     cpus: tuple[int, ...] | None = None
     prompt_waits: int = 0  # requests that waited for their prompt from the producer
-    prompt_wait_ns: int = 0
     prompts_ran_out: bool = False  # a slot ended because no prompt was left
     producer_cpu_s: float = 0.0  # CPU time of this worker's prompt producer (0: none ran)
 

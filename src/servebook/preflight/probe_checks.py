@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from servebook.findings import REGISTRY, Check, Finding, Severity, register
+from servebook.findings import Check, Finding, Severity, register_once
 from servebook.preflight import probe as _probe
 
 
@@ -20,9 +20,7 @@ def _register_all() -> dict[str, Check]:
     checks: dict[str, Check] = {}
     for c in _probe.CHECKS:
         # Importing twice (e.g. module reloads in tests) must not register twice.
-        checks[c["id"]] = REGISTRY.get(c["id"]) or register(
-            c["id"], c["title"], c["rationale"], c["fix"]
-        )
+        checks[c["id"]] = register_once(c["id"], c["title"], c["rationale"], c["fix"])
     return checks
 
 

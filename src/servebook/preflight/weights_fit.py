@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook.errors import UsageError
-from servebook.findings import REGISTRY, Finding, Severity, register
+from servebook.findings import Finding, Severity, register_once
 from servebook.kube.objects import BadObject, parse_quantity
 from servebook.preflight.cluster import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from servebook.preflight.nodes import resolve_node
@@ -35,7 +35,7 @@ from servebook.preflight.requirements import NodeAsk
 
 Obj = Mapping[str, Any]
 
-WEIGHTS_FIT = REGISTRY.get("SB262") or register(
+WEIGHTS_FIT = register_once(
     "SB262",
     "Model weights fit the GPUs they are split across",
     "vLLM loads every weight into GPU memory before it serves: weights larger than the "
