@@ -145,10 +145,9 @@ def _request_head(endpoint: Endpoint) -> tuple[bytes, bytes]:
     headers; each request adds its length, its id and its body), and the id prefix."""
     u = urlsplit(endpoint.url)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    pool = http1.Pool(endpoint.url, endpoint.request_timeout_s)
     lines = [
         f"POST {target} HTTP/1.1",
-        f"Host: {pool.host_header}",
+        f"Host: {http1.origin(endpoint.url).host_header}",
         "Content-Type: application/json",
         "Accept: text/event-stream",
     ]

@@ -34,7 +34,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 now_ns = time.monotonic_ns
@@ -318,6 +318,25 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+class Origin(NamedTuple):
+    """Where an http(s) URL's requests go, and the ``Host`` header that names it."""
+
+    host: str
+    port: int
+    tls: bool
+    host_header: str
+
+
+def origin(url: str) -> Origin:
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"not an http(s) URL: {url}")
+    tls = u.scheme == "https"
+    port = u.port or (443 if tls else 80)
+    host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+    return Origin(u.hostname, port, tls, host if port == (443 if tls else 80) else f"{host}:{port}")
+
+
 class Pool:
     """Keep-alive connections to one origin; the most recently used is reused first."""
 
@@ -327,19 +346,9 @@ class Pool:
         timeout_s: float,
         on_chunks: Callable[[list[tuple[Any, int, bytes]]], None] = lambda chunks: None,
     ) -> None:
-        u = urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"not an http(s) URL: {url}")
-        self.host = u.hostname
-        self.port = u.port or (443 if u.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = (
-            ssl.create_default_context() if u.scheme == "https" else None
-        )
-        default = (u.scheme == "https" and self.port == 443) or (
-            u.scheme == "http" and self.port == 80
-        )
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.host_header = host if default else f"{host}:{self.port}"
+        o = origin(url)
+        self.host, self.port, self.host_header = o.host, o.port, o.host_header
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if o.tls else None
         self.timeout_s = timeout_s
         self.idle: list[Connection] = []
         self.all: set[Connection] = set()

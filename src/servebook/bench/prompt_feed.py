@@ -23,9 +23,6 @@ from typing import Any, cast
 from servebook.bench.control import ClientError, LoadSpec
 from servebook.bench.workload import BuildsPrompts, Prompt, PromptSource
 
-now_ns = time.monotonic_ns
-
-
 #: Prompts per batch a producer writes; and how many a worker keeps ready before it stops
 #: reading the pipe (the producer then blocks on the full pipe: memory stays bounded).
 PRODUCER_BATCH = 128
