@@ -4,6 +4,7 @@ SB113 (a LeaderWorkerSet whose leader and workers run different flags)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from servebook.engines.cmdline import EngineCommand
 from servebook.findings import Finding, Severity, register
@@ -168,6 +169,20 @@ def check_group_members(doc: Document) -> list[Finding]:
         return []
     wpod, wpath, worker = by_member["worker"]
     findings: list[Finding] = []
+
+    def disagree(message: str, **evidence: Any) -> None:
+        findings.append(
+            finding_at(
+                GROUP_MEMBERS_DISAGREE,
+                Severity.FAIL,
+                doc,
+                wpath,
+                message,
+                extra=wpod.part,
+                evidence=evidence or None,
+            )
+        )
+
     size = lookup(doc.data, "spec", "leaderWorkerTemplate", "size")
     spans = isinstance(size, int) and size > 1
     if "leader" in by_member:
@@ -179,43 +194,22 @@ def check_group_members(doc: Document) -> list[Finding]:
             if a.get(k) != b.get(k)
         )
         if diff:
-            findings.append(
-                finding_at(
-                    GROUP_MEMBERS_DISAGREE,
-                    Severity.FAIL,
-                    doc,
-                    wpath,
-                    f"{doc.label}'s leader and workers run different engine settings: "
-                    + "; ".join(diff),
-                    extra=wpod.part,
-                    evidence={"differences": diff},
-                )
+            disagree(
+                f"{doc.label}'s leader and workers run different engine settings: "
+                + "; ".join(diff),
+                differences=diff,
             )
         local = leader.value("--data-parallel-size-local")
         rank = worker.value("--data-parallel-start-rank")
         if spans and size == 2 and local and rank and not rank.startswith("$") and rank != local:
-            findings.append(
-                finding_at(
-                    GROUP_MEMBERS_DISAGREE,
-                    Severity.FAIL,
-                    doc,
-                    wpath,
-                    f"{doc.label}'s worker starts at data-parallel rank {rank}, but the leader "
-                    f"holds ranks 0 to {int(local) - 1} (--data-parallel-size-local {local}): "
-                    "the worker's first rank must be " + local,
-                    extra=wpod.part,
-                )
+            disagree(
+                f"{doc.label}'s worker starts at data-parallel rank {rank}, but the leader "
+                f"holds ranks 0 to {int(local) - 1} (--data-parallel-size-local {local}): "
+                "the worker's first rank must be " + local
             )
     if spans and worker.has("--data-parallel-size") and not worker.has("--headless"):
-        findings.append(
-            finding_at(
-                GROUP_MEMBERS_DISAGREE,
-                Severity.FAIL,
-                doc,
-                wpath,
-                f"{doc.label}'s workers run data-parallel ranks without --headless: each would "
-                "start an API server of its own beside the leader's.",
-                extra=wpod.part,
-            )
+        disagree(
+            f"{doc.label}'s workers run data-parallel ranks without --headless: each would "
+            "start an API server of its own beside the leader's."
         )
     return findings
