@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from servebook.recipe.plan import Plan
+from servebook.recipe.plan import Plan, engines_of, role_named
 from servebook.verify.smoke import Claims, Target
 
 
@@ -69,14 +69,11 @@ class DeploymentView:
     accelerators: int | None = None
 
     def role(self, name: str) -> RoleView:
-        for r in self.roles:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        return role_named(self.roles, name)
 
     @property
     def engines(self) -> list[RoleView]:
-        return [r for r in self.roles if r.kind == "engine"]
+        return engines_of(self.roles)
 
     def dead_roles(self) -> list[str]:
         """Roles the backend knows are not running (not those it cannot tell about)."""

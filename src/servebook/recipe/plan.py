@@ -7,7 +7,8 @@ break one on purpose (e.g. speculation on one PD role only) and hand it to a bac
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -28,6 +29,33 @@ from servebook.recipe.schema import (
 POD_MODELS_MOUNT = "/models"
 POD_MODEL_DIR = f"{POD_MODELS_MOUNT}/model"
 POD_DRAFT_DIR = f"{POD_MODELS_MOUNT}/draft"
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Role(_Named, Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Named)
+R = TypeVar("R", bound=_Role)
+
+
+def role_named(roles: Iterable[N], name: str) -> N:
+    """The role called ``name`` among a Plan's roles or a view of them (KeyError: none)."""
+    for r in roles:
+        if r.name == name:
+            return r
+    raise KeyError(name)
+
+
+def engines_of(roles: Iterable[R]) -> list[R]:
+    """The roles that run an engine (not the router), in order."""
+    return [r for r in roles if r.kind == "engine"]
 
 
 class RecipeValueError(UsageError):
@@ -108,14 +136,11 @@ class Plan(BaseModel):
     require_api_key: bool = False
 
     def role(self, name: str) -> RolePlan:
-        for r in self.roles:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        return role_named(self.roles, name)
 
     @property
     def engine_roles(self) -> list[RolePlan]:
-        return [r for r in self.roles if r.kind == "engine"]
+        return engines_of(self.roles)
 
     @property
     def entry_role(self) -> str:
