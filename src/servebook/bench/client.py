@@ -79,10 +79,13 @@ from servebook.bench.control import (
 )
 from servebook.bench.openai_stream import (
     Endpoint,
+    Shape,
     apply_data,
     apply_events,
     dumps,
     finish_record,
+    fold_known,
+    learn_shape,
     request_body,
 )
 from servebook.bench.prompt_feed import PromptFeed, start_producers
@@ -107,12 +110,21 @@ ADMIT_PER_TURN = 4
 
 class _Sink:
     """Where one response's body goes.  ``busy``: its SSE parser holds part of an event
-    (then every chunk goes through the parser)."""
+    (then every chunk goes through the parser).  ``shape``: the stream's plain chunk, once
+    one has been parsed (``openai_stream.learn_shape``); ``tries``: chunks left to learn it
+    from."""
 
-    __slots__ = ("busy", "chat", "parser", "rec")
+    __slots__ = ("busy", "chat", "parser", "rec", "shape", "tries")
 
     def __init__(self, rec: RequestRecord, chat: bool) -> None:
         self.rec, self.parser, self.chat, self.busy = rec, SSEParser(), chat, False
+        self.shape: Shape | None = None
+        self.tries = _LEARN_TRIES
+
+
+# Chunks of a stream parsed in full before giving up on learning its shape (a server whose
+# chunks all differ, e.g. with usage in every chunk, pays the attempt only this often).
+_LEARN_TRIES = 4
 
 
 def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
@@ -120,6 +132,9 @@ def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
     This is the per-token hot path: keep it flat."""
     for sink, t, data in chunks:
         try:
+            shape = sink.shape
+            if shape is not None and not sink.busy and fold_known(sink.rec, t, shape, data):
+                continue
             # One whole event per chunk, the usual case ("data: ...\n\n", no other line
             # end): skip the general parser.
             if (
@@ -129,7 +144,10 @@ def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
                 and data[-1] == 10
                 and b"\r" not in data
             ):
-                apply_data(sink.rec, t, data[6:-2], sink.chat)
+                obj = apply_data(sink.rec, t, data[6:-2], sink.chat)
+                if obj is not None and shape is None and sink.tries:
+                    sink.tries -= 1
+                    sink.shape = learn_shape(data, obj, sink.chat)
             else:
                 p = sink.parser
                 events = p.feed(data)

@@ -9,10 +9,11 @@ nothing is dropped.
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from servebook.bench.workload import Api
 
@@ -108,24 +109,24 @@ def apply_events(
             apply_data(rec, t, data, chat)
 
 
-def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> None:
-    """Fold one ``message`` event's data (a JSON chunk or ``[DONE]``) into ``rec``.  This is
-    the per-token hot path: keep it flat."""
+def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> dict[str, Any] | None:
+    """Fold one ``message`` event's data (a JSON chunk or ``[DONE]``) into ``rec``; the
+    chunk's object when it was one.  This is the per-token hot path: keep it flat."""
     if data == b"[DONE]":
         rec.done = True
-        return
+        return None
     try:
         obj = loads(data)
     except ValueError:
         rec.error = rec.error or f"malformed stream event: {data[:200]!r}"
-        return
+        return None
     if type(obj) is not dict:
         rec.error = rec.error or f"unexpected stream event: {data[:200]!r}"
-        return
+        return None
     err = obj.get("error")
     if err is not None:
         rec.error = rec.error or _error_text(err)
-        return
+        return None
     choices = obj.get("choices")
     if choices:
         c0 = choices[0]
@@ -148,6 +149,82 @@ def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> None:
         pt = usage.get("prompt_tokens")
         if isinstance(pt, int):
             rec.prompt_tokens = pt
+    return obj
+
+
+# --- chunks that repeat the stream's shape -------------------------------------------------
+#
+# Within one stream a server sends the same chunk again and again with only the token's
+# text changed: the same id, creation time, model, null fields, in the same order.  Once
+# one such chunk has been parsed, the next ones are recognised by its bytes before and
+# after the text, which saves the JSON parse (half the client's per-token work).  A chunk
+# is taken this way only when it is the learned chunk to the letter but for a text that is
+# plain printable ASCII with no quote or backslash: such a text is a valid JSON string
+# with the same value as its bytes, so the chunk parses to the learned object with that
+# text, and it folds exactly as ``apply_data`` would fold it.  Anything else (an escape,
+# non-ASCII text, a finish reason, usage, an error, malformed bytes) goes the general way.
+
+# A byte that a text must not hold to be taken by its bytes: outside printable ASCII, a
+# quote, or a backslash.
+_NOT_PLAIN = re.compile(rb"[^\x20\x21\x23-\x5b\x5d-\x7e]").search
+
+
+class Shape(NamedTuple):
+    """A learned chunk: its whole SSE event (``data: ...\\n\\n``) but the text."""
+
+    head: bytes
+    tail: bytes
+    bare: int  # len(head) + len(tail): the event's length with an empty text
+
+
+def learn_shape(event: bytes, obj: dict[str, Any], chat: bool) -> Shape | None:
+    """The shape of ``event`` (one whole ``data: <json>\\n\\n`` event, parsed to
+    ``obj``) when it is a plain one-token chunk: one choice, a non-empty plain text, no
+    token ids, no finish reason, no usage; else None."""
+    choices = obj.get("choices")
+    if type(choices) is not list or len(choices) != 1 or obj.get("usage"):
+        return None
+    c0 = choices[0]
+    if type(c0) is not dict or c0.get("finish_reason") or c0.get("token_ids"):
+        return None
+    if chat:
+        delta = c0.get("delta")
+        if type(delta) is not dict or delta.get("tool_calls") or delta.get("reasoning_content"):
+            return None
+        if delta.get("reasoning"):
+            return None
+        text, key = delta.get("content"), b'"content"'
+    else:
+        text, key = c0.get("text"), b'"text"'
+    # The key once in the whole event (as a key or a value), written without spaces.
+    at = event.find(key + b':"')
+    if type(text) is not str or not text or at < 0 or event.count(key) != 1:
+        return None
+    start = at + len(key) + 2
+    stop = event.find(b'"', start)
+    raw = event[start:stop]
+    if _NOT_PLAIN(raw) or raw != text.encode("ascii", "replace"):
+        return None
+    return Shape(event[:start], event[stop:], start + len(event) - stop)
+
+
+def fold_known(rec: RequestRecord, t: int, shape: Shape, event: bytes) -> bool:
+    """Fold ``event`` if it is ``shape`` with another plain text; False if it is not
+    (then nothing was done).  The per-token hot path: keep it flat."""
+    head, tail, bare = shape
+    n = len(event)
+    if (
+        n < bare
+        or not event.startswith(head)
+        or not event.endswith(tail)
+        or _NOT_PLAIN(event, len(head), n - len(tail))
+    ):
+        return False
+    if n != bare:  # a non-empty text: one token
+        rec.chunk_ns.append(t)
+        if rec.chunk_tokens is not None:
+            rec.chunk_tokens.append(1)
+    return True
 
 
 def finish_record(rec: RequestRecord, t: int) -> None:
