@@ -31,7 +31,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from servebook.errors import UsageError
 
@@ -275,6 +275,22 @@ def _warnings(headers: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+class SendOptions(TypedDict, total=False):
+    """The optional parts of one request, as ``send`` takes them (``call`` and
+    ``resources.request`` pass them on as they are)."""
+
+    params: Mapping[str, str] | None
+    body: Obj | None
+    content_type: str
+    timeout_s: float | None
+
+
+class CallOptions(SendOptions, total=False):
+    """``send``'s options, and whether a 404 is an answer (None) rather than a failure."""
+
+    missing_ok: bool
+
+
 def send(
     api: Any,
     method: str,
@@ -324,24 +340,12 @@ def call(
     path: str,
     doing: str,
     *,
-    params: Mapping[str, str] | None = None,
-    body: Obj | None = None,
-    content_type: str = "application/json",
     missing_ok: bool = False,
-    timeout_s: float | None = None,
+    **options: Unpack[SendOptions],
 ) -> Obj | None:
     """``send``, returning the answer's JSON object; None for a 404 when ``missing_ok``."""
     try:
-        return send(
-            api,
-            method,
-            path,
-            doing,
-            params=params,
-            body=body,
-            content_type=content_type,
-            timeout_s=timeout_s,
-        ).json()
+        return send(api, method, path, doing, **options).json()
     except RequestFailed as e:
         if missing_ok and e.code == 404:
             return None
@@ -379,8 +383,10 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "REQUEST_TIMEOUT_S",
     "Answer",
+    "CallOptions",
     "ClusterUnreachable",
     "RequestFailed",
+    "SendOptions",
     "call",
     "connect",
     "credentials_problem",

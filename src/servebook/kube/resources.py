@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
@@ -93,27 +93,14 @@ def request(
     method: str,
     where: Where,
     doing: str,
-    *,
-    params: dict[str, str] | None = None,
-    body: Obj | None = None,
-    content_type: str = "application/json",
-    missing_ok: bool = False,
+    **options: Unpack[kube_client.CallOptions],
 ) -> Obj | None:
-    """One bounded request (``kube.client.call``).  The answer's JSON; None for a 404 when
-    ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the request: a 409 is a
-    ``Conflict`` naming the fields and their manager, a 401/403 ``Forbidden`` saying what
-    servebook needs."""
+    """One bounded request (``kube.client.call``, with its options).  The answer's JSON;
+    None for a 404 when ``missing_ok``.  Any failure is exit 2 naming ``doing`` and the
+    request: a 409 is a ``Conflict`` naming the fields and their manager, a 401/403
+    ``Forbidden`` saying what servebook needs."""
     try:
-        return kube_client.call(
-            api,
-            method,
-            where.path,
-            doing,
-            params=params,
-            body=body,
-            content_type=content_type,
-            missing_ok=missing_ok,
-        )
+        return kube_client.call(api, method, where.path, doing, **options)
     except kube_client.RequestFailed as e:
         status, code = e.status, e.code
         message = e.server_message
