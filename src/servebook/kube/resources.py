@@ -19,19 +19,22 @@ FIELD_MANAGER = "servebook"
 
 Obj = dict[str, Any]
 
-PLURALS = {
-    "Namespace": "namespaces",
-    "Deployment": "deployments",
-    "Service": "services",
-    "Pod": "pods",
-    "Event": "events",
-    "ReplicaSet": "replicasets",
-    "ConfigMap": "configmaps",
-    "ServiceAccount": "serviceaccounts",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "LeaderWorkerSet": "leaderworkersets",
-}
+# The kinds servebook reads and writes, each with its resource name: for all of these the
+# API's plural is the kind in lower case plus "s".
+KINDS = (
+    "Namespace",
+    "Deployment",
+    "Service",
+    "Pod",
+    "Event",
+    "ReplicaSet",
+    "ConfigMap",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "LeaderWorkerSet",
+)
+PLURALS = {kind: kind.lower() + "s" for kind in KINDS}
 API_VERSIONS = {
     "Deployment": "apps/v1",
     "ReplicaSet": "apps/v1",
