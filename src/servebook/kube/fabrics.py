@@ -66,118 +66,105 @@ NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConn
 MOONCAKE_CONNECTORS = frozenset({"MooncakeConnector"})
 
 
+def ucx_env(tls: str, **extra: str) -> dict[str, str]:
+    """UCX's environment: the transports it may use [dynamo-comm], what the fabric adds, and
+    the info log verify reads the transport from."""
+    return {"UCX_TLS": tls, **extra, **UCX_LOG}
+
+
 @dataclass(frozen=True)
 class Profile:
+    """One fabric.  The defaults are what the RDMA fabrics have in common: NIXL over UCX on
+    the RDMA transports, Mooncake's rdma protocol, a device per GPU under a name the
+    profile does not know, no secondary networks; a profile states where it differs."""
+
     name: FabricName
-    transport: Transport
     summary: str
+    sources: tuple[str, ...]
+    transport: Transport = "rdma"
     # The KV connector's transport: NIXL's backend plugin, Mooncake's protocol (None: this
     # fabric has no Mooncake protocol).
-    nixl_backend: Literal["UCX", "LIBFABRIC"]
-    mooncake_protocol: str | None
+    nixl_backend: Literal["UCX", "LIBFABRIC"] = "UCX"
+    mooncake_protocol: str | None = "rdma"
     # The device resource a Pod requests by default (None: none, or the cluster's name for
     # it must be given), and whether a Pod requests one per GPU (SR-IOV functions, EFA
     # interfaces) or one in all (a shared device that exposes every HCA).
-    default_resource: str | None
-    resource_required: bool
-    per_gpu: bool
-    env: Mapping[str, str]
-    capabilities: tuple[str, ...]
+    default_resource: str | None = None
+    resource_required: bool = False
+    per_gpu: bool = True
+    env: Mapping[str, str] = field(default_factory=lambda: ucx_env(UCX_TLS_RDMA))
     # Secondary networks: none, Multus only, or Multus or GKE (by the networking setting).
-    networks: Literal["none", "multus", "multus-or-gke"]
-    sources: tuple[str, ...] = field(default_factory=tuple)
+    networks: Literal["none", "multus", "multus-or-gke"] = "none"
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """IPC_LOCK on every RDMA transport, to pin memory for RDMA ([dynamo-comm],
+        [dynamo-xprov], [llm-d-pd aws]); none over TCP."""
+        return ("IPC_LOCK",) if self.transport == "rdma" else ()
 
 
 PROFILES: dict[str, Profile] = {
-    "ib-shared": Profile(
-        name="ib-shared",
-        transport="rdma",
-        summary="InfiniBand through a shared RDMA device plugin: one device per Pod "
-        "exposes every HCA of the node",
-        nixl_backend="UCX",
-        mooncake_protocol="rdma",
-        # [llm-d-pd coreweave] rdma/ib: "1"; [dynamo-comm] rdma/ib from the device plugin.
-        default_resource="rdma/ib",
-        resource_required=False,
-        per_gpu=False,
-        env={"UCX_TLS": UCX_TLS_RDMA, **UCX_LOG},  # [dynamo-comm]
-        capabilities=("IPC_LOCK",),  # [dynamo-comm] pin memory for RDMA
-        networks="none",
-        sources=("dynamo-comm", "llm-d-pd coreweave"),
-    ),
-    "ib-sriov": Profile(
-        name="ib-sriov",
-        transport="rdma",
-        summary="InfiniBand through SR-IOV: one virtual function (and one Multus network "
-        "attachment) per GPU",
-        nixl_backend="UCX",
-        mooncake_protocol="rdma",
-        # The SR-IOV device plugin's resource name is the cluster's own choice
-        # (resourcePrefix/resourceName in its config): it must be given.
-        default_resource=None,
-        resource_required=True,
-        per_gpu=True,
-        env={"UCX_TLS": UCX_TLS_RDMA, **UCX_LOG},  # [dynamo-comm]
-        capabilities=("IPC_LOCK",),  # [dynamo-comm], [dynamo-xprov]
-        networks="multus",  # [multus]
-        sources=("dynamo-comm", "dynamo-xprov", "multus"),
-    ),
-    "roce": Profile(
-        name="roce",
-        transport="rdma",
-        summary="RoCE v2 on secondary networks attached by Multus, or by GKE "
-        "multi-networking (A3 Ultra, A4)",
-        nixl_backend="UCX",
-        mooncake_protocol="rdma",
-        # Multus RoCE usually comes with an RDMA device resource (given when it does);
-        # GKE attaches the RDMA NICs through the annotation alone [dynamo-xprov].
-        default_resource=None,
-        resource_required=False,
-        per_gpu=True,
-        # [dynamo-comm] UCX_TLS; [llm-d-pd gke] reach RoCE peers on any subnet.
-        env={"UCX_TLS": UCX_TLS_RDMA, "UCX_IB_ROCE_REACHABILITY_MODE": "all", **UCX_LOG},
-        capabilities=("IPC_LOCK",),  # [dynamo-xprov] on every RDMA transport
-        networks="multus-or-gke",  # [multus], [gke-multinet]
-        sources=("dynamo-comm", "dynamo-xprov", "llm-d-pd gke", "multus", "gke-multinet"),
-    ),
-    "efa": Profile(
-        name="efa",
-        transport="rdma",
-        summary="AWS Elastic Fabric Adapter through libfabric (NIXL's LIBFABRIC backend)",
-        # [llm-d-pd aws] backends ["LIBFABRIC"]; [dynamo-comm] UCX over EFA "not
-        # recommended for production".
-        nixl_backend="LIBFABRIC",
-        mooncake_protocol=None,
-        default_resource="vpc.amazonaws.com/efa",  # [llm-d-pd aws], [dynamo-xprov]
-        resource_required=False,
-        per_gpu=True,
-        env={
-            # [dynamo-xprov] AWS transport env.
-            "FI_PROVIDER": "efa",
-            "FI_EFA_USE_DEVICE_RDMA": "1",
-            # NIXL's libfabric plugin logs "Created N rails using provider=efa" at INFO:
-            # how verify reads the transport from the engine log.
-            "NIXL_LOG_LEVEL": "INFO",
-        },
-        capabilities=("IPC_LOCK",),  # [llm-d-pd aws]
-        networks="none",
-        sources=("llm-d-pd aws", "dynamo-xprov", "dynamo-comm"),
-    ),
-    "tcp": Profile(
-        name="tcp",
-        transport="tcp",
-        summary="TCP sockets, GPU memory staged through the host: works anywhere, far "
-        "slower (Dynamo measured TTFT of ~98 s where RDMA took a few hundred ms)",
-        nixl_backend="UCX",
-        mooncake_protocol="tcp",
-        default_resource=None,
-        resource_required=False,
-        per_gpu=False,
-        env={"UCX_TLS": UCX_TLS_TCP, **UCX_LOG},  # [dynamo-comm] tcp transport
-        capabilities=(),
-        networks="none",
-        sources=("dynamo-comm",),
-    ),
+    p.name: p
+    for p in (
+        Profile(
+            name="ib-shared",
+            summary="InfiniBand through a shared RDMA device plugin: one device per Pod "
+            "exposes every HCA of the node",
+            # [llm-d-pd coreweave] rdma/ib: "1"; [dynamo-comm] rdma/ib from the device plugin.
+            default_resource="rdma/ib",
+            per_gpu=False,
+            sources=("dynamo-comm", "llm-d-pd coreweave"),
+        ),
+        Profile(
+            name="ib-sriov",
+            summary="InfiniBand through SR-IOV: one virtual function (and one Multus network "
+            "attachment) per GPU",
+            # The SR-IOV device plugin's resource name is the cluster's own choice
+            # (resourcePrefix/resourceName in its config): it must be given.
+            resource_required=True,
+            networks="multus",  # [multus]
+            sources=("dynamo-comm", "dynamo-xprov", "multus"),
+        ),
+        Profile(
+            name="roce",
+            summary="RoCE v2 on secondary networks attached by Multus, or by GKE "
+            "multi-networking (A3 Ultra, A4)",
+            # Multus RoCE usually comes with an RDMA device resource (given when it does);
+            # GKE attaches the RDMA NICs through the annotation alone [dynamo-xprov].
+            # [llm-d-pd gke] reach RoCE peers on any subnet.
+            env=ucx_env(UCX_TLS_RDMA, UCX_IB_ROCE_REACHABILITY_MODE="all"),
+            networks="multus-or-gke",  # [multus], [gke-multinet]
+            sources=("dynamo-comm", "dynamo-xprov", "llm-d-pd gke", "multus", "gke-multinet"),
+        ),
+        Profile(
+            name="efa",
+            summary="AWS Elastic Fabric Adapter through libfabric (NIXL's LIBFABRIC backend)",
+            # [llm-d-pd aws] backends ["LIBFABRIC"]; [dynamo-comm] UCX over EFA "not
+            # recommended for production".
+            nixl_backend="LIBFABRIC",
+            mooncake_protocol=None,
+            default_resource="vpc.amazonaws.com/efa",  # [llm-d-pd aws], [dynamo-xprov]
+            env={
+                # [dynamo-xprov] AWS transport env.
+                "FI_PROVIDER": "efa",
+                "FI_EFA_USE_DEVICE_RDMA": "1",
+                # NIXL's libfabric plugin logs "Created N rails using provider=efa" at
+                # INFO: how verify reads the transport from the engine log.
+                "NIXL_LOG_LEVEL": "INFO",
+            },
+            sources=("llm-d-pd aws", "dynamo-xprov", "dynamo-comm"),
+        ),
+        Profile(
+            name="tcp",
+            transport="tcp",
+            summary="TCP sockets, GPU memory staged through the host: works anywhere, far "
+            "slower (Dynamo measured TTFT of ~98 s where RDMA took a few hundred ms)",
+            mooncake_protocol="tcp",
+            per_gpu=False,
+            env=ucx_env(UCX_TLS_TCP),  # [dynamo-comm] tcp transport
+            sources=("dynamo-comm",),
+        ),
+    )
 }
 
 
