@@ -5,6 +5,7 @@ also run standalone inside a probe Pod); this module parses, calls and prints.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -26,36 +27,35 @@ _EPILOG = (
 )
 
 
+def _unset(flag: str, metavar: str, help: str) -> Any:
+    """One of probe's options: None unless given (usage_problem tells an absent option from
+    a given one, and the defaults are applied after it), with its metavar and help."""
+    return typer.Option(None, flag, metavar=metavar, help=help)
+
+
 @app.command("probe", epilog=_EPILOG)
 def probe(
     directory: Path | None = typer.Argument(
         None, metavar="DIR", help="Model directory to check (symlinks are followed)."
     ),
-    expect_model: str | None = typer.Option(
-        None,
+    expect_model: str | None = _unset(
         "--expect-model",
-        metavar="M",
-        help="Fail unless config.json is model M: one of its `architectures` or its "
+        "M",
+        "Fail unless config.json is model M: one of its `architectures` or its "
         "`_name_or_path` (case-insensitive; `model_type` is not accepted, it names a family).",
     ),
-    draft: Path | None = typer.Option(
-        None, "--draft", metavar="DIR2", help="Draft model directory: the same checks."
-    ),
-    mountinfo: Path | None = typer.Option(
-        None,
+    draft: Path | None = _unset("--draft", "DIR2", "Draft model directory: the same checks."),
+    mountinfo: Path | None = _unset(
         "--mountinfo",
-        metavar="FILE",
-        help="Read mounts from FILE (a node's captured /proc/self/mountinfo) instead of "
-        "this machine's.",
+        "FILE",
+        "Read mounts from FILE (a node's captured /proc/self/mountinfo) instead of this machine's.",
     ),
-    find: Path | None = typer.Option(
-        None, "--find", metavar="ROOT", help="List model directories under ROOT instead."
+    find: Path | None = _unset("--find", "ROOT", "List model directories under ROOT instead."),
+    max_depth: int | None = _unset(
+        "--max-depth", "N", "--find: directory levels to descend (default 4)."
     ),
-    max_depth: int | None = typer.Option(
-        None, "--max-depth", metavar="N", help="--find: directory levels to descend (default 4)."
-    ),
-    timeout: float | None = typer.Option(
-        None, "--timeout", metavar="S", help="--find: wall-time bound in seconds (default 10)."
+    timeout: float | None = _unset(
+        "--timeout", "S", "--find: wall-time bound in seconds (default 10)."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print findings as JSON."),
 ) -> None:
