@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -37,6 +39,12 @@ HELP = (
     "when a point is invalid or the sweep stopped, 2 on unusable input.\n\n"
     "Example: servebook bench tiny-pd --concurrency 1,4 --duration 30s -o out/tiny-pd"
 )
+
+
+def _bench_args(options: dict[str, Any]) -> BenchArgs:
+    """The sweep's settings from the command's options: each parameter named after a field
+    of ``BenchArgs`` sets that field (the others, such as --url or -o, are not settings)."""
+    return BenchArgs(**{f.name: options[f.name] for f in fields(BenchArgs) if f.name in options})
 
 
 @app.command(help=HELP)
@@ -90,14 +98,14 @@ def bench(
         help="Client processes (default: one per 256 streams, at most the cores).",
     ),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
-    max_client_lag: float = typer.Option(
+    max_client_lag_ms: float = typer.Option(
         10.0,
         "--max-client-lag-ms",
         help="Open loop: a point whose requests go out later than their schedule by more "
         "than this (p99) is invalid. Closed loop is judged by achieved concurrency; its "
         "send lag is reported.",
     ),
-    min_achieved: float = typer.Option(
+    min_achieved_concurrency: float = typer.Option(
         0.98,
         "--min-achieved-concurrency",
         help="Closed loop: a point whose time-weighted requests in flight fall below this "
@@ -122,30 +130,12 @@ def bench(
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
 ) -> None:
+    options = dict(locals())  # the parameters, before any other name is bound
+    # --rate alone runs open loop only; servebook's own deployments always need server counters.
+    options["concurrency"] = None if rate and concurrency == "1,4,16" else concurrency
+    options["require_server_evidence"] = require_server_evidence or url is None
+    a = _bench_args(options)
     key = auth.resolve(api_key)
-    a = BenchArgs(
-        concurrency=None if rate and concurrency == "1,4,16" else concurrency,
-        rate=rate,
-        input_len=input_len,
-        output_len=output_len,
-        warmup=warmup,
-        duration=duration,
-        min_requests=min_requests,
-        repetitions=repetitions,
-        precision=precision,
-        max_repetitions=max_repetitions,
-        order=order,
-        seed=seed,
-        slo=slo,
-        api=api,
-        dataset=dataset,
-        workers=workers,
-        request_timeout=request_timeout,
-        max_client_lag_ms=max_client_lag,
-        min_achieved_concurrency=min_achieved,
-        prompt_format=prompt_format,
-        require_server_evidence=require_server_evidence or url is None,
-    )
     if url is not None:
         if deployment is not None or backend is not None:
             raise UsageError("give a deployment (with --backend) or --url, not both")

@@ -1,0 +1,18 @@
+"""`servebook bench` builds its BenchArgs from the parameters named after BenchArgs's fields."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+
+from servebook.commands.bench import bench
+from servebook.sweep import BenchArgs
+
+# Settings the command does not offer (they keep BenchArgs's default).
+NOT_OPTIONS = {"max_point"}
+
+
+def test_every_bench_setting_is_a_parameter_of_the_command() -> None:
+    params = set(inspect.signature(bench).parameters)
+    missing = {f.name for f in fields(BenchArgs)} - NOT_OPTIONS - params
+    assert not missing, f"BenchArgs fields with no bench parameter of that name: {missing}"
