@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servebook.findings import Finding, Rules, Severity, register
+from servebook.findings import Check, Finding, Rules, Severity, register
 from servebook.results.schema import Point
 
 # Ids are stable: reports and CI configs refer to them.
@@ -301,26 +301,46 @@ def handoff_share_high(case: Case) -> Verdict | None:
     )
 
 
-OUTPUT_LENGTH = register(
+def _length_check(
+    id: str,
+    title: str,
+    rationale: str,
+    fix: str,
+    *,
+    mismatched: Callable[[Point], int],
+    failing: str,
+    passing: str,
+) -> Check:
+    """SB408/SB409: register a check, and its verdict, that fails a point where some
+    successful requests (``mismatched`` counts them) had another length than stated."""
+    check = register(id, title, rationale, fix)
+
+    @VERDICTS.add(check)
+    def lengths_as_stated(case: Case) -> Verdict:
+        n = mismatched(case.point)
+        return Verdict(
+            n > 0,
+            f"{n} successful request(s) {failing}" if n else passing,
+            dict(mismatched=n),
+        )
+
+    return check
+
+
+OUTPUT_LENGTH = _length_check(
     "SB408",
     "Every request produced the output length asked for",
     "Throughput and TPOT comparisons assume a fixed output length; a server that ignores "
     "ignore_eos or max_tokens (or a proxy that strips them) stops early and looks faster.",
     "Check that the server honours ignore_eos (vLLM does; some OpenAI-compatible servers "
     "do not) and that no proxy rewrites the request body.",
+    mismatched=lambda p: p.output_tokens_mismatch,
+    failing="returned a different number of output tokens than asked for",
+    passing="every request produced the output length asked for",
 )
 
 
-@VERDICTS.add(OUTPUT_LENGTH)
-def output_lengths_as_asked(case: Case) -> Verdict:
-    return _lengths(
-        case.point.output_tokens_mismatch,
-        "returned a different number of output tokens than asked for",
-        "every request produced the output length asked for",
-    )
-
-
-INPUT_LENGTH = register(
+INPUT_LENGTH = _length_check(
     "SB409",
     "Every prompt had the input length the workload states",
     "Prefill cost and TTFT scale with the prompt; when the server counts a different "
@@ -329,25 +349,10 @@ INPUT_LENGTH = register(
     "length it did not have.",
     "Pass --tokenizer the deployment's own model directory (servebook uses the "
     "deployment's by default), and check whether the server adds a chat template.",
+    mismatched=lambda p: p.prompt_tokens_mismatch,
+    failing="had a server-counted prompt length different from the workload's",
+    passing="every prompt had the stated input length (server's count)",
 )
-
-
-@VERDICTS.add(INPUT_LENGTH)
-def input_lengths_as_stated(case: Case) -> Verdict:
-    return _lengths(
-        case.point.prompt_tokens_mismatch,
-        "had a server-counted prompt length different from the workload's",
-        "every prompt had the stated input length (server's count)",
-    )
-
-
-def _lengths(mismatched: int, failing: str, passing: str) -> Verdict:
-    """SB408/SB409: ``mismatched`` successful requests had another length than stated."""
-    return Verdict(
-        mismatched > 0,
-        f"{mismatched} successful request(s) {failing}" if mismatched else passing,
-        dict(mismatched=mismatched),
-    )
 
 
 REACH = register(
