@@ -56,12 +56,22 @@ def parsed_one_by_one(events: list[bytes], is_chat: bool = False) -> RequestReco
     return rec
 
 
-def folded(events: list[bytes], is_chat: bool = False) -> tuple[RequestRecord, _Sink]:
-    """As the load folds them: one event per read, the shape learned on the way."""
+def folded(
+    events: list[bytes], is_chat: bool = False, per_turn: int = 1
+) -> tuple[RequestRecord, _Sink]:
+    """As the load folds them: one event per read, each offered to the sink's ``take``
+    first, the rest queued and folded at the end of each loop turn of ``per_turn`` reads."""
     rec = record()
     sink = _Sink(rec, is_chat)
+    queue: list[tuple[_Sink, int, bytes]] = []
     for t, e in enumerate(events, start=1):
-        _fold([(sink, t * 1000, e)])
+        if not sink.take(t * 1000, e):
+            queue.append((sink, t * 1000, e))
+        if t % per_turn == 0:
+            _fold(queue)
+            queue = []
+    _fold(queue)
+    assert sink.queued == 0
     return rec, sink
 
 
@@ -109,10 +119,11 @@ VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("per_turn", [1, 2, 3])
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_any_chunk_folds_as_parsing_it_would(name: str) -> None:
-    events = VARIANTS[name] + [completion(" z")]
-    rec, sink = folded(events)
+def test_any_chunk_folds_as_parsing_it_would(name: str, per_turn: int) -> None:
+    events = VARIANTS[name] + [completion(" z"), completion(" y"), completion(" x")]
+    rec, sink = folded(events, per_turn=per_turn)
     same(rec, parsed_one_by_one(events))
     assert sink.shape is not None
 

@@ -112,14 +112,25 @@ class _Sink:
     """Where one response's body goes.  ``busy``: its SSE parser holds part of an event
     (then every chunk goes through the parser).  ``shape``: the stream's plain chunk, once
     one has been parsed (``openai_stream.learn_shape``); ``tries``: chunks left to learn it
-    from."""
+    from.  ``queued``: its chunks waiting in the pool's queue for ``_fold``."""
 
-    __slots__ = ("busy", "chat", "parser", "rec", "shape", "tries")
+    __slots__ = ("busy", "chat", "parser", "queued", "rec", "shape", "tries")
 
     def __init__(self, rec: RequestRecord, chat: bool) -> None:
         self.rec, self.parser, self.chat, self.busy = rec, SSEParser(), chat, False
         self.shape: Shape | None = None
         self.tries = _LEARN_TRIES
+        self.queued = 0
+
+    def take(self, t: int, data: bytes) -> bool:
+        """Fold a chunk of the learned shape now, in the read (``http1.Exchange.take``);
+        False leaves it to the queue and ``_fold``.  Once one chunk is queued, the next
+        ones queue behind it, so the record keeps the order they came in."""
+        shape = self.shape
+        if shape is None or self.queued or self.busy or not fold_known(self.rec, t, shape, data):
+            self.queued += 1
+            return False
+        return True
 
 
 # Chunks of a stream parsed in full before giving up on learning its shape (a server whose
@@ -131,6 +142,8 @@ def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
     """Parse the chunks the connections read in one loop turn (``http1.Pool.on_chunks``).
     This is the per-token hot path: keep it flat."""
     for sink, t, data in chunks:
+        if sink.queued > 0:
+            sink.queued -= 1
         try:
             shape = sink.shape
             if shape is not None and not sink.busy and fold_known(sink.rec, t, shape, data):
@@ -252,7 +265,7 @@ class _Worker:
         timer: asyncio.TimerHandle | None = None
         try:
             conn = await pool.get()
-            exchange = http1.Exchange(sink)
+            exchange = http1.Exchange(sink, sink.take)
             timer = asyncio.get_running_loop().call_later(
                 ep.request_timeout_s, _time_out, conn, ep.request_timeout_s
             )
