@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from servebook.engines.cmdline import EngineCommand, parse_container
@@ -136,10 +136,9 @@ HOSTPATH_UNPINNED = register(
 
 
 @DOCUMENT_RULES.add(HOSTPATH_UNPINNED)
-def check_hostpath_pinning(doc: Document) -> list[Finding]:
-    findings: list[Finding] = []
+def check_hostpath_pinning(doc: Document) -> Iterator[Finding]:
     if doc.kind == "DaemonSet":
-        return findings  # one Pod per node by design: a node-local path is the point
+        return  # one Pod per node by design: a node-local path is the point
     for pod in pod_specs(doc):
         data_paths: list[str] = []
         first: KeyPath = pod.path
@@ -155,20 +154,17 @@ def check_hostpath_pinning(doc: Document) -> list[Finding]:
         pinned, how = pinned_node(pod.spec, pod.labels)
         if pinned:
             continue
-        findings.append(
-            finding_at(
-                HOSTPATH_UNPINNED,
-                Severity.FAIL,
-                doc,
-                first,
-                f"{pod.owner} mounts hostPath {', '.join(data_paths)} but is not pinned to "
-                f"one node ({how}); its Pods can land on a node where that path is missing, "
-                "empty or different.",
-                extra=pod.part,
-                evidence={"host_paths": data_paths},
-            )
+        yield finding_at(
+            HOSTPATH_UNPINNED,
+            Severity.FAIL,
+            doc,
+            first,
+            f"{pod.owner} mounts hostPath {', '.join(data_paths)} but is not pinned to "
+            f"one node ({how}); its Pods can land on a node where that path is missing, "
+            "empty or different.",
+            extra=pod.part,
+            evidence={"host_paths": data_paths},
         )
-    return findings
 
 
 def _under(path: str, mount: str) -> bool:
@@ -201,8 +197,7 @@ HOSTPATH_CREATES_WEIGHTS = register(
 
 
 @DOCUMENT_RULES.add(HOSTPATH_CREATES_WEIGHTS)
-def check_hostpath_create(doc: Document) -> list[Finding]:
-    findings: list[Finding] = []
+def check_hostpath_create(doc: Document) -> Iterator[Finding]:
     for pod in pod_specs(doc):
         mounts: dict[str, list[tuple[str, EngineCommand | None]]] = {}
         for _cpath, c in pod.containers():
@@ -247,18 +242,15 @@ def check_hostpath_create(doc: Document) -> list[Finding]:
                 severity = Severity.FAIL
                 what = f"has type {htype}"
             reason = f"the engine reads {holds[0]} from it" if holds else "its name says weights"
-            findings.append(
-                finding_at(
-                    HOSTPATH_CREATES_WEIGHTS,
-                    severity,
-                    doc,
-                    (*vpath, "hostPath"),
-                    f"hostPath volume {name} ({hp['path']}) holds model weights ({reason}) "
-                    f"but {what}: a wrong path or a node without the weights gets an empty "
-                    "directory, and the engine fails minutes later instead of the mount "
-                    "failing at once.",
-                    extra=pod.part,
-                    evidence={"host_path": hp["path"], "type": htype or None},
-                )
+            yield finding_at(
+                HOSTPATH_CREATES_WEIGHTS,
+                severity,
+                doc,
+                (*vpath, "hostPath"),
+                f"hostPath volume {name} ({hp['path']}) holds model weights ({reason}) "
+                f"but {what}: a wrong path or a node without the weights gets an empty "
+                "directory, and the engine fails minutes later instead of the mount "
+                "failing at once.",
+                extra=pod.part,
+                evidence={"host_path": hp["path"], "type": htype or None},
             )
-    return findings

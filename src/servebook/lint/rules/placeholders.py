@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from servebook.findings import Finding, Severity, register
@@ -175,8 +176,7 @@ PLACEHOLDER = register(
 
 
 @DOCUMENT_RULES.add(PLACEHOLDER)
-def check_placeholders(doc: Document) -> list[Finding]:
-    findings: list[Finding] = []
+def check_placeholders(doc: Document) -> Iterator[Finding]:
     declared = None if doc.is_kubernetes else _declared_parameters(doc)
     templating = doc.kind in _TEMPLATING_KINDS
     expands_env = (
@@ -219,15 +219,12 @@ def check_placeholders(doc: Document) -> list[Finding]:
             shown = text if len(text) <= 80 else text[:77] + "..."
             undeclared = [h for h in hits if h.startswith("${")] if declared is not None else []
             note = f" ({', '.join(undeclared)} is not a declared parameter)" if undeclared else ""
-            findings.append(
-                finding_at(
-                    PLACEHOLDER,
-                    Severity.FAIL,
-                    doc,
-                    keypath,
-                    f"{keypath_str(keypath) or 'value'} = {shown!r} contains "
-                    f"{', '.join(hits)}{note}. Effect if applied: {effect}.",
-                    evidence={"placeholders": hits, "value": text},
-                )
+            yield finding_at(
+                PLACEHOLDER,
+                Severity.FAIL,
+                doc,
+                keypath,
+                f"{keypath_str(keypath) or 'value'} = {shown!r} contains "
+                f"{', '.join(hits)}{note}. Effect if applied: {effect}.",
+                evidence={"placeholders": hits, "value": text},
             )
-    return findings
