@@ -35,6 +35,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from servebook.backends.base import Down, Found, Ready, UpFailed
@@ -234,32 +235,27 @@ def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]
     for role, deployment_name in dep.roles.items():
         pods = list_objects(api, "Pod", ns, names.selector_for(dep.name, role))
         group = next((r for r in groups if r.name == role), None)
-        if group is not None:  # a LeaderWorkerSet: ready when every member of every group is
-            out.append(
-                group_state(
-                    role,
-                    deployment_name,
-                    pods,
-                    events,
-                    now=datetime.now(UTC),
-                    started=started,
-                    replicas=group.replicas,
-                    size=group.nodes_per_replica,
-                    lws=sets.get(deployment_name),
-                    restart_baseline=dep.restart_baseline or None,
-                )
+        judge = (
+            # A LeaderWorkerSet: ready when every member of every group is.
+            partial(
+                group_state,
+                replicas=group.replicas,
+                size=group.nodes_per_replica,
+                lws=sets.get(deployment_name),
             )
-            continue
+            if group is not None
+            else partial(
+                role_state, deployment=deployments.get(deployment_name), replicasets=replicasets
+            )
+        )
         out.append(
-            role_state(
+            judge(
                 role,
                 deployment_name,
                 pods,
                 events,
                 now=datetime.now(UTC),
                 started=started,
-                deployment=deployments.get(deployment_name),
-                replicasets=replicasets,
                 restart_baseline=dep.restart_baseline or None,
             )
         )
