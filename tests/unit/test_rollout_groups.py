@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from servebook.kube.rollout import LWS_GROUP_INDEX, LWS_WORKER_INDEX, group_state
+from servebook.kube.rollout import LWS_GROUP_INDEX, LWS_WORKER_INDEX, RoleState, group_state
 
 FIX = Path(__file__).parent / "fixtures" / "rollout"
 
@@ -42,67 +42,55 @@ LWS = {
 }
 
 
+def _decode(
+    pods: list[dict[str, Any]],
+    *,
+    now: datetime,
+    started: datetime,
+    events: list[dict[str, Any]] | None = None,
+    lws: dict[str, Any] | None = LWS,
+) -> RoleState:
+    """``group_state`` of the decode role: one group of two Pods (leader and worker)."""
+    return group_state(
+        "decode",
+        "x-decode-lws",
+        pods,
+        events or [],
+        now=now,
+        started=started,
+        replicas=1,
+        size=2,
+        lws=lws,
+    )
+
+
 def test_a_group_is_ready_only_when_all_its_pods_are() -> None:
     leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
     worker = _pod("loading.json", "x-decode-lws-0-1", 0, 1)
     now = _at(leader) + timedelta(minutes=5)
-    s = group_state(
-        "decode",
-        "x-decode-lws",
-        [leader, worker],
-        [],
-        now=now,
-        started=_at(leader),
-        replicas=1,
-        size=2,
-        lws=LWS,
-    )
+    s = _decode([leader, worker], now=now, started=_at(leader))
     assert s.state == "waiting"
     assert "0 of 1 group(s) Ready (1 of 2 Pods)" in s.summary
     ready_worker = _pod("ready.json", "x-decode-lws-0-1", 0, 1)
-    s = group_state(
-        "decode",
-        "x-decode-lws",
-        [leader, ready_worker],
-        [],
-        now=now,
-        started=_at(leader),
-        replicas=1,
-        size=2,
-        lws=LWS,
-    )
+    s = _decode([leader, ready_worker], now=now, started=_at(leader))
     assert s.state == "ready" and s.pod == "x-decode-lws-0"
 
 
 def test_a_missing_member_keeps_the_group_waiting() -> None:
     leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
-    now = _at(leader) + timedelta(minutes=5)
-    s = group_state(
-        "decode",
-        "x-decode-lws",
-        [leader],
-        [],
-        now=now,
-        started=_at(leader),
-        replicas=1,
-        size=2,
-        lws=LWS,
-    )
+    s = _decode([leader], now=_at(leader) + timedelta(minutes=5), started=_at(leader))
     assert s.state == "waiting"
 
 
 def test_a_crashed_worker_fails_the_role_naming_it() -> None:
     leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
     worker = _pod("crash-loop.json", "x-decode-lws-0-1", 0, 1)
-    s = group_state(
-        "decode",
-        "x-decode-lws",
+    s = _decode(
         [leader, worker],
-        _events("crash-loop.json"),
+        events=_events("crash-loop.json"),
         now=_at(worker) + timedelta(minutes=5),
         started=_at(worker),
-        replicas=1,
-        size=2,
+        lws=None,
     )
     assert s.state == "failed"
     assert "(group 0, member 1)" in s.summary
@@ -112,15 +100,5 @@ def test_an_unobserved_generation_is_waiting_even_with_ready_pods() -> None:
     leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
     worker = _pod("ready.json", "x-decode-lws-0-1", 0, 1)
     lws = {**LWS, "metadata": {"name": "x", "generation": 2}}
-    s = group_state(
-        "decode",
-        "x-decode-lws",
-        [leader, worker],
-        [],
-        now=_at(leader),
-        started=_at(leader),
-        replicas=1,
-        size=2,
-        lws=lws,
-    )
+    s = _decode([leader, worker], now=_at(leader), started=_at(leader), lws=lws)
     assert s.state == "waiting" and "not yet observed" in s.summary
