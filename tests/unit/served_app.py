@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
 
 from aiohttp import web
+
+from servebook.bench.validity import Thresholds
 
 
 @contextlib.contextmanager
@@ -38,3 +41,32 @@ def served(app: web.Application) -> Iterator[str]:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
+
+
+def loose_thresholds(min_handoff_share: float | None = None) -> Thresholds:
+    """Validity thresholds for a load on a server that shares this process and a busy
+    machine: send and loop lag, client CPU and achieved concurrency are judged loosely (their
+    rules have unit tests of their own), so that what a test is about decides the point."""
+    return Thresholds(
+        max_send_lag_p99_ms=1000,
+        max_loop_lag_p99_ms=1000,
+        max_client_cpu=1.0,
+        min_achieved_concurrency=0.5,
+        min_handoff_share=min_handoff_share,
+    )
+
+
+async def stream_tokens(request: web.Request, n: int, step_s: float) -> web.StreamResponse:
+    """The answer to a streamed completions request as vLLM sends it: ``n`` chunks of one
+    token ("a"), ``step_s`` apart, then the usage chunk (3 prompt tokens) and ``[DONE]``."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for _ in range(n):
+        choice = {"index": 0, "text": "a", "finish_reason": None}
+        await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+        await asyncio.sleep(step_s)
+    usage = {"prompt_tokens": 3, "completion_tokens": n}
+    await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp

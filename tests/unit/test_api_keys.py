@@ -6,7 +6,6 @@ line servebook writes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ from servebook.results.store import ResultsWriter, load_results
 from servebook.verify.smoke import Claims, Options, Target, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult
-from tests.unit.served_app import served
+from tests.unit.served_app import served, stream_tokens
 
 KEY = "sk-test-5f0e2c9d41b7a6"  # the API key: servebook knows it
 HF = "hf_q8ZrT3vLpW2mNx"  # a hub token in a flag and a variable: servebook never knew it
@@ -70,18 +69,7 @@ class Guarded:
                     "usage": {"prompt_tokens": 3, "completion_tokens": 1},
                 }
             )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        n = int(body["max_tokens"])
-        for _ in range(n):
-            choice = {"index": 0, "text": "a", "finish_reason": None}
-            await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
-            await asyncio.sleep(0.001)
-        usage = {"prompt_tokens": 3, "completion_tokens": n}
-        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        return await stream_tokens(request, int(body["max_tokens"]), 0.001)
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._ok(request):

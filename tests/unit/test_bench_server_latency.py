@@ -23,13 +23,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
-from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.render import build_report, to_html, to_markdown
 from servebook.report.tables import load_runs
 from servebook.results.schema import ModelInfo, Provenance
 from servebook.results.store import ResultsWriter, load_results
-from tests.unit.served_app import served
+from tests.unit.served_app import loose_thresholds, served
 
 STEP_S = 0.02  # the engine's time per output token
 TTFT_S = 0.01
@@ -113,14 +112,8 @@ SETTINGS = ProtocolSettings(
     warmup=Warmup(0.05, 2),
     duration_s=0.6,
     min_requests=3,
-    # The server shares this process and a busy machine: judge the client loosely here
-    # (its rules have their own tests); the latency diagnosis is what is under test.
-    thresholds=Thresholds(
-        max_send_lag_p99_ms=1000,
-        max_loop_lag_p99_ms=1000,
-        max_client_cpu=1.0,
-        min_achieved_concurrency=0.5,
-    ),
+    # The latency diagnosis is what is under test, not the client.
+    thresholds=loose_thresholds(),
 )
 
 

@@ -34,6 +34,7 @@ from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.conftest import CliResult
 from tests.unit.kube_standin import Server, serve
+from tests.unit.served_app import stream_tokens
 
 Cli = Callable[..., CliResult]
 VALUES = Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml"
@@ -94,17 +95,7 @@ class Engine:
                     "usage": {"prompt_tokens": 3, "completion_tokens": n},
                 }
             )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for _ in range(n):
-            choice = {"index": 0, "text": "a", "finish_reason": None}
-            await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
-            await asyncio.sleep(0.002)
-        usage = {"prompt_tokens": 3, "completion_tokens": n}
-        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        return await stream_tokens(request, n, 0.002)
 
 
 @pytest.fixture
