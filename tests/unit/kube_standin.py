@@ -721,15 +721,22 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: standin
-  cluster: {{server: "{url}"}}
+  cluster: {{server: "{server}"}}
 users:
 - name: tester
-  user: {{token: "t"}}
+  user: {{token: "{token}"}}
 contexts:
 - name: c
-  context: {{cluster: standin, user: tester}}
+  context: {{cluster: standin, user: tester{namespace}}}
 current-context: c
 """
+
+
+def kubeconfig(server: str, token: str = "t", namespace: str | None = None) -> str:
+    """A kubeconfig of one cluster at ``server``, whose user has the bearer ``token``, and
+    one context, current (in ``namespace`` when given)."""
+    ns = f", namespace: {namespace}" if namespace else ""
+    return KUBECONFIG.format(server=server, token=token, namespace=ns)
 
 
 @dataclass
@@ -763,7 +770,7 @@ class Server:
         self.call(release)
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(KUBECONFIG.format(url=self.standin.url))
+        path.write_text(kubeconfig(self.standin.url))
         return path
 
 

@@ -27,7 +27,7 @@ import pytest
 from servebook.errors import UsageError
 from servebook.kube.kr8s_dialer import PORTFORWARD_PROTOCOL, Kr8sDialer, kr8s_pod_identity
 from servebook.kube.portforward import ForwardFailed, Forwards, ForwardUnavailable, Stream
-from tests.unit.kube_standin import relay_port
+from tests.unit.kube_standin import kubeconfig, relay_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -375,20 +375,6 @@ def test_close_is_bounded_with_a_stream_in_flight(pod: PodServer) -> None:
 # -- Kr8sDialer against a stand-in API server --------------------------------------------
 
 TOKEN = "sb-test-token"
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: standin
-  cluster: {{server: "http://127.0.0.1:{port}"}}
-users:
-- name: u
-  user: {{token: "{token}"}}
-contexts:
-- name: c
-  context: {{cluster: standin, user: u, namespace: {ns}}}
-current-context: c
-"""
 ERROR_POD = "tiny-pd-prefill-err"
 FORBIDDEN_POD = "tiny-pd-router-rbac"
 PORT_ERROR = (
@@ -522,7 +508,7 @@ def kube_api(apiserver: StandInApiServer, tmp_path: Path) -> Any:
     import kr8s
 
     cfg = tmp_path / "kubeconfig"
-    cfg.write_text(KUBECONFIG.format(port=apiserver.port, token=TOKEN, ns=NS))
+    cfg.write_text(kubeconfig(f"http://127.0.0.1:{apiserver.port}", TOKEN, NS))
     return kr8s.api(kubeconfig=str(cfg))
 
 
