@@ -384,17 +384,25 @@ def test_mooncake_is_told_its_protocol_by_the_fabric() -> None:
     assert "'fabric'" in str(e.value) and "'kv_connector'" in str(e.value)
 
 
+def _render_pd_refused(cli: Cli, tmp_path: Path, *settings: str) -> str:
+    """``servebook render vllm-pd`` with PD's settings and ``settings``: it exits 2 and
+    writes nothing; its stderr."""
+    out = tmp_path / "deploy"
+    sets = [a for s in [*PD, *settings] for a in ("--set", s)]
+    r = cli("render", "vllm-pd", *sets, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert not out.exists()
+    return r.stderr
+
+
 def test_tcp_fabric_without_acknowledgement_exits_2_naming_the_parameter(
     cli: Cli, tmp_path: Path
 ) -> None:
-    out = tmp_path / "deploy"
-    sets = [a for s in [*PD, "fabric=tcp"] for a in ("--set", s)]
-    r = cli("render", "vllm-pd", *sets, "-o", str(out))
-    assert r.returncode == 2, r.stderr
-    assert "'allow_tcp_kv'" in r.stderr and "--set allow_tcp_kv=VALUE" in r.stderr
-    assert "over TCP" in r.stderr
-    assert not out.exists()
-    r = cli("render", "vllm-pd", *sets, "--set", "allow_tcp_kv=true", "-o", str(out))
+    err = _render_pd_refused(cli, tmp_path, "fabric=tcp")
+    assert "'allow_tcp_kv'" in err and "--set allow_tcp_kv=VALUE" in err
+    assert "over TCP" in err
+    sets = [a for s in [*PD, "fabric=tcp", "allow_tcp_kv=true"] for a in ("--set", s)]
+    r = cli("render", "vllm-pd", *sets, "-o", str(tmp_path / "deploy"))
     assert r.returncode == 0, r.stderr
 
 
@@ -638,12 +646,8 @@ def test_extra_engine_args_reach_every_engine_after_the_recipes_own(tmp_path: Pa
 def test_extra_engine_args_that_cannot_work_exit_2_naming_the_parameter_and_write_nothing(
     cli: Cli, tmp_path: Path, value: str, words: str
 ) -> None:
-    out = tmp_path / "deploy"
-    sets = [a for s in [*PD, f"extra_engine_args={value}"] for a in ("--set", s)]
-    r = cli("render", "vllm-pd", *sets, "-o", str(out))
-    assert r.returncode == 2, r.stderr
-    assert words in r.stderr and "extra_engine_args" in r.stderr
-    assert not out.exists()
+    err = _render_pd_refused(cli, tmp_path, f"extra_engine_args={value}")
+    assert words in err and "extra_engine_args" in err
 
 
 # --- start-up and Pod settings ----------------------------------------------------------------
@@ -730,13 +734,9 @@ def test_pod_overrides_merge_into_the_engine_pod_spec() -> None:
 def test_invalid_pod_overrides_exit_2_naming_them_and_write_nothing(
     cli: Cli, tmp_path: Path, value: str, words: str
 ) -> None:
-    out = tmp_path / "deploy"
-    sets = [a for s in [*PD, f"pod_overrides={value}"] for a in ("--set", s)]
-    r = cli("render", "vllm-pd", *sets, "-o", str(out))
-    assert r.returncode == 2, r.stderr
-    assert "kubernetes.pod.overrides" in r.stderr and "Pod schema" in r.stderr
-    assert words in r.stderr
-    assert not out.exists()
+    err = _render_pd_refused(cli, tmp_path, f"pod_overrides={value}")
+    assert "kubernetes.pod.overrides" in err and "Pod schema" in err
+    assert words in err
 
 
 def test_a_yaml_parameter_that_is_not_yaml_structure_is_refused_naming_it() -> None:
