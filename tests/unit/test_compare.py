@@ -21,11 +21,8 @@ from servebook.report.tables import load_runs
 from servebook.results import stats
 from servebook.results.store import load_results
 from tests.conftest import CliResult
-
-RESULTS = Path(__file__).parent / "fixtures" / "results"
-A = RESULTS / "mixed-tp2"
-B = RESULTS / "pd-2p2d"
-RERUN = RESULTS / "mixed-tp2-rerun"
+from tests.unit import result_runs
+from tests.unit.result_runs import RERUN, A, B, invalid_level
 
 Cli = Callable[..., CliResult]
 
@@ -36,11 +33,7 @@ def invoke(*args: str) -> Any:
 
 def variant(tmp_path: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
     """A copy of A's results with one provenance edit (the document stays schema-valid)."""
-    doc = json.loads((A / "results.json").read_text())
-    edit(doc["provenance"])
-    out = tmp_path / name
-    out.mkdir()
-    (out / "results.json").write_text(json.dumps(doc))
+    out = result_runs.variant(tmp_path, A, name, lambda doc: edit(doc["provenance"]))
     load_results(out / "results.json")  # still a valid results file
     return out
 
@@ -352,13 +345,9 @@ def test_invalid_points_are_excluded_from_ratios() -> None:
 
 
 def test_a_level_with_no_valid_repetition_has_no_ratio(tmp_path: Path) -> None:
-    doc = json.loads((B / "results.json").read_text())
-    for p in doc["points"]:
-        if p["concurrency"] == 4:
-            p["valid"], p["invalid_reasons"] = False, ["SB401: window 3.0 s of the required 60 s"]
-    d = tmp_path / "b"
-    d.mkdir()
-    (d / "results.json").write_text(json.dumps(doc))
+    d = result_runs.variant(
+        tmp_path, B, "b", invalid_level(4, "SB401: window 3.0 s of the required 60 s")
+    )
     a_run, b_run = load_runs([A, d])
     c = cmp.compare(a_run, b_run, ["topology"])
     r4 = [r for r in c.rows if r.level == "c=4"]
@@ -366,11 +355,10 @@ def test_a_level_with_no_valid_repetition_has_no_ratio(tmp_path: Path) -> None:
 
 
 def test_levels_only_in_one_run_are_listed_not_compared(tmp_path: Path) -> None:
-    doc = json.loads((A / "results.json").read_text())
-    doc["points"] = [p for p in doc["points"] if p["concurrency"] != 16]
-    d = tmp_path / "a"
-    d.mkdir()
-    (d / "results.json").write_text(json.dumps(doc))
+    def without_c16(doc: dict[str, Any]) -> None:
+        doc["points"] = [p for p in doc["points"] if p["concurrency"] != 16]
+
+    d = result_runs.variant(tmp_path, A, "a", without_c16)
     a_run, b_run = load_runs([d, RERUN])
     c = cmp.compare(a_run, b_run, ["seed"])
     assert c.only_b == ["c=16"] and not any(r.level == "c=16" for r in c.rows)
@@ -470,13 +458,13 @@ def test_reproduce_unusable_input_exits_2(cli: Cli, tmp_path: Path) -> None:
     # A PD run is not a re-run of a mixed one: refused, as unusable for this question.
     other = cli("compare", str(A), str(B), "--reproduce")
     assert other.returncode == 2 and "topology" in other.stderr
+
     # No common load level.
-    doc = json.loads((RERUN / "results.json").read_text())
-    for p in doc["points"]:
-        p["concurrency"] = p["concurrency"] * 2
-    d = tmp_path / "shifted"
-    d.mkdir()
-    (d / "results.json").write_text(json.dumps(doc))
+    def doubled(doc: dict[str, Any]) -> None:
+        for p in doc["points"]:
+            p["concurrency"] = p["concurrency"] * 2
+
+    d = result_runs.variant(tmp_path, RERUN, "shifted", doubled)
     none = cli("compare", str(A), str(d), "--reproduce")
     assert none.returncode == 2 and "no load level in common" in none.stderr
     assert "Traceback" not in none.stderr

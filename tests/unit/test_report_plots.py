@@ -4,7 +4,6 @@ Pareto view; drawing gives the same bytes for the same data."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,12 +11,7 @@ import pytest
 
 from servebook.report.plots import PlotSpec, Series, draw, pareto_plot, plot_specs
 from servebook.report.tables import load_runs
-
-RESULTS = Path(__file__).parent / "fixtures" / "results"
-A = RESULTS / "mixed-tp2"
-B = RESULTS / "pd-2p2d"
-RERUN = RESULTS / "mixed-tp2-rerun"
-CPU = RESULTS / "tiny-pd-spec-cpu"
+from tests.unit.result_runs import CPU, RERUN, A, B, invalid_level, variant
 
 
 def spec(specs: list[PlotSpec], id: str) -> PlotSpec:
@@ -49,13 +43,7 @@ def test_invalid_points_are_not_on_lines_but_marked_with_their_checks() -> None:
 
 
 def test_a_level_without_valid_repetitions_is_a_gap(tmp_path: Path) -> None:
-    doc = json.loads((A / "results.json").read_text())
-    for p in doc["points"]:
-        if p["concurrency"] == 4:
-            p["valid"], p["invalid_reasons"] = False, ["SB402: 3 requests, 40 required"]
-    d = tmp_path / "a"
-    d.mkdir()
-    (d / "results.json").write_text(json.dumps(doc))
+    d = variant(tmp_path, A, "a", invalid_level(4, "SB402: 3 requests, 40 required"))
     tp = spec(plot_specs(load_runs([d])), "throughput")
     s = tp.panels[0].series[0]
     assert s.x == [1.0, 4.0, 16.0] and math.isnan(s.y[1])  # a break in the line

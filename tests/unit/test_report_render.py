@@ -6,7 +6,6 @@ the file before anything is written."""
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
@@ -32,11 +31,8 @@ from servebook.report.render import (
 )
 from servebook.report.tables import load_runs
 from tests.conftest import CliResult
+from tests.unit.result_runs import CPU, A, B, variant
 
-RESULTS = Path(__file__).parent / "fixtures" / "results"
-A = RESULTS / "mixed-tp2"
-B = RESULTS / "pd-2p2d"
-CPU = RESULTS / "tiny-pd-spec-cpu"
 RUNS = [A, B, CPU]
 
 Cli = Callable[..., CliResult]
@@ -347,15 +343,6 @@ def test_html_renders_in_headless_chromium_with_every_plot_and_table(
 
 
 # --- reading at a glance -------------------------------------------------------------------
-
-
-def variant(tmp_path: Path, src: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
-    doc = json.loads((src / "results.json").read_text())
-    edit(doc)
-    d = tmp_path / name
-    d.mkdir()
-    (d / "results.json").write_text(json.dumps(doc))
-    return d
 
 
 def test_summary_names_where_latency_breaks_the_slo(tmp_path: Path) -> None:

@@ -21,12 +21,7 @@ from servebook.report.tables import (
     validity_table,
 )
 from servebook.results.stats import Interval, mean_ci
-
-RESULTS = Path(__file__).parent / "fixtures" / "results"
-A = RESULTS / "mixed-tp2"
-B = RESULTS / "pd-2p2d"
-RERUN = RESULTS / "mixed-tp2-rerun"
-CPU = RESULTS / "tiny-pd-spec-cpu"
+from tests.unit.result_runs import CPU, RERUN, A, B
 
 
 def level(run_dir: Path, label: str) -> Level:

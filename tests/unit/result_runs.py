@@ -1,0 +1,35 @@
+"""The checked-in benchmark runs (results.json) that the report and compare tests read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"
+A = RESULTS / "mixed-tp2"
+B = RESULTS / "pd-2p2d"
+RERUN = RESULTS / "mixed-tp2-rerun"
+CPU = RESULTS / "tiny-pd-spec-cpu"
+
+
+def variant(tmp_path: Path, src: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of the run ``src`` as ``tmp_path/name``, its results.json changed by ``edit``."""
+    doc = json.loads((src / "results.json").read_text())
+    edit(doc)
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(doc))
+    return d
+
+
+def invalid_level(concurrency: int, reason: str) -> Callable[[dict[str, Any]], None]:
+    """An edit for ``variant``: every repetition at ``concurrency`` is invalid for ``reason``."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        for p in doc["points"]:
+            if p["concurrency"] == concurrency:
+                p["valid"], p["invalid_reasons"] = False, [reason]
+
+    return edit
