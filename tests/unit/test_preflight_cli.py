@@ -60,12 +60,6 @@ def test_gpus_held_by_a_pending_pod_in_another_namespace(cli: Cli) -> None:
     assert "ml-team/llama-finetune-0" in msg
 
 
-def test_a_succeeded_pod_no_longer_holds_gpus(cli: Cli) -> None:
-    code, found = preflight(cli, "succeeded-pod.json")
-    assert code == 0
-    assert verdicts(found, "SB254") == {"gpu-a": "pass", "gpu-b": "pass"}
-
-
 def test_field_notes_pod_in_default_holding_all_eight(cli: Cli) -> None:
     code, found = preflight(cli, "default-namespace-holds-all.json")
     assert code == 1
@@ -73,30 +67,42 @@ def test_field_notes_pod_in_default_holding_all_eight(cli: Cli) -> None:
     assert "default/vllm-llama-70b" in msg
 
 
-def test_cordoned_node(cli: Cli) -> None:
-    code, found = preflight(cli, "cordoned.json")
-    assert code == 1
-    assert verdicts(found, "SB252") == {"gpu-a": "fail", "gpu-b": "pass"}
-
-
-def test_tolerated_and_untolerated_taints(cli: Cli) -> None:
-    # gpu-a: nvidia.com/gpu:NoSchedule, which the GPU recipes tolerate;
-    # gpu-b: dedicated=training:NoExecute, which they do not.
-    code, found = preflight(cli, "taints.json")
-    assert code == 1
-    assert verdicts(found, "SB253") == {"gpu-a": "pass", "gpu-b": "fail"}
-
-
-def test_notready_node(cli: Cli) -> None:
-    code, found = preflight(cli, "notready.json")
-    assert code == 1
-    assert verdicts(found, "SB251") == {"gpu-a": "fail", "gpu-b": "fail"}
-
-
-def test_missing_node(cli: Cli) -> None:
-    code, found = preflight(cli, "missing-node.json")
-    assert code == 1
-    assert verdicts(found, "SB250") == {"gpu-a": "pass", "gpu-b": "fail"}
+@pytest.mark.parametrize(
+    ("snapshot", "check", "code", "expected"),
+    [
+        pytest.param(
+            "succeeded-pod.json",
+            "SB254",
+            0,
+            {"gpu-a": "pass", "gpu-b": "pass"},
+            id="a-succeeded-pod-no-longer-holds-gpus",
+        ),
+        pytest.param(
+            "cordoned.json", "SB252", 1, {"gpu-a": "fail", "gpu-b": "pass"}, id="cordoned-node"
+        ),
+        # gpu-a: nvidia.com/gpu:NoSchedule, which the GPU recipes tolerate;
+        # gpu-b: dedicated=training:NoExecute, which they do not.
+        pytest.param(
+            "taints.json",
+            "SB253",
+            1,
+            {"gpu-a": "pass", "gpu-b": "fail"},
+            id="tolerated-and-untolerated-taints",
+        ),
+        pytest.param(
+            "notready.json", "SB251", 1, {"gpu-a": "fail", "gpu-b": "fail"}, id="notready-node"
+        ),
+        pytest.param(
+            "missing-node.json", "SB250", 1, {"gpu-a": "pass", "gpu-b": "fail"}, id="missing-node"
+        ),
+    ],
+)
+def test_each_nodes_verdict_on_a_snapshot(
+    cli: Cli, snapshot: str, check: str, code: int, expected: dict[str, str]
+) -> None:
+    got, found = preflight(cli, snapshot)
+    assert got == code
+    assert verdicts(found, check) == expected
 
 
 def test_local_recipe_is_refused_with_exit_2(cli: Cli) -> None:

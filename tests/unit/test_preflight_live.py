@@ -21,19 +21,9 @@ from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult
 from tests.unit.kube_standin import Kubelet, Server, StandIn, serve
+from tests.unit.test_preflight_cli import FIX, SETS
 
 Cli = Callable[..., CliResult]
-FIX = Path(__file__).parent / "fixtures" / "preflight"
-SETS = [
-    "image=vllm/vllm-openai:v0.11.0",
-    "prefill_node=gpu-a",
-    "decode_node=gpu-b",
-    "prefill_model_dir=/models/llama",
-    "decode_model_dir=/models/llama",
-    # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
-    "fabric=tcp",
-    "allow_tcp_kv=true",
-]
 LLAMA_70B_BYTES = 141_107_412_992  # a 70B model in BF16: its index's total_size
 KIMI_K2_FP8_BYTES = 1_029_174_409_216  # a 1T-parameter MoE in FP8
 
