@@ -24,6 +24,14 @@ from servebook.bench.workload import (
 from servebook.errors import UsageError
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
 
+
+@pytest.fixture
+def answering(server: tuple[str, Server]) -> tuple[str, Server]:  # noqa: F811  (imported above)
+    """The module's server (its URL and state), answering: not down."""
+    server[1].down = False
+    return server
+
+
 # --- token ids -------------------------------------------------------------------------------
 
 
@@ -99,13 +107,12 @@ class Window:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_no_prompt_is_built_in_the_load_yet_every_request_has_its_own(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    answering: tuple[str, Server],
     tiny_dir: Path,
     tok: HFTokenizer,
     workers: int,
 ) -> None:
-    url, srv = server
-    srv.down = False
+    url, srv = answering
     prompts = RandomPrompts(tiny_dir, input_len=64, output_len=3, seed=9)
     prompts.pregenerate(range(8))  # far fewer than the load sends
     built: dict[str, int] = {}
@@ -137,11 +144,10 @@ def test_no_prompt_is_built_in_the_load_yet_every_request_has_its_own(
 
 
 def test_token_id_prompts_reach_the_server_as_ids_and_it_counts_the_workloads_length(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    answering: tuple[str, Server],
     tiny_dir: Path,
 ) -> None:
-    url, srv = server
-    srv.down = False
+    url, srv = answering
     prompts = RandomPrompts(tiny_dir, input_len=300, output_len=3, seed=1, prompt_format="ids")
     prompts.pregenerate(range(4))
     n_before = len(srv.bodies)
@@ -175,13 +181,12 @@ def test_a_failing_worker_is_a_client_error_not_a_crash(
 
 
 def test_a_client_error_ends_bench_with_a_message_and_exit_2_not_a_traceback(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    answering: tuple[str, Server],
     cli: Any,
     tiny_dir: Path,
     tmp_path: Path,
 ) -> None:
-    url, srv = server
-    srv.down = False
+    url, _ = answering
     # The real CLI against a real server, with a failure injected into the load generator
     # of that process (a worker's bug): what the user sees is the point of the test.
     inject = [
@@ -211,11 +216,10 @@ class FailsLater(RandomPrompts):
 
 
 def test_a_producer_that_fails_stops_the_load_with_its_reason(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    answering: tuple[str, Server],
     tiny_dir: Path,
 ) -> None:
-    url, srv = server
-    srv.down = False
+    url, _ = answering
     prompts = FailsLater(tiny_dir, input_len=64, output_len=2, seed=0)
     prompts.pregenerate(range(8))
     with pytest.raises(ClientError, match="building prompts failed: UsageError: could not"):
