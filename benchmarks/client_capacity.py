@@ -113,6 +113,71 @@ def client_child(spec_json: str) -> None:
     Path(spec["out"]).write_text(json.dumps(out))
 
 
+def floor_child(spec_json: str) -> None:
+    """The floor (``--floor`` mode): the least CPU per token that any client reading each
+    chunk as it arrives pays on this machine.  A bare uvloop protocol per connection that
+    sends the same requests (a text prompt of about the same bytes) and, per read, only
+    stamps the time and counts the chunks: no parsing, no records.  Closed loop, ``n``
+    requests over ``concurrency`` connections."""
+    import asyncio
+
+    import uvloop
+
+    spec = json.loads(spec_json)
+    body = json.dumps(
+        {
+            "model": "ref",
+            "prompt": "hello " * spec["input_len"],
+            "max_tokens": spec["output_len"],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+    ).encode()
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    left = [spec["n"]]
+    chunks = [0]
+
+    class Bare(asyncio.Protocol):
+        def __init__(self, done: asyncio.Future[None]) -> None:
+            self.done = done
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.send()
+
+        def send(self) -> None:
+            if left[0] <= 0:
+                self.transport.close()
+                if not self.done.done():
+                    self.done.set_result(None)
+                return
+            left[0] -= 1
+            self.transport.write(request)
+
+        def data_received(self, data: bytes) -> None:
+            now_ns()
+            chunks[0] += data.count(b"\r\ndata: ")
+            if data.endswith(b"\r\n0\r\n\r\n") or data == b"0\r\n\r\n":  # the last chunk
+                self.send()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        done: list[asyncio.Future[None]] = []
+        for _ in range(spec["concurrency"]):
+            fut = loop.create_future()
+            done.append(fut)
+            await loop.create_connection(lambda f=fut: Bare(f), "127.0.0.1", spec["port"])
+        await asyncio.gather(*done)
+
+    uvloop.run(run())
+    Path(spec["out"]).write_text(json.dumps({"chunks": chunks[0]}))
+
+
 # --- harness ---------------------------------------------------------------------------------
 
 
@@ -349,6 +414,26 @@ class Bench:
         }
         return rep
 
+    def floor(self, c: int, n: int, out_len: int, input_len: int) -> dict[str, Any]:
+        out = self.tmp / f"floor-{c}-{now_ns()}.json"
+        spec = {"port": self.port, "concurrency": c, "n": n, "output_len": out_len,
+                "input_len": input_len, "out": str(out)}  # fmt: skip
+        argv = [sys.executable, str(Path(__file__).resolve()), "--floor", json.dumps(spec)]
+        sampler = run_child(argv, self.args.client_cpu, 240, self.server_pid)
+        truth = http_json(self.url + "/truth")
+        # Every chunk but the usage chunk carries a token: the server's count is the truth.
+        tokens = n * out_len
+        chunks = json.loads(out.read_text())["chunks"]
+        if chunks < tokens:
+            raise RuntimeError(f"floor client read {chunks} chunks for {tokens} tokens")
+        return {
+            "tokens": tokens,
+            "cpu_s": sampler.between(truth["first_recv_ns"], truth["last_end_ns"]),
+            "others": sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"]),
+            "steal": sampler.steal_between(truth["first_recv_ns"], truth["last_end_ns"]),
+            "load_s": (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9,
+        }
+
     def vllm(self, c: int, n: int, out_len: int, input_len: int) -> dict[str, Any]:
         name = f"vllm-{c}-{now_ns()}.json"
         argv = [
@@ -450,6 +535,7 @@ def median_of(dicts: list[dict[str, float]]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--floor", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", default="1,64,256,512")
     ap.add_argument("--input-len", default="1024,8", help="prompt lengths, one pass each")
     ap.add_argument("--output-len", type=int, default=128)
@@ -469,6 +555,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.client:
         client_child(args.client)
+        return
+    if args.floor:
+        floor_child(args.floor)
         return
     if args.quick:
         args.duration, args.warmup = "2s", "1s"
@@ -544,6 +633,16 @@ def main() -> None:
                         f"({time.monotonic() - t_start:.0f} s)",
                         flush=True,
                     )
+                if not args.no_vllm:
+                    b.configure(0, 0, record=False)
+                    cap = b.floor(c, cap_n, out_len, input_len)
+                    row["floor"] = {
+                        "tok_s": cap["tokens"] / cap["load_s"],
+                        "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
+                        "cpu_share": cap["cpu_s"] / cap["load_s"],
+                        "others": cap["others"],
+                        "steal": cap["steal"],
+                    }
                 rows.append(row)
     finally:
         server.terminate()
@@ -551,10 +650,12 @@ def main() -> None:
     print_table(rows, sweeps, levels, out_len, time.monotonic() - t_start)
 
 
-def _cells(rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
+def _cells(
+    rows: list[dict[str, Any]], clients: tuple[str, ...] = ("servebook", "vllm")
+) -> Iterator[tuple[dict[str, Any], str, dict[str, Any]]]:
     """(row, client, that client's figures) for every client measured in every row."""
     for r in rows:
-        for who in ("servebook", "vllm"):
+        for who in clients:
             if who in r:
                 yield r, who, r[who]
 
@@ -576,9 +677,9 @@ def print_table(
         f"{'tok/s/core':>10} {'CPU us/tok':>10} {'ratio':>6} {'in flight':>9} "
         f"{'other load':>10} {'VM steal':>8}"
     )
-    for r, who, x in _cells(rows):
+    for r, who, x in _cells(rows, ("servebook", "vllm", "floor")):
         ratio = ""
-        if who == "servebook" and "vllm" in r:
+        if who != "vllm" and "vllm" in r:
             ratio = f"{x['cpu_us_per_tok'] / r['vllm']['cpu_us_per_tok']:.2f}"
         got = x.get("achieved")
         print(
@@ -591,6 +692,12 @@ def print_table(
     print(
         "ratio = servebook CPU per token / vllm bench serve CPU per token (target <= 0.5 at "
         "c=64-512 with 1024-token prompts, never above 1)"
+    )
+    print(
+        "floor = a bare client that only stamps and counts each read (no parsing, no "
+        "records): the least CPU per token of any client that reads each chunk as it "
+        "arrives, on this machine with this server; its ratio is the lowest servebook's "
+        "could reach"
     )
     print("tok/s/core = output tokens/s per client core (target: at least vllm's)")
     print(
