@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from servebook.bench.client import _fold, _Sink
-from servebook.bench.openai_stream import apply_data, fold_known, learn_shape
+from servebook.bench.openai_stream import (
+    StreamSink,
+    apply_data,
+    fold_chunks,
+    fold_known,
+    learn_shape,
+)
 from servebook.bench.records import RequestRecord
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
@@ -58,19 +63,19 @@ def parsed_one_by_one(events: list[bytes], is_chat: bool = False) -> RequestReco
 
 def folded(
     events: list[bytes], is_chat: bool = False, per_turn: int = 1
-) -> tuple[RequestRecord, _Sink]:
+) -> tuple[RequestRecord, StreamSink]:
     """As the load folds them: one event per read, each offered to the sink's ``take``
     first, the rest queued and folded at the end of each loop turn of ``per_turn`` reads."""
     rec = record()
-    sink = _Sink(rec, is_chat)
-    queue: list[tuple[_Sink, int, bytes]] = []
+    sink = StreamSink(rec, is_chat)
+    queue: list[tuple[StreamSink, int, bytes]] = []
     for t, e in enumerate(events, start=1):
         if not sink.take(t * 1000, e):
             queue.append((sink, t * 1000, e))
         if t % per_turn == 0:
-            _fold(queue)
+            fold_chunks(queue)
             queue = []
-    _fold(queue)
+    fold_chunks(queue)
     assert sink.queued == 0
     return rec, sink
 

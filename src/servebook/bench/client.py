@@ -79,18 +79,14 @@ from servebook.bench.control import (
 )
 from servebook.bench.openai_stream import (
     Endpoint,
-    Shape,
-    apply_data,
-    apply_events,
+    StreamSink,
     dumps,
     finish_record,
-    fold_known,
-    learn_shape,
+    fold_chunks,
     request_body,
 )
 from servebook.bench.prompt_feed import PromptFeed, start_producers
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
-from servebook.bench.sse import SSEParser
 from servebook.bench.workload import PromptSource
 
 now_ns = time.monotonic_ns
@@ -99,76 +95,6 @@ now_ns = time.monotonic_ns
 _LAG_TICK_NS = 10_000_000
 #: Requests a closed loop starts per event-loop turn at most (``_Worker._admitter``).
 ADMIT_PER_TURN = 4
-
-
-# --- reading the body --------------------------------------------------------------------------
-#
-# The connection (``http1.Connection``) stamps each body chunk inside its ``data_received``
-# and queues it; once the loop turn's reads are done the queue comes here (``_fold``), to
-# each request's SSE parser.  The request's coroutine only waits for the response's end.
-
-
-class _Sink:
-    """Where one response's body goes.  ``busy``: its SSE parser holds part of an event
-    (then every chunk goes through the parser).  ``shape``: the stream's plain chunk, once
-    one has been parsed (``openai_stream.learn_shape``); ``tries``: chunks left to learn it
-    from.  ``queued``: its chunks waiting in the pool's queue for ``_fold``."""
-
-    __slots__ = ("busy", "chat", "parser", "queued", "rec", "shape", "tries")
-
-    def __init__(self, rec: RequestRecord, chat: bool) -> None:
-        self.rec, self.parser, self.chat, self.busy = rec, SSEParser(), chat, False
-        self.shape: Shape | None = None
-        self.tries = _LEARN_TRIES
-        self.queued = 0
-
-    def take(self, t: int, data: bytes) -> bool:
-        """Fold a chunk of the learned shape now, in the read (``http1.Exchange.take``);
-        False leaves it to the queue and ``_fold``.  Once one chunk is queued, the next
-        ones queue behind it, so the record keeps the order they came in."""
-        shape = self.shape
-        if shape is None or self.queued or self.busy or not fold_known(self.rec, t, shape, data):
-            self.queued += 1
-            return False
-        return True
-
-
-# Chunks of a stream parsed in full before giving up on learning its shape (a server whose
-# chunks all differ, e.g. with usage in every chunk, pays the attempt only this often).
-_LEARN_TRIES = 4
-
-
-def _fold(chunks: list[tuple[_Sink, int, bytes]]) -> None:
-    """Parse the chunks the connections read in one loop turn (``http1.Pool.on_chunks``).
-    This is the per-token hot path: keep it flat."""
-    for sink, t, data in chunks:
-        if sink.queued > 0:
-            sink.queued -= 1
-        try:
-            shape = sink.shape
-            if shape is not None and not sink.busy and fold_known(sink.rec, t, shape, data):
-                continue
-            # One whole event per chunk, the usual case ("data: ...\n\n", no other line
-            # end): skip the general parser.
-            if (
-                not sink.busy
-                and data[:6] == b"data: "
-                and data.find(b"\n") == len(data) - 2
-                and data[-1] == 10
-                and b"\r" not in data
-            ):
-                obj = apply_data(sink.rec, t, data[6:-2], sink.chat)
-                if obj is not None and shape is None and sink.tries:
-                    sink.tries -= 1
-                    sink.shape = learn_shape(data, obj, sink.chat)
-            else:
-                p = sink.parser
-                events = p.feed(data)
-                sink.busy = not p.idle
-                if events:
-                    apply_events(sink.rec, t, events, sink.chat)
-        except Exception as e:  # a bad chunk fails its request, never the load
-            sink.rec.error = sink.rec.error or f"client failed to read the stream: {e!r}"[:500]
 
 
 def _request_head(endpoint: Endpoint) -> tuple[bytes, bytes]:
@@ -258,7 +184,7 @@ class _Worker:
                 body,
             )
         )
-        sink = _Sink(rec, self.chat)
+        sink = StreamSink(rec, self.chat)
         c.add(w, W_SENT)
         rec.sent_ns = now_ns()  # replaced by the send's own stamp once connected
         conn: http1.Connection | None = None
@@ -405,7 +331,7 @@ class _Worker:
     async def run(self) -> WorkerStats:
         slots, rate, cap = self.spec.share(self.worker)
         c = self.control
-        pool = http1.Pool(self.endpoint.url, self.endpoint.request_timeout_s, _fold)
+        pool = http1.Pool(self.endpoint.url, self.endpoint.request_timeout_s, fold_chunks)
         try:
             # Connections open before the load starts: otherwise every request of the
             # first wave also opens its TCP connection, and at 512 streams that burst of

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from servebook.bench.sse import SSEParser
 from servebook.bench.workload import Api
 
 if TYPE_CHECKING:
@@ -235,3 +236,75 @@ def finish_record(rec: RequestRecord, t: int) -> None:
             rec.error = "stream closed before data: [DONE]"
         elif rec.output_tokens == 0:
             rec.error = "stream carried no output tokens"
+
+
+# --- reading the body --------------------------------------------------------------------------
+#
+# The connection (``http1.Connection``) stamps each body chunk inside its ``data_received``
+# and offers it to the request's sink (``StreamSink.take``), which folds a chunk of a known
+# shape at once; the rest is queued, and once the loop turn's reads are done the queue
+# comes here (``fold_chunks``), to each request's SSE parser.  The request's coroutine only
+# waits for the response's end.
+
+
+class StreamSink:
+    """Where one response's body goes.  ``busy``: its SSE parser holds part of an event
+    (then every chunk goes through the parser).  ``shape``: the stream's plain chunk, once
+    one has been parsed (``learn_shape``); ``tries``: chunks left to learn it
+    from.  ``queued``: its chunks waiting in the pool's queue for ``fold_chunks``."""
+
+    __slots__ = ("busy", "chat", "parser", "queued", "rec", "shape", "tries")
+
+    def __init__(self, rec: RequestRecord, chat: bool) -> None:
+        self.rec, self.parser, self.chat, self.busy = rec, SSEParser(), chat, False
+        self.shape: Shape | None = None
+        self.tries = _LEARN_TRIES
+        self.queued = 0
+
+    def take(self, t: int, data: bytes) -> bool:
+        """Fold a chunk of the learned shape now, in the read (``http1.Exchange.take``);
+        False leaves it to the queue and ``fold_chunks``.  Once one chunk is queued, the next
+        ones queue behind it, so the record keeps the order they came in."""
+        shape = self.shape
+        if shape is None or self.queued or self.busy or not fold_known(self.rec, t, shape, data):
+            self.queued += 1
+            return False
+        return True
+
+
+# Chunks of a stream parsed in full before giving up on learning its shape (a server whose
+# chunks all differ, e.g. with usage in every chunk, pays the attempt only this often).
+_LEARN_TRIES = 4
+
+
+def fold_chunks(chunks: list[tuple[StreamSink, int, bytes]]) -> None:
+    """Parse the chunks the connections read in one loop turn (``http1.Pool.on_chunks``).
+    This is the per-token hot path: keep it flat."""
+    for sink, t, data in chunks:
+        if sink.queued > 0:
+            sink.queued -= 1
+        try:
+            shape = sink.shape
+            if shape is not None and not sink.busy and fold_known(sink.rec, t, shape, data):
+                continue
+            # One whole event per chunk, the usual case ("data: ...\n\n", no other line
+            # end): skip the general parser.
+            if (
+                not sink.busy
+                and data[:6] == b"data: "
+                and data.find(b"\n") == len(data) - 2
+                and data[-1] == 10
+                and b"\r" not in data
+            ):
+                obj = apply_data(sink.rec, t, data[6:-2], sink.chat)
+                if obj is not None and shape is None and sink.tries:
+                    sink.tries -= 1
+                    sink.shape = learn_shape(data, obj, sink.chat)
+            else:
+                p = sink.parser
+                events = p.feed(data)
+                sink.busy = not p.idle
+                if events:
+                    apply_events(sink.rec, t, events, sink.chat)
+        except Exception as e:  # a bad chunk fails its request, never the load
+            sink.rec.error = sink.rec.error or f"client failed to read the stream: {e!r}"[:500]
