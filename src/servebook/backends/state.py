@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from servebook.errors import UsageError
 from servebook.files import read_model, write_atomic
+from servebook.recipe.plan import role_named
 from servebook.recipe.resolve import servebook_home
 
 STATE_FILE = "state.json"
@@ -53,10 +54,7 @@ class Deployment(BaseModel):
     plan: dict[str, Any] = Field(default_factory=dict)
 
     def role(self, name: str) -> RoleProcess:
-        for r in self.roles:
-            if r.name == name:
-                return r
-        raise KeyError(name)
+        return role_named(self.roles, name)
 
 
 def deployments_dir() -> Path:
