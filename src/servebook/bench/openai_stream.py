@@ -190,9 +190,9 @@ def learn_shape(event: bytes, obj: dict[str, Any], chat: bool) -> Shape | None:
         return None
     if chat:
         delta = c0.get("delta")
-        if type(delta) is not dict or delta.get("tool_calls") or delta.get("reasoning_content"):
-            return None
-        if delta.get("reasoning"):
+        if type(delta) is not dict or any(
+            delta.get(k) for k in ("tool_calls", "reasoning_content", "reasoning")
+        ):
             return None
         text, key = delta.get("content"), b'"content"'
     else:
@@ -204,7 +204,7 @@ def learn_shape(event: bytes, obj: dict[str, Any], chat: bool) -> Shape | None:
     start = at + len(key) + 2
     stop = event.find(b'"', start)
     raw = event[start:stop]
-    if _NOT_PLAIN(raw) or raw != text.encode("ascii", "replace"):
+    if _NOT_PLAIN(raw) or raw.decode("ascii") != text:
         return None
     return Shape(event[:start], event[stop:], start + len(event) - stop)
 
