@@ -124,18 +124,12 @@ def floor_child(spec_json: str) -> None:
 
     import uvloop
 
+    from servebook.bench.openai_stream import Endpoint, dumps, request_body
+
     spec = json.loads(spec_json)
-    body = json.dumps(
-        {
-            "model": "ref",
-            "prompt": "hello " * spec["input_len"],
-            "max_tokens": spec["output_len"],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-    ).encode()
+    # servebook's request body, with a text prompt of about the workload's bytes.
+    endpoint = Endpoint(f"http://127.0.0.1:{spec['port']}", "ref")
+    body = dumps(request_body(endpoint, "hello " * spec["input_len"], spec["output_len"]))
     request = (
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
@@ -251,6 +245,17 @@ class CpuSampler:
         t = np.asarray(self.t, dtype=np.float64)
         c = np.asarray(series, dtype=np.float64)
         return float(np.interp(t1, t, c) - np.interp(t0, t, c))
+
+    def over_load(self, truth: dict[str, Any]) -> dict[str, float]:
+        """The client's CPU, the others' and the steal over the server's load (its first
+        request's arrival to its last stream's end), and that load's length."""
+        t0, t1 = truth["first_recv_ns"], truth["last_end_ns"]
+        return {
+            "cpu_s": self.between(t0, t1),
+            "others": self.others_between(t0, t1),
+            "steal": self.steal_between(t0, t1),
+            "load_s": (t1 - t0) / 1e9,
+        }
 
     def between(self, t0: int, t1: int) -> float:
         """CPU seconds the client used between two monotonic instants."""
@@ -401,10 +406,7 @@ class Bench:
         rep = json.loads(out.read_text())
         if rep["errors"]:
             raise RuntimeError(f"servebook client errors: {rep['errors']}")
-        rep["cpu_s"] = sampler.between(truth["first_recv_ns"], truth["last_end_ns"])
-        rep["others"] = sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"])
-        rep["steal"] = sampler.steal_between(truth["first_recv_ns"], truth["last_end_ns"])
-        rep["load_s"] = (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9
+        rep.update(sampler.over_load(truth))
         rep["truth"] = truth_figures(truth)
         rep["decomposition"] = decomposition(truth, rep.pop("stamps"))
         rep["reported"] = {
@@ -429,10 +431,7 @@ class Bench:
             raise RuntimeError(f"floor client read {chunks} chunks for {tokens} tokens")
         return {
             "tokens": tokens,
-            "cpu_s": sampler.between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "others": sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "steal": sampler.steal_between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "load_s": (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9,
+            **sampler.over_load(truth),
         }
 
     def vllm(self, c: int, n: int, out_len: int, input_len: int) -> dict[str, Any]:
@@ -496,10 +495,7 @@ class Bench:
             "decomposition": decomposition(truth, stamps),
             "ok": doc["completed"],
             "tokens": doc["total_output_tokens"],
-            "cpu_s": sampler.between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "others": sampler.others_between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "steal": sampler.steal_between(truth["first_recv_ns"], truth["last_end_ns"]),
-            "load_s": (truth["last_end_ns"] - truth["first_recv_ns"]) / 1e9,
+            **sampler.over_load(truth),
             "truth": truth_figures(truth),
             "reported": {
                 "ttft_p50": doc["median_ttft_ms"],
@@ -516,6 +512,15 @@ def sizes(c: int, quick: bool) -> tuple[int, int, int]:
         return max(4, 2 * c), max(3, c), 16
     # Capacity: two requests per slot and at least 600; timing: two waves.
     return max(2 * c, 600), max(8, 2 * c), 32
+
+
+def capacity_figures(cap: dict[str, Any]) -> dict[str, float]:
+    """Output tokens/s, CPU per token (us) and the share of a core, over a capacity load."""
+    return {
+        "tok_s": cap["tokens"] / cap["load_s"],
+        "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
+        "cpu_share": cap["cpu_s"] / cap["load_s"],
+    }
 
 
 def timing_errors(rep: dict[str, Any]) -> dict[str, float]:
@@ -618,9 +623,7 @@ def main() -> None:
                         tims.append(run(c, tim_n, tim_len, input_len))
                     errs = [timing_errors(t) for t in tims]
                     row[who] = {
-                        "tok_s": cap["tokens"] / cap["load_s"],
-                        "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
-                        "cpu_share": cap["cpu_s"] / cap["load_s"],
+                        **capacity_figures(cap),
                         "err": median_of(errs),
                         "worst": {k: max(e[k] for e in errs) for k in ("ttft_p99", "itl_p99")},
                         "dec": median_of([t["decomposition"] for t in tims]),
@@ -638,9 +641,7 @@ def main() -> None:
                     b.configure(0, 0, record=False)
                     cap = b.floor(c, cap_n, out_len, input_len)
                     row["floor"] = {
-                        "tok_s": cap["tokens"] / cap["load_s"],
-                        "cpu_us_per_tok": 1e6 * cap["cpu_s"] / cap["tokens"],
-                        "cpu_share": cap["cpu_s"] / cap["load_s"],
+                        **capacity_figures(cap),
                         "others": cap["others"],
                         "steal": cap["steal"],
                     }
