@@ -1,0 +1,201 @@
+"""Precision and recall of `servebook lint` on a corpus of the field's serving manifests.
+
+The corpus (``tests/unit/fixtures/lint/corpus/``) holds small manifests, values files and
+READMEs shaped like those of llm-d, NVIDIA Dynamo, KServe, AIBrix, vLLM production-stack,
+LeaderWorkerSet and OME; ``verdicts.yaml`` beside it says, per file, where each original
+came from and every finding a reader of the file judged: ``verdict: true`` (a real trap
+lint must report) or ``false`` (a false finding, with its class), and each real trap lint
+used to miss (``miss: M1`` ...).  ``mode`` says whether a judgment holds when the file is
+linted alone (``file``), with its directory (``dir``), or both (the default).
+
+Lint runs through the command line (``servebook lint --json``, in process): once per file,
+and once per project directory (directory runs pair objects across files and compare docs
+with the manifests around them).  A finding is matched by (file, check id, line).
+
+Run: ``.venv/bin/python benchmarks/lint_corpus.py [--json]``.  Exit 1 when precision is
+under 95% or a miss class is not caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CORPUS = Path(__file__).resolve().parents[1] / "tests" / "unit" / "fixtures" / "lint" / "corpus"
+VERDICTS = CORPUS / "verdicts.yaml"
+TABLE = CORPUS / "VERDICTS.md"
+PRECISION_TARGET = 0.95
+Key = tuple[str, str, int]  # (file relative to the corpus, check id, line)
+
+
+@dataclass
+class Run:
+    """One `servebook lint --json` call and how its findings compare with the verdicts."""
+
+    target: str
+    mode: str  # "file" or "dir"
+    exit_code: int
+    unreadable: bool
+    reported: list[Key] = field(default_factory=list)
+    severities: dict[Key, str] = field(default_factory=dict)
+    true_hits: list[Key] = field(default_factory=list)
+    false_hits: list[tuple[Key, str]] = field(default_factory=list)  # (key, class or "unjudged")
+    misses: list[tuple[Key, str]] = field(default_factory=list)  # (key, miss class or "")
+
+
+def load_verdicts(path: Path = VERDICTS) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def corpus_files(root: Path = CORPUS) -> list[str]:
+    skip = {VERDICTS.name, TABLE.name}
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name not in skip
+    )
+
+
+def _invoke(target: Path) -> tuple[int, dict[str, Any] | None]:
+    from typer.testing import CliRunner
+
+    import servebook.cli  # noqa: F401  (registers every command)
+    from servebook.commands import app
+
+    result = CliRunner().invoke(app, ["lint", "--json", str(target)])
+    try:
+        return result.exit_code, json.loads(result.stdout)
+    except (json.JSONDecodeError, ValueError):
+        return result.exit_code, None
+
+
+def _relative(file: str, root: Path) -> str:
+    p = Path(file)
+    try:
+        return str(p.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return file
+
+
+def _entries(verdicts: dict[str, Any], files: list[str], mode: str) -> list[dict[str, Any]]:
+    out = []
+    for name in files:
+        for e in (verdicts["files"].get(name) or {}).get("findings") or []:
+            if e.get("mode", "both") in (mode, "both"):
+                out.append({**e, "file": name})
+    return out
+
+
+def score_run(
+    target: str, mode: str, files: list[str], verdicts: dict[str, Any], root: Path = CORPUS
+) -> Run:
+    code, doc = _invoke(root / target)
+    run = Run(target, mode, code, doc is None)
+    if doc is not None:
+        for f in doc["findings"]:
+            ev = f.get("evidence") or {}
+            key = (_relative(str(ev.get("file", "")), root), f["check"], int(ev.get("line", 0)))
+            run.reported.append(key)
+            run.severities[key] = f["severity"]
+    entries = _entries(verdicts, files, mode)
+    judged = {(e["file"], e["check"], int(e["line"])): e for e in entries}
+    for key in run.reported:
+        e = judged.get(key)
+        if e is not None and e["verdict"]:
+            run.true_hits.append(key)
+        else:
+            run.false_hits.append((key, e.get("class", "?") if e else "unjudged"))
+    seen = Counter(run.reported)
+    for key, e in judged.items():
+        if e["verdict"] and not seen[key]:
+            run.misses.append((key, e.get("miss", "")))
+    return run
+
+
+def score(verdicts: dict[str, Any] | None = None, root: Path = CORPUS) -> list[Run]:
+    verdicts = verdicts or load_verdicts()
+    files = corpus_files(root)
+    runs = [score_run(name, "file", [name], verdicts, root) for name in files]
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        inside = [f for f in files if f.startswith(d.name + "/")]
+        runs.append(score_run(d.name, "dir", inside, verdicts, root))
+    return runs
+
+
+def summary(runs: list[Run], verdicts: dict[str, Any]) -> dict[str, Any]:
+    tp = sum(len(r.true_hits) for r in runs)
+    fp = sum(len(r.false_hits) for r in runs)
+    fn = sum(len(r.misses) for r in runs)
+    false_classes: dict[str, int] = dict.fromkeys(verdicts["classes"]["false_findings"], 0)
+    for r in runs:
+        for _, cls in r.false_hits:
+            false_classes[cls] = false_classes.get(cls, 0) + 1
+    miss_total: Counter[str] = Counter()
+    miss_left: Counter[str] = Counter()
+    for r in runs:
+        for e in _entries(verdicts, [k for k in verdicts["files"]], r.mode):
+            if e.get("miss") and (r.mode == "dir" or e["file"] == r.target):
+                if r.mode == "dir" and not e["file"].startswith(r.target + "/"):
+                    continue
+                miss_total[e["miss"]] += 1
+        for _, cls in r.misses:
+            if cls:
+                miss_left[cls] += 1
+    return {
+        "true_findings": tp,
+        "false_findings": fp,
+        "missed": fn,
+        "precision": tp / (tp + fp) if tp + fp else 1.0,
+        "recall": tp / (tp + fn) if tp + fn else 1.0,
+        "false_classes": false_classes,
+        "miss_classes": {
+            m: {"expected": miss_total[m], "missed": miss_left[m]}
+            for m in verdicts["classes"]["misses"]
+        },
+        "unreadable": [r.target for r in runs if r.unreadable],
+        "runs": len(runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    verdicts = load_verdicts()
+    runs = score(verdicts)
+    s = summary(runs, verdicts)
+    ok = s["precision"] >= PRECISION_TARGET and all(
+        v["expected"] and not v["missed"] for v in s["miss_classes"].values()
+    )
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0 if ok else 1
+    print(f"corpus: {len(corpus_files())} files, {s['runs']} lint runs (each file, each project dir)")
+    for r in runs:
+        for (file, check, line), cls in r.false_hits:
+            print(f"FALSE  [{r.mode} {r.target}] {check} {file}:{line} (class {cls})")
+        for (file, check, line), cls in r.misses:
+            print(f"MISSED [{r.mode} {r.target}] {check} {file}:{line} (class {cls or '-'})")
+    for target in s["unreadable"]:
+        print(f"UNREADABLE {target}: lint exited without JSON (exit 2), linted file by file")
+    print(
+        f"precision {s['precision']:.1%} ({s['true_findings']} true, {s['false_findings']} "
+        f"false); recall {s['recall']:.1%} ({s['missed']} missed)"
+    )
+    for cls, n in s["false_classes"].items():
+        title = verdicts["classes"]["false_findings"].get(cls, "")
+        print(f"  false class {cls}: {'fixed' if not n else f'{n} still reported'}  {title}")
+    for cls, v in s["miss_classes"].items():
+        title = verdicts["classes"]["misses"][cls]
+        status = "caught" if v["expected"] and not v["missed"] else f"missed {v['missed']}"
+        print(f"  miss class {cls}: {status} (of {v['expected']})  {title}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
