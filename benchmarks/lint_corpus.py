@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
         return 0 if ok else 1
-    print(f"corpus: {len(corpus_files())} files, {s['runs']} lint runs (each file, each project dir)")
+    print(
+        f"corpus: {len(corpus_files())} files, {s['runs']} lint runs (each file, each project dir)"
+    )
     for r in runs:
         for (file, check, line), cls in r.false_hits:
             print(f"FALSE  [{r.mode} {r.target}] {check} {file}:{line} (class {cls})")

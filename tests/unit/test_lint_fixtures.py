@@ -69,6 +69,8 @@ EXPECTED: dict[str, list[tuple[str, str]]] = {
     "sb114-secret-in-clear/fail-flag.yaml": [("SB114", "fail")] * 3,
     "sb114-secret-in-clear/fail-env.yaml": [("SB114", "fail")],
     "sb114-secret-in-clear/pass.yaml": [],
+    "sb115-template/fail-controller-template.yaml": [("SB115", "info")] * 2,
+    "sb115-template/pass.yaml": [],
     "docs/fail-unclosed-fence.md": [("SB120", "fail")],
     "docs/fail-alternatives.md": [("SB121", "fail")],
     "docs/fail-curl.md": [("SB122", "fail")] * 2,

@@ -146,7 +146,9 @@ GROUP_MEMBERS_DISAGREE = register(
     "data-parallel flags may differ (workers --headless, each starting at its own rank). A "
     "leader and worker that disagree fail the data-parallel handshake, hang in the first "
     "collective, or a worker without --headless starts a second API server on a rank the "
-    "leader already counts.",
+    "leader already counts (unless the group balances load per node on purpose: "
+    "`--data-parallel-hybrid-lb` or `--data-parallel-external-lb`, where every member "
+    "serves its own API and is not told to add --headless).",
     "Render the leader and worker from one argument list (servebook does), adding only "
     "--headless and --data-parallel-start-rank (leader 0, worker k: k x "
     "--data-parallel-size-local) to the workers.",
@@ -207,7 +209,17 @@ def check_group_members(doc: Document) -> list[Finding]:
                 f"holds ranks 0 to {int(local) - 1} (--data-parallel-size-local {local}): "
                 "the worker's first rank must be " + local
             )
-    if spans and worker.has("--data-parallel-size") and not worker.has("--headless"):
+    # With hybrid or external load balancing every node runs its own API server on purpose
+    # (the router targets each), so a worker without --headless is the design.
+    own_servers = worker.has("--data-parallel-hybrid-lb") or worker.has(
+        "--data-parallel-external-lb"
+    )
+    if (
+        spans
+        and worker.has("--data-parallel-size")
+        and not worker.has("--headless")
+        and not own_servers
+    ):
         disagree(
             f"{doc.label}'s workers run data-parallel ranks without --headless: each would "
             "start an API server of its own beside the leader's."

@@ -10,7 +10,7 @@ from typing import Any
 from servebook.engines.cmdline import EngineCommand, parse_container
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import Document, KeyPath
-from servebook.lint.rules.objects import finding_at, lookup, pod_specs
+from servebook.lint.rules.objects import PodSpec, finding_at, lookup, pod_specs
 from servebook.lint.rules.registry import DOCUMENT_RULES
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -36,6 +36,13 @@ _WEIGHTS_WORD = re.compile(
     r"hf[-_]?(?:cache|home|hub)|hub)(?:[/_.-]|$)"
 )
 _CACHE_WORD = re.compile(r"(?i)(?:cache|huggingface|hf[-_]?home)")
+# Directories that fill themselves: caches, compile caches, KV offload tiers, scratch.
+_FILLS_ITSELF_WORD = re.compile(
+    r"(?i)(?:cache|offload|kvbm|lmcache|jit|compile|triton|inductor|scratch|tmp)"
+)
+# Environment variables that name such a directory (HF_HOME, HF_HUB_CACHE,
+# VLLM_CACHE_ROOT, TRITON_CACHE_DIR, DYN_KVBM_DISK_CACHE_DIR, LMCACHE_LOCAL_DISK, ...).
+_CACHE_ENV = re.compile(r"(?i)(?:CACHE|HF_HOME|XDG_.*_HOME|OFFLOAD|LOCAL_DISK|TMPDIR|SCRATCH)")
 
 
 def _is_system_path(path: str) -> bool:
@@ -117,6 +124,45 @@ def pinned_node(
     return False, why
 
 
+def _cache_mounts(container: Mapping[str, Any]) -> list[str]:
+    """Paths the container's environment names as caches (``HF_HOME=/data/hf``,
+    ``LMCACHE_LOCAL_DISK=file:///kvcache/``)."""
+    paths = []
+    for item in container.get("env") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("value"), str):
+            continue
+        value = item["value"].removeprefix("file://")
+        if _CACHE_ENV.search(str(item.get("name", ""))) and value.startswith("/"):
+            paths.append(value)
+    return paths
+
+
+def fills_itself(pod: PodSpec, vol: Mapping[str, Any]) -> bool:
+    """Whether a hostPath volume is a cache that the engine fills at start (a Hugging Face
+    cache beside `vllm serve Qwen/Qwen3-8B`, a compile cache, a KV-offload directory),
+    not weights: no engine reads its model, tokenizer or draft from under its mount, and
+    its name, path, mount or the environment pointing at it says cache."""
+    hp = vol.get("hostPath")
+    path = hp.get("path") if isinstance(hp, dict) else None
+    name = str(vol.get("name", ""))
+    mounts: list[tuple[str, Mapping[str, Any]]] = [
+        (m["mountPath"], c)
+        for _, c in pod.containers()
+        for m in c.get("volumeMounts") or []
+        if isinstance(m, dict) and m.get("name") == name and isinstance(m.get("mountPath"), str)
+    ]
+    if not isinstance(path, str) or not mounts:
+        return False
+    for mount, c in mounts:
+        cmd = parse_container(c)
+        if cmd is not None and any(_under(p, mount) for p in _local_model_paths(cmd)):
+            return False
+    words = [path, name, *(m for m, _ in mounts)]
+    if any(_FILLS_ITSELF_WORD.search(w) for w in words):
+        return True
+    return any(_under(p, m) for m, c in mounts for p in _cache_mounts(c))
+
+
 HOSTPATH_UNPINNED = register(
     "SB103",
     "hostPath volume in a Pod that is not pinned to exactly one node",
@@ -130,8 +176,10 @@ HOSTPATH_UNPINNED = register(
     "`kubernetes.io/hostname` with exactly one value; Pods of several nodes (replicas, "
     "LeaderWorkerSet workers) may instead be pinned to a list of nodes that all keep the "
     "data, with a required pod anti-affinity on `kubernetes.io/hostname` against their own "
-    "labels (one Pod per listed node). DaemonSets and system paths (/dev, /sys, /proc, "
-    "/run, /etc, ...) are exempt.",
+    "labels (one Pod per listed node). DaemonSets, system paths (/dev, /sys, /proc, "
+    "/run, /etc, ...) and caches the engine fills itself (a Hugging Face cache, a compile "
+    "cache, a KV-offload directory, that no engine reads its model from: the same test "
+    "SB104 applies) are exempt: on another node they start cold, not wrong.",
 )
 
 
@@ -145,7 +193,7 @@ def check_hostpath_pinning(doc: Document) -> Iterator[Finding]:
         for vpath, vol in pod.volumes():
             hp = vol.get("hostPath")
             path = hp.get("path") if isinstance(hp, dict) else None
-            if isinstance(path, str) and not _is_system_path(path):
+            if isinstance(path, str) and not _is_system_path(path) and not fills_itself(pod, vol):
                 if not data_paths:
                     first = vpath
                 data_paths.append(f"{vol.get('name', '?')}={path}")

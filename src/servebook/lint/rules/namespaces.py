@@ -5,6 +5,7 @@ from __future__ import annotations
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import Document, LintSet
 from servebook.lint.rules.objects import finding_at
+from servebook.lint.rules.placeholders import find_placeholders
 from servebook.lint.rules.registry import SET_RULES
 
 CLUSTER_SCOPED = frozenset(
@@ -52,6 +53,8 @@ def check_namespaces(lint_set: LintSet) -> list[Finding]:
         if not d.is_kubernetes or d.kind in CLUSTER_SCOPED:
             continue
         ns = d.namespace
+        if find_placeholders(ns or ""):
+            continue  # a templated or placeholder namespace: SB101 / SB115 say so
         if ns and ns not in created and ns not in BUILTIN_NAMESPACES:
             users.setdefault(ns, []).append(d)
     findings = []

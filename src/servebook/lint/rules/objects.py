@@ -17,7 +17,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servebook.engines.cmdline import EngineCommand, parse_argv, parse_container
+from servebook.engines.cmdline import (
+    BOOLEAN_FLAGS,
+    EngineCommand,
+    normalize_flag,
+    parse_argv,
+    parse_container,
+    parse_engine_args,
+)
 from servebook.findings import Check, Finding, Severity
 from servebook.lint.loader import Document, Key, KeyPath, LintSet
 
@@ -222,10 +229,68 @@ class Engine:
         return re.sub(r"[-_/.]+", "-", _ROLE_WORD.sub("", text)).strip("-")
 
 
+# A shell variable standing alone as a word: `$SPEC_ARGS`, `${EXTRA_ARGS}`, `${X:-}`.
+_EXPANSION = re.compile(r"^\$(?:\{[A-Za-z_]\w*(?:[:#%/-][^}]*)?\}|[A-Za-z_]\w*)$")
+
+
+def script_expansions(cmd: EngineCommand) -> list[str]:
+    """The engine's words that are a shell variable alone where a flag would stand (not a
+    flag's value): flags a script assembles at start time, which lint cannot see."""
+    if not cmd.via_shell:
+        return []
+    found: list[str] = []
+    takes_value = False
+    for w in cmd.args:
+        if takes_value:
+            takes_value = False
+            continue
+        if w.startswith("-") and len(w) > 1:
+            name = normalize_flag(w.split("=", 1)[0])[0]
+            takes_value = (
+                "=" not in w and name not in BOOLEAN_FLAGS and not name.startswith("--no-")
+            )
+            continue
+        if _EXPANSION.match(w):
+            found.append(w)
+    return found
+
+
+def _model_after_expansions(cmd: EngineCommand) -> EngineCommand:
+    """`exec vllm serve $PROFILER_ARGS $SPEC_ARGS MODEL ...`: the first positional word is
+    a variable of flags, not the model.  When a literal positional word follows, that one
+    is the model; a variable alone (`vllm serve $MODEL`) stays the model."""
+    model = cmd.positional_model
+    if model is None or not _EXPANSION.match(model):
+        return cmd
+    expansions = set(script_expansions(cmd))
+    rest = parse_engine_args([w for w in cmd.args if w not in expansions], positional_model=True)
+    if rest.positional_model is None:
+        return cmd
+    rest.entrypoint, rest.via_shell, rest.args = cmd.entrypoint, cmd.via_shell, cmd.args
+    return rest
+
+
+# Kubernetes expands `$(VAR)` in command and args before any shell sees them.
+_KUBE_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _kube_refs_as_variables(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container with `$(VAR)` written `${VAR}` in its command and args: Kubernetes
+    substitutes them before the shell runs, so a script's parser must not read `$(` as
+    the start of a command substitution (which would cut the command line there)."""
+    out = dict(container)
+    for key in ("command", "args"):
+        items = container.get(key)
+        if isinstance(items, list):
+            out[key] = [_KUBE_REF.sub(r"${\1}", x) if isinstance(x, str) else x for x in items]
+    return out
+
+
 def engine_command(container: Mapping[str, Any]) -> EngineCommand | None:
     """The container's engine command; for `sh -c 'exec ENGINE "$@" MORE' NAME ARGS...` the
     container's args are the script's "$@" (how a LeaderWorkerSet worker computes its
     data-parallel start rank in a shell), so they are read as the engine's."""
+    container = _kube_refs_as_variables(container)
     cmd = parse_container(container)
     args = container.get("args")
     if cmd is not None and cmd.via_shell and "$@" in cmd.args and isinstance(args, list):
@@ -234,8 +299,8 @@ def engine_command(container: Mapping[str, Any]) -> EngineCommand | None:
         full = parse_argv(words)
         if full is not None:
             full.via_shell = True
-            return full
-    return cmd
+            return _model_after_expansions(full)
+    return _model_after_expansions(cmd) if cmd is not None else None
 
 
 def engines(lint_set: LintSet) -> list[Engine]:

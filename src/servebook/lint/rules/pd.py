@@ -67,16 +67,33 @@ def speculative_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str |
 def pairs(all_engines: Sequence[Engine]) -> list[tuple[Engine, Engine]]:
     """Prefill/decode pairs: same namespace, and the same name once role words are removed
     (`llama-prefill` / `llama-decode`); if no names pair up, every prefill with every
-    decode of the namespace."""
+    decode of the namespace.
+
+    An object that two files define (`vllm-disagg` in disagg_router.yaml and in
+    disagg_planner.yaml) is alternatives, not one deployment: its engines pair only with
+    engines of their own file."""
+    files: dict[tuple[str, str | None, str], set[str]] = {}
+    for e in all_engines:
+        files.setdefault((e.doc.kind, e.doc.namespace, e.doc.name), set()).add(e.doc.path)
+
+    def alternative(e: Engine) -> bool:
+        return len(files[(e.doc.kind, e.doc.namespace, e.doc.name)]) > 1
+
     by_ns: dict[str | None, list[Engine]] = {}
     for e in all_engines:
         by_ns.setdefault(e.doc.namespace, []).append(e)
     pairs: list[tuple[Engine, Engine]] = []
     for group in by_ns.values():
-        prefill = [e for e in group if e.role == "prefill"]
-        decode = [e for e in group if e.role == "decode"]
-        matched = [(p, d) for p in prefill for d in decode if p.stem == d.stem]
-        pairs.extend(matched or [(p, d) for p in prefill for d in decode])
+        candidates = [
+            (p, d)
+            for p in group
+            if p.role == "prefill"
+            for d in group
+            if d.role == "decode"
+            and (p.doc.path == d.doc.path or not (alternative(p) or alternative(d)))
+        ]
+        matched = [(p, d) for p, d in candidates if p.stem == d.stem]
+        pairs.extend(matched or candidates)
     return pairs
 
 

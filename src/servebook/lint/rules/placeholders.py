@@ -1,4 +1,5 @@
-"""SB101: placeholder text left in a manifest, a recipe or a values file.
+"""SB101: placeholder text left in a manifest, a recipe or a values file; SB115: a file
+that is another tool's template (``servebook.lint.rules.templates`` says which).
 
 Placeholders must not fire on text that only looks like one: ``${VAR}`` inside a shell
 script (``sh -c``), in YAML that expands variables itself (compose, CI) or in a file
@@ -15,18 +16,31 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from servebook.findings import Finding, Severity, register
-from servebook.lint.loader import Document, KeyPath
+from servebook.lint.loader import Document, KeyPath, LintSet
 from servebook.lint.rules.objects import finding_at, is_label_value, keypath_str, lookup, walk
-from servebook.lint.rules.registry import DOCUMENT_RULES
+from servebook.lint.rules.registry import SET_RULES
+from servebook.lint.rules.templates import (
+    KUSTOMIZATION,
+    TEMPLATING_KINDS,
+    kustomize_replaced,
+    kustomized,
+    template_tool,
+)
 
 _ANGLE = re.compile(r"<([A-Za-z][A-Za-z0-9_.-]*)>")
 _DOLLAR = re.compile(r"\$\{([^{}]*)\}")
 _MUSTACHE = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}", re.S)
 _REPLACE = re.compile(r"\bREPLACE(?:_[A-Z0-9_]+|[-_]?ME)\b")
 _CHANGEME = re.compile(r"\bchange[-_]?me\b", re.I)
+# The docs' spellings of "fill this in": YOUR-MODEL-PATH, your-storage-class, <YOUR HF
+# TOKEN> (words with spaces), my-registry/vllm:my-tag.
+_YOUR = re.compile(r"(?<![\w.-])(?:YOUR|[Yy]our)[-_][A-Za-z0-9][A-Za-z0-9_-]*")
+_ANGLE_WORDS = re.compile(r"<(?:[A-Z][A-Z0-9_.-]*|[Yy]our)(?: [A-Za-z0-9_.-]+){1,6}>")
+_MY_REF = re.compile(r"(?<![\w.-])my-(?:registry|repo|repository|image|tag|org|bucket)(?![\w-])")
 # Angle-bracket words that are tokens or markup, not placeholders: model special tokens
 # (`<s>`, `<think>`, `<image>`) and HTML.  Chat templates also use `<|...|>` (not matched).
 _TOKENS_AND_TAGS = frozenset(
@@ -38,20 +52,6 @@ _TOKENS_AND_TAGS = frozenset(
         *("img", "ul", "ol", "li", "table", "tr", "td", "th", "tbody", "thead", "html"),
         *("h1", "h2", "h3", "h4", "h5", "h6", "head", "body", "title", "script", "style"),
         *("meta", "link", "small", "sub", "sup"),
-    }
-)
-# Kinds whose fields legitimately carry `{{ }}` templates of their own tool.
-_TEMPLATING_KINDS = frozenset(
-    {
-        "PrometheusRule",
-        "AlertmanagerConfig",
-        "Workflow",
-        "WorkflowTemplate",
-        "ClusterWorkflowTemplate",
-        "CronWorkflow",
-        "ServingRuntime",  # KServe fills {{.Name}} / {{.StorageUri}}
-        "ClusterServingRuntime",
-        "ApplicationSet",
     }
 )
 # Top-level keys of YAML that expands ${VAR} itself at run time (docker compose, CI
@@ -88,8 +88,10 @@ def find_placeholders(
             for m in _MUSTACHE.finditer(text)
             if not text[: m.start()].endswith("$")  # GitHub Actions `${{ expr }}`
         )
-    hits.extend(m.group(0) for m in _REPLACE.finditer(text))
-    hits.extend(m.group(0) for m in _CHANGEME.finditer(text))
+    for pattern in (_REPLACE, _CHANGEME, _YOUR, _MY_REF):
+        hits.extend(m.group(0) for m in pattern.finditer(text))
+    if not markup:
+        hits.extend(m.group(0) for m in _ANGLE_WORDS.finditer(text))
     return list(dict.fromkeys(hits))
 
 
@@ -161,24 +163,37 @@ def _container_runs_shell(container: Any) -> bool:
 PLACEHOLDER = register(
     "SB101",
     "Unresolved placeholder in a value",
-    "A manifest applies with placeholder text such as `<NODE>`, `<MODEL_DIR>`, `${X}`, "
-    "`{{ .Values.x }}`, `REPLACE_...` or `CHANGEME` still in it, and the failure shows up "
+    "A manifest applies with placeholder text such as `<NODE>`, `<YOUR HF TOKEN>`, `${X}`, "
+    "`{{ .Values.x }}`, `REPLACE_...`, `CHANGEME`, `YOUR-PVC-NAME` or "
+    "`my-registry/...:my-tag` still in it, and the failure shows up "
     "far from the cause. In a nodeSelector or nodeName the workload is 'created' (apply "
     "exits 0) but no Pod ever appears: the controller's Pod is rejected or stays Pending, "
     "and the only error is in the controller's events. In a hostPath the Pod is created "
     "and scheduled, then fails at volume mount time minutes later, which reads like a "
     "storage problem. In engine arguments vLLM starts with the literal text as a model "
-    "name or path and fails after the image pull.",
+    "name or path and fails after the image pull. A Helm or controller template, and "
+    "the image names a kustomization in the same run replaces, are reported once as SB115 "
+    "instead (their expressions are filled in by that tool).",
     "Replace every placeholder with its real value before applying (or render a servebook "
     "recipe with `servebook render ... --set NAME=VALUE`, which refuses to write anything "
     "while a parameter is unresolved).",
 )
 
 
-@DOCUMENT_RULES.add(PLACEHOLDER)
-def check_placeholders(doc: Document) -> Iterator[Finding]:
+@SET_RULES.add(PLACEHOLDER)
+def check_placeholders(lint_set: LintSet) -> Iterator[Finding]:
+    k = kustomized(lint_set)
+    for doc in lint_set.documents:
+        yield from document_placeholders(doc, set(kustomize_replaced(doc, k)))
+
+
+def document_placeholders(
+    doc: Document, replaced: AbstractSet[str] = frozenset()
+) -> Iterator[Finding]:
+    """SB101 on one document; ``replaced``: image names a kustomization replaces."""
     declared = None if doc.is_kubernetes else _declared_parameters(doc)
-    templating = doc.kind in _TEMPLATING_KINDS
+    # A template's `{{ }}` belongs to the tool that renders it (SB115 says so once).
+    templating = doc.kind in TEMPLATING_KINDS or template_tool(doc) is not None
     expands_env = (
         not doc.is_kubernetes
         and declared is None
@@ -193,6 +208,8 @@ def check_placeholders(doc: Document) -> Iterator[Finding]:
             and keypath[2] in _SKIP_ANNOTATIONS
         ):
             continue
+        if doc.kind == KUSTOMIZATION and len(keypath) == 3 and keypath[0] == "images":
+            continue  # `images: [{name: REPLACE_IMAGE, newName: ...}]` names what it replaces
         texts: list[str] = []
         if isinstance(node, str):
             texts.append(node)
@@ -213,6 +230,8 @@ def check_placeholders(doc: Document) -> Iterator[Finding]:
             )
             if declared is not None:
                 hits = [h for h in hits if not (h.startswith("${") and h[2:-1].strip() in declared)]
+            if keypath[-1:] == ("image",) and text.split(":", 1)[0] in replaced:
+                hits = []
             if not hits:
                 continue
             effect = _placeholder_effect(doc, keypath, hits, text)
@@ -228,3 +247,41 @@ def check_placeholders(doc: Document) -> Iterator[Finding]:
                 f"{', '.join(hits)}{note}. Effect if applied: {effect}.",
                 evidence={"placeholders": hits, "value": text},
             )
+
+
+RENDERED_BY_ANOTHER_TOOL = register(
+    "SB115",
+    "File is another tool's template: lint the rendered output",
+    "A Helm chart's templates, a controller's config templates (KServe's "
+    "LLMInferenceServiceConfig) and a kustomize base are not what reaches the cluster: "
+    "their `{{ }}` expressions and placeholder images are filled in by Helm, the "
+    "controller or the overlay. Reporting them as placeholders would fail every checkout "
+    "of those projects, and a lint that fails correct files gets switched off; passing "
+    "them silently would hide that lint did not see the real values. So lint says once per "
+    "document which tool renders it, as information (it does not fail the run: the file is "
+    "legitimately a template), and still reports any other trap in it.",
+    "Lint what the tool produces: `helm template RELEASE CHART -f VALUES > out.yaml`, "
+    "`kubectl kustomize DIR > out.yaml`, or the objects the controller created (`kubectl "
+    "get ... -o yaml > out.yaml`), then `servebook lint out.yaml`.",
+)
+
+
+@SET_RULES.add(RENDERED_BY_ANOTHER_TOOL)
+def check_templates(lint_set: LintSet) -> Iterator[Finding]:
+    k = kustomized(lint_set)
+    for doc in lint_set.documents:
+        tool = template_tool(doc)
+        replaced = kustomize_replaced(doc, k) if tool is None else []
+        if tool is None and not replaced:
+            continue
+        if tool is None:
+            tool = f"kustomize (a kustomization in this run replaces {', '.join(replaced)})"
+        yield finding_at(
+            RENDERED_BY_ANOTHER_TOOL,
+            Severity.INFO,
+            doc,
+            (),
+            f"{doc.label} is a template that {tool} renders; its template expressions "
+            "are not placeholders and were not checked: lint the rendered output.",
+            evidence={"rendered_by": tool},
+        )
