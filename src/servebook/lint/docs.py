@@ -152,7 +152,7 @@ def _words(segment: str) -> list[str]:
         return segment.split()
 
 
-def _curl_has_timeout(words: list[str]) -> bool:
+def curl_has_timeout(words: list[str]) -> bool:
     for w in words:
         if w in ("--max-time", "-m") or w.startswith("--max-time="):
             return True
@@ -244,7 +244,7 @@ def check_shell_block(md: MarkdownFile, block: CodeBlock) -> list[Finding]:
                 continue
             words = _words(segment)
             before = _words(segment[: curl.start()])
-            if "timeout" in before or _curl_has_timeout(words):
+            if "timeout" in before or curl_has_timeout(words):
                 continue
             shown = segment.strip()
             findings.append(
@@ -283,5 +283,6 @@ __all__ = [
     "check",
     "check_markdown",
     "code_blocks",
+    "curl_has_timeout",
     "shell_commands",
 ]

@@ -1,13 +1,20 @@
-"""Engine flags: SB108 (a flag given twice), SB111 (a JSON flag that is not JSON) and
-SB113 (a LeaderWorkerSet whose leader and workers run different flags)."""
+"""Engine flags and container scripts: SB108 (a flag given twice), SB111 (a JSON flag that
+is not JSON), SB113 (a LeaderWorkerSet whose leader and workers run different flags),
+SB116 (a Job's or Pod's script that waits for an endpoint without a bound) and SB117
+(flags only a shell script assembles, which lint cannot see)."""
 
 from __future__ import annotations
 
 import json
+import posixpath
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from servebook.engines.cmdline import EngineCommand
+from servebook.engines.cmdline import EngineCommand, split_shell
+from servebook.engines.cmdline import _shell_script as shell_script
+from servebook.engines.cmdline import _word as cmdline_word
 from servebook.findings import Finding, Severity, register
+from servebook.lint.docs import curl_has_timeout
 from servebook.lint.loader import Document, KeyPath
 from servebook.lint.rules.objects import (
     Engine,
@@ -16,6 +23,7 @@ from servebook.lint.rules.objects import (
     finding_at,
     lookup,
     pod_specs,
+    script_expansions,
 )
 from servebook.lint.rules.registry import DOCUMENT_RULES, ENGINE_RULES
 
@@ -225,3 +233,146 @@ def check_group_members(doc: Document) -> list[Finding]:
             "start an API server of its own beside the leader's."
         )
     return findings
+
+
+# Kinds whose Pods are meant to finish: a wait that never ends keeps them from finishing.
+_FINISHING_KINDS = frozenset({"Job", "CronJob", "Pod"})
+_COMPARISONS = frozenset({"-lt", "-le", "-gt", "-ge", "-eq", "-ne"})
+
+
+def _deadline(doc: Document, pod: PodSpec) -> bool:
+    return any(
+        isinstance(v, int) and v > 0
+        for v in (
+            pod.spec.get("activeDeadlineSeconds"),
+            lookup(doc.data, "spec", "activeDeadlineSeconds"),
+            lookup(doc.data, "spec", "jobTemplate", "spec", "activeDeadlineSeconds"),
+        )
+    )
+
+
+def _probe_bounded(words: Sequence[str]) -> bool:
+    """A curl or wget probe in a loop condition that carries its own time limit, or runs
+    under `timeout`."""
+    for i, w in enumerate(words):
+        tool = posixpath.basename(w)
+        if tool in ("curl", "wget"):
+            if "timeout" in words[:i]:
+                return True
+            rest = list(words[i + 1 :])
+            if tool == "curl":
+                return curl_has_timeout(rest)
+            return any(a.startswith(("--timeout", "-T")) for a in rest)
+    return True  # no probe in this condition
+
+
+def unbounded_waits(script: str) -> Iterator[str]:
+    """`while`/`until` loops whose condition probes an endpoint with curl or wget and that
+    nothing ends: no `timeout`, no attempt counter compared in the condition or body."""
+    commands = split_shell(script) or []
+    i = 0
+    while i < len(commands):
+        words = commands[i]
+        if not words or words[0] not in ("while", "until"):
+            i += 1
+            continue
+        cond: list[str] = []
+        j = i
+        while j < len(commands) and (j == i or commands[j][:1] != ["do"]):
+            cond.extend(commands[j] if j > i else commands[j][1:])
+            j += 1
+        body: list[str] = []
+        while j < len(commands) and commands[j][:1] != ["done"]:
+            body.extend(commands[j])
+            j += 1
+        probes = any(posixpath.basename(w) in ("curl", "wget") for w in cond)
+        counted = bool(_COMPARISONS & set(cond + body)) or "timeout" in cond + body
+        if probes and not counted:
+            yield " ".join([words[0], *cond])
+        i = j + 1
+
+
+UNBOUNDED_WAIT = register(
+    "SB116",
+    "Job or Pod script waits for an endpoint with no bound",
+    "A `until curl URL; do sleep 5; done` loop in a Job's or Pod's shell script, with no "
+    "deadline on the loop (`timeout`, an attempt counter) and none on the Job or Pod "
+    "(`activeDeadlineSeconds`), waits as long as the endpoint stays down: a benchmark or "
+    "smoke-test Job that never finishes and never fails, a CI pipeline that hangs until "
+    "its own global timeout, and no error anywhere saying what it waited for. A curl "
+    "without --max-time inside the loop can hang a single attempt forever as well.",
+    "Bound the wait: `timeout 600 sh -c 'until curl -sf --max-time 5 URL; do sleep 5; "
+    "done'`, or count attempts and `exit 1` after N, or give the Job "
+    "`activeDeadlineSeconds`.",
+)
+
+
+@DOCUMENT_RULES.add(UNBOUNDED_WAIT)
+def check_unbounded_waits(doc: Document) -> Iterator[Finding]:
+    if doc.kind not in _FINISHING_KINDS:
+        return
+    for pod in pod_specs(doc):
+        if _deadline(doc, pod):
+            continue
+        for cpath, container in pod.containers():
+            words = [
+                cmdline_word(x)
+                for key in ("command", "args")
+                if isinstance(container.get(key), list)
+                for x in container[key]
+            ]
+            script = shell_script(words)
+            for loop in unbounded_waits(script or ""):
+                yield finding_at(
+                    UNBOUNDED_WAIT,
+                    Severity.FAIL,
+                    doc,
+                    cpath,
+                    f"container {container.get('name', '?')} waits in `{loop[:100]}` with no "
+                    f"deadline (no timeout or attempt count, no activeDeadlineSeconds): "
+                    f"{doc.label} never finishes while the endpoint is down.",
+                    extra=pod.part,
+                    evidence={"loop": loop},
+                )
+
+
+SCRIPT_ASSEMBLED_FLAGS = register(
+    "SB117",
+    "Engine flags assembled by a shell script: lint cannot see them",
+    "When the engine is started as `exec vllm serve $SPEC_ARGS $KV_ARGS ...` and the "
+    'script sets those variables at start time (`if [ "$LWS_GROUP_SIZE" -gt 1 ]; then '
+    "SPEC_ARGS=...`), the flags the engine actually gets exist only in the running Pod. "
+    "Lint compares what is written: it cannot tell whether a prefill/decode pair ends up "
+    "with the same speculative or KV-cache settings, or whether a flag is given twice, so "
+    "its silence about those flags means nothing. A warning, saying what lint could not "
+    "see, instead of a guess either way.",
+    "Write the flags out in the manifest (render one argument list per role), or check "
+    "the running engines: `servebook verify` reads each engine's own flags and counters.",
+)
+
+
+@ENGINE_RULES.add(SCRIPT_ASSEMBLED_FLAGS)
+def check_script_assembled_flags(engine: Engine) -> list[Finding]:
+    # `vllm serve "${MODEL_DIR}"`: a variable alone in the model's place is the model.
+    hidden = [w for w in script_expansions(engine.cmd) if w != engine.cmd.positional_model]
+    if not hidden:
+        return []
+    pd = (
+        f"; as the {engine.role} role of a prefill/decode pair, its speculative, KV-cache "
+        "and parallel settings may differ from the other role's without lint seeing it"
+        if engine.role
+        else ""
+    )
+    return [
+        finding_at(
+            SCRIPT_ASSEMBLED_FLAGS,
+            Severity.WARN,
+            engine.doc,
+            engine.path,
+            f"container {engine.cname} starts the engine with {', '.join(hidden)}: flags "
+            f"its script assembles at start time, which lint cannot read{pd}. Lint "
+            "checked only the flags written out.",
+            extra=engine.pod.part,
+            evidence={"variables": hidden},
+        )
+    ]

@@ -19,6 +19,9 @@ _IMAGE_TOKEN = re.compile(
     r"(?:@(sha256:[a-f0-9]{64}))?"
 )
 _DOCKER_HUB = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
+# `docker build -t NAME:TAG`, `podman build --tag=NAME:TAG`: the tag an optional build
+# produces, not a reference to the image the manifests run.
+_BUILD_TAG = re.compile(r"(?:^|\s)(?:-t|--tag)(?:\s+|=)['\"]?$")
 
 
 def normalize_image(ref: str) -> tuple[str, str] | None:
@@ -48,6 +51,8 @@ def image_mentions(text: str) -> Iterator[tuple[int, str, str, str]]:
         for m in _IMAGE_TOKEN.finditer(line):
             if not (m.group(2) or m.group(3)):
                 continue  # prose naming the repository without a tag says nothing
+            if _BUILD_TAG.search(line[: m.start()]):
+                continue  # what a build writes, not what the manifests run
             tag = (m.group(3) or m.group(2)).rstrip(".-")
             norm = normalize_image(m.group(1))
             if norm:
@@ -81,9 +86,12 @@ IMAGE_MISMATCH = register(
     "SB110",
     "Image reference in a comment or doc disagrees with the image field",
     "When the image field is bumped and a header comment, a recipe description or the "
-    "README beside the manifest still names the old tag, a reader cannot tell which "
+    "README beside the manifest (or in a docs/ or build/ directory just below it) still "
+    "names the old tag, a reader cannot tell which "
     "image is authoritative; benchmark numbers get attributed to the wrong engine "
-    "version, and ratios across images are invalid even when both numbers are true.",
+    "version, and ratios across images are invalid even when both numbers are true. "
+    "The tag a build writes (`docker build -t NAME:TAG`) is not a reference and is not "
+    "compared.",
     "Update (or delete) the stale reference so every mention of the image repository names "
     "the tag the manifest actually runs.",
 )
@@ -143,7 +151,10 @@ def check_images(lint_set: LintSet) -> list[Finding]:
             for keypath, text in _text_values(doc):
                 compare(fields, text, yf.path, doc.line_at(keypath), f"{keypath_str(keypath)}")
     for md in lint_set.markdown_files:
-        fields = by_dir.get(PurePath(md.path).parent)
+        # The manifests beside the doc, or, for a doc in a subdirectory of its own (docs/,
+        # build/), the manifests one directory up.
+        here = PurePath(md.path).parent
+        fields = by_dir.get(here) or by_dir.get(here.parent)
         if fields:
             compare(fields, md.text, md.path, 1, "doc")
     return findings

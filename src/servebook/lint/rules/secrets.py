@@ -1,4 +1,5 @@
-"""SB114: secrets written in clear in a manifest (flags and environment variables)."""
+"""SB114: secrets written in clear in a manifest (flags, environment variables, chart
+values), and secret variables written `$VAR`, which Kubernetes never expands."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from servebook.engines.cmdline import _word as cmdline_word
 from servebook.engines.cmdline import split_shell
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import Document
-from servebook.lint.rules.objects import finding_at, pod_specs
+from servebook.lint.rules.objects import finding_at, keypath_str, pod_specs, walk
+from servebook.lint.rules.placeholders import find_placeholders
 from servebook.lint.rules.registry import DOCUMENT_RULES
 
 # A reference to a value kept elsewhere, not a value: Kubernetes' $(VAR), the shell's
 # ${VAR} and $VAR, a <placeholder> (SB101's business), and what redaction left.
 _SECRET_REFERENCE = re.compile(r"\$\(\w+\)|\$\{[^}]+\}|\$\w+|<[^<>]+>")
+# `$HF_TOKEN` (no braces, no parentheses): a shell variable, which Kubernetes passes on as
+# the literal text; `${HF_TOKEN}` is SB101's (a placeholder).
+_SHELL_VARIABLE = re.compile(r"\$[A-Za-z_]\w*")
+# Words that make a secret-named key a reference to a Secret, not the secret itself:
+# `secretName`, `secretKey`, `authSecretName`, `hfTokenSecretRef`, `tokenFile`.
+_REFERENCE_WORDS = frozenset({"secret", "name", "ref", "file", "path", "dir"})
 
 
 def _literal(value: str) -> bool:
@@ -66,7 +74,12 @@ SECRET_IN_CLEAR = register(
     "variable of such a name with a literal `value:`, puts the secret in the manifest: in "
     "git, in every render and review, in `kubectl get -o yaml` for anyone who may read the "
     "object, and on the engine's command line, where `ps` on the node shows it. A reference "
-    "(`$(VAR)`, `${VAR}`, `$VAR`, a `<placeholder>`) is not a secret and is not flagged.",
+    "(`$(VAR)`, `${VAR}`, a `<placeholder>`) is not a secret and is not flagged. Two "
+    "relatives are: a secret-named key of a Helm values file given a literal value "
+    '(`vllmApiKey: "..."`), which the chart writes into the objects it renders; and '
+    "`value: $HF_TOKEN` in an env entry: Kubernetes expands only `$(VAR)`, so the process "
+    "gets the literal text, and the documented `envsubst < file | kubectl apply -f -` "
+    "writes the real token into the object in clear.",
     "Keep the value in a Secret and reference it: `env: [{name: VLLM_API_KEY, valueFrom: "
     "{secretKeyRef: {name: NAME, key: api-key}}}]` (vLLM reads VLLM_API_KEY itself, so "
     "drop `--api-key`; servebook render: the api_key_secret parameter), or for another "
@@ -76,8 +89,9 @@ SECRET_IN_CLEAR = register(
 
 @DOCUMENT_RULES.add(SECRET_IN_CLEAR)
 def check_secrets_in_clear(doc: Document) -> list[Finding]:
-    """Secret flags with literal values, and secret-named env vars with a literal value."""
-    findings: list[Finding] = []
+    """Secret flags with literal values, secret-named env vars with a literal or `$VAR`
+    value, and secret-named keys of values files with a literal value."""
+    findings: list[Finding] = list(_values_secrets(doc))
     for pod in pod_specs(doc):
         for cpath, container in pod.containers():
             cname = container.get("name", "?")
@@ -97,25 +111,81 @@ def check_secrets_in_clear(doc: Document) -> list[Finding]:
                             evidence={"flag": flag[0].partition("=")[0]},
                         )
                     )
-            env = container.get("env")
-            for i, item in enumerate(env if isinstance(env, list) else []):
-                if not isinstance(item, dict):
-                    continue
-                name, value = item.get("name"), item.get("value")
-                if not (isinstance(name, str) and redact.is_secret_name(name)):
-                    continue
-                if isinstance(value, str | int | float) and _literal(str(value)):
-                    findings.append(
-                        finding_at(
-                            SECRET_IN_CLEAR,
-                            Severity.FAIL,
-                            doc,
-                            (*cpath, "env", i),
-                            f"container {cname} sets {name}={redact.REDACTED} with the value "
-                            "written in the manifest: take it from a Secret (valueFrom."
-                            "secretKeyRef) instead of value.",
-                            extra=pod.part,
-                            evidence={"env": name},
-                        )
-                    )
+    findings.extend(_env_secrets(doc))
     return findings
+
+
+def _env_secrets(doc: Document) -> Iterator[Finding]:
+    """Secret-named env entries anywhere in an object (containers, a CR's pod override)
+    with a literal value or a `$VAR` Kubernetes will not expand."""
+    if not doc.is_kubernetes:
+        return
+    for keypath, node in walk(doc.data):
+        if keypath[-1:] != ("env",) or not isinstance(node, list):
+            continue
+        for i, item in enumerate(node):
+            if not isinstance(item, dict):
+                continue
+            name, value = item.get("name"), item.get("value")
+            if not (isinstance(name, str) and redact.is_secret_name(name)):
+                continue
+            if not isinstance(value, str | int | float):
+                continue
+            text = str(value).strip().strip("'\"")
+            if _SHELL_VARIABLE.fullmatch(text):
+                message = (
+                    f"{keypath_str(keypath)} sets {name}={text}: Kubernetes expands only "
+                    f"$(VAR), so the process gets the literal text {text!r}; run through "
+                    "envsubst, the real secret is written into the object in clear. Take it "
+                    "from a Secret (valueFrom.secretKeyRef)."
+                )
+            elif _literal(text):
+                message = (
+                    f"{keypath_str(keypath)} sets {name}={redact.REDACTED} with the value "
+                    "written in the manifest: take it from a Secret (valueFrom."
+                    "secretKeyRef) instead of value."
+                )
+            else:
+                continue
+            yield finding_at(
+                SECRET_IN_CLEAR,
+                Severity.FAIL,
+                doc,
+                (*keypath, i),
+                message,
+                evidence={"env": name},
+            )
+
+
+def _key_words(name: str) -> set[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w}
+
+
+def _values_secrets(doc: Document) -> Iterator[Finding]:
+    """Secret-named keys of a values file (not a Kubernetes object, not a servebook recipe)
+    given a literal value: `vllmApiKey: "abc..."`, `hf_token: "hf_..."`."""
+    if doc.is_kubernetes or not isinstance(doc.data, dict) or "parameters" in doc.data:
+        return
+    for keypath, node in walk(doc.data):
+        if not isinstance(node, dict) or any(k in node for k in ("secretName", "secretKeyRef")):
+            continue
+        for key, value in node.items():
+            words = _key_words(str(key))
+            if not redact.is_secret_name(str(key)) or words & _REFERENCE_WORDS:
+                continue
+            if not isinstance(value, str) or len(value.strip()) < 6 or find_placeholders(value):
+                continue
+            if not _literal(value) or any(c.isspace() for c in value.strip()):
+                continue
+            yield finding_at(
+                SECRET_IN_CLEAR,
+                Severity.FAIL,
+                doc,
+                (*keypath, str(key)),
+                f"{keypath_str((*keypath, str(key)))} = {redact.REDACTED}: a secret written "
+                "into chart values is rendered into the objects in clear (and sits in git); "
+                "point the chart at an existing Secret instead (production-stack: "
+                "vllmApiKey: {secretName: ..., secretKey: ...}).",
+                evidence={"key": keypath_str((*keypath, str(key)))},
+            )
