@@ -12,7 +12,8 @@ Lint runs through the command line (``servebook lint --json``, in process): once
 and once per project directory (directory runs pair objects across files and compare docs
 with the manifests around them).  A finding is matched by (file, check id, line).
 
-Run: ``.venv/bin/python benchmarks/lint_corpus.py [--json]``.  Exit 1 when precision is
+Run: ``.venv/bin/python benchmarks/lint_corpus.py [--json] [--write-table]`` (the last
+renders ``VERDICTS.md`` from ``verdicts.yaml``).  Exit 1 when precision is
 under 95% or a miss class is not caught.
 """
 
@@ -67,7 +68,14 @@ def _invoke(target: Path) -> tuple[int, dict[str, Any] | None]:
     import servebook.cli  # noqa: F401  (registers every command)
     from servebook.commands import app
 
+    from servebook.errors import ServebookError
+
     result = CliRunner().invoke(app, ["lint", "--json", str(target)])
+    if isinstance(result.exception, ServebookError):
+        # What servebook.cli.main turns into its message and exit code (2: unreadable).
+        return result.exception.exit_code, None
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise RuntimeError(f"servebook lint crashed on {target}") from result.exception
     try:
         return result.exit_code, json.loads(result.stdout)
     except (json.JSONDecodeError, ValueError):
@@ -162,11 +170,66 @@ def summary(runs: list[Run], verdicts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(verdicts: dict[str, Any]) -> str:
+    """VERDICTS.md: the verdicts as a table, one row per judged finding (or per file)."""
+    lines = [
+        "# Lint corpus verdicts",
+        "",
+        "<!-- Generated from verdicts.yaml by `python benchmarks/lint_corpus.py --write-table`;"
+        " tests/unit/test_lint_corpus.py fails when the two disagree. -->",
+        "",
+        "Each file is shaped like the named original (written for this corpus, not copied). "
+        "A row is a finding lint must report (`true`), a false finding it must not report "
+        "(`false`, with its class), or a trap it used to miss (miss class). Mode: `file` = "
+        "the file linted alone, `dir` = its project directory linted at once.",
+        "",
+        "## Classes",
+        "",
+    ]
+    for kind in ("false_findings", "misses"):
+        for cls, title in verdicts["classes"][kind].items():
+            lines.append(f"* **{cls}**: {_cell(title)}")
+    lines += [
+        "",
+        "## Files",
+        "",
+        "| file | source | check | line | verdict | class | mode | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v in sorted(verdicts["files"].items()):
+        source = _cell(v.get("source", ""))
+        entries = v.get("findings") or []
+        if v.get("unreadable"):
+            lines.append(
+                f"| {name} | {source} | - | - | unreadable (exit 2) | | file | "
+                f"{_cell(v.get('note', ''))} |"
+            )
+        if not entries and not v.get("unreadable"):
+            lines.append(f"| {name} | {source} | - | - | no finding | | both | |")
+        for e in entries:
+            verdict = "true" if e["verdict"] else "false"
+            cls = e.get("class") or e.get("miss") or ""
+            lines.append(
+                f"| {name} | {source} | {e['check']} | {e['line']} | {verdict} | {cls} | "
+                f"{e.get('mode', 'both')} | {_cell(e.get('note', ''))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--write-table", action="store_true", help=f"write {TABLE.name} from {VERDICTS.name}"
+    )
     args = parser.parse_args(argv)
     verdicts = load_verdicts()
+    if args.write_table:
+        TABLE.write_text(render_table(verdicts), encoding="utf-8")
     runs = score(verdicts)
     s = summary(runs, verdicts)
     ok = s["precision"] >= PRECISION_TARGET and all(
