@@ -67,7 +67,6 @@ def _invoke(target: Path) -> tuple[int, dict[str, Any] | None]:
 
     import servebook.cli  # noqa: F401  (registers every command)
     from servebook.commands import app
-
     from servebook.errors import ServebookError
 
     result = CliRunner().invoke(app, ["lint", "--json", str(target)])
