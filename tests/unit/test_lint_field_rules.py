@@ -225,3 +225,48 @@ def test_a_readme_below_the_manifests_is_compared_but_a_build_tag_is_not() -> No
     assert ids(lint(manifest, md=stale)) == [("SB110", "fail")]
     build = ("deploy/README.md", "```sh\ndocker build -t vllm/vllm-openai:dev .\n```\n")
     assert ids(lint(manifest, md=build)) == []
+
+
+def test_a_kustomize_patch_leaves_its_placeholders_to_the_overlays() -> None:
+    patch = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: decode}\n"
+        "spec:\n  replicas: ${DECODE_REPLICAS}\n"
+    )
+    kust = (
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../base]\npatches: [{path: patch.yaml}]\n"
+    )
+    assert ids(lint(("o/patch.yaml", patch))) == [("SB101", "fail")]
+    found = lint(("o/patch.yaml", patch), ("o/kustomization.yaml", kust))
+    assert ids(found) == [("SB115", "info")]
+    assert "${DECODE_REPLICAS}" in found[0].message
+
+
+def test_without_names_roles_pair_within_a_file_or_as_a_lone_pair() -> None:
+    spec = f"[m, --kv-transfer-config, {NIXL}, --speculative-config, {SPEC}]"
+    plain = f"[m, --kv-transfer-config, {NIXL}]"
+    # Two unrelated files, each with a prefill and a decode of its own names.
+    a = deployment("alpha-prefill", plain) + "---\n" + deployment("alpha-decode", plain)
+    b = deployment("beta-p", plain).replace("{name: beta-p}", "{name: beta-prefill}")
+    b += "---\n" + deployment("gamma-decode", spec)
+    assert ids(lint(("a.yaml", a), ("b.yaml", b))) == [("SB105", "fail")]
+    # A lone prefill and a lone decode in two files are one deployment.
+    assert ids(
+        lint(("p.yaml", deployment("x-prefill", plain)), ("d.yaml", deployment("y-decode", spec)))
+    ) == [("SB105", "fail")]
+
+
+def test_values_lookup_keys_and_expressions_are_not_secrets() -> None:
+    values = (
+        "tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n"
+        "ci:\n  githubToken: ${{ secrets.GITHUB_TOKEN }}\n  hfToken: '{{ .Values.token }}'\n"
+    )
+    assert [f for f in lint(("values.yaml", values)) if f.check == "SB114"] == []
+
+
+def test_the_base_image_of_a_dockerfile_in_a_doc_is_not_the_manifests_image() -> None:
+    manifest = ("deploy/a.yaml", deployment("d", "[Qwen/Qwen3-8B]"))
+    doc = ("deploy/README.md", "```dockerfile\nFROM vllm/vllm-openai:v0.8.0\n```\n")
+    assert ids(lint(manifest, md=doc)) == []
+    stale = ("deploy/README.md", "```sh\ndocker pull vllm/vllm-openai:v0.8.0\n```\n")
+    assert ids(lint(manifest, md=stale)) == [("SB110", "fail")]

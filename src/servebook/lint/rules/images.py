@@ -21,7 +21,29 @@ _IMAGE_TOKEN = re.compile(
 _DOCKER_HUB = ("docker.io/", "index.docker.io/", "registry-1.docker.io/")
 # `docker build -t NAME:TAG`, `podman build --tag=NAME:TAG`: the tag an optional build
 # produces, not a reference to the image the manifests run.
-_BUILD_TAG = re.compile(r"(?:^|\s)(?:-t|--tag)(?:\s+|=)['\"]?$")
+_BUILD_TAG = re.compile(
+    r"(?:(?:^|\s)(?:-t|--tag)(?:\s+|=)|(?:^|\s)(?:docker|podman)\s+push\s+|"
+    r"^\s*FROM\s+(?:--platform=\S+\s+)?)['\"]?$",
+    re.I,
+)
+# A Dockerfile shown in a doc builds an image of its own from a base: not the manifests'.
+_BUILD_FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*(?:dockerfile|containerfile)\b", re.I)
+
+
+def _without_build_files(text: str) -> str:
+    """The doc with the bodies of ```dockerfile fences blanked (line numbers kept)."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in text.splitlines():
+        m = _BUILD_FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is not None:
+            line = ""
+        out.append(line)
+    return "\n".join(out)
 
 
 def normalize_image(ref: str) -> tuple[str, str] | None:
@@ -90,8 +112,8 @@ IMAGE_MISMATCH = register(
     "names the old tag, a reader cannot tell which "
     "image is authoritative; benchmark numbers get attributed to the wrong engine "
     "version, and ratios across images are invalid even when both numbers are true. "
-    "The tag a build writes (`docker build -t NAME:TAG`) is not a reference and is not "
-    "compared.",
+    "The image a doc's optional build writes (`docker build -t NAME:TAG`, `docker push`, "
+    "the `FROM` of a Dockerfile it shows) is not a reference and is not compared.",
     "Update (or delete) the stale reference so every mention of the image repository names "
     "the tag the manifest actually runs.",
 )
@@ -156,5 +178,5 @@ def check_images(lint_set: LintSet) -> list[Finding]:
         here = PurePath(md.path).parent
         fields = by_dir.get(here) or by_dir.get(here.parent)
         if fields:
-            compare(fields, md.text, md.path, 1, "doc")
+            compare(fields, _without_build_files(md.text), md.path, 1, "doc")
     return findings

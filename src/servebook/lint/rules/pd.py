@@ -66,8 +66,9 @@ def speculative_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str |
 
 def pairs(all_engines: Sequence[Engine]) -> list[tuple[Engine, Engine]]:
     """Prefill/decode pairs: same namespace, and the same name once role words are removed
-    (`llama-prefill` / `llama-decode`); if no names pair up, every prefill with every
-    decode of the namespace.
+    (`llama-prefill` / `llama-decode`); roles whose names pair with nothing pair with
+    the other role of the same file, or else (a lone prefill and a lone decode left in the
+    namespace) with each other.
 
     An object that two files define (`vllm-disagg` in disagg_router.yaml and in
     disagg_planner.yaml) is alternatives, not one deployment: its engines pair only with
@@ -93,7 +94,12 @@ def pairs(all_engines: Sequence[Engine]) -> list[tuple[Engine, Engine]]:
             and (p.doc.path == d.doc.path or not (alternative(p) or alternative(d)))
         ]
         matched = [(p, d) for p, d in candidates if p.stem == d.stem]
-        pairs.extend(matched or candidates)
+        # Roles whose names pair with nothing: those of one file pair with each other;
+        # across files only a lone prefill and a lone decode are surely one deployment.
+        paired = {id(e) for pair in matched for e in pair}
+        rest = [(p, d) for p, d in candidates if id(p) not in paired and id(d) not in paired]
+        same_file = [(p, d) for p, d in rest if p.doc.path == d.doc.path]
+        pairs.extend(matched + (same_file or (rest if len(rest) == 1 else [])))
     return pairs
 
 

@@ -184,7 +184,8 @@ PLACEHOLDER = register(
 def check_placeholders(lint_set: LintSet) -> Iterator[Finding]:
     k = kustomized(lint_set)
     for doc in lint_set.documents:
-        yield from document_placeholders(doc, set(kustomize_replaced(doc, k)))
+        if k.base_of(doc) is None:  # a kustomize base's placeholders are SB115's
+            yield from document_placeholders(doc)
 
 
 def document_placeholders(
@@ -271,11 +272,22 @@ def check_templates(lint_set: LintSet) -> Iterator[Finding]:
     k = kustomized(lint_set)
     for doc in lint_set.documents:
         tool = template_tool(doc)
-        replaced = kustomize_replaced(doc, k) if tool is None else []
-        if tool is None and not replaced:
-            continue
+        kustomization = k.base_of(doc) if tool is None else None
+        if kustomization is not None:
+            replaced = kustomize_replaced(doc, k)
+            left = [
+                h
+                for f in document_placeholders(doc, set(replaced))
+                for h in f.evidence["placeholders"]
+            ]
+            if not replaced and not left:
+                continue
+            said = [f"replaces {', '.join(replaced)}"] if replaced else []
+            if left:
+                said.append(f"leaves {', '.join(dict.fromkeys(left))} to the overlays")
+            tool = f"kustomize ({kustomization} builds from it and {'; '.join(said)})"
         if tool is None:
-            tool = f"kustomize (a kustomization in this run replaces {', '.join(replaced)})"
+            continue
         yield finding_at(
             RENDERED_BY_ANOTHER_TOOL,
             Severity.INFO,

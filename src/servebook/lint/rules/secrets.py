@@ -172,10 +172,13 @@ def _values_secrets(doc: Document) -> Iterator[Finding]:
             continue
         for key, value in node.items():
             words = _key_words(str(key))
-            if not redact.is_secret_name(str(key)) or words & _REFERENCE_WORDS:
+            # A bare `key:` is a lookup key (tolerations, `{name: s, key: k}` references).
+            if not redact.is_secret_name(str(key)) or words & _REFERENCE_WORDS or words == {"key"}:
                 continue
             if not isinstance(value, str) or len(value.strip()) < 6 or find_placeholders(value):
                 continue
+            if "{{" in value or "${" in value:
+                continue  # an expression of whatever reads the file (CI, a template)
             if not _literal(value) or any(c.isspace() for c in value.strip()):
                 continue
             yield finding_at(

@@ -8,8 +8,9 @@ What counts:
 * a controller's Go templates: a kind that is a controller's template by definition
   (KServe's ``LLMInferenceServiceConfig``), or expressions over the owner object
   (``.Spec.``, ``.ObjectMeta``, ``ChildName``);
-* kustomize: a resource of a ``Kustomization`` in the same lint run whose placeholder image
-  names that kustomization's ``images:`` replace.
+* kustomize: a resource or patch of a ``Kustomization`` in the same lint run: the images
+  its ``images:`` replace, and the placeholders left for the overlays (``REPLACE_IMAGE``,
+  ``${DECODE_REPLICAS}``), are the build's business, judged on its output.
 
 Kinds that template on their own at run time (PrometheusRule, Argo, ServingRuntime) are
 final objects, not templates, and are not reported here (SB101 leaves their ``{{ }}``).
@@ -57,12 +58,29 @@ KUSTOMIZATION = "Kustomization"
 
 @dataclass
 class Kustomized:
-    """What the kustomizations of a lint run replace: image names, per resource file."""
+    """The files the kustomizations of a lint run build from (resources and patches), and
+    the image names each kustomization replaces in them."""
 
-    images: dict[str, set[str]] = field(default_factory=dict)  # resource path -> image names
+    images: dict[str, set[str]] = field(default_factory=dict)  # file path -> image names
+    kustomization: dict[str, str] = field(default_factory=dict)  # file path -> its file
 
     def replaced(self, doc: Document) -> set[str]:
         return self.images.get(posixpath.normpath(doc.path), set())
+
+    def base_of(self, doc: Document) -> str | None:
+        """The kustomization file that builds from ``doc``'s file, if one is in the run."""
+        return self.kustomization.get(posixpath.normpath(doc.path))
+
+
+def _listed_files(data: dict[str, object]) -> list[str]:
+    files: list[str] = []
+    for key in ("resources", "bases", "patches", "patchesStrategicMerge", "patchesJson6902"):
+        items = data.get(key)
+        for item in items if isinstance(items, list) else []:
+            path = item.get("path") if isinstance(item, dict) else item
+            if isinstance(path, str) and "://" not in path:
+                files.append(path)
+    return files
 
 
 def kustomized(lint_set: LintSet) -> Kustomized:
@@ -76,11 +94,10 @@ def kustomized(lint_set: LintSet) -> Kustomized:
             for i in doc.data.get("images") or []
             if isinstance(i, dict) and isinstance(i.get("name"), str)
         }
-        for key in ("resources", "bases"):
-            for r in doc.data.get(key) or []:
-                if isinstance(r, str):
-                    path = posixpath.normpath(posixpath.join(base, r))
-                    out.images.setdefault(path, set()).update(names)
+        for r in _listed_files(doc.data):
+            path = posixpath.normpath(posixpath.join(base, r))
+            out.images.setdefault(path, set()).update(names)
+            out.kustomization.setdefault(path, doc.path)
     return out
 
 
