@@ -270,3 +270,26 @@ def test_the_base_image_of_a_dockerfile_in_a_doc_is_not_the_manifests_image() ->
     assert ids(lint(manifest, md=doc)) == []
     stale = ("deploy/README.md", "```sh\ndocker pull vllm/vllm-openai:v0.8.0\n```\n")
     assert ids(lint(manifest, md=stale)) == [("SB110", "fail")]
+
+
+def test_a_controller_templates_engines_are_neither_checked_nor_paired() -> None:
+    def template(role: str, flags: str) -> str:
+        return (
+            "apiVersion: serving.kserve.io/v1alpha1\nkind: LLMInferenceServiceConfig\n"
+            f"metadata: {{name: config-llm-{role}-template}}\nspec:\n  template:\n"
+            "    containers:\n      - name: main\n        image: ghcr.io/llm-d/llm-d:v0.2.0\n"
+            f"        command: [vllm, serve, /mnt/models]\n        args: [{flags}]\n"
+        )
+
+    found = lint(
+        ("p.yaml", template("prefill", f"--kv-transfer-config, {NIXL}")),
+        ("d.yaml", template("decode", f"--kv-transfer-config, {NIXL}, --block-size, '64'")),
+    )
+    assert ids(found) == [("SB115", "info"), ("SB115", "info")]
+
+
+def test_a_secret_flag_in_chart_values_extra_args() -> None:
+    values = "vllmConfig:\n  extraArgs: [--api-key, sk-abcdef123456, --port, '8000']\n"
+    found = lint(("values.yaml", values))
+    assert ids(found) == [("SB114", "fail")]
+    assert "sk-abcdef123456" not in found[0].message

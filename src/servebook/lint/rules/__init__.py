@@ -28,6 +28,7 @@ from servebook.lint.rules import (
 )
 from servebook.lint.rules.objects import engines
 from servebook.lint.rules.registry import DOCUMENT_RULES, ENGINE_RULES, PAIR_RULES, SET_RULES
+from servebook.lint.rules.templates import template_tool
 
 # The modules whose rules `check` runs: importing one registers its rules.
 SUBJECTS = (placeholders, labels, hostpath, flags, pd, namespaces, images, secrets)
@@ -39,7 +40,9 @@ def check(lint_set: LintSet) -> list[Finding]:
     for doc in lint_set.documents:
         for _, document_rule in DOCUMENT_RULES:
             findings.extend(document_rule(doc))
-    all_engines = engines(lint_set)
+    # A template of another tool (SB115) does not run as written: its engine command line
+    # is neither checked nor paired.
+    all_engines = [e for e in engines(lint_set) if template_tool(e.doc) is None]
     for e in all_engines:
         for _, engine_rule in ENGINE_RULES:
             findings.extend(engine_rule(e))

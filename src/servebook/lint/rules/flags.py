@@ -26,6 +26,7 @@ from servebook.lint.rules.objects import (
     script_expansions,
 )
 from servebook.lint.rules.registry import DOCUMENT_RULES, ENGINE_RULES
+from servebook.lint.rules.templates import template_tool
 
 JSON_FLAGS = (
     "--speculative-config",
@@ -166,8 +167,8 @@ GROUP_MEMBERS_DISAGREE = register(
 @DOCUMENT_RULES.add(GROUP_MEMBERS_DISAGREE)
 def check_group_members(doc: Document) -> list[Finding]:
     """A LeaderWorkerSet's leader and worker engines agree on every flag but their own."""
-    if doc.kind != "LeaderWorkerSet":
-        return []
+    if doc.kind != "LeaderWorkerSet" or template_tool(doc) is not None:
+        return []  # a template's flags are not the ones that run (SB115)
     by_member: dict[str, tuple[PodSpec, KeyPath, EngineCommand]] = {}
     for pod in pod_specs(doc):
         member = "leader" if "leaderTemplate" in pod.path else "worker"

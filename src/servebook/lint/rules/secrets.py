@@ -168,6 +168,19 @@ def _values_secrets(doc: Document) -> Iterator[Finding]:
     if doc.is_kubernetes or not isinstance(doc.data, dict) or "parameters" in doc.data:
         return
     for keypath, node in walk(doc.data):
+        if isinstance(node, list) and all(isinstance(x, str) for x in node):
+            # `extraArgs: ["--api-key", "sk-..."]`: engine flags the chart passes on.
+            for flag in _secret_flags(node):
+                yield finding_at(
+                    SECRET_IN_CLEAR,
+                    Severity.FAIL,
+                    doc,
+                    keypath,
+                    f"{keypath_str(keypath)} passes {' '.join(redact.argv(flag)[0])} with the "
+                    "secret written into the values; the chart renders it onto the engine's "
+                    "command line: take it from a Secret instead.",
+                    evidence={"flag": flag[0].partition("=")[0]},
+                )
         if not isinstance(node, dict) or any(k in node for k in ("secretName", "secretKeyRef")):
             continue
         for key, value in node.items():
