@@ -23,7 +23,7 @@ import typer
 
 from servebook.check_modules import CHECK_MODULES
 from servebook.commands import app, print_json
-from servebook.console import out
+from servebook.console import out, styled
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
 
 AREAS = (
@@ -107,9 +107,9 @@ def checks_command(
     from rich.markup import escape
 
     for c in checks:
-        out.print(f"[bold]{c.id}[/bold]  {escape(c.title)}", highlight=False)
-        out.print(f"  [dim]why:[/dim] {escape(c.rationale)}", highlight=False)
-        out.print(f"  [dim]fix:[/dim] {escape(c.fix)}\n", highlight=False)
+        out.print(styled(f"[bold]{escape(c.id)}[/bold]  {escape(c.title)}"))
+        out.print(styled(f"  [dim]why:[/dim] {escape(c.rationale)}"))
+        out.print(styled(f"  [dim]fix:[/dim] {escape(c.fix)}\n"))
     out.print(f"{len(checks)} check(s)")
 
 
