@@ -12,6 +12,7 @@ from __future__ import annotations
 CHECK_MODULES: tuple[str, ...] = (
     "servebook.bench.validity",
     "servebook.lint.docs",
+    "servebook.lint.loader",
     "servebook.lint.rules.flags",
     "servebook.lint.rules.hostpath",
     "servebook.lint.rules.images",

@@ -19,7 +19,7 @@ from servebook.commands import recipes as _recipes  # noqa: F401
 from servebook.commands import render as _render  # noqa: F401
 from servebook.commands import report as _report  # noqa: F401
 from servebook.commands import verify as _verify  # noqa: F401
-from servebook.console import err
+from servebook.console import err, styled
 from servebook.errors import ServebookError
 
 
@@ -32,9 +32,9 @@ def main() -> None:
     except ServebookError as e:
         # Messages quote URLs, command lines and log lines: never a secret in them.
         message = escape(redact.text(str(e)))
-        err.print(f"[bold red]{e.label}:[/] {message}", highlight=False, soft_wrap=True)
+        err.print(styled(f"[bold red]{escape(e.label)}:[/] {message}"), soft_wrap=True)
         if e.hint:
-            err.print(f"fix: {escape(redact.text(e.hint))}", highlight=False, soft_wrap=True)
+            err.print(f"fix: {redact.text(e.hint)}", soft_wrap=True)
         sys.exit(e.exit_code)
 
 

@@ -4,6 +4,12 @@ command and the main job (``servebook.pipeline``) print.
 ``out`` (stdout) carries results: tables, verdicts, paths written.  ``err`` (stderr)
 carries progress and errors, so ``--json`` on stdout stays one document.  Every message
 that quotes a server, a log line or a URL is redacted before it is printed.
+
+Both consoles print text as it is: no Rich markup, no emoji codes (``:100:``), no
+highlighting, since what they print quotes files, servers and messages.  Style written by
+servebook itself goes through ``styled`` (its values escaped with ``escape``).  Without a
+terminal (a pipe, CI) nothing is cut: a table is as wide as its longest path or message,
+whatever width the environment claims.
 """
 
 from __future__ import annotations
@@ -11,17 +17,53 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from servebook import redact
 from servebook.findings import Finding
 from servebook.results.schema import Results
 from servebook.verify.smoke import Report
 
-out = Console()
-err = Console(stderr=True)
+# The width of a console that is not a terminal: wider than any line servebook prints, so
+# that no column is cut or folded in a pipe.
+UNCUT = 100_000
+
+
+class _Console(Console):
+    """A console that reads nothing it prints as markup or emoji, and never cuts a line
+    written to something that is not a terminal."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        isatty = getattr(self.file, "isatty", None)
+        try:
+            terminal = bool(isatty and isatty())
+        except ValueError:  # a closed stream
+            terminal = False
+        size = super().size
+        # Not ``self._width``: Rich sets it from $COLUMNS, which CI may set with no reader.
+        return size if terminal else ConsoleDimensions(UNCUT, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def _console(stderr: bool = False) -> Console:
+    return _Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+def styled(markup: str) -> Text:
+    """Markup that servebook wrote (``[bold]...[/]``, any value in it passed through
+    ``escape``) as styled text; the consoles themselves read no markup."""
+    return Text.from_markup(markup, emoji=False)
 
 
 # --- a sweep's points (bench) ---------------------------------------------------------------
@@ -57,7 +99,7 @@ def print_points(results: Results, path: Path) -> None:
         t.add_row(
             level,
             str(p.repetition),
-            verdict,
+            styled(verdict),
             str(p.requests_ok),
             str(p.errors),
             number(p.output_tokens_per_s),
@@ -65,7 +107,7 @@ def print_points(results: Results, path: Path) -> None:
             number(p.ttft_ms.p50),
             number(p.tpot_ms.p50, 2),
             "-" if share is None else f"{100 * share:.0f}%",
-            escape("; ".join(r.split(":")[0] for r in p.invalid_reasons)),
+            "; ".join(r.split(":")[0] for r in p.invalid_reasons),
         )
     out.print(t)
     for agg in results.aggregates:
@@ -74,8 +116,6 @@ def print_points(results: Results, path: Path) -> None:
             out.print(
                 f"{level}: {agg.precision.status} after {agg.precision.repetitions} "
                 f"repetition(s): {agg.precision.describe()}",
-                highlight=False,
-                markup=False,
             )
     causes = sorted(
         {
@@ -88,8 +128,6 @@ def print_points(results: Results, path: Path) -> None:
         out.print(
             "client and server per-token latency disagree (likely cause: "
             f"{', '.join(causes)}); each point's latency_diagnosis says why",
-            highlight=False,
-            markup=False,
         )
 
 
@@ -137,12 +175,12 @@ def print_report(rep: Report, name: str) -> None:
         t.add_row(
             f.check,
             f.subject,
-            f"[{_STYLE[f.severity.value]}]{f.severity.value}[/]",
+            styled(f"[{_STYLE[f.severity.value]}]{f.severity.value}[/]"),
             measured,
             threshold,
-            msg,
+            styled(msg),
         )
     out.print(t)
     n_fail = sum(1 for f in rep.findings if f.failed)
     verdict = "[green]PASS[/]" if n_fail == 0 else f"[bold red]FAIL[/] ({n_fail} failing)"
-    out.print(f"verify {name}: {verdict} in {rep.elapsed_s:.1f} s")
+    out.print(styled(f"verify {escape(name)}: {verdict} in {rep.elapsed_s:.1f} s"))

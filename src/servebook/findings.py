@@ -165,22 +165,24 @@ _STYLE = {
 def print_table(findings: Sequence[Finding], title: str = "", console: Any = None) -> None:
     """Print findings as a table for a person (Rich)."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console()
-    table = Table(title=title or None, show_lines=False)
+    console = console or Console(markup=False, emoji=False, highlight=False)
+    # Text cells, never markup strings: messages quote files, paths and log lines.
+    table = Table(title=Text(title) if title else None, show_lines=False)
     table.add_column("check", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     table.add_column("subject")
     table.add_column("message")
     for f in findings:
-        # Messages quote files, paths and log lines: never let them be read as markup.
-        msg = escape(f.message) + (f"\n[dim]fix: {escape(f.hint)}[/dim]" if f.hint else "")
+        msg = Text(f.message)
+        if f.hint:
+            msg.append(f"\nfix: {f.hint}", style="dim")
         table.add_row(
-            escape(f.check), f"[{_STYLE[f.severity]}]{f.severity.value}[/]", escape(f.subject), msg
+            Text(f.check), Text(f.severity.value, style=_STYLE[f.severity]), Text(f.subject), msg
         )
     console.print(table)
     n_fail = sum(1 for f in findings if f.failed)
     n_warn = sum(1 for f in findings if f.severity is Severity.WARN)
-    console.print(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)")
+    console.print(Text(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)"))

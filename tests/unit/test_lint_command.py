@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 import servebook.commands.lint as lint_command
 from servebook.commands import app
-from servebook.errors import UsageError
 from servebook.findings import REGISTRY
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lint"
@@ -82,13 +81,15 @@ def test_lint_findings_are_sorted_by_file_and_line() -> None:
     assert len(keys) == 8 and "SB109" not in {f["check"] for f in findings}
 
 
-def test_lint_unparseable_yaml_is_unusable_input(tmp_path: Path) -> None:
+def test_lint_unparseable_yaml_is_an_error_finding_naming_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: Pod\nmetadata:\n  name: [x\n")
-    result = runner.invoke(app, ["lint", str(bad)])
-    assert isinstance(result.exception, UsageError)
-    assert result.exception.exit_code == 2
-    assert str(result.exception).startswith(f"{bad}:4:")
+    result = runner.invoke(app, ["lint", "--json", str(bad)])
+    assert result.exit_code == 2
+    [finding] = json.loads(result.stdout)["findings"]
+    assert finding["check"] == "SB100" and finding["severity"] == "error"
+    assert finding["subject"] == f"{bad}:4"
+    assert finding["message"].startswith(f"{bad} was not linted: YAML does not parse")
 
 
 def test_lint_missing_path_exits_2_from_the_real_entry_point(tmp_path: Path) -> None:
@@ -100,3 +101,53 @@ def test_lint_missing_path_exits_2_from_the_real_entry_point(tmp_path: Path) -> 
     )
     assert proc.returncode == 2
     assert "missing.yaml: no such file or directory" in proc.stderr
+
+
+def _unrendered_helm_template(path: Path) -> None:
+    # Shaped like a chart's templates/deployment.yaml (the `{{ include ... }}` and
+    # `{{- with .Values... }}` blocks of `helm create`'s scaffold), lying loose in a
+    # directory of manifests rather than under a chart's templates/.
+    path.write_text(
+        "apiVersion: apps/v1\n"
+        "kind: Deployment\n"
+        "metadata:\n"
+        '  name: {{ include "vllm.fullname" . }}\n'
+        "spec:\n"
+        "  template:\n"
+        "    spec:\n"
+        "      {{- with .Values.nodeSelector }}\n"
+        "      nodeSelector:\n"
+        "        {{- toYaml . | nindent 8 }}\n"
+        "      {{- end }}\n"
+        "      containers:\n"
+        "        - name: vllm\n"
+        '          image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"\n'
+    )
+
+
+def test_one_unreadable_file_never_hides_the_others_findings(tmp_path: Path) -> None:
+    readable = sorted((FIXTURES / "field-notes").glob("*.yaml"))
+    for src in readable:
+        (tmp_path / src.name).write_text(src.read_text())
+    before = runner.invoke(app, ["lint", "--json", str(tmp_path)])
+    alone = json.loads(before.stdout)["findings"]
+    assert before.exit_code == 1 and len(alone) == 8
+    helm = tmp_path / "deployment.yaml"
+    _unrendered_helm_template(helm)
+
+    result = runner.invoke(app, ["lint", "--json", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == 2 and doc["ok"] is False
+    found = doc["findings"]
+    for f in alone:
+        assert f in found
+    [bad] = [f for f in found if f not in alone]
+    assert bad["severity"] == "error" and bad["evidence"]["file"] == str(helm)
+    assert "helm template" in bad["message"] + bad["hint"]
+
+    table = runner.invoke(app, ["lint", str(tmp_path)])
+    assert table.exit_code == 2
+    rows = [line.split()[1] for line in table.stdout.splitlines() if line[2:4] == "SB"]
+    assert sorted(rows) == sorted(f["check"] for f in [*alone, bad])
+    assert "9 finding(s): 9 failing" in table.stdout

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from servebook.errors import UsageError
-from servebook.lint.loader import load_paths, parse_yaml
+from servebook.lint.loader import load_paths, parse_yaml, unreadable_findings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lint"
 
@@ -94,3 +94,14 @@ def test_an_empty_directory_is_not_a_silent_pass(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UsageError, match="no YAML, JSON or markdown files"):
         load_paths([tmp_path])
+
+
+def test_a_file_that_is_not_text_is_recorded_and_the_rest_still_read(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+    (tmp_path / "weights.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    lint_set = load_paths([tmp_path])
+    assert [Path(f.path).name for f in lint_set.yaml_files] == ["a.yaml"]
+    [u] = lint_set.unreadable
+    assert u.path == str(tmp_path / "weights.json") and "not UTF-8 text" in u.why
+    [f] = unreadable_findings(lint_set)
+    assert f.check == "SB100" and f.failed and f.evidence["file"] == u.path

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from servebook import __version__, redact
-from servebook.console import err, out
+from servebook.console import err, out, styled
 
 app = typer.Typer(
     name="servebook",
@@ -28,9 +28,7 @@ app = typer.Typer(
 def say(msg: str) -> None:
     """A progress line on stderr, with the time (up's and run's steps)."""
     err.print(
-        f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}",
-        highlight=False,
-        soft_wrap=True,
+        styled(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}"), soft_wrap=True
     )
 
 

@@ -15,7 +15,7 @@ from servebook.backends.state import state_dir_for
 from servebook.commands import app, print_json, say
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt, options
-from servebook.console import err, out
+from servebook.console import err, out, styled
 from servebook.errors import UsageError
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
@@ -86,7 +86,7 @@ def up(
     if json_out:
         print_json(redact.scrub(chosen.status(ready.name))[0])
     else:
-        out.print(f"[green]up:[/] {ready.name} {ready.where}", highlight=False)
+        out.print(styled(f"[green]up:[/] {escape(ready.name)} {escape(ready.where)}"))
 
 
 PlaceOpt = typer.Option(
@@ -162,7 +162,13 @@ def status(
     if json_out:
         print_json(st)
     else:
-        out.print(f"[bold]{st['name']}[/] ({st['recipe']}, {st['backend']}) entry {st['entry']}")
+        out.print(
+            styled(
+                f"[bold]{escape(st['name'])}[/] ({escape(st['recipe'])}, "
+                f"{escape(st['backend'])}) entry {escape(str(st['entry']))}"
+            ),
+            soft_wrap=True,
+        )
         for r in st["roles"]:
             colour = (
                 "green"
@@ -170,8 +176,11 @@ def status(
                 else ("yellow" if r["ok"] or r["state"] == "waiting" else "red")
             )
             out.print(
-                f"  {r['name']:8} [{colour}]{r['state']:8}[/] {escape(r['summary'])}",
-                highlight=False,
+                styled(
+                    f"  {escape(r['name']):8} [{colour}]{escape(r['state']):8}[/] "
+                    f"{escape(r['summary'])}"
+                ),
+                soft_wrap=True,
             )
     if not all(r["ok"] for r in st["roles"]):
         raise typer.Exit(1)
@@ -219,9 +228,9 @@ def _print_down(result: Down) -> None:
     for what, done in result.done.items():
         out.print(f"  {what}: {done}")
     if not result.complete:
-        err.print("[bold red]some processes did not stop[/]; state kept for another try.")
+        err.print(styled("[bold red]some processes did not stop[/]; state kept for another try."))
         raise typer.Exit(1)
-    out.print(f"[green]down:[/] {result.name}")
+    out.print(styled(f"[green]down:[/] {escape(str(result.name))}"))
 
 
 RUN_HELP = """The main job: [preflight ->] up -> verify -> a short bench sweep -> report -> down.

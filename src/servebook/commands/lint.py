@@ -2,8 +2,9 @@
 
 ``lint`` reads files and directories (``servebook.lint.loader``), runs the manifest rules
 (``servebook.lint.rules``) and the markdown rules (``servebook.lint.docs``), and prints the
-findings.  Exit code 0: nothing failing (warnings allowed); 1: a failing finding; 2: the
-input could not be read (missing path, YAML that does not parse).
+findings.  Exit code 0: nothing failing (warnings allowed); 1: a failing finding; 2: some
+input could not be read (a missing path; a file that does not parse, which is an SB100
+finding beside every other file's findings).
 
 ``checks`` prints every registered check, from whichever area registered it: ``all_checks``
 imports exactly the modules named in ``servebook.check_modules.CHECK_MODULES`` (a unit test
@@ -22,7 +23,7 @@ import typer
 
 from servebook.check_modules import CHECK_MODULES
 from servebook.commands import app, print_json
-from servebook.console import out
+from servebook.console import out, styled
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
 
 AREAS = (
@@ -106,9 +107,9 @@ def checks_command(
     from rich.markup import escape
 
     for c in checks:
-        out.print(f"[bold]{c.id}[/bold]  {escape(c.title)}", highlight=False)
-        out.print(f"  [dim]why:[/dim] {escape(c.rationale)}", highlight=False)
-        out.print(f"  [dim]fix:[/dim] {escape(c.fix)}\n", highlight=False)
+        out.print(styled(f"[bold]{escape(c.id)}[/bold]  {escape(c.title)}"))
+        out.print(styled(f"  [dim]why:[/dim] {escape(c.rationale)}"))
+        out.print(styled(f"  [dim]fix:[/dim] {escape(c.fix)}\n"))
     out.print(f"{len(checks)} check(s)")
 
 
@@ -126,7 +127,11 @@ def lint_command(
     from servebook.lint import docs, loader, rules
 
     lint_set = loader.load_paths(paths)
-    findings = rules.check(lint_set) + docs.check(lint_set.markdown_files)
+    findings = (
+        loader.unreadable_findings(lint_set)
+        + rules.check(lint_set)
+        + docs.check(lint_set.markdown_files)
+    )
     findings.sort(
         key=lambda f: (str(f.evidence.get("file", "")), int(f.evidence.get("line", 0)), f.check)
     )
@@ -136,6 +141,8 @@ def lint_command(
         f"{len(lint_set.yaml_files)} YAML file(s) ({n_docs} document(s)), "
         f"{len(lint_set.markdown_files)} markdown file(s)"
     )
+    if lint_set.unreadable:
+        summary += f", {len(lint_set.unreadable)} file(s) that could not be read"
     if as_json:
         print_json(to_json(findings, paths=[str(p) for p in paths], read=summary))
     elif findings:

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from servebook.commands import app, print_json
-from servebook.console import out
+from servebook.console import out, styled
 from servebook.recipe.resolve import catalog_names, load_source, resolve
 
 recipes_app = typer.Typer(
@@ -81,13 +82,17 @@ def show(
     if json_out:
         print_json(plan.model_dump_json())
         return
-    out.print(f"[bold]{plan.recipe}[/] ({plan.topology}, engine {plan.engine}) from {plan.origin}")
+    out.print(
+        styled(
+            f"[bold]{escape(plan.recipe)}[/] ({escape(plan.topology)}, engine "
+            f"{escape(plan.engine)}) from {escape(plan.origin)}"
+        ),
+        soft_wrap=True,
+    )
     for k, v in plan.params.items():
-        out.print(f"  {k} = {v}")
+        out.print(f"  {k} = {v}", soft_wrap=True)
     for role, argv in plan.command_lines().items():
         env = plan.role(role).env
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        out.print(f"\n[bold]{role}[/]:", highlight=False)
-        out.print(
-            ((prefix + " ") if prefix else "") + shlex.join(argv), highlight=False, soft_wrap=True
-        )
+        out.print(styled(f"\n[bold]{escape(role)}[/]:"))
+        out.print(((prefix + " ") if prefix else "") + shlex.join(argv), soft_wrap=True)

@@ -1,7 +1,8 @@
 """`servebook render RECIPE [--set k=v ...] [-f values.yaml] [-o DIR]`.
 
 Resolves the recipe, builds every Kubernetes object (``servebook.kube.manifests``), checks
-each against the Kubernetes OpenAPI schema, and only then writes: into a temporary
+each against the Kubernetes OpenAPI schema, runs `servebook lint`'s rules on the files
+(a failing finding refuses the render), and only then writes: into a temporary
 directory beside DIR that is renamed into place, so a render that fails at any step leaves
 DIR exactly as it was.  Without ``-o`` the manifests go to stdout (for ``| kubectl apply
 -f -``).
@@ -39,7 +40,7 @@ _EPILOG = (
     "--set spec_method=mtp -o deploy/moe\n\n"
     "  servebook render vllm-pd -f values.yaml | kubectl apply -f -\n\n"
     "Exit codes: 0 written; 2 a parameter is missing or invalid, or an object does not match "
-    "the Kubernetes schema (nothing is written)."
+    "the Kubernetes schema, or `servebook lint` fails a rendered file (nothing is written)."
 )
 
 
@@ -115,7 +116,40 @@ def render_files(
     files = manifests.manifest_files(plan, objects)
     declared = parse_parameters(load_source(recipe))
     files[PARAMETERS_FILE] = parameters_markdown(plan, declared, list(files), K8S_VERSION)
+    refuse_what_lint_fails(files)
     return plan, objects, files
+
+
+def refuse_what_lint_fails(files: Mapping[str, str]) -> None:
+    """Run `servebook lint`'s rules on the files a render is about to write; a failing
+    finding is a ``UsageError`` naming each (file:line, check, message), so nothing is
+    written that lint would fail."""
+    from servebook.findings import Severity
+    from servebook.lint import docs, loader, rules
+
+    lint_set = loader.LintSet()
+    for file_name, text in files.items():
+        if file_name.endswith(".md"):
+            lint_set.markdown_files.append(loader.parse_markdown(text, file_name))
+        else:
+            lint_set.yaml_files.append(loader.parse_yaml(text, file_name))
+    findings = rules.check(lint_set) + docs.check(lint_set.markdown_files)
+    failing = [f for f in findings if f.severity in (Severity.FAIL, Severity.ERROR)]
+    if not failing:
+        return
+    hint = "Change the parameter that put it there; `servebook checks ID` explains each check."
+    if any(f.check == "SB114" for f in failing):
+        hint = (
+            "Keep the key in a Secret in the namespace and name it with "
+            "`--set api_key_secret=NAME` (key api-key, or NAME/KEY): every engine then gets "
+            "VLLM_API_KEY from it. Remove --api-key (or the secret) from extra_engine_args."
+        )
+    lines = "\n".join(f"  {f.subject} {f.check}: {f.message}" for f in failing)
+    raise UsageError(
+        f"the render would fail `servebook lint` ({len(failing)} failing finding(s)); "
+        f"nothing was written:\n{lines}",
+        hint=hint,
+    )
 
 
 @app.command("render", epilog=_EPILOG)

@@ -13,9 +13,10 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from servebook.commands import app, print_json
-from servebook.console import err, out
+from servebook.console import err, out, styled
 from servebook.files import write_atomic
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
@@ -70,14 +71,14 @@ def report(
 
 
 def _rich_table(t: Table) -> RichTable:
-    rt = RichTable(title=escape(t.title), show_lines=False)
+    rt = RichTable(title=t.title, show_lines=False)
     for c in t.columns:
-        rt.add_column(escape(c.title), justify="right" if c.numeric else "left", overflow="fold")
+        rt.add_column(c.title, justify="right" if c.numeric else "left", overflow="fold")
     for row in t.rows:
-        cells = [escape(v) for v in row]
-        v = cells[-1]
+        cells: list[str | Text] = list(row)
+        v = row[-1]
         if v in ("better", "worse"):
-            cells[-1] = f"[{'green' if v == 'better' else 'bold red'}]{v}[/]"
+            cells[-1] = Text(v, style="green" if v == "better" else "bold red")
         rt.add_row(*cells)
     return rt
 
@@ -168,7 +169,7 @@ def compare(
         if as_json:
             print_json(cmp.refusal_json(r.comparability))
         else:
-            err.print(escape(cmp.refusal_message(r.comparability)), highlight=False)
+            err.print(cmp.refusal_message(r.comparability))
         raise typer.Exit(EXIT_UNUSABLE if reproduce else EXIT_FAIL) from None
     if reproduce:
         _reproduce(c, tol, as_json, output)
@@ -181,17 +182,18 @@ def compare(
         print_json(doc)
         return
     if c.stamp:
-        out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+        out.print(Text(c.stamp, style="bold red"), soft_wrap=True)
     for v in c.comparability.unused_variables:
         err.print(
-            f"[yellow]note:[/] --variable {v} declared, but nothing it covers differs",
-            highlight=False,
+            styled(
+                f"[yellow]note:[/] --variable {escape(v)} declared, but nothing it covers differs"
+            )
         )
     for line in cmp.differences_lines(c.comparability):
-        out.print(escape(line), highlight=False, soft_wrap=True)
+        out.print(line, soft_wrap=True)
     out.print(_rich_table(cmp.rows_table(c)))
-    out.print(escape(cmp.TEST), highlight=False)
-    out.print(escape(cmp.MULTIPLE_TESTS), highlight=False)
+    out.print(cmp.TEST)
+    out.print(cmp.MULTIPLE_TESTS)
     if c.only_a or c.only_b:
         out.print(
             f"levels only in A: {', '.join(c.only_a) or 'none'}; only in B: "
@@ -199,7 +201,7 @@ def compare(
             highlight=False,
         )
     if c.stamp:
-        out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+        out.print(Text(c.stamp, style="bold red"), soft_wrap=True)
 
 
 def reproduce_markdown(r: rep.Reproduction, stamp: str | None) -> str:
@@ -228,11 +230,11 @@ def _reproduce(c: cmp.Comparison, tolerance: float, as_json: bool, output: Path 
         print_json(doc)
     else:
         if c.stamp:
-            out.print(f"[bold red]{escape(c.stamp)}[/]", soft_wrap=True)
+            out.print(Text(c.stamp, style="bold red"), soft_wrap=True)
         for line in cmp.differences_lines(c.comparability):
-            out.print(escape(line), highlight=False, soft_wrap=True)
+            out.print(line, soft_wrap=True)
         out.print(_rich_table(rep.table(r)))
-        out.print(escape(rep.RULE), highlight=False)
+        out.print(rep.RULE)
         if r.only_a or r.only_b:
             out.print(
                 f"levels only in A: {', '.join(r.only_a) or 'none'}; only in B: "
@@ -240,6 +242,6 @@ def _reproduce(c: cmp.Comparison, tolerance: float, as_json: bool, output: Path 
                 highlight=False,
             )
         color = "green" if r.reproduces else "bold red"
-        out.print(f"[{color}]{escape(r.sentence())}[/]", soft_wrap=True)
+        out.print(Text(r.sentence(), style=color), soft_wrap=True)
     if not r.reproduces:
         raise typer.Exit(EXIT_FAIL)

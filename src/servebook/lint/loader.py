@@ -6,9 +6,12 @@ Parsing is pure (``parse_yaml``, ``parse_markdown`` take text); only ``load_path
 the filesystem.  Every value keeps the line it came from, so a finding can say
 ``deploy/pd.yaml:42`` instead of "somewhere in the decode Deployment".
 
-Unusable input is a ``UsageError`` (exit 2) naming the file and line: a path that does not
-exist, YAML that does not parse, a file that is not text.  Lint never reports "no
-findings" about a file it could not read.
+A path that does not exist, or a directory with nothing to read, is a ``UsageError``
+(exit 2).  A file that cannot be read (YAML that does not parse, an unrendered template, a
+file that is not text or not readable) never hides the others: ``load_paths`` reads every
+other file and records it in ``LintSet.unreadable``, and ``unreadable_findings`` turns each
+into an SB100 finding (severity error, so the run exits 2) naming the file, line and why.
+Lint never reports "no findings" about a file it could not read.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import yaml
 
 from servebook.errors import UsageError
+from servebook.findings import Finding, Severity, register_once
 
 Key = str | int
 KeyPath = tuple[Key, ...]
@@ -33,6 +37,19 @@ _SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".
 _HELM_SOURCE = re.compile(r"^#\s*Source:\s*(\S.*?)\s*$")
 # A YAML comment starts at '#' at the beginning of a line or after whitespace.
 _COMMENT = re.compile(r"(?:^|\s)#(.*)$")
+# Go template actions (Helm charts, a controller's config templates): `{{ ... }}`.
+_GO_TEMPLATE = re.compile(r"\{\{-?\s*[^}]*\}\}")
+
+UNREADABLE = register_once(
+    "SB100",
+    "File could not be read",
+    "A file lint cannot read is a file nobody checked: an unrendered template, YAML that "
+    "does not parse, or a binary or unreadable file would reach the cluster (or fail "
+    "there) with none of the other checks applied to it.",
+    "Lint what is applied: the output of `helm template` (or of the tool that renders the "
+    "file) rather than the template, fix the YAML at the line named, or leave files that "
+    "are not YAML or markdown out of the paths given.",
+)
 
 
 @dataclass(frozen=True)
@@ -116,12 +133,23 @@ class MarkdownFile:
     text: str
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A file lint could not read, and why (``line`` 0 when no line is to blame)."""
+
+    path: str
+    line: int
+    why: str
+    hint: str
+
+
 @dataclass
 class LintSet:
     """Everything one `servebook lint` run looks at."""
 
     yaml_files: list[YamlFile] = field(default_factory=list)
     markdown_files: list[MarkdownFile] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
 
     @property
     def documents(self) -> list[Document]:
@@ -248,13 +276,54 @@ def _walk(root: Path) -> Iterator[Path]:
             yield p
 
 
-def _read(p: Path, shown: str) -> str:
+def _read(p: Path, shown: str) -> str | Unreadable:
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UsageError(f"{shown}: not UTF-8 text; lint reads YAML and markdown.") from None
+        return Unreadable(
+            shown,
+            0,
+            "not UTF-8 text (a binary file?); lint reads YAML, JSON and markdown.",
+            "Leave it out of the paths given, or convert it to UTF-8.",
+        )
     except OSError as e:
-        raise UsageError(f"{shown}: cannot be read ({e.strerror}).") from None
+        return Unreadable(
+            shown, 0, f"cannot be read ({e.strerror}).", "Make it readable, or leave it out."
+        )
+
+
+def _parse_file(f: Path, shown: str, text: str) -> YamlFile | MarkdownFile | Unreadable:
+    if f.suffix.lower() in MARKDOWN_SUFFIXES:
+        return parse_markdown(text, shown)
+    try:
+        return parse_yaml(text, shown)
+    except UsageError as e:
+        m = re.match(re.escape(shown) + r"(?::(\d+))?(?::\d+)?: ", str(e))
+        line = int(m.group(1)) if m and m.group(1) else 0
+        why = str(e)[m.end() :] if m else str(e)
+        if _GO_TEMPLATE.search(text):
+            return Unreadable(
+                shown,
+                line,
+                "an unrendered Go template (Helm, or a controller that fills in `{{ ... }}`), "
+                "not YAML yet; lint what the tool renders from it.",
+                "Lint the output of `helm template CHART` (or of the tool that renders it).",
+            )
+        return Unreadable(shown, line, why, "")
+
+
+def unreadable_findings(lint_set: LintSet) -> list[Finding]:
+    """One SB100 finding (severity error: exit 2) per file that could not be read."""
+    return [
+        UNREADABLE.finding(
+            Severity.ERROR,
+            f"{u.path}:{u.line}" if u.line else u.path,
+            f"{u.path} was not linted: {u.why}",
+            hint=u.hint or UNREADABLE.fix,
+            evidence={"file": u.path, "line": u.line},
+        )
+        for u in lint_set.unreadable
+    ]
 
 
 def load_paths(paths: Iterable[str | Path]) -> LintSet:
@@ -282,10 +351,13 @@ def load_paths(paths: Iterable[str | Path]) -> LintSet:
             seen.add(key)
             shown = str(f)
             text = _read(f, shown)
-            if f.suffix.lower() in MARKDOWN_SUFFIXES:
-                lint_set.markdown_files.append(parse_markdown(text, shown))
+            parsed = text if isinstance(text, Unreadable) else _parse_file(f, shown, text)
+            if isinstance(parsed, Unreadable):
+                lint_set.unreadable.append(parsed)
+            elif isinstance(parsed, MarkdownFile):
+                lint_set.markdown_files.append(parsed)
             else:
-                lint_set.yaml_files.append(parse_yaml(text, shown))
+                lint_set.yaml_files.append(parsed)
     return lint_set
 
 
@@ -296,8 +368,10 @@ __all__ = [
     "KeyPath",
     "LintSet",
     "MarkdownFile",
+    "Unreadable",
     "YamlFile",
     "load_paths",
     "parse_markdown",
     "parse_yaml",
+    "unreadable_findings",
 ]
