@@ -56,3 +56,34 @@ def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
         d = _sb("down", ns, timeout=300)
     assert d.returncode == 0, d.stderr
     assert "deleted" in d.stdout
+
+
+def test_down_then_up_at_once_reaches_the_same_verdict_not_a_terminating_namespace(
+    live: ClusterSnapshot,
+) -> None:
+    """Issue 23 point 2: down waits until its objects (and the namespace it created) are
+    gone, so an up straight after it applies into a fresh namespace."""
+    node = sorted(live.nodes)[0]
+    ns = f"servebook-again-{int(time.time())}"
+    sets = [
+        "image=busybox:1.36",
+        f"namespace={ns}",
+        f"node={node}",
+        "model_dir=/servebook-test/absent-weights",
+        "gpus=1",
+        "tensor_parallel=1",
+        "startup_timeout_s=300",
+    ]
+    args = [a for s in sets for a in ("--set", s)]
+    up = ["up", "vllm-mixed", "--backend", "kubernetes", "--name", ns, *args]
+    try:
+        first = _sb(*up, timeout=600)
+        assert first.returncode == 1, first.stderr
+        d = _sb("down", ns, timeout=900)
+        assert d.returncode == 0, d.stderr
+        again = _sb(*up, timeout=600)
+        assert again.returncode == 1, again.stderr
+        assert "cannot become ready" in again.stderr, again.stderr
+        assert "being terminated" not in again.stderr and "RBAC" not in again.stderr
+    finally:
+        _sb("down", ns, timeout=900)

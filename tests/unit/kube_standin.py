@@ -31,11 +31,18 @@ namespace; a Pod with a hostPath volume is refused in a namespace whose
 ``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
 template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
 ``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
+
+Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods,
+finalizers and Terminating namespaces, creates refused into absent or Terminating
+namespaces, Pods that come up through their phases after the apply, paged lists, the
+LeaderWorkerSet controller and its status per LWS version, a plain-text 404 for an
+unserved group, expiring bearer tokens and connection resets on port-forward streams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import hashlib
 import itertools
@@ -128,6 +135,8 @@ class StandIn:
     dry_runs: list[str] = field(default_factory=list)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
+    # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
+    life: Lifecycle = field(default_factory=lambda: Lifecycle())
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
@@ -224,8 +233,12 @@ def _app(st: StandIn) -> web.Application:
                 request.headers.get("Content-Type", ""),
             )
         )
+        _advance(st)
+        refused = _unauthorized(st, request)
+        if refused is not None:
+            return refused
         if "/leaderworkerset.x-k8s.io/" in request.path and not st.serves_lws:
-            return _status(404, "NotFound", "the server could not find the requested resource")
+            return _not_served()
         for method, prefix in st.forbidden:
             exact = prefix.endswith("$")  # "PATH$": that path alone, not what is below it
             if request.method == method and (
@@ -268,11 +281,12 @@ def _app(st: StandIn) -> web.Application:
             i.pop("kind", None)
             i.pop("apiVersion", None)
         api_version, kind, _ = KINDS[plural]
+        items, list_meta = _page(request, items)
         return web.json_response(
             {
                 "kind": f"{kind}List",
                 "apiVersion": api_version,
-                "metadata": {"resourceVersion": "99"},
+                "metadata": list_meta,
                 "items": items,
             }
         )
@@ -292,14 +306,12 @@ def _app(st: StandIn) -> web.Application:
 
     async def delete(request: web.Request) -> web.Response:
         plural, ns, name = where(request)
-        obj = st.objects.pop((plural, ns, name or ""), None)
+        text = await request.text()
+        options = json.loads(text) if text else {}
+        policy = request.query.get("propagationPolicy") or options.get("propagationPolicy", "")
+        obj = _delete(st, (plural, ns, name or ""), policy)
         if obj is None:
             return not_found(plural, name or "")
-        if plural == "namespaces":
-            for key in [k for k in st.objects if k[1] == name]:
-                del st.objects[key]
-        if plural in ("deployments", "replicasets"):
-            _collect_garbage(st, obj["metadata"]["uid"])
         return web.json_response(obj)
 
     async def apply(request: web.Request) -> web.Response:
@@ -322,6 +334,8 @@ def _app(st: StandIn) -> web.Application:
             return _status(400, "BadRequest", "the name or kind of the object does not match")
         key = (plural, ns, name)
         old = st.objects.get(key)
+        if old is None and (refused := _refuse_namespace(st, plural, ns, name)) is not None:
+            return refused
         force = request.query.get("force") == "true"
         conflicts = [
             (path, who)
@@ -358,7 +372,7 @@ def _app(st: StandIn) -> web.Application:
         if old is not None:
             for k in ("uid", "creationTimestamp"):
                 meta[k] = old["metadata"][k]
-        if plural == "deployments":
+        if plural in ("deployments", "leaderworkersets"):
             generation = int((old or {}).get("metadata", {}).get("generation", 0))
             changed = old is None or old.get("spec") != obj.get("spec")
             meta["generation"] = generation + 1 if changed else generation
@@ -372,11 +386,11 @@ def _app(st: StandIn) -> web.Application:
             {"manager": manager, "operation": "Apply", "apiVersion": api_version}
         ]
         st.objects[key] = obj
-        if plural == "deployments" and st.ready_pods:
+        if plural in ("deployments", "leaderworkersets") and st.ready_pods:
             if st.hold_rollouts and old is not None and old.get("spec") != obj.get("spec"):
                 st.held.append(key)
-            else:
-                _roll_out(st, obj)
+            elif key not in st.life.rollouts:
+                st.life.rollouts.append(key)  # the controller acts after the apply
         return web.json_response(obj, status=200 if old else 201)
 
     async def portforward(request: web.Request) -> web.StreamResponse:
@@ -392,6 +406,10 @@ def _app(st: StandIn) -> web.Application:
         await ws.send_bytes(b"\x00" + prefix)
         await ws.send_bytes(b"\x01" + prefix)
         address = st.forward_to.get(f"{role}:{port}")
+        if _take_reset(st, role):
+            await ws.send_bytes(b"\x01" + reset_message(port, pod["metadata"]["uid"]).encode())
+            await ws.close()
+            return ws
         if role in st.forward_errors or address is None:
             message = (
                 f"error forwarding port {port} to pod {pod['metadata']['uid']}, uid : failed "
@@ -453,8 +471,8 @@ def _app(st: StandIn) -> web.Application:
             return await dry_run(request, body, plural, ns)
         meta = body.setdefault("metadata", {})
         name = str(meta.get("name", ""))
-        if ns and ("namespaces", "", ns) not in st.objects:
-            return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
+        if (refused := _refuse_namespace(st, plural, ns, name)) is not None:
+            return refused
         if (plural, ns, name) in st.objects:
             return _status(
                 409,
@@ -657,8 +675,6 @@ def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
     """A Ready Pod of ReplicaSet ``rs``, on node-1; returns its name."""
     template = rs["spec"]["template"]
     name = f"{rs['metadata']['name']}-{suffix}-{next(st._rv)}"
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    containers = template["spec"]["containers"]
     pod: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -668,28 +684,11 @@ def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
             "labels": dict(rs["metadata"]["labels"]),
             "ownerReferences": [_owner(rs)],
         },
-        "spec": {**copy.deepcopy(template["spec"]), "nodeName": "node-1"},
-        "status": {
-            "phase": "Running",
-            "startTime": now,
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": now}
-                for t in ("Initialized", "PodScheduled", "ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c["image"],
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": now}},
-                }
-                for c in containers
-            ],
-        },
+        "spec": copy.deepcopy(template["spec"]),
+        "status": {"phase": "Pending"},
     }
     st.put(pod)
+    _born(st, pod)
     return name
 
 
@@ -757,14 +756,14 @@ class Server:
         """Run ``fn(standin)`` on the server's own thread (objects change only there)."""
 
         async def run() -> Any:
+            _advance(self.standin)
             return fn(self.standin)
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
     def release_rollouts(self) -> None:
         def release(st: StandIn) -> None:
-            for key in st.held:
-                _roll_out(st, st.objects[key])
+            st.life.rollouts.extend(k for k in st.held if k not in st.life.rollouts)
             st.held.clear()
 
         self.call(release)
@@ -805,3 +804,535 @@ def serve() -> Server:
 def dump(st: StandIn) -> str:
     """The stored objects, for a failing assertion's message."""
     return json.dumps(sorted(f"{p}/{ns}/{n}" for p, ns, n in st.objects), indent=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Lifecycle: deletion, namespaces, asynchronous Pods, paging, LeaderWorkerSet status,
+# credentials.  What a real API server and its controllers do over time, run on every
+# request (``_advance``) so it happens between requests, never inside the one that asked:
+#
+# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and ``deletionGracePeriodSeconds``
+#   (its ``terminationGracePeriodSeconds``, else ``grace_s``) and goes after that long; a
+#   Namespace turns ``Terminating`` (``status.phase``, ``spec.finalizers: [kubernetes]``),
+#   its content is deleted, and it goes once its content is gone; ``propagationPolicy:
+#   Foreground`` leaves the object with the ``foregroundDeletion`` finalizer until the
+#   garbage collector has removed its dependents (by ``ownerReferences``); Background (the
+#   default) removes it at once and its dependents after.  (kubernetes:
+#   staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go,
+#   pkg/controller/garbagecollector, pkg/controller/namespace.)
+# * Creating into a namespace that does not exist is 404 ``namespaces "x" not found``;
+#   into a Terminating one 403 ``... is forbidden: unable to create new content in
+#   namespace x because it is being terminated`` with the cause ``NamespaceTerminating``
+#   (plugin/pkg/admission/namespace/lifecycle/admission.go).
+# * Pods (``_progress``): Pending, then scheduled with ContainerCreating, then Running
+#   not Ready, then Ready, over ``Timing``; a Deployment's rollout (``_roll_out``) runs
+#   after the apply, and under Recreate only once the previous ReplicaSet's Pods are gone.
+# * A LeaderWorkerSet applied with ``ready_pods`` gets its groups' Pods (leader
+#   ``NAME-G``, workers ``NAME-G-W``, labelled with group and worker index) and the status
+#   its controller writes in ``Lifecycle.lws_version``: ``replicas``, ``readyReplicas``,
+#   ``updatedReplicas`` (omitted when 0), ``hpaPodSelector`` and the conditions
+#   ``Available`` (AllGroupsReady) / ``Progressing`` (GroupsProgressing), and
+#   ``observedGeneration`` only from v0.9.0 (lws: api/leaderworkerset/v1/
+#   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).
+# * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
+#   ``remainingItemCount``) while more remain; ``continue`` resumes.
+# * ``tokens`` (when set): a request whose bearer token is not one of them is 401
+#   ``Unauthorized`` (an expired exec-plugin token).
+# * ``forward_resets[role]``: that many port-forward streams of the role answer the
+#   kubelet's connection-reset error on the error channel (containerd#9875), then relay.
+#
+# ``Timing`` times are seconds multiplied by ``scale``; at the default scale 0 every step
+# is due at the next request, so tests that do not look at timing stay fast.
+
+
+@dataclass
+class Timing:
+    scale: float = 0.0
+    schedule_s: float = 1.0  # Pending, not yet on a node
+    create_s: float = 5.0  # on the node: ContainerCreating (image, volumes)
+    start_s: float = 10.0  # Running, not yet Ready (the engine loading)
+    grace_s: float = 30.0  # a deleted Pod's containers stopping, when its spec says nothing
+    namespace_s: float = 2.0  # the namespace controller's last pass
+
+    def due(self, seconds: float, since: float, now: float) -> bool:
+        return now - since >= seconds * self.scale
+
+
+@dataclass
+class Lifecycle:
+    timing: Timing = field(default_factory=Timing)
+    lws_version: str = "v0.9.0"
+    tokens: set[str] = field(default_factory=set)
+    forward_resets: dict[str, int] = field(default_factory=dict)
+    born: dict[str, float] = field(default_factory=dict)  # Pod uid -> created
+    deleting: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    rollouts: list[tuple[str, str, str]] = field(default_factory=list)  # queued applies
+    rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
+    # (reason, message) the kubelet emits for every new Pod, as Warning Events
+    pod_events: list[tuple[str, str]] = field(default_factory=list)
+
+
+NAMESPACE_TERMINATING = "NamespaceTerminating"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_HASH = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+
+
+def _digest(template: Obj) -> str:
+    """A template's hash, as a ``pod-template-hash`` or ``template-revision-hash`` label."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _refuse_namespace(st: StandIn, plural: str, ns: str, name: str) -> web.Response | None:
+    """The NamespaceLifecycle admission plugin, for a create into ``ns``."""
+    if not ns or plural == "namespaces":
+        return None
+    space = st.objects.get(("namespaces", "", ns))
+    if space is None:
+        return _status(
+            404,
+            "NotFound",
+            f'namespaces "{ns}" not found',
+            {"name": ns, "kind": "namespaces"},
+        )
+    if space["metadata"].get("deletionTimestamp"):
+        return _status(
+            403,
+            "Forbidden",
+            f'{_resource(plural)} "{name}" is forbidden: unable to create new content in '
+            f"namespace {ns} because it is being terminated",
+            {
+                "name": name,
+                "group": KINDS[plural][2],
+                "kind": plural,
+                "causes": [
+                    {
+                        "reason": NAMESPACE_TERMINATING,
+                        "message": f"namespace {ns} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            },
+        )
+    return None
+
+
+def _unauthorized(st: StandIn, request: web.Request) -> web.Response | None:
+    if not st.life.tokens:
+        return None
+    token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if token in st.life.tokens:
+        return None
+    return _status(401, "Unauthorized", "Unauthorized")
+
+
+def _not_served() -> web.Response:
+    """What the API server answers for a group it does not serve: its mux's plain 404."""
+    return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
+
+
+def _page(request: web.Request, items: list[Obj]) -> tuple[list[Obj], Obj]:
+    meta: Obj = {"resourceVersion": "99"}
+    limit = int(request.query.get("limit") or 0)
+    if limit <= 0:
+        return items, meta
+    token = request.query.get("continue", "")
+    start = int(json.loads(base64.b64decode(token))["start"]) if token else 0
+    page = items[start : start + limit]
+    rest = len(items) - start - len(page)
+    if rest > 0:
+        meta["continue"] = base64.b64encode(
+            json.dumps({"rv": 99, "start": start + limit}).encode()
+        ).decode()
+        meta["remainingItemCount"] = rest
+    return page, meta
+
+
+def _dependents(st: StandIn, uid: str) -> list[tuple[str, str, str]]:
+    return [
+        k
+        for k, o in st.objects.items()
+        if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or ())
+    ]
+
+
+def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | None:
+    """Begin deleting ``key`` as the API server does (see the section's notes); the object
+    as the DELETE answers it, None when there is none."""
+    obj = st.objects.get(key)
+    if obj is None:
+        return None
+    meta = obj["metadata"]
+    if meta.get("deletionTimestamp"):
+        return copy.deepcopy(obj)
+    plural = key[0]
+    now = time.monotonic()
+    if plural == "pods":
+        meta["deletionTimestamp"] = _now_text()
+        grace = obj["spec"].get("terminationGracePeriodSeconds", st.life.timing.grace_s)
+        meta["deletionGracePeriodSeconds"] = int(grace)
+        st.life.deleting[key] = now
+    elif plural == "namespaces":
+        meta["deletionTimestamp"] = _now_text()
+        obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+        obj.setdefault("status", {})["phase"] = "Terminating"
+        st.life.deleting[key] = now
+    elif policy == "Foreground":
+        meta["deletionTimestamp"] = _now_text()
+        meta["finalizers"] = [*meta.get("finalizers", []), "foregroundDeletion"]
+        st.life.deleting[key] = now
+    else:
+        del st.objects[key]
+        if policy != "Orphan":
+            for dep in _dependents(st, meta["uid"]):
+                _delete(st, dep)
+    st._stamp(obj)
+    return copy.deepcopy(obj)
+
+
+def _finish_deletions(st: StandIn, now: float) -> bool:
+    """One pass of the kubelet, garbage collector and namespace controller over what is
+    being deleted; whether anything changed."""
+    changed = False
+    timing = st.life.timing
+    for key, since in list(st.life.deleting.items()):
+        obj = st.objects.get(key)
+        if obj is None:
+            del st.life.deleting[key]
+            continue
+        plural, _, name = key
+        if plural == "pods":  # its containers stop within their grace period
+            grace = obj["metadata"].get("deletionGracePeriodSeconds")
+            done = timing.due(timing.grace_s if grace is None else float(grace), since, now)
+        elif plural == "namespaces":
+            content = [k for k in st.objects if k[1] == name]
+            for k in content:
+                changed |= _delete(st, k, "Background") is not None and k in st.objects
+            done = not [k for k in st.objects if k[1] == name] and timing.due(
+                timing.namespace_s, since, now
+            )
+        else:
+            deps = _dependents(st, obj["metadata"]["uid"])
+            for k in deps:
+                if not st.objects[k]["metadata"].get("deletionTimestamp"):
+                    _delete(st, k, "Foreground")
+                    changed = True
+            done = not deps
+        if done:
+            del st.objects[key]
+            del st.life.deleting[key]
+            st.life.born.pop(obj["metadata"].get("uid", ""), None)
+            changed = True
+    return changed
+
+
+def _progress(st: StandIn, pod: Obj, now: float) -> None:
+    """A Pod's status after its time since creation, as the scheduler and kubelet write it."""
+    meta = pod["metadata"]
+    born = st.life.born.get(meta.get("uid", ""))
+    if born is None or meta.get("deletionTimestamp"):
+        return
+    t = st.life.timing
+    steps = [t.schedule_s, t.create_s, t.start_s]
+    at = [sum(steps[: i + 1]) for i in range(3)]
+    stage = sum(1 for s in at if t.due(s, born, now))
+    stamp = _now_text()
+    status = pod["status"]
+    containers = pod["spec"]["containers"]
+
+    def conditions(*true: str) -> list[Obj]:
+        kinds = ("Initialized", "PodScheduled", "ContainersReady", "Ready")
+        return [
+            {"type": k, "status": "True" if k in true else "False", "lastTransitionTime": stamp}
+            for k in kinds
+            if stage or k == "PodScheduled"
+        ]
+
+    if stage == 0:
+        status.clear()
+        status["phase"] = "Pending"
+        return
+    pod["spec"].setdefault("nodeName", "node-1")
+    status.setdefault("startTime", stamp)
+    old = {c.get("type"): c for c in status.get("conditions") or ()}
+    if stage == 1:
+        state: Obj = {"waiting": {"reason": "ContainerCreating"}}
+        status.update(phase="Pending", conditions=conditions("Initialized", "PodScheduled"))
+    elif stage == 2:
+        state = {"running": {"startedAt": stamp}}
+        status.update(phase="Running", conditions=conditions("Initialized", "PodScheduled"))
+    else:
+        state = {"running": {"startedAt": stamp}}
+        ready = conditions("Initialized", "PodScheduled", "ContainersReady", "Ready")
+        status.update(phase="Running", conditions=ready)
+    for c in status["conditions"]:  # a condition keeps its time while it holds
+        before = old.get(c["type"])
+        if before is not None and before.get("status") == c["status"]:
+            c["lastTransitionTime"] = before["lastTransitionTime"]
+    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
+    status["containerStatuses"] = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "ready": stage == 3,
+            "started": stage >= 2,
+            "restartCount": kept.get(c["name"], {}).get("restartCount", 0),
+            "state": (kept.get(c["name"]) or {}).get("state")
+            if "running" in ((kept.get(c["name"]) or {}).get("state") or {}) and stage >= 2
+            else state,
+        }
+        for c in containers
+    ]
+
+
+def _advance(st: StandIn) -> None:
+    """Everything the controllers and kubelets have done since the last request."""
+    now = time.monotonic()
+    for _ in range(20):
+        changed = _finish_deletions(st, now)
+        for key in list(st.life.rollouts):
+            obj = st.objects.get(key)
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                st.life.rollouts.remove(key)
+            elif _ready_to_roll(st, obj):
+                st.life.rollouts.remove(key)
+                (_roll_out if key[0] == "deployments" else _roll_out_lws)(st, obj)
+                changed = True
+        if not changed:
+            break
+    for key, obj in st.objects.items():
+        if key[0] == "pods":
+            _progress(st, obj, now)
+    for key, obj in st.objects.items():
+        if key in st.life.rolled:
+            _lws_status(st, obj)
+
+
+def _ready_to_roll(st: StandIn, obj: Obj) -> bool:
+    """The previous template's Pods are stopped first (Recreate, and a LeaderWorkerSet's
+    groups here), the new ones made after."""
+    meta = obj["metadata"]
+    if obj["kind"] == "Deployment":
+        label, template = "pod-template-hash", obj["spec"]["template"]
+    else:
+        label, template = LWS_HASH, obj["spec"]["leaderWorkerTemplate"]
+    digest = _digest(template)
+
+    def mine(pod: Obj) -> bool:
+        if obj["kind"] != "Deployment":
+            return (pod["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
+        return any(_owned_by(rs, obj) and _owned_by(pod, rs) for rs in st.objects.values())
+
+    old = [
+        k
+        for k, o in st.objects.items()
+        if k[0] == "pods"
+        and k[1] == meta["namespace"]
+        and (o["metadata"].get("labels") or {}).get(label) not in (None, digest)
+        and mine(o)
+    ]
+    for k in old:
+        _delete(st, k)
+    return not old
+
+
+def _roll_out_lws(st: StandIn, lws: Obj) -> None:
+    """What the LeaderWorkerSet controller and its StatefulSets make: ``replicas`` groups of
+    ``size`` Pods (the leader NAME-G, workers NAME-G-W), owned here by the set itself; a
+    group of another template is replaced."""
+    meta = lws["metadata"]
+    spec = lws["spec"]
+    lwt = spec["leaderWorkerTemplate"]
+    digest = _digest(lwt)
+    st.life.rolled.add(("leaderworkersets", meta["namespace"], meta["name"]))
+    for g in range(int(spec.get("replicas", 1))):
+        for w in range(int(lwt.get("size", 1))):
+            name = f"{meta['name']}-{g}" + (f"-{w}" if w else "")
+            if ("pods", meta["namespace"], name) in st.objects:
+                continue
+            template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
+            labels = {
+                **template["metadata"].get("labels", {}),
+                LWS_NAME: meta["name"],
+                LWS_GROUP: str(g),
+                LWS_WORKER: str(w),
+                LWS_HASH: digest,
+            }
+            pod: Obj = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": meta["namespace"],
+                    "labels": labels,
+                    "ownerReferences": [_owner(lws)],
+                },
+                "spec": copy.deepcopy(template["spec"]),
+                "status": {"phase": "Pending"},
+            }
+            st.put(pod)
+            _born(st, pod)
+
+
+def _born(st: StandIn, pod: Obj) -> None:
+    """A new Pod: the kubelet runs it from now (``_progress``) and emits ``pod_events``."""
+    meta = pod["metadata"]
+    st.life.born[meta["uid"]] = time.monotonic()
+    for i, (reason, message) in enumerate(st.life.pod_events):
+        stamp = _now_text()
+        st.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{i:x}", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Warning",
+                "count": 1,
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "source": {"component": "kubelet", "host": "node-1"},
+            }
+        )
+
+
+def _lws_status(st: StandIn, lws: Obj) -> None:
+    """The status the LeaderWorkerSet controller of ``lws_version`` writes."""
+    meta = lws["metadata"]
+    spec = lws["spec"]
+    lwt = spec["leaderWorkerTemplate"]
+    digest = _digest(lwt)
+    groups: dict[str, list[Obj]] = {}
+    for (p, ns, _), o in st.objects.items():
+        labels = o["metadata"].get("labels") or {}
+        if p == "pods" and ns == meta["namespace"] and labels.get(LWS_NAME) == meta["name"]:
+            groups.setdefault(labels[LWS_GROUP], []).append(o)
+    size = int(lwt.get("size", 1))
+    ready = sum(
+        1
+        for members in groups.values()
+        if len(members) == size
+        and all(_pod_ready(m) and not m["metadata"].get("deletionTimestamp") for m in members)
+    )
+    updated = sum(
+        1
+        for members in groups.values()
+        if all(m["metadata"]["labels"].get(LWS_HASH) == digest for m in members)
+    )
+    want = int(spec.get("replicas", 1))
+    available = ready >= want
+    old = {c["type"]: c for c in (lws.get("status") or {}).get("conditions") or ()}
+
+    def cond(kind: str, true: bool, reason: str, message: str) -> Obj:
+        c = {
+            "type": kind,
+            "status": "True" if true else "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _now_text(),
+        }
+        if kind in old and old[kind]["status"] == c["status"]:
+            c["lastTransitionTime"] = old[kind]["lastTransitionTime"]
+        if _lws_at_least(st.life.lws_version, (0, 9)):
+            c["observedGeneration"] = meta.get("generation", 1)
+        return c
+
+    status: Obj = {
+        "conditions": [
+            cond("Available", available, "AllGroupsReady", "All replicas are ready"),
+            cond("Progressing", not available, "GroupsProgressing", "Replicas are progressing"),
+        ],
+        "hpaPodSelector": f"{LWS_NAME}={meta['name']},{LWS_WORKER}=0",
+    }
+    for k, v in (("readyReplicas", ready), ("updatedReplicas", updated), ("replicas", len(groups))):
+        if v:
+            status[k] = v  # omitempty
+    if _lws_at_least(st.life.lws_version, (0, 9)):
+        status["observedGeneration"] = meta.get("generation", 1)
+    lws["status"] = status
+
+
+def _lws_at_least(version: str, want: tuple[int, int]) -> bool:
+    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
+    return (major, minor) >= want
+
+
+def _pod_ready(pod: Obj) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+def _take_reset(st: StandIn, role: str) -> bool:
+    left = st.life.forward_resets.get(role, 0)
+    if left <= 0:
+        return False
+    st.life.forward_resets[role] = left - 1
+    return True
+
+
+def reset_message(port: int, uid: str) -> str:
+    """The kubelet's error-channel text for a connection the container reset (containerd#9875)."""
+    return (
+        f"error forwarding port {port} to pod {uid}, uid : failed to execute portforward in "
+        f'network namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:'
+        f"{port}: read: connection reset by peer"
+    )
+
+
+EXEC_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: standin
+  cluster: {{server: "{server}"}}
+users:
+- name: tester
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: "{command}"
+      args: ["{state}"]
+      interactiveMode: Never
+contexts:
+- name: c
+  context: {{cluster: standin, user: tester}}
+current-context: c
+"""
+
+# An exec credential plugin (as EKS's `aws eks get-token` answers): each run hands out the
+# next token, t1, t2, ..., counting its runs in the file it is given.
+TOKEN_PLUGIN = """\
+import json, pathlib, sys
+state = pathlib.Path(sys.argv[1])
+n = int(state.read_text()) + 1 if state.exists() else 1
+state.write_text(str(n))
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": f"t{n}", "expirationTimestamp": "2030-01-01T00:00:00Z"}}))
+"""
+
+
+def exec_kubeconfig(server: str, folder: Path, python: str) -> tuple[Path, Path]:
+    """A kubeconfig whose user's token comes from ``TOKEN_PLUGIN`` run by ``python``;
+    (the kubeconfig, the file counting the plugin's runs)."""
+    script = folder / "token-plugin.py"
+    script.write_text(TOKEN_PLUGIN)
+    wrapper = folder / "token-plugin"
+    wrapper.write_text(f'#!/bin/sh\nexec "{python}" "{script}" "$@"\n')
+    wrapper.chmod(0o755)
+    state = folder / "token-runs"
+    cfg = folder / "kubeconfig"
+    cfg.write_text(EXEC_KUBECONFIG.format(server=server, command=wrapper, state=state))
+    return cfg, state

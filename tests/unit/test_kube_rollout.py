@@ -278,3 +278,56 @@ def test_each_role_carries_what_status_shows() -> None:
     )
     assert state("unschedulable", 60).node == "gpu-node-1"  # pinned, not yet bound
     assert state("quota-refused").pod is None and not state("quota-refused").ready
+
+
+def _first_sight(case: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The fixture as the kubelet shows it on its first failure: one try, no back-off."""
+    items: list[dict[str, Any]] = json.loads((FIXTURES / f"{case}.json").read_text())["items"]
+    pods = [i for i in items if i["kind"] == "Pod"]
+    events = [i for i in items if i["kind"] == "Event" and i["reason"] != "BackOff"]
+    for cs in pods[0]["status"]["containerStatuses"]:
+        cs["state"]["waiting"]["reason"] = "ErrImagePull"
+    return pods, events
+
+
+def test_a_pull_that_failed_once_is_waiting_until_the_kubelets_back_off_persists() -> None:
+    """Issue 23 point 4: ErrImagePull at first sight is not final (a registry's blip)."""
+    pods, events = _first_sight("image-pull-backoff")
+
+    def at(after_s: float) -> RoleState:
+        now = APPLIED + timedelta(seconds=after_s)
+        return role_state("prefill", "vllm-pd-prefill", pods, events, now=now, started=APPLIED)
+
+    first = at(30)
+    assert first.state == "waiting", first.summary
+    assert "ErrImagePull" in first.summary and "not yet final" in first.summary
+    assert at(30 + 200).state == "failed"  # still failing after the retry grace
+
+
+def test_a_mount_error_that_persists_fails_and_one_that_passed_does_not() -> None:
+    items: list[dict[str, Any]] = json.loads((FIXTURES / "loading.json").read_text())["items"]
+    pods = [i for i in items if i["kind"] == "Pod"]
+    pod = pods[-1]
+    mount = {
+        "kind": "Event",
+        "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"]},
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "cache" : secret "hf-token" not found',
+        "count": 1,
+        "firstTimestamp": "2026-11-30T10:00:10Z",
+        "lastTimestamp": "2026-11-30T10:00:10Z",
+    }
+    for cs in pod["status"].get("containerStatuses") or []:
+        cs["started"] = False
+        cs["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    pod["status"]["conditions"] = []
+
+    def at(after_s: float) -> RoleState:
+        now = APPLIED + timedelta(seconds=after_s)
+        return role_state("prefill", "vllm-pd-prefill", [pod], [mount], now=now, started=APPLIED)
+
+    assert at(20).state == "waiting"
+    assert at(20 + MOUNT_GRACE).state == "failed"
+
+
+MOUNT_GRACE = 130

@@ -10,7 +10,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from servebook.kube.rollout import LWS_GROUP_INDEX, LWS_WORKER_INDEX, RoleState, group_state
+from servebook.kube.rollout import RoleState
+from servebook.kube.rollout_groups import LWS_GROUP_INDEX, LWS_WORKER_INDEX, group_state
 
 FIX = Path(__file__).parent / "fixtures" / "rollout"
 

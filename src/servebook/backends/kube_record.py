@@ -82,6 +82,9 @@ class KubeDeployment(BaseModel):
     plan: dict[str, Any] = Field(default_factory=dict)
     # Pod uid -> container restarts before this apply: restarts count from the apply.
     restart_baseline: dict[str, int] = Field(default_factory=dict)
+    # The workloads (by name) whose spec this apply created or changed: their controller's
+    # status is of the previous spec until it reports on this one (kube.rollout_groups).
+    changed: list[str] = Field(default_factory=list)
 
 
 def state_path(name: str) -> Path:

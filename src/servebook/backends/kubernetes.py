@@ -20,8 +20,11 @@ cluster by their label (``recover_record`` rebuilds the record from them, the pl
 included, which ``up`` stores as an annotation on the entry Deployment), so they work from
 another machine or after the record is lost.  ``down`` deletes exactly that deployment's
 objects (the Namespace only when this deployment created it and no other servebook
-deployment is left in it).  Every API request goes through kr8s's ``Api.call_api`` and
-has a timeout.
+deployment is left in it), and waits, bounded and saying what is left, until they are
+gone: a DELETE only starts a deletion (``kube_settle``).  ``up`` likewise waits for a
+namespace or object of its own that an earlier ``down`` is still deleting before it
+applies anything.  Every API request goes through kr8s's ``Api.call_api`` and has a
+timeout.
 
 ``open_view`` is how verify, bench and run reach the deployment: a port-forward that
 servebook opens and holds (``kube.portforward``) to each role's Ready Pod for the length of
@@ -38,6 +41,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from rich.markup import escape
+
 from servebook.backends.base import Down, Found, Ready, UpFailed
 from servebook.backends.kube_record import (
     AppliedObject,
@@ -53,6 +58,7 @@ from servebook.backends.kube_record import (
     workload_name,
     write_state,
 )
+from servebook.backends.kube_settle import Ref, grace_bound_s, wait_gone, wait_settled
 from servebook.backends.kube_view import open_view
 from servebook.deployment import DeploymentView
 from servebook.engines import vllm
@@ -63,6 +69,7 @@ from servebook.kube import manifests, names
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
 from servebook.kube.objects import annotations_of, labels_of, meta_of
 from servebook.kube.resources import (
+    NotServed,
     apply,
     get,
     list_objects,
@@ -71,12 +78,15 @@ from servebook.kube.resources import (
     what_of,
     where_of,
 )
-from servebook.kube.rollout import RoleState, group_state, overall, restart_counts, role_state
+from servebook.kube.rollout import RoleState, overall, restart_counts, role_state
+from servebook.kube.rollout_groups import group_state
 from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import Plan
 
 POLL_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
+# How long up waits for what an earlier down is still deleting (a Terminating namespace).
+SETTLE_S = 900.0
 
 Obj = dict[str, Any]
 
@@ -89,10 +99,13 @@ def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float 
     )
 
 
-def check_ownership(api: Any, objects: list[Obj], name: str) -> dict[str, bool]:
-    """Whether each object (by ``what_of``) exists; unusable (exit 2), before anything is
-    applied, when one exists and is not deployment ``name``'s: servebook never adopts an
-    object of another deployment or one it did not make."""
+def check_ownership(
+    api: Any, objects: list[Obj], name: str, generations: dict[str, int] | None = None
+) -> dict[str, bool]:
+    """Whether each object (by ``what_of``) exists (its ``metadata.generation`` into
+    ``generations``); unusable (exit 2), before anything is applied, when one exists and is
+    not deployment ``name``'s: servebook never adopts an object of another deployment or
+    one it did not make."""
     existed: dict[str, bool] = {}
     for spec in objects:
         meta = spec["metadata"]
@@ -101,6 +114,8 @@ def check_ownership(api: Any, objects: list[Obj], name: str) -> dict[str, bool]:
         existed[what] = got is not None
         if got is None:
             continue
+        if generations is not None:
+            generations[what] = int(meta_of(got).get("generation") or 0)
         owner = labels_of(got).get(DEPLOYMENT_LABEL)
         if owner != name:
             whose = (
@@ -129,7 +144,14 @@ def apply_deployment(
             "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
         )
     k8s = names.settings(plan)
-    ns_obj = namespace_exists(api, k8s.namespace)
+    ns_obj = wait_settled(
+        api,
+        k8s.namespace,
+        namespace_exists(api, k8s.namespace),
+        [o for o in objects if o["kind"] != "Namespace"],
+        timeout_s=SETTLE_S,
+        say=say,
+    )
     created_ns = any(o["kind"] == "Namespace" for o in objects) and (
         ns_obj is None or annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
     )
@@ -151,7 +173,8 @@ def apply_deployment(
                     },
                 }
             )
-    existed = check_ownership(api, [o for o in to_apply if o["kind"] != "Namespace"], name)
+    before: dict[str, int] = {}
+    existed = check_ownership(api, [o for o in to_apply if o["kind"] != "Namespace"], name, before)
     entry = plan.role(plan.entry_role)
     dep = KubeDeployment(
         name=name,
@@ -181,11 +204,18 @@ def apply_deployment(
     )
     write_state(dep)  # before applying: `down` can clean up an interrupted `up`
     try:
-        apply(api, to_apply, say, existed)
+        answers = apply(api, to_apply, say, existed)
     except UsageError as e:
         raise type(e)(
             f"{e} Whatever was applied before it is recorded: `servebook down {name}` deletes it."
         ) from e
+    dep.changed = [
+        str(meta_of(a).get("name"))
+        for o, a in zip(to_apply, answers, strict=True)
+        if meta_of(a).get("generation") is not None
+        and int(meta_of(a)["generation"]) != before.get(what_of(o), 0)
+    ]
+    write_state(dep)
     return dep
 
 
@@ -242,6 +272,7 @@ def _states(api: Any, dep: KubeDeployment, started: datetime) -> list[RoleState]
                 replicas=group.replicas,
                 size=group.nodes_per_replica,
                 lws=sets.get(deployment_name),
+                changed=deployment_name in dep.changed,
             )
             if group is not None
             else partial(
@@ -305,9 +336,10 @@ def up(
     name: str | None = None,
     timeout_s: float = 2400.0,
     say: Callable[[str], None] = lambda s: None,
-    poll_s: float = POLL_S,
+    poll_s: float | None = None,
 ) -> KubeDeployment:
     name = name or plan.recipe
+    poll_s = POLL_S if poll_s is None else poll_s
     api = _api()
     dep = apply_deployment(api, plan, name, say)
     started = datetime.fromisoformat(dep.created)
@@ -357,11 +389,20 @@ def up(
         time.sleep(poll_s)
 
 
-def down(name: str, namespace: str | None = None) -> dict[str, str]:
+def down(
+    name: str,
+    namespace: str | None = None,
+    *,
+    say: Callable[[str], None] = lambda s: None,
+    wait_s: float | None = None,
+) -> dict[str, str]:
     """Delete deployment ``name``'s objects, found in the cluster by its label (and in the
-    local record), in reverse apply order; idempotent.  An object carrying another
-    deployment's label is never touched; the Namespace goes only when this deployment
-    created it and no other servebook deployment is left in it."""
+    local record), in reverse apply order, and wait until they are gone (``kube_settle``:
+    bounded by ``wait_s``, default the longest grace period of its Pods plus a margin); an
+    object still there at the bound is reported "still terminating" and the record is
+    kept.  Idempotent.  An object carrying another deployment's label is never touched; the
+    Namespace goes only when this deployment created it and no other servebook deployment
+    is left in it."""
     local = read_state(name)
     api = _api()
     dep = find_deployment(api, name, namespace)
@@ -369,11 +410,22 @@ def down(name: str, namespace: str | None = None) -> dict[str, str]:
         return {}
     result: dict[str, str] = {}
     deleted_any = False
+    selector = names.deployment_selector(name)
+    bound = (
+        wait_s
+        if wait_s is not None
+        else grace_bound_s(list_objects(api, "Pod", dep.namespace, selector))
+    )
+    deleted: list[Ref] = []
     for o in reversed(dep.objects):
         what = o.what
         if o.kind == "Namespace":
             continue
-        got = get(api, o.apiVersion, o.kind, o.namespace, o.name)
+        try:
+            got = get(api, o.apiVersion, o.kind, o.namespace, o.name)
+        except NotServed:
+            result[what] = f"not found (the cluster does not serve {o.kind} any more)"
+            continue
         if got is None:
             result[what] = "not found"
             continue
@@ -390,6 +442,7 @@ def down(name: str, namespace: str | None = None) -> dict[str, str]:
             missing_ok=True,
         )
         result[what] = "deleted"
+        deleted.append(Ref(o.apiVersion, o.kind, o.name, o.namespace))
         deleted_any = True
     ns_what = f"Namespace/{dep.namespace}"
     if dep.created_namespace:
@@ -416,9 +469,17 @@ def down(name: str, namespace: str | None = None) -> dict[str, str]:
                 missing_ok=True,
             )
             result[ns_what] = "deleted" if gone is not None else "not found"
+            if gone is not None:
+                deleted.append(Ref("v1", "Namespace", dep.namespace, None))
     elif any(o.kind == "Namespace" for o in dep.objects) or deleted_any:
         result[ns_what] = "kept (this deployment did not create it)"
-    if local is not None and local.namespace == dep.namespace:
+    left = wait_gone(api, deleted, timeout_s=bound, say=say, pods=(dep.namespace, selector))
+    for r in deleted:
+        if any(x.startswith(r.what + " (") for x in left):
+            result[r.what] = f"still terminating after {bound:.0f} s"
+    if left:
+        result["left"] = "; ".join(left)
+    elif local is not None and local.namespace == dep.namespace:
         state_path(name).unlink(missing_ok=True)
     return result
 
@@ -489,7 +550,13 @@ class KubernetesBackend:
         return status(name, namespace)
 
     def down(self, name: str, namespace: str | None = None) -> Down:
-        return Down(name, down(name, namespace))
+        from servebook.console import err
+
+        def say(line: str) -> None:
+            err.print(escape(line), highlight=False, soft_wrap=True)
+
+        done = down(name, namespace, say=say)
+        return Down(name, done, complete="left" not in done)
 
     def found(self, namespace: str | None = None) -> list[Found]:
         """servebook's deployments in the cluster (by label), not this machine's records."""

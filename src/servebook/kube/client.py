@@ -206,7 +206,61 @@ def connect(
         ) from (box.failed[0] if box.failed else None)
     api = box.api[0]
     api.timeout = httpx.Timeout(request_timeout_s)
+    share_reauthentication(api)
     return api
+
+
+# A re-authentication this recent answers every 401 that comes after it: the requests that
+# failed with the expired credentials were sent before it.
+REAUTH_FRESH_S = 5.0
+
+
+def share_reauthentication(api: Any) -> None:
+    """Make kr8s's re-authentication safe under concurrent calls.
+
+    kr8s answers a 401 (or 403) by re-loading the credentials (running an exec plugin
+    again) and replacing its one HTTP client, closing the old one, inside each failed
+    call.  With many calls in flight, as servebook's polls and Pod checks are when an EKS
+    token expires, every one of them does so: the plugin runs once per call, the
+    credentials are blank while it runs, and each replacement closes the client under the
+    calls still using it, which then fail.  Here the re-authentications are one at a time
+    and one that has just happened serves the calls queued behind it, and the client is
+    replaced only when its credentials are not the current ones, the old one closed once
+    its calls have had their request timeout to finish.  (kr8s 0.20: ``Api.call_api``,
+    ``Api._create_session``, ``KubeAuth.reauthenticate``.)"""
+    import asyncio
+
+    import anyio
+
+    auth = api.auth
+    reload_credentials = auth.reauthenticate
+    new_session = api._create_session
+    locks: dict[int, Any] = {}  # per event loop: kr8s's, and the forwards' own
+    last = [float("-inf")]
+
+    async def reauthenticate() -> None:
+        loop = id(asyncio.get_running_loop())
+        async with locks.setdefault(loop, anyio.Lock()):
+            if auth.server and asyncio.get_running_loop().time() - last[0] < REAUTH_FRESH_S:
+                return
+            await reload_credentials()
+            last[0] = asyncio.get_running_loop().time()
+
+    async def create_session() -> None:
+        old = api._session
+        header = f"Bearer {auth.token}" if auth.token else None
+        if old is not None and not old.is_closed and old.headers.get("Authorization") == header:
+            return  # already a client with the current credentials
+        api._session = None  # kr8s would close it under the calls using it
+        await new_session()
+        if old is not None and not old.is_closed:
+            grace = _request_timeout(api) * 2
+            asyncio.get_running_loop().call_later(
+                grace, lambda: asyncio.ensure_future(old.aclose())
+            )
+
+    auth.reauthenticate = reauthenticate
+    api._create_session = create_session
 
 
 def _which_kubeconfig(kubeconfig: str | None, found: list[str]) -> str:
@@ -343,11 +397,13 @@ def call(
     missing_ok: bool = False,
     **options: Unpack[SendOptions],
 ) -> Obj | None:
-    """``send``, returning the answer's JSON object; None for a 404 when ``missing_ok``."""
+    """``send``, returning the answer's JSON object; None for a 404 when ``missing_ok``
+    and the API server's ``Status`` says the object is not found (a plain-text 404 is an
+    API the cluster does not serve: a failure)."""
     try:
         return send(api, method, path, doing, **options).json()
     except RequestFailed as e:
-        if missing_ok and e.code == 404:
+        if missing_ok and e.code == 404 and e.status:
             return None
         raise
 
@@ -395,5 +451,6 @@ __all__ = [
     "list_items",
     "send",
     "server_of",
+    "share_reauthentication",
     "split_path",
 ]

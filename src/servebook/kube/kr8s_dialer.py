@@ -17,7 +17,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from servebook.kube.objects import is_terminating, restarts
-from servebook.kube.portforward import PodIdentity, Stream, StreamBroken, describe_error
+from servebook.kube.portforward import (
+    PodIdentity,
+    Stream,
+    StreamBroken,
+    StreamReported,
+    describe_error,
+)
 
 PORTFORWARD_PROTOCOL = "v4.channel.k8s.io"
 
@@ -75,7 +81,7 @@ class _ChannelStream:
                 continue
             if channel == 1:
                 text = body.decode("utf-8", errors="replace").strip()
-                raise StreamBroken(f"the port-forward to {self._what} reported: {text}")
+                raise StreamReported(f"the port-forward to {self._what} reported: {text}")
             return body
 
     async def write(self, data: bytes) -> None:

@@ -44,17 +44,20 @@ API::
 ``ForwardFailed(role, reason)`` carries ``exit_code = 2`` but is not a UsageError (the
 command did start); ``ForwardUnavailable(role, reason, pod=, port=)`` is one.
 
-A forward *fails* when its dialer cannot open a stream within ``timeout_s`` (refused,
-HTTP 403/404 on the port-forward upgrade, an error on the port-forward error channel), when
-a stream to the Pod breaks (a reset, a WebSocket that drops or closes abnormally), or when
-its Pod is replaced.  A failure is recorded under the role (``problems()``), every open
-connection of that forward is reset and every later one is reset at once: the client sees
-a connection reset, never a clean short answer, and the local port stays held so nothing
-else can answer on it.  A clean end of a stream from the Pod (an HTTP server closing the
-connection after its response) is relayed as a clean close, and is not a failure (a
-client reading a short answer still sees it as short; an engine that crashed and was
-restarted is caught by ``pod_identity``).  The port-forward protocol has no half-close,
-so a client that ends its side ends the connection.
+A forward *fails* when its dialer cannot open a stream within ``timeout_s`` (refused, HTTP
+403/404 on the port-forward upgrade), when a stream to the Pod breaks (a WebSocket that
+drops or closes abnormally), when the kubelet reports on the error channel that nothing
+listens on the port (``REFUSED``), or when its Pod is replaced. Any other error the
+kubelet reports for a stream (``StreamReported``: a connection reset inside the Pod,
+containerd#9875) resets that client connection alone, and fails the forward only when
+``REPORTED_IN_A_ROW`` streams in a row end so. A failure is recorded under the role
+(``problems()``), every open connection of that forward is reset and every later one is
+reset at once: the client sees a connection reset, never a clean short answer, and the
+local port stays held so nothing else can answer on it. A clean end of a stream from the
+Pod (an HTTP server closing the connection after its response) is relayed as a clean
+close, and is not a failure (a client reading a short answer still sees it as short; an
+engine that crashed and was restarted is caught by ``pod_identity``). The port-forward
+protocol has no half-close, so a client that ends its side ends the connection.
 
 A dialer is any object with ``connect(namespace, pod, port)`` returning an async context
 manager that yields a ``Stream`` (``read() -> bytes``, b"" at a clean end, raising at a
@@ -115,6 +118,19 @@ class StreamBroken(Exception):
     to ending cleanly."""
 
 
+class StreamReported(StreamBroken):
+    """The far end reported an error for this one stream (the kubelet's port-forward error
+    channel): its connection to the container's port failed, the transport did not."""
+
+
+# A reported error that fails the forward at once: nothing listens on the Pod's port.
+REFUSED = "connection refused"
+# Reported errors on this many streams in a row, none working between, fail the forward:
+# the kubelet reports ordinary connection resets there (containerd#9875), one of which
+# among hundreds of streams says nothing about the Pod.
+REPORTED_IN_A_ROW = 3
+
+
 class Stream(Protocol):
     async def read(self) -> bytes: ...
 
@@ -140,6 +156,7 @@ class _Forward:
     server: asyncio.Server | None = None
     failed: str | None = None
     conns: set[asyncio.Task[None]] = field(default_factory=set)
+    reported: int = 0  # streams in a row that ended in a reported error
 
     @property
     def local_port(self) -> int:
@@ -395,8 +412,12 @@ class Forwards:
                     broken = f"cannot open a stream to {fwd.what}: {describe_error(e)}"
                     self._fail(fwd, broken)
                     return
-                broken = await self._relay(fwd, stream, reader, writer)
-                if broken is not None:
+                broken, alone = await self._relay(fwd, stream, reader, writer)
+                if broken is None:
+                    fwd.reported = 0
+                elif alone and fwd.reported + 1 < REPORTED_IN_A_ROW:
+                    fwd.reported += 1  # this connection is reset; the forward stands
+                else:
                     self._fail(fwd, broken)
         except asyncio.CancelledError:
             broken = broken or "cancelled"
@@ -417,8 +438,11 @@ class Forwards:
         stream: Stream,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-    ) -> str | None:
-        """Copy bytes both ways until one side ends; the reason when the Pod side broke."""
+    ) -> tuple[str | None, bool]:
+        """Copy bytes both ways until one side ends; the reason when the Pod side broke,
+        and whether it broke for this stream alone (a ``StreamReported`` other than
+        ``REFUSED``)."""
+        alone = False
 
         async def up() -> str | None:  # client -> Pod
             while True:
@@ -434,10 +458,12 @@ class Forwards:
                     return f"writing to {fwd.what} failed: {describe_error(e)}"
 
         async def down() -> str | None:  # Pod -> client
+            nonlocal alone
             while True:
                 try:
                     data = await stream.read()
                 except Exception as e:
+                    alone = isinstance(e, StreamReported) and REFUSED not in str(e)
                     return f"the stream from {fwd.what} broke: {describe_error(e)}"
                 if not data:
                     return None
@@ -452,14 +478,14 @@ class Forwards:
         try:
             await asyncio.wait({t_up, t_down}, return_when=asyncio.FIRST_COMPLETED)
             if t_down.done():
-                return t_down.result()
+                return t_down.result(), alone
             failed_write = t_up.result()
             if failed_write is None:
-                return None
+                return None, False
             # A write fails when the Pod side has ended: let the reading side say whether
             # that end was clean, for a bounded moment.
             await asyncio.wait({t_down}, timeout=min(1.0, self._timeout_s))
-            return t_down.result() if t_down.done() else failed_write
+            return (t_down.result(), alone) if t_down.done() else (failed_write, False)
         finally:
             for t in (t_up, t_down):
                 t.cancel()

@@ -114,6 +114,16 @@ def request(
                 f"'{FIELD_MANAGER}' and never forces: undo the other change (or delete the "
                 "object), then up again."
             ) from e
+        terminating = _terminating_namespace(status)
+        if code == 403 and terminating:
+            raise NamespaceTerminating(
+                f"{doing}: namespace {terminating} is being deleted (Terminating) and the API "
+                f"server refuses new objects in it until it is gone ({message}). Wait until "
+                f"`kubectl get namespace {terminating}` says NotFound (`servebook down` waits "
+                "for it), then up again."
+            ) from e
+        if code == 404 and not status:
+            raise NotServed(_not_served_text(where, doing)) from e
         if code in (401, 403):
             raise Forbidden(
                 f"{doing}: the API server refused {e.request} ({code} "
@@ -124,6 +134,46 @@ def request(
         if code == 422:
             raise UsageError(f"{doing}: the API server rejected it as invalid: {message}") from e
         raise kube_client.ClusterUnreachable(f"the cluster request failed: {e}") from e
+
+
+class NamespaceTerminating(UsageError):
+    """A create refused because its namespace is being deleted (403 NamespaceTerminating)."""
+
+
+class NotServed(UsageError):
+    """The cluster does not serve the API asked (a plain-text 404: a CRD not installed)."""
+
+
+# Where to get the CRDs of the kinds servebook applies that Kubernetes itself lacks.
+INSTALL = {
+    "leaderworkersets": "LeaderWorkerSet's CRD and controller "
+    "(https://lws.sigs.k8s.io/docs/installation/; `kubectl get crd "
+    "leaderworkersets.leaderworkerset.x-k8s.io` shows whether it is there)",
+}
+
+
+def _terminating_namespace(status: Obj) -> str | None:
+    """The namespace a 403 names as being terminated (the NamespaceLifecycle admission's
+    ``NamespaceTerminating`` cause, or its sentence), else None."""
+    causes = (status.get("details") or {}).get("causes") or []
+    message = str(status.get("message") or "")
+    marker = "unable to create new content in namespace "
+    if marker in message and "because it is being terminated" in message:
+        return message.split(marker, 1)[1].split(" ", 1)[0]
+    for c in causes:
+        if isinstance(c, dict) and c.get("reason") == "NamespaceTerminating":
+            return str(c.get("message", "")).removeprefix("namespace ").split(" ")[0] or "?"
+    return None
+
+
+def _not_served_text(where: Where, doing: str) -> str:
+    plural = where.url.split("/", 1)[0]
+    resource = f"{plural}.{where.version.split('/')[0]}" if "/" in where.version else plural
+    install = INSTALL.get(plural, f"the CustomResourceDefinition {resource}")
+    return (
+        f"{doing}: the cluster does not serve {where.version} {plural} (404 on {where.path}: "
+        f"no such API). Install {install}, or use a recipe whose roles do not need it."
+    )
 
 
 def get(api: Any, api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
@@ -163,6 +213,8 @@ def list_if_served(
     """``list_objects`` of a kind a CRD adds: none when the cluster does not serve it (404)."""
     try:
         return list_objects(api, kind, namespace, selector)
+    except NotServed:
+        return []
     except kube_client.ClusterUnreachable as e:
         cause = e.__cause__
         if isinstance(cause, kube_client.RequestFailed) and cause.code == 404:
@@ -190,13 +242,14 @@ def apply(
     objects: list[Obj],
     say: Callable[[str], None],
     existed: dict[str, bool] | None = None,
-) -> None:
+) -> list[Obj]:
     """Server-side apply of each object, in order, as field manager ``servebook`` (no
-    force: a conflict is a ``Conflict``, exit 2)."""
+    force: a conflict is a ``Conflict``, exit 2); the objects as the API server answered."""
+    answers = []
     for spec in objects:
         meta = spec["metadata"]
         what = what_of(spec)
-        request(
+        got = request(
             api,
             "PATCH",
             where_of(spec["apiVersion"], spec["kind"], meta.get("namespace"), meta["name"]),
@@ -205,7 +258,9 @@ def apply(
             body=spec,
             content_type="application/apply-patch+yaml",
         )
+        answers.append(got or {})
         say(f"{'configured' if (existed or {}).get(what) else 'created'} {what}")
+    return answers
 
 
 __all__ = [
@@ -214,6 +269,8 @@ __all__ = [
     "PLURALS",
     "Conflict",
     "Forbidden",
+    "NamespaceTerminating",
+    "NotServed",
     "Where",
     "apply",
     "get",

@@ -9,11 +9,15 @@ reads those places and returns ``failed`` with the evidence as soon as one of th
 conclusive, ``waiting`` (with what it is waiting for) while the rollout can still
 succeed, and ``ready`` when every Pod of the role is Ready.
 
-Two things are conclusive only after a grace period, because a cluster can fix them by
-itself: a Pod the scheduler cannot place (an autoscaler may add a node) and a Deployment
-with no Pod at all (a ReplicaSet is created asynchronously).  Everything else listed
-above is conclusive at once: a hostPath mount failure never heals, and a crashed engine
-is restarted into the same crash.
+Some things are conclusive only after a grace period, because a cluster can fix them by
+itself: a Pod the scheduler cannot place (an autoscaler may add a node), a Deployment with
+no Pod at all (a ReplicaSet is created asynchronously), a volume the kubelet cannot mount
+yet (it emits passing ``FailedMount`` events such as ``kube-root-ca.crt not registered``,
+kubernetes#105204: final only when its retries persist past ``MOUNT_GRACE_S`` or it says it
+timed out, and never once a container has started) and an image pull or container
+creation that failed (final once the kubelet's back-off has repeated, ``BACKOFF_FINAL``
+times, or its failures are ``RETRY_GRACE_S`` old).  An invalid image name, an absent
+hostPath and a crashed engine (restarted into the same crash) are conclusive at once.
 
 Only *this* apply's Pods count.  A re-``up`` after a change leaves the previous Pod Ready
 for a while (or listed while it terminates); reporting it as the role's Ready Pod would be
@@ -38,7 +42,7 @@ is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -57,7 +61,9 @@ from servebook.kube.objects import (
 
 Obj = Mapping[str, Any]
 
-# Waiting reasons of a container that will not resolve by waiting.
+# Waiting reasons of a container that will not resolve by waiting: InvalidImageName at
+# once; the others once the kubelet's retries have persisted (``_persisted``): a pull that
+# failed once (a registry's blip, a rate limit) or a Secret created a moment late heal.
 FATAL_WAITING = {
     "ErrImagePull": "the image cannot be pulled",
     "ImagePullBackOff": "the image cannot be pulled",
@@ -67,6 +73,16 @@ FATAL_WAITING = {
     "RunContainerError": "the container could not be started",
 }
 
+
+FINAL_AT_ONCE = {"InvalidImageName"}
+# The kubelet backs off 10 s, 20 s, 40 s... between tries: a back-off repeated this often,
+# or failures older than this, are its verdict.
+BACKOFF_FINAL = 3
+RETRY_GRACE_S = 180.0
+# A volume mount the kubelet still retries after this long is not a passing error: after
+# 2 minutes it reports "Unable to attach or mount volumes ... timed out".
+MOUNT_GRACE_S = 120.0
+MOUNT_TIMED_OUT = "Unable to attach or mount volumes"
 
 REVISION = "deployment.kubernetes.io/revision"
 TEMPLATE_HASH = "pod-template-hash"
@@ -217,6 +233,18 @@ def _engine_image(pod: Obj) -> str | None:
         if cs.get("name") == ENGINE_CONTAINER and cs.get("image"):
             return str(cs["image"])
     return None
+
+
+def _persisted(events: Sequence[Obj], now: datetime, grace_s: float, *, count: int) -> bool:
+    """Whether the kubelet's repeated events say it has kept failing: one seen ``count``
+    times or more (``count`` 0: never by count), or the first of them ``grace_s`` ago."""
+    for e in events:
+        if count and as_int(e.get("count"), 1) >= count:
+            return True
+        first = parse_time(e.get("firstTimestamp") or e.get("eventTime"))
+        if first is not None and _age_s(first, now) >= grace_s:
+            return True
+    return False
 
 
 def _terminated_at(cs: Obj) -> str:
@@ -395,8 +423,13 @@ def role_state(
         )
 
     pod_events = _events_for(events, "Pod", name, exact=True)
-
-    for e in reversed(pod_events):
+    statuses = list(status.get("containerStatuses") or [])
+    # Once a container has started, every volume was mounted: earlier FailedMount events
+    # (kubelet's passing "kube-root-ca.crt not registered", kubernetes#105204) are past.
+    mounted = pod_ready or any(
+        cs.get("started") or (cs.get("state") or {}).get("running") for cs in statuses
+    )
+    for e in [] if mounted else reversed(pod_events):
         msg = str(e.get("message", ""))
         absent = hostpath_absent(msg)
         if e.get("reason") == "FailedMount" and absent:
@@ -407,9 +440,15 @@ def role_state(
                 {**base, "event": msg, "reason": "FailedMount"},
             )
         if e.get("reason") == "FailedMount":
+            if MOUNT_TIMED_OUT in msg or _persisted([e], now, MOUNT_GRACE_S, count=0):
+                return result(
+                    "failed",
+                    f"a volume of Pod {name} cannot be mounted on node {node}: {msg}",
+                    {**base, "event": msg, "reason": "FailedMount"},
+                )
             return result(
-                "failed",
-                f"a volume of Pod {name} cannot be mounted on node {node}: {msg}",
+                "waiting",
+                f"a volume of Pod {name} is not mounted yet (the kubelet retries): {msg}",
                 {**base, "event": msg, "reason": "FailedMount"},
             )
 
@@ -430,7 +469,6 @@ def role_state(
             )
         return result("waiting", f"not scheduled yet: {msg}", {**base, "scheduler": msg})
 
-    statuses = list(status.get("containerStatuses") or [])
     # The restarts beyond the baseline are the container's whose last exit is the newest.
     restarted = sorted(
         (
@@ -448,9 +486,17 @@ def role_state(
         reason = str(waiting.get("reason", ""))
         if reason in FATAL_WAITING:
             msg = str(waiting.get("message", ""))
+            tries = [e for e in pod_events if e.get("reason") in ("Failed", "BackOff")]
+            final = reason in FINAL_AT_ONCE or _persisted(
+                tries, now, RETRY_GRACE_S, count=BACKOFF_FINAL
+            )
+            if not tries:  # no events to read: the Pod's own age
+                created = parse_time(str(meta.get("creationTimestamp")))
+                final = final or _age_s(created, now) > RETRY_GRACE_S + 120.0
             return result(
-                "failed",
-                f"{FATAL_WAITING[reason]} ({reason}): {msg or cs.get('image', '')}",
+                "failed" if final else "waiting",
+                f"{FATAL_WAITING[reason]} ({reason}): {msg or cs.get('image', '')}"
+                + ("" if final else "; the kubelet retries, not yet final"),
                 {**base, "container": cname, "reason": reason, "message": msg},
             )
         last = (cs.get("lastState") or {}).get("terminated")
@@ -530,133 +576,3 @@ def overall(states: Sequence[RoleState]) -> Literal["ready", "waiting", "failed"
     if states and all(s.state == "ready" for s in states):
         return "ready"
     return "waiting"
-
-
-# --- LeaderWorkerSet groups -----------------------------------------------------------------
-# A role whose copy spans nodes is a LeaderWorkerSet: each group (replica) is a leader Pod
-# and size-1 worker Pods, labelled with the group's index.  A group serves only when every
-# member runs: the leader's API server waits for every data-parallel rank, and the
-# controller recreates the whole group when one member restarts.  So the role is ready
-# only when every group has all its Pods Ready, and any member's failure fails the role.
-
-LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
-
-
-def group_state(
-    role: str,
-    lws_name: str,
-    pods: Sequence[Obj],
-    events: Sequence[Obj],
-    *,
-    now: datetime,
-    started: datetime,
-    replicas: int,
-    size: int,
-    lws: Obj | None = None,
-    restart_baseline: Mapping[str, int] | None = None,
-    no_pod_grace_s: float = 120.0,
-) -> RoleState:
-    """The state of a LeaderWorkerSet role: ``replicas`` groups of ``size`` Pods.
-
-    ``lws`` (the LeaderWorkerSet as the API returns it) gates the verdict on the
-    controller having observed this apply and reporting every group updated and ready;
-    each member Pod is judged as ``role_state`` judges a Pod (mount failures, pulls,
-    crashes, scheduling), and the first that failed fails the role, named."""
-    live = [p for p in pods if not is_terminating(p)]
-    gone = tuple(sorted(str(p["metadata"].get("name", "")) for p in pods if p not in live))
-    for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
-        one = role_state(
-            role,
-            lws_name,
-            [p],
-            events,
-            now=now,
-            started=started,
-            restart_baseline=restart_baseline,
-        )
-        if one.state == "failed":
-            member = labels_of(p).get(LWS_WORKER_INDEX)
-            group = labels_of(p).get(LWS_GROUP_INDEX)
-            where = f" (group {group}, member {member})" if group is not None else ""
-            return replace(one, summary=one.summary + where, old_pods=gone)
-    groups: dict[str, list[Obj]] = {}
-    for p in live:
-        groups.setdefault(str(labels_of(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
-    if lws is not None:
-        meta = lws.get("metadata", {})
-        status = lws.get("status") or {}
-        generation = as_int(meta.get("generation"), 0)
-        observed = as_int(status.get("observedGeneration"), 0)
-        if observed < generation:
-            return RoleState(
-                role,
-                "waiting",
-                f"rollout of generation {generation} not yet observed by the LeaderWorkerSet "
-                f"controller (it has observed {observed or 'none'})",
-                old_pods=gone,
-            )
-    if not live:
-        waited = _age_s(started, now)
-        if waited > no_pod_grace_s:
-            return RoleState(
-                role,
-                "failed",
-                f"no Pod was created for LeaderWorkerSet {lws_name} in {waited:.0f} s (is the "
-                "LeaderWorkerSet controller running? `kubectl describe leaderworkerset` and "
-                "the namespace's events say why)",
-                {"waited_s": round(waited)},
-                old_pods=gone,
-            )
-        return RoleState(role, "waiting", "no Pod yet", old_pods=gone)
-    complete = [
-        g for g, members in groups.items() if len(members) >= size and all(map(is_ready, members))
-    ]
-    ready_pods = sum(1 for p in live if is_ready(p))
-    leader = next((p for p in live if labels_of(p).get(LWS_WORKER_INDEX) == "0"), live[0])
-    lname = str(leader.get("metadata", {}).get("name", ""))
-    node = leader.get("spec", {}).get("nodeName")
-    evidence = {
-        "groups_ready": len(complete),
-        "groups": replicas,
-        "pods_ready": ready_pods,
-        "pods": replicas * size,
-    }
-    per_role: dict[str, Any] = {
-        "pod": lname,
-        "node": None if node is None else str(node),
-        "image": _engine_image(leader),
-        "old_pods": gone,
-        "restarts_since_apply": sum(
-            max(
-                0,
-                restarts(p)
-                - int((restart_baseline or {}).get(str(p["metadata"].get("uid", "")), 0)),
-            )
-            for p in live
-        ),
-    }
-    counted_ok = True
-    if lws is not None:
-        status = lws.get("status") or {}
-        counted_ok = (
-            as_int(status.get("updatedReplicas")) >= replicas
-            and as_int(status.get("readyReplicas")) >= replicas
-        )
-    if len(complete) >= replicas and counted_ok:
-        return RoleState(
-            role,
-            "ready",
-            f"{len(complete)} of {replicas} group(s) Ready, every one of their {size} Pods",
-            evidence,
-            ready=True,
-            **per_role,
-        )
-    return RoleState(
-        role,
-        "waiting",
-        f"{len(complete)} of {replicas} group(s) Ready ({ready_pods} of {replicas * size} "
-        "Pods); a group serves only once all its Pods are Ready",
-        evidence,
-        **per_role,
-    )

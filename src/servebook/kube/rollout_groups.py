@@ -1,0 +1,185 @@
+"""Is a LeaderWorkerSet role coming up, up, or never going to be?  ``kube.rollout``'s
+verdict for a role whose copy spans nodes, over its groups' Pods and the LeaderWorkerSet's
+status as each LWS version writes it.  Pure functions over the API objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from servebook.kube.objects import as_int, is_ready, is_terminating, labels_of, parse_time, restarts
+from servebook.kube.rollout import RoleState, _age_s, _engine_image, role_state
+
+Obj = Mapping[str, Any]
+
+# --- LeaderWorkerSet groups -----------------------------------------------------------------
+# A role whose copy spans nodes is a LeaderWorkerSet: each group (replica) is a leader Pod
+# and size-1 worker Pods, labelled with the group's index.  A group serves only when every
+# member runs: the leader's API server waits for every data-parallel rank, and the
+# controller recreates the whole group when one member restarts.  So the role is ready
+# only when every group has all its Pods Ready, and any member's failure fails the role.
+
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def group_state(
+    role: str,
+    lws_name: str,
+    pods: Sequence[Obj],
+    events: Sequence[Obj],
+    *,
+    now: datetime,
+    started: datetime,
+    replicas: int,
+    size: int,
+    lws: Obj | None = None,
+    restart_baseline: Mapping[str, int] | None = None,
+    no_pod_grace_s: float = 120.0,
+    changed: bool = False,
+) -> RoleState:
+    """The state of a LeaderWorkerSet role: ``replicas`` groups of ``size`` Pods.
+
+    ``lws`` (the LeaderWorkerSet as the API returns it) gates the verdict on the
+    controller having observed this apply and reporting every group updated and ready
+    (``lws_unsettled``; ``changed``: this apply created or changed the set's spec);
+    each member Pod is judged as ``role_state`` judges a Pod (mount failures, pulls,
+    crashes, scheduling), and the first that failed fails the role, named."""
+    live = [p for p in pods if not is_terminating(p)]
+    gone = tuple(sorted(str(p["metadata"].get("name", "")) for p in pods if p not in live))
+    for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
+        one = role_state(
+            role,
+            lws_name,
+            [p],
+            events,
+            now=now,
+            started=started,
+            restart_baseline=restart_baseline,
+        )
+        if one.state == "failed":
+            member = labels_of(p).get(LWS_WORKER_INDEX)
+            group = labels_of(p).get(LWS_GROUP_INDEX)
+            where = f" (group {group}, member {member})" if group is not None else ""
+            return replace(one, summary=one.summary + where, old_pods=gone)
+    groups: dict[str, list[Obj]] = {}
+    for p in live:
+        groups.setdefault(str(labels_of(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
+    unsettled = lws_unsettled(lws, started=started, changed=changed) if lws else None
+    if unsettled:
+        return RoleState(role, "waiting", unsettled, old_pods=gone)
+    if not live:
+        waited = _age_s(started, now)
+        if waited > no_pod_grace_s:
+            return RoleState(
+                role,
+                "failed",
+                f"no Pod was created for LeaderWorkerSet {lws_name} in {waited:.0f} s (is the "
+                "LeaderWorkerSet controller running? `kubectl describe leaderworkerset` and "
+                "the namespace's events say why)",
+                {"waited_s": round(waited)},
+                old_pods=gone,
+            )
+        return RoleState(role, "waiting", "no Pod yet", old_pods=gone)
+    complete = [
+        g for g, members in groups.items() if len(members) >= size and all(map(is_ready, members))
+    ]
+    ready_pods = sum(1 for p in live if is_ready(p))
+    leader = next((p for p in live if labels_of(p).get(LWS_WORKER_INDEX) == "0"), live[0])
+    lname = str(leader.get("metadata", {}).get("name", ""))
+    node = leader.get("spec", {}).get("nodeName")
+    evidence = {
+        "groups_ready": len(complete),
+        "groups": replicas,
+        "pods_ready": ready_pods,
+        "pods": replicas * size,
+    }
+    per_role: dict[str, Any] = {
+        "pod": lname,
+        "node": None if node is None else str(node),
+        "image": _engine_image(leader),
+        "old_pods": gone,
+        "restarts_since_apply": sum(
+            max(
+                0,
+                restarts(p)
+                - int((restart_baseline or {}).get(str(p["metadata"].get("uid", "")), 0)),
+            )
+            for p in live
+        ),
+    }
+    counted_ok = True
+    if lws is not None:
+        status = lws.get("status") or {}
+        available = _lws_condition(lws, "Available")
+        counted_ok = (
+            as_int(status.get("updatedReplicas")) >= replicas
+            and as_int(status.get("readyReplicas")) >= replicas
+            and (available is None or available.get("status") == "True")
+        )
+    if len(complete) >= replicas and counted_ok:
+        return RoleState(
+            role,
+            "ready",
+            f"{len(complete)} of {replicas} group(s) Ready, every one of their {size} Pods",
+            evidence,
+            ready=True,
+            **per_role,
+        )
+    return RoleState(
+        role,
+        "waiting",
+        f"{len(complete)} of {replicas} group(s) Ready ({ready_pods} of {replicas * size} "
+        "Pods); a group serves only once all its Pods are Ready",
+        evidence,
+        **per_role,
+    )
+
+
+def _lws_condition(lws: Obj, kind: str) -> Obj | None:
+    for c in (lws.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == kind:
+            return c
+    return None
+
+
+def lws_unsettled(lws: Obj, *, started: datetime, changed: bool) -> str | None:
+    """Why a LeaderWorkerSet's status cannot yet speak for this apply, or None.
+
+    From v0.9.0 the controller writes ``status.observedGeneration``: the status is this
+    apply's once it reaches ``metadata.generation``.  Before, it writes only its counters
+    and conditions (``Available``, ``Progressing``, ``UpdateInProgress``): a rolling update
+    in progress is waited for, and when this apply created or changed the spec
+    (``changed``) a condition must have moved since ``started`` (the controller's answer
+    to it), else the counters may still be the previous spec's."""
+    meta = lws.get("metadata", {})
+    status = lws.get("status") or {}
+    generation = as_int(meta.get("generation"), 0)
+    if "observedGeneration" in status:
+        observed = as_int(status.get("observedGeneration"), 0)
+        if observed < generation:
+            return (
+                f"rollout of generation {generation} not yet observed by the LeaderWorkerSet "
+                f"controller (it has observed {observed or 'none'})"
+            )
+        return None
+    updating = _lws_condition(lws, "UpdateInProgress")
+    if updating is not None and updating.get("status") == "True":
+        return f"the LeaderWorkerSet controller is rolling out an update: {updating.get('message')}"
+    if not changed:
+        return None
+    since = started.replace(microsecond=0)
+    moved = [
+        c
+        for c in status.get("conditions") or ()
+        if (parse_time(c.get("lastTransitionTime")) or since) >= since
+        and c.get("lastTransitionTime")
+    ]
+    if moved:
+        return None
+    return (
+        "the LeaderWorkerSet controller has not reported on this apply yet (its status has "
+        "no observedGeneration before LWS v0.9.0; waiting for a condition to change)"
+    )

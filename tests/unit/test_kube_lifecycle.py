@@ -1,0 +1,299 @@
+"""What a real API server does over time, as the stand-in now does it (each of these failed
+on the stand-in before: it deleted at once, created into any namespace, made Ready Pods
+inside the PATCH, ignored ``limit``, had no LeaderWorkerSet controller and answered an
+unserved group with a JSON Status); and the defects of issue 23 they showed: ``up`` soon
+after ``down`` (point 2), LeaderWorkerSet readiness on LWS v0.8 and older (point 1), an
+apply of a kind whose CRD is not installed (point 12)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servebook.backends import kubernetes as kube
+from servebook.errors import UsageError
+from servebook.kube import client as kube_client
+from servebook.kube import resources
+from servebook.recipe.resolve import resolve
+from tests.unit.kube_standin import Server, Timing, serve
+
+Obj = dict[str, Any]
+FIX = Path(__file__).parent / "fixtures" / "render"
+VALUES = FIX / "vllm-pd" / "values.yaml"
+WIDE = FIX / "vllm-pd-wide-ep-replicas" / "values.yaml"
+NS = "life"
+
+
+@pytest.fixture
+def server(tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    s = serve()
+    monkeypatch.setenv("KUBECONFIG", str(s.write_kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr(kube, "POLL_S", 0.05)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def api(server: Server) -> Any:
+    return kube_client.connect()
+
+
+def _until(what: str, check: Callable[[], Any], within_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"not within {within_s} s: {what}")
+
+
+def _ns(name: str = NS) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def _deployment(name: str = "web", grace: int = 30) -> Obj:
+    labels = {"app.kubernetes.io/component": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.32.0"}],
+                },
+            },
+        },
+    }
+
+
+def _get(api: Any, path: str) -> Obj | None:
+    return kube_client.call(api, "GET", path, "reading", missing_ok=True)
+
+
+def _pods(api: Any) -> list[Obj]:
+    return resources.list_objects(api, "Pod", NS)
+
+
+def _ready(pod: Obj) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
+    )
+
+
+# --- the stand-in ---------------------------------------------------------------------------
+
+
+def test_a_foreground_delete_leaves_the_object_until_its_pods_have_stopped(
+    server: Server, api: Any
+) -> None:
+    server.standin.ready_pods = True
+    server.standin.life.timing = Timing(scale=0.02)  # a Pod takes 0.6 s to stop
+    resources.apply(api, [_ns(), _deployment()], lambda s: None)
+    _until("the Deployment's Pod", lambda: _pods(api))
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/web"
+    kube_client.call(api, "DELETE", path, "deleting", body={"propagationPolicy": "Foreground"})
+    dep = _get(api, path)
+    assert dep is not None, "deleted at once, Pods and all"
+    assert dep["metadata"]["deletionTimestamp"]
+    assert dep["metadata"]["finalizers"] == ["foregroundDeletion"]
+    _until("the Pod terminating", lambda: _pods(api)[0]["metadata"].get("deletionTimestamp"))
+    _until("the Deployment gone", lambda: _get(api, path) is None and not _pods(api))
+
+
+def test_a_terminating_namespace_refuses_creates_and_an_absent_one_is_404(
+    server: Server, api: Any
+) -> None:
+    server.standin.ready_pods = True
+    server.standin.life.timing = Timing(scale=0.05)  # its Pod takes 1.5 s to stop
+    resources.apply(api, [_ns(), _deployment()], lambda s: None)
+    _until("the Pod", lambda: _pods(api))
+    kube_client.call(api, "DELETE", f"/api/v1/namespaces/{NS}", "deleting")
+    space = _get(api, f"/api/v1/namespaces/{NS}")
+    assert space is not None and space["status"]["phase"] == "Terminating"
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": NS}}
+    with pytest.raises(kube_client.RequestFailed) as refused:
+        kube_client.call(
+            api,
+            "PATCH",
+            f"/api/v1/namespaces/{NS}/configmaps/c",
+            "applying",
+            params={"fieldManager": "t"},
+            body=config,
+            content_type="application/apply-patch+yaml",
+        )
+    assert refused.value.code == 403
+    assert refused.value.status["message"] == (
+        'configmaps "c" is forbidden: unable to create new content in namespace life because '
+        "it is being terminated"
+    )
+    assert refused.value.status["details"]["causes"][0]["reason"] == "NamespaceTerminating"
+    with pytest.raises(kube_client.RequestFailed) as absent:
+        kube_client.call(
+            api,
+            "PATCH",
+            "/api/v1/namespaces/nope/configmaps/c",
+            "applying",
+            params={"fieldManager": "t"},
+            body={**config, "metadata": {"name": "c", "namespace": "nope"}},
+            content_type="application/apply-patch+yaml",
+        )
+    assert absent.value.code == 404
+    assert absent.value.status["message"] == 'namespaces "nope" not found'
+    _until("the namespace gone", lambda: _get(api, f"/api/v1/namespaces/{NS}") is None)
+
+
+def test_pods_come_up_after_the_apply_through_their_phases(server: Server, api: Any) -> None:
+    server.standin.ready_pods = True
+    server.standin.life.timing = Timing(scale=0.03)
+    resources.apply(api, [_ns(), _deployment()], lambda s: None)
+    seen = []
+
+    def ready() -> bool:
+        pods = _pods(api)
+        for p in pods:
+            waiting = [c["state"].get("waiting") for c in p["status"].get("containerStatuses", [])]
+            seen.append((p["status"]["phase"], (waiting or [None])[0]))
+        return bool(pods) and _ready(pods[0])
+
+    _until("a Ready Pod", ready)
+    assert seen[0][0] == "Pending", seen  # not Ready in the PATCH
+    assert ("Pending", {"reason": "ContainerCreating"}) in seen
+    assert any(phase == "Running" for phase, _ in seen[:-1]), "Running before Ready"
+
+
+def test_lists_page_with_limit_and_continue(server: Server, api: Any) -> None:
+    objs = [_ns()] + [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}", "namespace": NS}}
+        for i in range(5)
+    ]
+    resources.apply(api, objs, lambda s: None)
+    first = kube_client.call(
+        api, "GET", f"/api/v1/namespaces/{NS}/configmaps", "listing", params={"limit": "2"}
+    )
+    assert first is not None and len(first["items"]) == 2
+    assert first["metadata"]["continue"] and first["metadata"]["remainingItemCount"] == 3
+    got = kube_client.list_items(api, f"/api/v1/namespaces/{NS}/configmaps", "listing", page=2)
+    assert [i["metadata"]["name"] for i in got] == [f"c{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("version", ["v0.7.0", "v0.8.1", "v0.9.0"])
+def test_a_leaderworkerset_gets_its_groups_and_the_status_its_version_writes(
+    server: Server, api: Any, version: str
+) -> None:
+    server.standin.ready_pods = True
+    server.standin.life.lws_version = version
+    plan = resolve("vllm-pd-wide-ep", [], [WIDE])
+    dep = kube.apply_deployment(api, plan, "wide")
+    lws_name = dep.roles["decode"]
+    path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{dep.namespace}/leaderworkersets/"
+    lws = _until("the LWS ready", lambda: (_get(api, path + lws_name) or {}).get("status"))
+    assert lws["readyReplicas"] == lws["updatedReplicas"] == lws["replicas"] == 1
+    conditions = {c["type"]: c["status"] for c in lws["conditions"]}
+    assert conditions == {"Available": "True", "Progressing": "False"}
+    assert ("observedGeneration" in lws) == (version == "v0.9.0")
+
+
+def test_an_unserved_group_answers_the_plain_text_404(server: Server, api: Any) -> None:
+    server.standin.serves_lws = False
+    with pytest.raises(kube_client.RequestFailed) as e:
+        kube_client.send(api, "GET", "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets", "x")
+    assert e.value.code == 404 and e.value.status == {}
+    assert "404 page not found" in str(e.value.__cause__.response.text)  # type: ignore[union-attr]
+
+
+# --- the defects they showed -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v0.7.0", "v0.8.1"])
+def test_a_leaderworkerset_role_becomes_ready_on_lws_before_observed_generation(
+    server: Server, version: str
+) -> None:
+    """Issue 23 point 1: LWS before v0.9.0 writes no observedGeneration."""
+    server.standin.ready_pods = True
+    server.standin.life.lws_version = version
+    plan = resolve("vllm-pd-wide-ep", [], [WIDE])
+    dep = kube.up(plan, name="wide", timeout_s=20, poll_s=0.05)
+    assert dep.ready
+
+
+def test_up_at_once_after_down_waits_for_the_namespace_and_says_so(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 point 2: down waits until its objects are gone; an up into a namespace that
+    is still Terminating waits for it, saying so, instead of failing as RBAC."""
+    server.standin.ready_pods = True
+    server.standin.life.timing = Timing(scale=0.05)  # a Pod's 30 s grace: 1.5 s
+    plan = resolve("vllm-pd", [], [VALUES])
+    assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready
+    done = kube.down("one")
+    assert done["Namespace/moe-pd"] == "deleted"
+    assert server.call(lambda st: st.names("namespaces")) == [], "down returned, ns still there"
+    assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready  # at once: it works
+    said: list[str] = []
+    done = kube.down("one", say=said.append)
+    assert "left" not in done
+    assert any("waiting for the cluster to finish deleting" in s for s in said), said
+    # An up that finds the namespace still Terminating (another client's down) waits.
+    assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready
+    server.standin.life.timing = Timing(scale=0.3)  # 9 s to stop: up surely sees it
+    kube_client.call(kube._api(), "DELETE", "/api/v1/namespaces/moe-pd", "deleting")
+    said.clear()
+    assert kube.up(plan, name="one", timeout_s=30, poll_s=0.05, say=said.append).ready
+    assert any("is being deleted (Terminating" in s for s in said), said
+
+
+def test_a_create_into_a_terminating_namespace_is_not_worded_as_rbac(
+    server: Server, api: Any
+) -> None:
+    server.standin.ready_pods = True
+    server.standin.life.timing = Timing(scale=0.1)
+    resources.apply(api, [_ns(), _deployment()], lambda s: None)
+    _until("the Pod", lambda: _pods(api))
+    kube_client.call(api, "DELETE", f"/api/v1/namespaces/{NS}", "deleting")
+    with pytest.raises(resources.NamespaceTerminating) as e:
+        resources.apply(api, [_deployment("other")], lambda s: None)
+    assert "namespace life is being deleted (Terminating)" in str(e.value)
+    assert "RBAC" not in str(e.value) and "servebook needs" not in str(e.value)
+
+
+def test_an_apply_of_a_kind_the_cluster_does_not_serve_names_the_crd_to_install(
+    server: Server, api: Any
+) -> None:
+    """Issue 23 point 12: the plain-text 404 of a CRD not installed."""
+    server.standin.serves_lws = False
+    plan = resolve("vllm-pd-wide-ep", [], [WIDE])
+    with pytest.raises(UsageError) as e:
+        kube.apply_deployment(api, plan, "wide")
+    text = str(e.value)
+    assert "does not serve leaderworkerset.x-k8s.io/v1 leaderworkersets" in text, text
+    assert "Install LeaderWorkerSet's CRD and controller" in text
+    assert "the cluster request failed" not in text
+    assert [r for r in server.standin.requests if r.method == "PATCH"] == []  # nothing applied
+
+
+# The kubelet's passing mount error (kubernetes#105204), as it words it.
+ROOT_CA = (
+    'MountVolume.SetUp failed for volume "kube-api-access-2kx5l" : '
+    '[object "moe-pd"/"kube-root-ca.crt" not registered]'
+)
+
+
+def test_a_passing_failed_mount_does_not_fail_a_ready_pods_role(server: Server) -> None:
+    """Issue 23 point 4: every Pod gets the kubelet's transient FailedMount, then runs."""
+    server.standin.ready_pods = True
+    server.standin.life.pod_events = [("FailedMount", ROOT_CA)]
+    plan = resolve("vllm-pd", [], [VALUES])
+    assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready
