@@ -21,8 +21,7 @@ from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
-from servebook.report.summary import describe_protocol
-from servebook.sweep import BenchArgs, run_bench, settings_from
+from servebook.sweep import BenchArgs, run_bench
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
 
@@ -95,11 +94,7 @@ def verify_step(job: Job, view: DeploymentView) -> int:
 def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
     does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
-    plan_text = describe_protocol(settings_from(RUN_SWEEP, None).to_dict())
-    job.say(
-        f"benchmarking {view.name}: {plan_text}; {RUN_SWEEP.input_len} prompt and "
-        f"{RUN_SWEEP.output_len} output tokens"
-    )
+    job.say(f"benchmarking {view.name} (the plan follows)")
     subject = tgt.from_deployment(
         view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
     )

@@ -39,6 +39,7 @@ from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, 
 from servebook.console import err, number
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
+from servebook.report.summary import describe_protocol
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import ResultsWriter
 
@@ -172,6 +173,10 @@ def _run(
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None,
 ) -> tuple[Results, Path]:
+    if a.dataset is None:
+        tgt.check_fits(
+            subject.max_model_len, a.input_len, a.output_len, subject.target.endpoint.model
+        )
     tok = tgt.tokenizer_for(subject, tokenizer)
     share = None
     if subject.target.decode_role is not None:
@@ -180,6 +185,7 @@ def _run(
         )
     settings = settings_from(a, share)
     prompts = prompts_from(a, tok)
+    err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
     slo = parse_slo(a.slo) if a.slo else None
     workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
@@ -222,8 +228,9 @@ def _run(
                     f"{pr.describe()}"
                 )
             bar.console.print(
-                f"{label}: {number(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
-                f"{p.errors} errors, {verdict}",
+                f"{label}: {number(p.output_tokens_per_s)} output tok/s over the window, "
+                f"{p.requests_ok} ok and {p.errors} failed of the requests it scheduled, "
+                f"{verdict}",
                 highlight=False,
                 markup=False,
             )
@@ -238,15 +245,7 @@ def _run(
                     )
 
         def on_progress(pr: LoadProgress) -> None:
-            phase = "window" if pr.window_start_ns is not None else "warm-up"
-            el = max(pr.elapsed_s, 1e-9)
-            bar.update(
-                task,
-                description=(
-                    f"{current['label']}: {phase}, {pr.completed_ok} ok, {pr.errors} err, "
-                    f"{pr.output_tokens / el:.0f} tok/s"
-                ),
-            )
+            bar.update(task, description=f"{current['label']}: {live_counters(pr, settings)}")
 
         results = run_sweep(
             subject.target,
@@ -259,3 +258,34 @@ def _run(
             on_progress=on_progress,
         )
     return results, writer.path
+
+
+def live_counters(pr: LoadProgress, settings: ProtocolSettings) -> str:
+    """What the bar says while a point runs, each count named for what it counts: in the
+    window, the requests scheduled in it that finished (the table's ``ok``); before it,
+    the warm-up's, which are discarded; tok/s is every output token since the load
+    started (warm-up included) over that time, not the window's figure."""
+    rate = f"{pr.output_tokens / max(pr.elapsed_s, 1e-9):.0f} output tok/s since the load started"
+    if pr.window_start_ns is None:
+        return f"warm-up {pr.elapsed_s:.0f} s (discarded), {pr.completed_ok} finished, {rate}"
+    return (
+        f"window {pr.window_elapsed_s:.0f}/{settings.duration_s:g} s, {pr.window_ok} ok and "
+        f"{pr.window_errors} failed of the requests it scheduled, {rate}"
+    )
+
+
+def plan_text(settings: ProtocolSettings, a: BenchArgs) -> str:
+    """The sweep as a person reads it before it starts: levels, repetitions, windows,
+    workload and the time it should take."""
+    low, high = settings.estimated_s()
+    took = f"about {_minutes(low)}" + (f" to {_minutes(high)}" if high > low else "")
+    workload = (
+        f"prompts from {a.dataset}"
+        if a.dataset is not None
+        else f"{a.input_len} prompt and {a.output_len} output tokens a request"
+    )
+    return f"{describe_protocol(settings.to_dict())}; {workload}; {took}"
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
