@@ -19,7 +19,7 @@ from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.openai_stream import Endpoint, request_body
 from servebook.bench.workload import DatasetPrompts, Prompt
-from tests.unit.served_app import served_models, served
+from tests.unit.served_app import served, served_models
 
 TTFT_MS, ITL_MS = 5.0, 2.0
 

@@ -14,9 +14,7 @@ from aiohttp import web
 
 from servebook.bench.control import Progress
 from servebook.bench.protocol import ProtocolSettings, Warmup
-from servebook.sweep import BenchArgs  # type: ignore
-
-live_counters = plan_text = None  # TMP
+from servebook.sweep import BenchArgs, live_counters, plan_text
 from tests.conftest import CliResult
 from tests.unit.served_app import served, served_models
 
