@@ -87,7 +87,9 @@ class BenchArgs:
     max_repetitions: int | None = None
 
 
-def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
+def settings_from(
+    a: BenchArgs, min_handoff_share: float | None, handoff_undecidable: str | None = None
+) -> ProtocolSettings:
     if not 0 < a.min_achieved_concurrency <= 1:
         raise UsageError(
             f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
@@ -109,6 +111,7 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
         max_repetitions=a.max_repetitions,
         thresholds=Thresholds(
             min_handoff_share=min_handoff_share,
+            handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
@@ -178,14 +181,23 @@ def _run(
             subject.max_model_len, a.input_len, a.output_len, subject.target.endpoint.model
         )
     tok = tgt.tokenizer_for(subject, tokenizer)
-    share = None
+    handoff = None
     if subject.target.decode_role is not None:
-        share = tgt.pd_min_share(
+        handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    settings = settings_from(a, share)
+    settings = settings_from(
+        a, handoff.share if handoff else None, handoff.undecidable if handoff else None
+    )
     prompts = prompts_from(a, tok)
     err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
+    if handoff is not None and handoff.undecidable:
+        err.print(
+            f"warning: --input-len {a.input_len}: {handoff.undecidable}, so every point "
+            "of this sweep is invalid (SB407); give a longer --input-len to judge it.",
+            highlight=False,
+            markup=False,
+        )
     slo = parse_slo(a.slo) if a.slo else None
     workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers

@@ -31,7 +31,7 @@ from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
 from servebook.results.schema import Provenance, RoleProvenance
-from servebook.verify.checks import block_size, handoff_required_tokens
+from servebook.verify.checks import block_size, handoff_not_judged, handoff_required_tokens
 
 
 @dataclass
@@ -48,7 +48,18 @@ class Subject:
     max_model_len: int | None = None  # the served model's context (/v1/models), if known
 
 
-def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> float:
+@dataclass(frozen=True)
+class HandoffThreshold:
+    """What SB407 judges a PD point's handoff share against, for prompts of one length:
+    ``share`` (verify's threshold), or ``undecidable``, the reason it cannot be judged
+    at that length (the share would be 0, a check that cannot fail)."""
+
+    share: float
+    block: int
+    undecidable: str | None = None
+
+
+def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffThreshold:
     """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
     handoff share falls below it is invalid (the handoff failed open).  ``decode_url``:
     decode's /metrics base URL, or its replicas' (they share one block size)."""
@@ -59,7 +70,10 @@ def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> float:
         raise UsageError(
             f"cannot read decode's /metrics to size the handoff threshold: {e}"
         ) from None
-    return handoff_required_tokens([input_len], block) / input_len
+    required = handoff_required_tokens([input_len], block)
+    return HandoffThreshold(
+        required / input_len, block, None if required else handoff_not_judged(block)
+    )
 
 
 def _first_line(body: str, limit: int = 160) -> str:
@@ -289,6 +303,7 @@ def _has_tokenizer(d: str) -> bool:
 
 
 __all__ = [
+    "HandoffThreshold",
     "Subject",
     "check_fits",
     "from_deployment",
