@@ -21,7 +21,7 @@ from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
-from servebook.sweep import BenchArgs, run_bench
+from servebook.sweep import BenchArgs, Interrupted, run_bench
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
 
@@ -61,15 +61,39 @@ def run(job: Job) -> int:
     out_dir = (
         job.out_dir or Path("servebook-runs") / f"{ready.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    step = "verify"
     try:
         with job.backend.open(ready.name) as view:
             rc = verify_step(job, view)
             if rc == 0:
-                rc = bench_step(job, view, out_dir)
+                step = "bench"
+                try:
+                    rc = bench_step(job, view, out_dir)
+                except Interrupted as e:
+                    raise interrupted_bench(e, out_dir, ready.name) from None
                 report_step(out_dir)
         return rc
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"stopped during {step}: nothing was measured; {ready.name} was taken down. "
+            "`servebook run` starts over.",
+            path=None,
+            points=0,
+        ) from None
     finally:
         down_step(job, ready.name)
+
+
+def interrupted_bench(e: Interrupted, out_dir: Path, name: str) -> Interrupted:
+    """Ctrl-C during the main job's sweep: the report of the points it has, then down."""
+    report = ""
+    if e.points:
+        report = f" Their report: {report_step(out_dir)}."
+    return Interrupted(
+        f"the sweep {e}{report} {name} was taken down; `servebook run` starts over.",
+        path=e.path,
+        points=e.points,
+    )
 
 
 def preflight(job: Job) -> None:
@@ -111,9 +135,10 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     return 0 if all(p.valid for p in results.points) else 1
 
 
-def report_step(out_dir: Path) -> None:
+def report_step(out_dir: Path) -> Path:
     html = write_report([out_dir], out_dir)
     out.print(f"report: {html}", highlight=False, markup=False)
+    return html
 
 
 def down_step(job: Job, name: str) -> None:

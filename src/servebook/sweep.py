@@ -58,6 +58,18 @@ class LoadFailed(ServebookError):
     label = "bench could not run"
 
 
+class Interrupted(ServebookError):
+    """Ctrl-C during a sweep: what was stopped, what was saved, how to go on."""
+
+    exit_code = 130  # 128 + SIGINT, as a shell reports a command it interrupted
+    label = "interrupted"
+
+    def __init__(self, message: str, *, path: Path | None, points: int) -> None:
+        super().__init__(message)
+        self.path = path  # the results file, when one was written
+        self.points = points  # finished points in it
+
+
 @dataclasses.dataclass
 class BenchArgs:
     concurrency: str | None = "1,4,16"
@@ -159,7 +171,15 @@ def run_bench(
     ``resumable``: the caller can continue the results file (``bench --resume``), and a
     failed load generator's message says so."""
     try:
-        return _run(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
+        return _run(
+            subject,
+            a,
+            out_dir,
+            resume=resume,
+            tokenizer=tokenizer,
+            alive=alive,
+            can_resume=resumable,
+        )
     except ClientError as e:
         raise LoadFailed(
             f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}"
@@ -168,6 +188,49 @@ def run_bench(
 
 
 def _run(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    out_dir: Path,
+    *,
+    resume: bool,
+    tokenizer: str | None,
+    alive: Callable[[], list[str]] | None,
+    can_resume: bool,
+) -> tuple[Results, Path]:
+    try:
+        return _sweep(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
+    except _Stopped as e:
+        n = len(e.writer.results.points)
+        saved = (
+            f"{n} finished point(s) are in {e.writer.path}"
+            if n
+            else f"no point had finished ({e.writer.path} holds the run's settings only)"
+        )
+        go_on = (
+            "; rerun the same command with --resume to continue from there." if can_resume else "."
+        )
+        raise Interrupted(
+            f"stopped {e.label} (its partial measurements are discarded); {saved}{go_on}",
+            path=e.writer.path,
+            points=n,
+        ) from None
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "stopped before the sweep started (while asking the target and building "
+            "prompts): nothing was measured or written.",
+            path=None,
+            points=0,
+        ) from None
+
+
+class _Stopped(Exception):
+    """Ctrl-C inside the sweep, with where it was."""
+
+    def __init__(self, label: str, writer: ResultsWriter) -> None:
+        self.label, self.writer = label, writer
+
+
+def _sweep(
     subject: tgt.Subject,
     a: BenchArgs,
     out_dir: Path,
@@ -247,6 +310,7 @@ def _run(
                 markup=False,
             )
             bar.advance(task)
+            current["label"] = ""
             if alive is not None:
                 dead = alive()
                 if dead:
@@ -259,16 +323,20 @@ def _run(
         def on_progress(pr: LoadProgress) -> None:
             bar.update(task, description=f"{current['label']}: {live_counters(pr, settings)}")
 
-        results = run_sweep(
-            subject.target,
-            settings,
-            prompts,
-            writer,
-            workers=workers,
-            slo_ms=slo,
-            on_point=on_point,
-            on_progress=on_progress,
-        )
+        try:
+            results = run_sweep(
+                subject.target,
+                settings,
+                prompts,
+                writer,
+                workers=workers,
+                slo_ms=slo,
+                on_point=on_point,
+                on_progress=on_progress,
+            )
+        except KeyboardInterrupt:
+            where = f"at {current['label']}" if current["label"] else "between two points"
+            raise _Stopped(where, writer) from None
     return results, writer.path
 
 
