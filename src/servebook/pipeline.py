@@ -25,12 +25,21 @@ from servebook.sweep import BenchArgs, Interrupted, run_bench
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
 
-# The main job's sweep: short windows that a 2-core machine running both servers can
-# finish in about a minute; the relaxed client-lag bound is recorded in the results.
+# The main job's sweep, made to survive `servebook compare A B --reproduce` between two
+# runs on a 2-core machine that also runs both servers (and, where it was measured, seven
+# other busy tenants).  What moved a c=1 figure by a third between runs was not one cause:
+# two repetitions of 4 requests each, so a median of two values that a noisy minute on the
+# machine decides.  So: at least three repetitions, shuffled across the sweep so a noisy
+# stretch touches every level alike; and a precision target on the two figures reproduce
+# judges (tok/s and TPOT p50), so a run repeats a level while its interval is wide (up to
+# six repetitions) and stops at three when the machine is quiet.  Short windows keep that
+# affordable; the relaxed client-lag bound is recorded in the results.
 RUN_SWEEP = BenchArgs(
     concurrency="1,4",
-    repetitions=2,
-    duration="8s",
+    repetitions=3,
+    precision="5%",
+    max_repetitions=6,
+    duration="6s",
     warmup="3s",
     min_requests=4,
     input_len=512,
