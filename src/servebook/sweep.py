@@ -171,47 +171,24 @@ def run_bench(
     ``resumable``: the caller can continue the results file (``bench --resume``), and a
     failed load generator's message says so."""
     try:
-        return _run(
-            subject,
-            a,
-            out_dir,
-            resume=resume,
-            tokenizer=tokenizer,
-            alive=alive,
-            can_resume=resumable,
-        )
+        return _run(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
     except ClientError as e:
         raise LoadFailed(
             f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}"
             + ("; rerun with --resume." if resumable else ".")
         ) from None
-
-
-def _run(
-    subject: tgt.Subject,
-    a: BenchArgs,
-    out_dir: Path,
-    *,
-    resume: bool,
-    tokenizer: str | None,
-    alive: Callable[[], list[str]] | None,
-    can_resume: bool,
-) -> tuple[Results, Path]:
-    try:
-        return _sweep(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
     except _Stopped as e:
         n = len(e.writer.results.points)
         saved = (
             f"{n} finished point(s) are in {e.writer.path}"
             if n
-            else f"no point had finished ({e.writer.path} holds the run's settings only)"
+            else "no point had finished, so nothing was saved"
         )
-        go_on = (
-            "; rerun the same command with --resume to continue from there." if can_resume else "."
-        )
+        go_on = "; rerun the same command with --resume to continue from there."
         raise Interrupted(
-            f"stopped {e.label} (its partial measurements are discarded); {saved}{go_on}",
-            path=e.writer.path,
+            f"stopped {e.label} (its partial measurements are discarded); {saved}"
+            + (go_on if resumable and n else "."),
+            path=e.writer.path if n else None,
             points=n,
         ) from None
     except KeyboardInterrupt:
@@ -230,7 +207,7 @@ class _Stopped(Exception):
         self.label, self.writer = label, writer
 
 
-def _sweep(
+def _run(
     subject: tgt.Subject,
     a: BenchArgs,
     out_dir: Path,
