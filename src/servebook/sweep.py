@@ -39,6 +39,7 @@ from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, 
 from servebook.console import err, number
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
+from servebook.report.summary import describe_protocol
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import ResultsWriter
 
@@ -55,6 +56,18 @@ class LoadFailed(ServebookError):
     usable."""
 
     label = "bench could not run"
+
+
+class Interrupted(ServebookError):
+    """Ctrl-C during a sweep: what was stopped, what was saved, how to go on."""
+
+    exit_code = 130  # 128 + SIGINT, as a shell reports a command it interrupted
+    label = "interrupted"
+
+    def __init__(self, message: str, *, path: Path | None, points: int) -> None:
+        super().__init__(message)
+        self.path = path  # the results file, when one was written
+        self.points = points  # finished points in it
 
 
 @dataclasses.dataclass
@@ -86,7 +99,9 @@ class BenchArgs:
     max_repetitions: int | None = None
 
 
-def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSettings:
+def settings_from(
+    a: BenchArgs, min_handoff_share: float | None, handoff_undecidable: str | None = None
+) -> ProtocolSettings:
     if not 0 < a.min_achieved_concurrency <= 1:
         raise UsageError(
             f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
@@ -108,6 +123,7 @@ def settings_from(a: BenchArgs, min_handoff_share: float | None) -> ProtocolSett
         max_repetitions=a.max_repetitions,
         thresholds=Thresholds(
             min_handoff_share=min_handoff_share,
+            handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
@@ -161,6 +177,34 @@ def run_bench(
             f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}"
             + ("; rerun with --resume." if resumable else ".")
         ) from None
+    except _Stopped as e:
+        n = len(e.writer.results.points)
+        saved = (
+            f"{n} finished point(s) are in {e.writer.path}"
+            if n
+            else "no point had finished, so nothing was saved"
+        )
+        go_on = "; rerun the same command with --resume to continue from there."
+        raise Interrupted(
+            f"stopped {e.label} (its partial measurements are discarded); {saved}"
+            + (go_on if resumable and n else "."),
+            path=e.writer.path if n else None,
+            points=n,
+        ) from None
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "stopped before the sweep started (while asking the target and building "
+            "prompts): nothing was measured or written.",
+            path=None,
+            points=0,
+        ) from None
+
+
+class _Stopped(Exception):
+    """Ctrl-C inside the sweep, with where it was."""
+
+    def __init__(self, label: str, writer: ResultsWriter) -> None:
+        self.label, self.writer = label, writer
 
 
 def _run(
@@ -172,14 +216,28 @@ def _run(
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None,
 ) -> tuple[Results, Path]:
+    if a.dataset is None:
+        tgt.check_fits(
+            subject.max_model_len, a.input_len, a.output_len, subject.target.endpoint.model
+        )
     tok = tgt.tokenizer_for(subject, tokenizer)
-    share = None
+    handoff = None
     if subject.target.decode_role is not None:
-        share = tgt.pd_min_share(
+        handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    settings = settings_from(a, share)
+    settings = settings_from(
+        a, handoff.share if handoff else None, handoff.undecidable if handoff else None
+    )
     prompts = prompts_from(a, tok)
+    err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
+    if handoff is not None and handoff.undecidable:
+        err.print(
+            f"warning: --input-len {a.input_len}: {handoff.undecidable}, so every point "
+            "of this sweep is invalid (SB407); give a longer --input-len to judge it.",
+            highlight=False,
+            markup=False,
+        )
     slo = parse_slo(a.slo) if a.slo else None
     workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
@@ -222,12 +280,14 @@ def _run(
                     f"{pr.describe()}"
                 )
             bar.console.print(
-                f"{label}: {number(p.output_tokens_per_s)} tok/s, {p.requests_ok} ok, "
-                f"{p.errors} errors, {verdict}",
+                f"{label}: {number(p.output_tokens_per_s)} output tok/s over the window, "
+                f"{p.requests_ok} ok and {p.errors} failed of the requests it scheduled, "
+                f"{verdict}",
                 highlight=False,
                 markup=False,
             )
             bar.advance(task)
+            current["label"] = ""
             if alive is not None:
                 dead = alive()
                 if dead:
@@ -238,24 +298,51 @@ def _run(
                     )
 
         def on_progress(pr: LoadProgress) -> None:
-            phase = "window" if pr.window_start_ns is not None else "warm-up"
-            el = max(pr.elapsed_s, 1e-9)
-            bar.update(
-                task,
-                description=(
-                    f"{current['label']}: {phase}, {pr.completed_ok} ok, {pr.errors} err, "
-                    f"{pr.output_tokens / el:.0f} tok/s"
-                ),
-            )
+            bar.update(task, description=f"{current['label']}: {live_counters(pr, settings)}")
 
-        results = run_sweep(
-            subject.target,
-            settings,
-            prompts,
-            writer,
-            workers=workers,
-            slo_ms=slo,
-            on_point=on_point,
-            on_progress=on_progress,
-        )
+        try:
+            results = run_sweep(
+                subject.target,
+                settings,
+                prompts,
+                writer,
+                workers=workers,
+                slo_ms=slo,
+                on_point=on_point,
+                on_progress=on_progress,
+            )
+        except KeyboardInterrupt:
+            where = f"at {current['label']}" if current["label"] else "between two points"
+            raise _Stopped(where, writer) from None
     return results, writer.path
+
+
+def live_counters(pr: LoadProgress, settings: ProtocolSettings) -> str:
+    """What the bar says while a point runs, each count named for what it counts: in the
+    window, the requests scheduled in it that finished (the table's ``ok``); before it,
+    the warm-up's, which are discarded; tok/s is every output token since the load
+    started (warm-up included) over that time, not the window's figure."""
+    rate = f"{pr.output_tokens / max(pr.elapsed_s, 1e-9):.0f} output tok/s since the load started"
+    if pr.window_start_ns is None:
+        return f"warm-up {pr.elapsed_s:.0f} s (discarded), {pr.completed_ok} finished, {rate}"
+    return (
+        f"window {pr.window_elapsed_s:.0f}/{settings.duration_s:g} s, {pr.window_ok} ok and "
+        f"{pr.window_errors} failed of the requests it scheduled, {rate}"
+    )
+
+
+def plan_text(settings: ProtocolSettings, a: BenchArgs) -> str:
+    """The sweep as a person reads it before it starts: levels, repetitions, windows,
+    workload and the time it should take."""
+    low, high = settings.estimated_s()
+    took = f"about {_minutes(low)}" + (f" to {_minutes(high)}" if high > low else "")
+    workload = (
+        f"prompts from {a.dataset}"
+        if a.dataset is not None
+        else f"{a.input_len} prompt and {a.output_len} output tokens a request"
+    )
+    return f"{describe_protocol(settings.to_dict())}; {workload}; {took}"
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"

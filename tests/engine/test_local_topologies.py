@@ -154,7 +154,10 @@ def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> Non
     assert "router stopped" in r.stdout and "decode stopped" in r.stdout
     assert local.read_state("tiny-pd") is None
     res = load_results(out / RESULTS_NAME)
-    assert len(res.points) == 4 and all(p.valid for p in res.points)
+    # c=1 and c=4, each repeated 3 to 6 times under the main job's precision target
+    per_level = {c: sum(p.concurrency == c for p in res.points) for c in (1, 4)}
+    assert all(3 <= n <= 6 for n in per_level.values()), per_level
+    assert len(res.points) == sum(per_level.values()) and all(p.valid for p in res.points)
     assert all(p.server["handoff_share"] > 0 for p in res.points)
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
     assert f"report: {out / 'report.html'}" in r.stdout.replace("\n", "")

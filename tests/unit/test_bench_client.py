@@ -19,7 +19,7 @@ from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.openai_stream import Endpoint, request_body
 from servebook.bench.workload import DatasetPrompts, Prompt
-from tests.unit.served_app import served
+from tests.unit.served_app import served, served_models
 
 TTFT_MS, ITL_MS = 5.0, 2.0
 
@@ -91,6 +91,7 @@ def server() -> Iterator[tuple[str, Server]]:
     app = web.Application()
     app.router.add_post("/v1/completions", srv.handle)
     app.router.add_post("/v1/chat/completions", srv.handle)
+    app.router.add_get("/v1/models", served_models("tiny"))
     with served(app) as url:
         yield url, srv
 

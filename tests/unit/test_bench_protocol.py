@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from servebook.bench import protocol, validity
 from servebook.bench.control import Progress
@@ -19,10 +21,14 @@ from servebook.bench.protocol import (
     parse_warmup,
     point_order,
 )
+from servebook.bench.target import pd_min_share
 from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.errors import UsageError
 from servebook.findings import REGISTRY
 from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
+from tests.unit.served_app import served
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
 # --- parsing -----------------------------------------------------------------------------
 
@@ -384,3 +390,27 @@ def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
         c = REGISTRY[i]
         assert c.title and len(c.rationale) > 60 and len(c.fix) > 30
     assert validity.WINDOW_SHORT.id == "SB401"
+
+
+def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why() -> None:
+    """``bench --input-len 256`` on tiny-pd: decode's 128-token blocks make the threshold
+    0, so the point's 75% handoff share would pass whatever happened: it is not judged."""
+    page = (FIXTURES / "vllm-0.32.0-cpu-pd-spec-decode-before.prom").read_text()
+    app = web.Application()
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app.router.add_get("/metrics", metrics)
+    with served(app) as url:
+        short, long = pd_min_share(url, 256), pd_min_share(url, 512)
+    assert short.share == 0.0 and short.undecidable is not None
+    assert "needs >= 258 prompt tokens" in short.undecidable
+    assert long.share == 0.5 and long.undecidable is None
+    point = make_point(server={"missing": [], "handoff_share": 0.75})
+    t = Thresholds(min_handoff_share=short.share, handoff_undecidable=short.undecidable)
+    p = verdict_of(point, pd=True, thresholds=t)
+    assert not p.valid
+    (reason,) = p.invalid_reasons
+    assert reason.startswith("SB407: handoff not judged at this length: needs >= 258")
+    assert verdict_of(point, pd=True, thresholds=Thresholds(min_handoff_share=long.share)).valid

@@ -7,12 +7,22 @@ does).  Its ``/metrics`` page is vLLM's shape (prometheus_client, vLLM's names a
 buckets) and says what the engine did: a token every 20 ms.  The client reads the
 remaining tokens in one go, so its ITL p50 is ~0 while its TPOT (first to last token
 over the gaps) is still ~20 ms: the results and the report must say
-``coalesced_streaming``, not that the server streamed at 0 ms per token."""
+``coalesced_streaming``, not that the server streamed at 0 ms per token.
+
+The same server in its bursting mode holds the whole answer back and writes it in one
+burst once the engine made it (vLLM's CPU build under load, or a buffering proxy): the
+client's TPOT and ITL are then ~0 and its TTFT late, while the histograms still say a
+token every 20 ms.  Then the engine's figures lead: the point's TPOT/ITL, the report's
+headline and tables, the precision target and compare are the server's, marked as such,
+with the client's kept beside them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +34,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
 from servebook.bench.workload import DatasetPrompts, Prompt
+from servebook.report.compare import compare, rows_table
 from servebook.report.render import build_report, to_html, to_markdown
-from servebook.report.tables import load_runs
+from servebook.report.summary import summary
+from servebook.report.tables import LATENCY_KEYS, load_runs
 from servebook.results.schema import ModelInfo, Provenance
 from servebook.results.store import ResultsWriter, load_results
 from tests.unit.served_app import loose_thresholds, served
@@ -41,7 +53,8 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0)
 
 
 class CoalescingServer:
-    def __init__(self) -> None:
+    def __init__(self, burst: bool = False) -> None:
+        self.burst = burst  # hold every token back and send them in one write
         self.registry = CollectorRegistry()
         r = self.registry
         self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens", registry=r)
@@ -75,9 +88,11 @@ class CoalescingServer:
         await resp.prepare(request)
         await asyncio.sleep(TTFT_S)
         token = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
-        await resp.write(self.event(token))
+        if not self.burst:
+            await resp.write(self.event(token))
         await asyncio.sleep(STEP_S * (n - 1))  # the engine makes the other tokens...
-        rest = b"".join(self.event(token) for _ in range(n - 1))  # ...sent in one write
+        held = n if self.burst else n - 1
+        rest = b"".join(self.event(token) for _ in range(held))  # ...sent in one write
         usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
         await resp.write(rest + self.event(usage) + b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -96,13 +111,19 @@ class CoalescingServer:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
 
-@pytest.fixture()
-def coalescing() -> Iterator[str]:
-    srv = CoalescingServer()
+@contextlib.contextmanager
+def scripted(burst: bool) -> Iterator[str]:
+    srv = CoalescingServer(burst)
     app = web.Application()
     app.router.add_post("/v1/completions", srv.completions)
     app.router.add_get("/metrics", srv.metrics)
     with served(app) as url:
+        yield url
+
+
+@pytest.fixture()
+def coalescing() -> Iterator[str]:
+    with scripted(burst=False) as url:
         yield url
 
 
@@ -117,27 +138,35 @@ SETTINGS = ProtocolSettings(
 )
 
 
-def test_a_coalescing_server_is_reported_as_such_in_the_results_and_the_report(
-    coalescing: str, tmp_path: Path
-) -> None:
+def sweep(url: str, out: Path, settings: ProtocolSettings = SETTINGS) -> None:
     provenance = Provenance(
         servebook_version="test",
         model=ModelInfo(name="tiny"),
         seed=0,
-        protocol=SETTINGS.to_dict(),
+        protocol=settings.to_dict(),
         started_at="2026-01-01T00:00:00+00:00",
     )
     run_sweep(
-        Target(endpoint=Endpoint(coalescing, "tiny"), metrics_urls={"server": coalescing}),
-        SETTINGS,
+        Target(endpoint=Endpoint(url, "tiny"), metrics_urls={"server": url}),
+        settings,
         DatasetPrompts([Prompt("x", OUTPUT_LEN)], "memory", "0"),
-        ResultsWriter(tmp_path, provenance),
+        ResultsWriter(out, provenance),
     )
+
+
+def test_a_coalescing_server_is_reported_as_such_in_the_results_and_the_report(
+    coalescing: str, tmp_path: Path
+) -> None:
+    sweep(coalescing, tmp_path)
     (p,) = load_results(tmp_path / "results.json").points
     assert p.valid, p.invalid_reasons
     # the client's own view: tokens arrived together, yet first-to-last took 20 ms a gap
-    assert p.itl_ms.p50 is not None and p.itl_ms.p50 < 1.0
+    client_itl = p.client_latency["itl_ms"].p50
+    assert client_itl is not None and client_itl < 1.0
     assert p.tpot_ms.mean == pytest.approx(STEP_S * 1000, rel=0.25)
+    # so ITL's figure of record is the engine's, TPOT stays the client's
+    assert p.latency_source == {"itl_ms": "server:server"}
+    assert p.itl_ms.p50 is not None and 10.0 <= p.itl_ms.p50 <= 25.0
 
     assert p.server_latency is not None
     server = p.server_latency["server"]
@@ -162,3 +191,49 @@ def test_a_coalescing_server_is_reported_as_such_in_the_results_and_the_report(
     assert "coalesced_streaming" in to_markdown(report)
     pngs = {p.id: b"" for p in report.plots}
     assert "coalesced_streaming" in to_html(report, pngs)
+
+
+def test_a_bursting_server_is_measured_by_its_histograms_not_by_the_client(
+    tmp_path: Path,
+) -> None:
+    settings = dataclasses.replace(SETTINGS, repetitions=2)
+    with scripted(burst=True) as url:
+        sweep(url, tmp_path / "a", settings)
+        sweep(url, tmp_path / "b", settings)
+    points = load_results(tmp_path / "a" / "results.json").points
+    assert len(points) == 2
+    for p in points:
+        assert p.valid, p.invalid_reasons
+        d = p.latency_diagnosis
+        assert d is not None and d["cause"] == "burst_delivery"
+        # the client saw every token at once...
+        assert p.client_latency["tpot_ms"].mean is not None
+        assert p.client_latency["tpot_ms"].mean < 2.0
+        assert p.client_latency["itl_ms"].p50 is not None and p.client_latency["itl_ms"].p50 < 1
+        # ...its figures of record are the engine's: 20 ms a token, inside vLLM's bucket
+        assert p.latency_source == {"tpot_ms": "server:server", "itl_ms": "server:server"}
+        assert p.tpot_ms.mean == pytest.approx(STEP_S * 1000)
+        assert p.tpot_ms.p50 is not None and 10.0 <= p.tpot_ms.p50 <= 25.0
+        assert p.itl_ms.p50 is not None and 10.0 <= p.itl_ms.p50 <= 25.0
+        assert p.tpot_ms.n == p.requests_ok or p.tpot_ms.n >= p.requests_ok
+
+    runs = load_runs([tmp_path / "a", tmp_path / "b"])
+    report = build_report(runs[:1])
+    # the headline's TPOT is the server's (20 ms, inside vLLM's 10-25 ms bucket), said so
+    m = re.search(r"TPOT p50 ([0-9.]+) ms from the engine histograms", summary(runs[:1]))
+    assert m is not None and 10.0 <= float(m.group(1)) <= 25.0, summary(runs[:1])
+    latency = next(t for t in report.tables if t.id == "latency")
+    (row,) = latency.rows
+    tpot = row[2 + LATENCY_KEYS.index("tpot_ms.p50")]
+    assert "(server)" in tpot and not tpot.startswith("0")
+    assert "server" in latency.note
+    # the precision target judges the server's TPOT, not the client's ~0
+    (agg,) = load_results(tmp_path / "a" / "results.json").aggregates
+    assert 10.0 <= (agg.figures["tpot_ms.p50"].mean or 0) <= 25.0
+    # compare: ITL and TPOT are the server's on both sides, never "-100% better"
+    c = compare(runs[0], runs[1], force=True)
+    for row_ in c.rows:
+        if row_.metric in ("itl_ms.p50", "tpot_ms.p50"):
+            assert row_.ratio is not None and row_.ratio > 0.5
+    table = rows_table(c)
+    assert any("(server)" in r[1] for r in table.rows)

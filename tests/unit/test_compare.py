@@ -17,12 +17,14 @@ from typer.testing import CliRunner
 from servebook.cli import app
 from servebook.report import comparability as cb
 from servebook.report import compare as cmp
-from servebook.report.tables import load_runs
+from servebook.report.compare import compare, fmt_relative
+from servebook.report.plots import pareto_plot
+from servebook.report.tables import fmt_interval, levels, load_runs
 from servebook.results import stats
 from servebook.results.store import load_results
 from tests.conftest import CliResult
 from tests.unit import result_runs
-from tests.unit.result_runs import RERUN, A, B, invalid_level
+from tests.unit.result_runs import CPU, RERUN, A, B, invalid_level
 
 Cli = Callable[..., CliResult]
 
@@ -468,3 +470,33 @@ def test_reproduce_unusable_input_exits_2(cli: Cli, tmp_path: Path) -> None:
     none = cli("compare", str(A), str(d), "--reproduce")
     assert none.returncode == 2 and "no load level in common" in none.stderr
     assert "Traceback" not in none.stderr
+
+
+def _spread(doc: dict[str, Any], tok: tuple[float, float], ttft: tuple[float, float]) -> None:
+    """Two repetitions per concurrency level as far apart as the issue's main job saw
+    (193 ± 348 tok/s, TTFT 1,080 ± 4,352 ms): Student t with one degree of freedom."""
+    for p in doc["points"]:
+        if p["concurrency"] == 1:
+            p["output_tokens_per_s"] = tok[p["repetition"]]
+            p["ttft_ms"]["p50"] = ttft[p["repetition"]]
+
+
+def test_no_interval_reaches_past_what_its_metric_can_take(tmp_path: Path) -> None:
+    a = result_runs.variant(tmp_path, CPU, "a", lambda d: _spread(d, (166, 220), (740, 1420)))
+    b = result_runs.variant(tmp_path, CPU, "b", lambda d: _spread(d, (20, 300), (100, 160)))
+    ra, rb = load_runs([a, b])
+    (lv,) = [lv for lv in levels(rb) if lv.label == "c=1"]
+    tok = lv.figure("output_tokens_per_s")
+    assert tok.low == 0.0 and tok.high is not None and tok.high > 1000  # cut, not negative
+    assert fmt_interval(tok).startswith("160 (0 to ")  # both ends shown once cut
+    c = compare(ra, rb, force=True)
+    for row in c.rows:
+        ci = row.ratio_ci
+        assert ci is None or ci[0] >= 0.0, (row.level, row.metric, ci)  # never below -100%
+    ttft = next(r for r in c.rows if r.level == "c=1" and r.metric == "ttft_ms.p50")
+    assert ttft.test is not None and ttft.test.low < -1080  # what Welch alone would say
+    assert "-100.0%," in fmt_relative(ttft)
+    # the Pareto view's bands stay on the axes' possible side
+    (panel,) = pareto_plot([ra, rb]).panels
+    for s in panel.series:
+        assert all(v >= 0 for v in s.low + s.x_low if v == v)

@@ -202,3 +202,14 @@ def test_log_signature_of_decode_only_speculation() -> None:
     assert [f.evidence["signature"] for f in found] == ["asymmetric-speculation"]
     assert "speculative" in found[0].message and found[0].subject == "decode"
     assert C.check_logs("decode", "INFO all good\n") == []
+
+
+def test_a_prompt_too_short_for_whole_blocks_is_not_judged_and_says_how_long_it_must_be() -> None:
+    # decode's page says block_size 128: a 256-token prompt transfers one block, which is
+    # the slack, so the threshold would be 0 and could not fail
+    assert C.handoff_min_prompt_tokens(128) == 258
+    assert C.handoff_required_tokens([257], 128) == 0 < C.handoff_required_tokens([258], 128)
+    found = C.check_handoff("prefill", "decode", window("pd-spec", [256]))
+    decode = found[0]
+    assert decode.severity is Severity.ERROR and decode.failed
+    assert "handoff not judged at this length: needs >= 258 prompt tokens" in decode.message

@@ -75,6 +75,7 @@ from servebook.bench.control import (
     Progress,
     WindowEdge,
     WindowHook,
+    children_ignore_sigint,
     decide,
 )
 from servebook.bench.openai_stream import (
@@ -341,7 +342,7 @@ class _Worker:
                 await asyncio.wait_for(pool.warm(slots if slots is not None else cap or 16), 30)
             self.feed.start()
             c.add(self.worker, W_READY)
-            while not c.start_ns:
+            while not c.start_ns and not c.stopped:  # stopped first: Ctrl-C at the start
                 await asyncio.sleep(0.001)
             delay = (c.start_ns - now_ns()) / 1e9
             if delay > 0:
@@ -565,7 +566,8 @@ def _load_in_workers(
             name=f"servebook-bench-worker-{w}",
             daemon=True,
         )
-        p.start()
+        with children_ignore_sigint():
+            p.start()
         child_end.close()
         if prod is not None:
             prod.conn.close()  # the worker holds its own copy of the read end

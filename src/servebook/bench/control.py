@@ -13,10 +13,13 @@ array of counters and flags (``multiprocessing.RawArray``) through which the par
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -228,3 +231,20 @@ def decide(
     if on_progress is not None:
         on_progress(p)
     return opened, stop if not control.stopped else None
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside the block (load workers, prompt producers) start with
+    SIGINT ignored, and Python leaves an ignored SIGINT ignored: a Ctrl-C at the terminal
+    reaches the whole process group, and only the parent acts on it (it stops the load
+    through the shared flags, collects what the workers saw, and says what it saved).
+    Without this, a child still importing when Ctrl-C came printed its own traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

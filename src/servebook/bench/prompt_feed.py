@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from servebook.bench.control import ClientError, LoadSpec
+from servebook.bench.control import ClientError, LoadSpec, children_ignore_sigint
 from servebook.bench.workload import BuildsPrompts, Prompt, PromptSource
 
 #: Prompts per batch a producer writes; and how many a worker keeps ready before it stops
@@ -121,7 +121,8 @@ def start_producers(prompts: PromptSource, spec: LoadSpec) -> list[Producer | No
             name=f"servebook-bench-prompts-{w}",
             daemon=True,
         )
-        p.start()
+        with children_ignore_sigint():
+            p.start()
         write_end.close()
         out.append(Producer(p, read_end))
     return out

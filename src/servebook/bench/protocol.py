@@ -285,6 +285,18 @@ class ProtocolSettings:
         w = self.warmup_for(level).duration_s or 0.0
         return max(600.0, 10.0 * (w + self.duration_s))
 
+    def estimated_s(self, overhead_s: float = 3.0) -> tuple[float, float]:
+        """How long the sweep takes at least and, with a precision target, at most: each
+        point's warm-up duration and window, plus ``overhead_s`` a point (counters read at
+        both edges, the last requests drained).  A lower bound on a slow server: a window
+        also waits for its minimum of requests."""
+        per_level = [
+            (self.warmup_for(lv).duration_s or 0.0) + self.duration_s + overhead_s
+            for lv in self.levels()
+        ]
+        one_round = sum(per_level)
+        return one_round * self.min_repetitions, one_round * self.repetition_cap
+
     def to_dict(self) -> dict[str, Any]:
         """What results.json records under provenance.protocol."""
         d = asdict(self)

@@ -7,9 +7,11 @@ through ``servebook.redact`` before it is recorded: a results file is made to be
 so secret flags, variables and URL credentials are replaced and ``provenance.redacted``
 names what was (never the value).
 
-A protected server is asked once, before any load, whether it takes the key servebook has
-(``check_key``): a refusal is ``auth.ApiKeyError`` (exit 2), not a sweep of refused
-requests.
+The target is asked once, before any load, what it serves (``probe``, ``GET /v1/models``
+with the key): a refusal is ``auth.ApiKeyError`` (exit 2), not a sweep of refused
+requests; a ``--url`` where nothing answers, or where something that is not an
+OpenAI-compatible server answers, is unusable input (exit 2) with nothing written; and a
+prompt plus output longer than the served model's context is refused (``check_fits``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
 from servebook.results.schema import Provenance, RoleProvenance
-from servebook.verify.checks import block_size, handoff_required_tokens
+from servebook.verify.checks import block_size, handoff_not_judged, handoff_required_tokens
 
 
 @dataclass
@@ -43,9 +45,21 @@ class Subject:
     info: dict[str, Any]  # recipe, topology, deployment, url, api
     view: DeploymentView | None = None  # None: a server given by --url
     tokenize_url: str = ""  # an engine's base URL for /tokenize (not a router's)
+    max_model_len: int | None = None  # the served model's context (/v1/models), if known
 
 
-def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> float:
+@dataclass(frozen=True)
+class HandoffThreshold:
+    """What SB407 judges a PD point's handoff share against, for prompts of one length:
+    ``share`` (verify's threshold), or ``undecidable``, the reason it cannot be judged
+    at that length (the share would be 0, a check that cannot fail)."""
+
+    share: float
+    block: int
+    undecidable: str | None = None
+
+
+def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffThreshold:
     """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
     handoff share falls below it is invalid (the handoff failed open).  ``decode_url``:
     decode's /metrics base URL, or its replicas' (they share one block size)."""
@@ -56,20 +70,77 @@ def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> float:
         raise UsageError(
             f"cannot read decode's /metrics to size the handoff threshold: {e}"
         ) from None
-    return handoff_required_tokens([input_len], block) / input_len
+    required = handoff_required_tokens([input_len], block)
+    return HandoffThreshold(
+        required / input_len, block, None if required else handoff_not_judged(block)
+    )
 
 
-def check_key(endpoint: Endpoint, timeout_s: float = 10.0) -> None:
-    """One bounded ``GET /v1/models`` with the key: a 401/403 is ``auth.ApiKeyError``
-    (exit 2) before any load starts.  Anything else (a server without the endpoint, one
-    that does not answer) is left to the sweep, which reports it as it always has."""
-    url = endpoint.base_url.rstrip("/") + "/v1/models"
+def _first_line(body: str, limit: int = 160) -> str:
+    """A response body as one short line for a message: its first non-blank line, cut
+    (an HTML error page is never pasted whole)."""
+    line = next((ln.strip() for ln in body.splitlines() if ln.strip()), "(empty body)")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def probe(endpoint: Endpoint, timeout_s: float = 10.0, *, strict: bool = True) -> int | None:
+    """Ask the target once, before any load, what it serves (``GET /v1/models`` with the
+    key); returns the served model's context length (``max_model_len``, vLLM's field) when
+    the answer gives one.  A 401/403 is ``auth.ApiKeyError``.  ``strict`` (a server given
+    by ``--url``): nothing answering, an answer that is not an OpenAI model list, or a
+    list without ``endpoint.model`` is ``UsageError`` (exit 2) naming what answered;
+    else (a deployment servebook already checked is up) only the key and the length are
+    judged."""
+    base = endpoint.base_url.rstrip("/")
+    url = base + "/v1/models"
     try:
         resp = http.get(url, timeout=timeout_s, headers=auth.headers(endpoint.api_key))
-    except http.HTTPError:
-        return
+    except http.HTTPError as e:
+        if not strict:
+            return None
+        raise UsageError(
+            f"nothing answers at {redact.url(base)} ({e}). Start the server, or give the "
+            "--url it listens on; nothing was measured or written."
+        ) from None
     if auth.is_rejection(resp.status):
         raise auth.rejected(resp.status, url, endpoint.api_key)
+    try:
+        doc = resp.json() if resp.status == 200 else None
+    except ValueError:
+        doc = None
+    models = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(models, list):
+        if not strict:
+            return None
+        raise UsageError(
+            f"{redact.url(url)} answered {resp.status} "
+            f"{_first_line(redact.text(resp.text))!r}, not an OpenAI-compatible model list: "
+            "give --url the base URL of an OpenAI-compatible server (vLLM, SGLang, ...); "
+            "nothing was measured or written."
+        )
+    served = {str(m.get("id")): m for m in models if isinstance(m, dict)}
+    entry = served.get(endpoint.model)
+    if entry is None:
+        if not strict:
+            return None
+        raise UsageError(
+            f"--model {endpoint.model!r} is not served at {redact.url(base)} (it serves: "
+            f"{', '.join(sorted(served)) or 'no model'}): give --model one of those."
+        )
+    n = entry.get("max_model_len")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def check_fits(context: int | None, input_len: int, output_len: int, model: str) -> None:
+    """A prompt plus its output longer than the served model's context would fail every
+    request: ``UsageError`` (exit 2) before any load."""
+    if context is not None and input_len + output_len > context:
+        raise UsageError(
+            f"--input-len {input_len} + --output-len {output_len} = "
+            f"{input_len + output_len} tokens, more than the served model {model!r} takes "
+            f"(max_model_len {context}, from /v1/models): lower them to at most {context} "
+            "together; nothing was measured or written."
+        )
 
 
 def from_deployment(
@@ -101,9 +172,10 @@ def from_deployment(
         for r in view.roles
     ]
     decode = "decode" if plan.topology == "pd" else None
-    check_key(
+    context = probe(
         Endpoint(view.entry_url, view.served_model_name, api_key=api_key),
         min(10.0, request_timeout_s),
+        strict=False,
     )
     target = Target(
         endpoint=Endpoint(
@@ -134,6 +206,7 @@ def from_deployment(
         },
         view=view,
         tokenize_url=engines[0].api_url,
+        max_model_len=context,
     )
 
 
@@ -151,7 +224,7 @@ def from_url(
             f"--url {redact.url(url)!r}: give a base URL such as http://127.0.0.1:8000"
         )
     base = url.rstrip("/").removesuffix("/v1")
-    check_key(Endpoint(base, model, api_key=api_key), min(10.0, request_timeout_s))
+    context = probe(Endpoint(base, model, api_key=api_key), min(10.0, request_timeout_s))
     version = fetch_engine_version(base)
     # Any OpenAI-compatible server: its counters are evidence when they are an engine's
     # servebook reads (vLLM's, SGLang's); otherwise points stand on the client's figures
@@ -180,6 +253,7 @@ def from_url(
         engine_version=version,
         info={"url": base, "api": api, "topology": "external", "engine": engine},
         tokenize_url=base,
+        max_model_len=context,
     )
 
 
@@ -229,11 +303,13 @@ def _has_tokenizer(d: str) -> bool:
 
 
 __all__ = [
+    "HandoffThreshold",
     "Subject",
-    "check_key",
+    "check_fits",
     "from_deployment",
     "from_url",
     "pd_min_share",
+    "probe",
     "provenance",
     "redacted",
     "tokenizer_for",

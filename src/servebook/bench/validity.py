@@ -31,6 +31,9 @@ class Thresholds:
     min_achieved_concurrency: float = 0.98
     require_server_evidence: bool = True
     min_handoff_share: float | None = None  # PD deployments: the verify threshold
+    # PD deployments whose prompts are too short for the threshold to be above 0: why the
+    # handoff cannot be judged at this length (SB407 fails, saying so).
+    handoff_undecidable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,10 @@ def handoff_share_high(case: Case) -> Verdict | None:
     if not case.pd or threshold is None:
         return None
     share = (case.point.server or {}).get("handoff_share")
+    why = case.thresholds.handoff_undecidable
+    if why is not None:
+        seen = "" if share is None else f"; {100 * share:.1f}% arrived by KV transfer"
+        return Verdict(True, why + seen, dict(share=share, threshold=threshold))
     return Verdict(
         share is None or share < threshold,
         "PD handoff share unknown (decode's transfer counters were not read)"

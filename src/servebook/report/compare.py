@@ -29,6 +29,8 @@ from servebook.report.tables import (
     COMPARED,
     METRICS,
     NA,
+    SERVER_MARK,
+    SERVER_NOTE,
     Column,
     Level,
     Run,
@@ -90,6 +92,20 @@ class Row:
     # Whether A's and B's level is imprecise (its precision target not reached): a verdict
     # on it rests on an interval wider than that run asked for.
     imprecise: tuple[bool, bool] = (False, False)
+    source: str | None = None  # "server": a side's figure is the engine's (Level.source)
+
+    @property
+    def difference_ci(self) -> tuple[float, float] | None:
+        """Welch's interval of B - A, cut to what the metric allows: B is not negative, so
+        B - A is not below -A (a change below -100%); a share is at most 1."""
+        if self.test is None:
+            return None
+        low, high = self.test.low, self.test.high
+        if self.a.mean is not None:
+            low = max(low, -self.a.mean)
+            if METRICS[self.metric].percent:
+                high = min(high, 1.0 - self.a.mean)
+        return (low, high)
 
     @property
     def imprecise_note(self) -> str:
@@ -107,9 +123,10 @@ class Row:
     def ratio_ci(self) -> tuple[float, float] | None:
         """Welch's interval of B - A over A's mean, plus one: excludes 1 exactly when the
         verdict is better or worse."""
-        if self.test is None or self.a.mean is None or not self.a.mean > 0:
+        d = self.difference_ci
+        if d is None or self.a.mean is None or not self.a.mean > 0:
             return None
-        return (1 + self.test.low / self.a.mean, 1 + self.test.high / self.a.mean)
+        return (1 + d[0] / self.a.mean, 1 + d[1] / self.a.mean)
 
     def to_dict(self) -> dict[str, Any]:
         def side(iv: stats.Interval) -> dict[str, Any]:
@@ -126,7 +143,8 @@ class Row:
             "ratio": self.ratio,
             "ratio_ci95": list(self.ratio_ci) if self.ratio_ci else None,
             "difference": t.diff if t else None,
-            "difference_ci95": [t.low, t.high] if t else None,
+            "difference_ci95": list(self.difference_ci) if self.difference_ci else None,
+            "source": self.source or "client",
             "welch_t": t.t if t else None,
             "welch_df": t.df if t else None,
             "p": t.p if t else None,
@@ -154,11 +172,12 @@ def compare_level(la: Level, lb: Level, metric: str) -> Row | None:
     return Row(
         la.label,
         metric,
-        stats.mean_ci(va),
-        stats.mean_ci(vb),
+        la.figure(metric),
+        lb.figure(metric),
         w,
         verdict,
         (la.imprecise, lb.imprecise),
+        la.source(metric) or lb.source(metric),
     )
 
 
@@ -220,8 +239,8 @@ def fmt_relative(row: Row) -> str:
         if row.a.mean is None or row.b.mean is None:
             return NA
         d = 100 * (row.b.mean - row.a.mean)
-        t = row.test
-        band = f" [{100 * t.low:+.2f}, {100 * t.high:+.2f}]" if t else ""
+        t = row.difference_ci
+        band = f" [{100 * t[0]:+.2f}, {100 * t[1]:+.2f}]" if t else ""
         return f"{d:+.2f} pp{band}"
     r = row.ratio
     if r is None:
@@ -247,7 +266,7 @@ def rows_table(c: Comparison) -> Table:
         [
             [
                 r.level,
-                METRICS[r.metric].label,
+                METRICS[r.metric].label + (SERVER_MARK if r.source else ""),
                 fmt_interval(r.a, percent=METRICS[r.metric].percent),
                 fmt_interval(r.b, percent=METRICS[r.metric].percent),
                 fmt_relative(r),
@@ -257,6 +276,7 @@ def rows_table(c: Comparison) -> Table:
             for r in c.rows
         ],
         note=TEST
+        + (SERVER_NOTE if any(r.source for r in c.rows) else "")
         + (
             " 'imprecise': that run's level stopped at its repetition cap with an interval "
             "wider than its precision target."

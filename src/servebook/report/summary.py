@@ -189,7 +189,8 @@ def best_point(run: Run) -> str | None:
     for key, title in (("tpot_ms.p50", "TPOT p50"), ("ttft_ms.p50", "TTFT p50")):
         m = lv.figure(key).mean
         if m is not None:
-            lat.append(f"{title} {fmt_num(m)} ms")
+            src = " from the engine histograms" if lv.source(key) else ""
+            lat.append(f"{title} {fmt_num(m)} ms{src}")
     tail = f" ({', '.join(lat)})" if lat else ""
     return f"best valid point {lv.label}: {tok} output tok/s{tail}"
 

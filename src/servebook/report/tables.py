@@ -303,7 +303,18 @@ class Level:
         return [v for v in out if v is not None and math.isfinite(v)]
 
     def figure(self, metric: str | Callable[[Point, Run], float | None]) -> stats.Interval:
-        return stats.mean_ci(self.values(metric))
+        """Mean and 95% interval over the valid repetitions, cut to what the metric can take
+        (every figure here is non-negative; a share is at most 1)."""
+        percent = isinstance(metric, str) and METRICS[metric].percent
+        return stats.mean_ci(self.values(metric)).within(0.0, 1.0 if percent else None)
+
+    def source(self, metric: str) -> str | None:
+        """``"server"`` when a valid repetition's figure for ``metric`` (TPOT, ITL) is the
+        engine's histogram, because the client's per-token timing was wrong there
+        (``Point.latency_source``); ``None``: the client's."""
+        name = metric.split(".")[0]
+        served = any(p.latency_source.get(name, "").startswith("server") for p in self.valid)
+        return "server" if served else None
 
     @property
     def precision(self) -> LevelPrecision | None:
@@ -360,20 +371,33 @@ def fmt_pct(x: float | None, digits: int = 1) -> str:
 def fmt_interval(iv: stats.Interval, *, percent: bool = False) -> str:
     """``mean ± half-width`` of the 95% interval, the half-width to two significant
     digits and the mean to the same decimal place; ``(n=1, no CI)`` with one repetition,
-    ``n/a`` with none: never a zero-width interval."""
+    ``n/a`` with none: never a zero-width interval.  An interval cut at a bound its metric
+    cannot pass (``Interval.within``) shows both ends: ``193 (0 to 541)``."""
     if iv.mean is None:
         return NA
-    if iv.half_width is None:
+    if iv.low is None or iv.high is None:
         return f"{fmt_pct(iv.mean) if percent else fmt_num(iv.mean)} (n={iv.n}, no CI)"
     scale, unit = (100.0, "%") if percent else (1.0, "")
-    m, h = iv.mean * scale, iv.half_width * scale
+    m, lo, hi = iv.mean * scale, iv.low * scale, iv.high * scale
+    h = max(hi - m, m - lo)
     if h <= 0 or not math.isfinite(h):
         return f"{fmt_pct(iv.mean) if percent else fmt_num(iv.mean)} ± 0"
     cap = 2 if percent else 6
     decimals = min(cap, max(0, 1 - math.floor(math.log10(h))))
     if round(h, decimals) == 0:
         return f"{m:,.{decimals}f}{unit} ± <{10**-decimals:g}{unit}"
+    if abs((hi - m) - (m - lo)) > 1e-9 * h:
+        return f"{m:,.{decimals}f}{unit} ({lo:,.{decimals}f} to {hi:,.{decimals}f}{unit})"
     return f"{m:,.{decimals}f}{unit} ± {h:,.{decimals}f}{unit}"
+
+
+SERVER_MARK = " (server)"
+SERVER_NOTE = (
+    " '(server)': the client's per-token timing was wrong at that level (its latency "
+    "diagnosis: tokens arrived in bursts, or the client was saturated), so the figure is "
+    "the engine's own histogram over the window (mean exact, percentiles estimated inside "
+    "vLLM's buckets); the client's figures are in the server-latency table and the results."
+)
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -520,6 +544,10 @@ LATENCY_KEYS = (
 
 
 def latency_table(runs: Sequence[Run]) -> Table:
+    def cell(lv: Level, k: str) -> str:
+        return fmt_interval(lv.figure(k)) + (SERVER_MARK if lv.source(k) else "")
+
+    served = any(lv.source(k) for r in runs for lv in levels(r) for k in LATENCY_KEYS)
     return Table(
         "latency",
         "Latency (ms)",
@@ -528,9 +556,10 @@ def latency_table(runs: Sequence[Run]) -> Table:
             Column("Load"),
             *(Column(f"{METRICS[k].title} (ms)", True) for k in LATENCY_KEYS),
         ],
-        _level_rows(runs, lambda lv: [fmt_interval(lv.figure(k)) for k in LATENCY_KEYS]),
+        _level_rows(runs, lambda lv: [cell(lv, k) for k in LATENCY_KEYS]),
         note="Each repetition's percentile over the requests scheduled and finished inside "
-        "its window; mean ± 95% CI half-width of those per-repetition values.",
+        "its window; mean ± 95% CI half-width of those per-repetition values."
+        + (SERVER_NOTE if served else ""),
     )
 
 

@@ -24,7 +24,7 @@ from servebook.metrics.histogram import (
     latency_windows,
 )
 from servebook.metrics.scrape import Snapshot, delta
-from servebook.results.schema import Point
+from servebook.results.schema import Latency, Point
 
 # --- server evidence -----------------------------------------------------------------------
 
@@ -170,26 +170,36 @@ def server_latency_windows(
     return out
 
 
+def latency_role(
+    windows: Mapping[str, Mapping[str, HistogramWindow]], decode_role: str | None
+) -> tuple[str | None, list[str]]:
+    """The role whose histograms time the tokens the client read: PD's decode role; else
+    the only role whose TPOT or ITL histogram saw the window.  Second: the roles that saw
+    it, when several did (each saw only its share of the requests)."""
+    if decode_role is not None:
+        return decode_role, []
+    seen = [r for r, w in windows.items() if w["tpot"].usable or w["itl"].usable]
+    if len(seen) > 1:
+        return None, seen
+    return (seen[0] if seen else None), []
+
+
 def diagnose_point(
     point: Point, windows: Mapping[str, Mapping[str, HistogramWindow]], decode_role: str | None
 ) -> LatencyDiagnosis:
-    """The client's TPOT (mean) and ITL (p50) against the server's.  The server's figures
-    come from the role that produced the tokens: PD's decode role; else the only role
-    whose TPOT histogram saw the window (several engine roles behind one entry point each
-    saw only their share: compare them per role in ``server_latency``)."""
-    role = decode_role
-    if role is None:
-        seen = [r for r, w in windows.items() if w["tpot"].usable or w["itl"].usable]
-        if len(seen) > 1:
-            return LatencyDiagnosis(
-                None,
-                None,
-                f"several engine roles ({', '.join(seen)}) served the window: each role's "
-                "own latency is in server_latency",
-                client_tpot_ms=point.tpot_ms.mean,
-                client_itl_ms=point.itl_ms.p50,
-            )
-        role = seen[0] if seen else None
+    """The client's TPOT (mean) and ITL (p50) against the server's, from the role that
+    produced the tokens (:func:`latency_role`; several engine roles behind one entry point
+    each saw only their share: compare them per role in ``server_latency``)."""
+    role, several = latency_role(windows, decode_role)
+    if several:
+        return LatencyDiagnosis(
+            None,
+            None,
+            f"several engine roles ({', '.join(several)}) served the window: each role's "
+            "own latency is in server_latency",
+            client_tpot_ms=point.tpot_ms.mean,
+            client_itl_ms=point.itl_ms.p50,
+        )
     w = windows.get(role) if role is not None else None
     return diagnose_client_latency(
         client_tpot_ms=point.tpot_ms.mean,
@@ -201,6 +211,66 @@ def diagnose_point(
     )
 
 
+#: The diagnoses that say the client's per-token timing is wrong, and the figures the
+#: engine's histograms then give instead (``metrics.histogram.CAUSES``): bursts make the
+#: client's TPOT and ITL too low, a saturated client makes them its own; coalesced chunks
+#: leave TPOT right but ITL measures gaps between chunks.
+SERVER_LEADS: dict[str, tuple[str, ...]] = {
+    "burst_delivery": ("tpot_ms", "itl_ms"),
+    "saturated_client": ("tpot_ms", "itl_ms"),
+    "coalesced_streaming": ("itl_ms",),
+}
+_HISTOGRAM_OF = {"tpot_ms": "tpot", "itl_ms": "itl"}
+
+
+def server_figure(w: HistogramWindow) -> Latency | None:
+    """A histogram over a window as a point's latency figure (ms): the exact mean, the
+    percentiles estimated inside their buckets (``None`` above the last finite bound: the
+    histogram cannot place them); ``None`` when it saw nothing."""
+    if not w.usable or w.count <= 0:
+        return None
+
+    def q(x: float) -> float | None:
+        e = w.p(x)
+        return None if e is None or e.above_range else e.value * 1000
+
+    return Latency(
+        p50=q(0.5),
+        p90=q(0.9),
+        p99=q(0.99),
+        mean=w.mean * 1000 if w.mean is not None else None,
+        n=int(w.count),
+    )
+
+
+def server_led(
+    point: Point,
+    windows: Mapping[str, Mapping[str, HistogramWindow]],
+    role: str | None,
+    cause: str | None,
+) -> dict[str, Any]:
+    """The update that makes the engine's histograms a point's TPOT/ITL where the
+    diagnosis says the client's are wrong: the figures, their source, and the client's
+    own kept beside them; empty when the client's stand."""
+    figures = SERVER_LEADS.get(cause or "", ())
+    w = windows.get(role) if role is not None else None
+    if not figures or w is None:
+        return {}
+    update: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    client: dict[str, Latency] = {}
+    for name in figures:
+        fig = server_figure(w[_HISTOGRAM_OF[name]])
+        if fig is None:
+            continue
+        update[name] = fig
+        source[name] = f"server:{role}"
+        client[name] = getattr(point, name)
+    if not update:
+        return {}
+    return {**update, "latency_source": source, "client_latency": client}
+
+
 def with_server_latency(
     point: Point,
     before: Mapping[str, Snapshot | str],
@@ -209,15 +279,19 @@ def with_server_latency(
     decode_role: str | None = None,
 ) -> Point:
     """The point with ``server_latency`` (per role, ms) and ``latency_diagnosis``, from
-    the scrapes its server evidence was read from."""
+    the scrapes its server evidence was read from; where the diagnosis says the client's
+    per-token timing is wrong, its TPOT/ITL are the engine's (:data:`SERVER_LEADS`)."""
     windows = server_latency_windows(before, after)
     if not windows:
         return point
+    diagnosis = diagnose_point(point, windows, decode_role)
+    role, _ = latency_role(windows, decode_role)
     return point.model_copy(
         update={
             "server_latency": {
-                role: {k: w.to_dict(1000) for k, w in ws.items()} for role, ws in windows.items()
+                r: {k: w.to_dict(1000) for k, w in ws.items()} for r, ws in windows.items()
             },
-            "latency_diagnosis": diagnose_point(point, windows, decode_role).to_dict(),
+            "latency_diagnosis": diagnosis.to_dict(),
+            **server_led(point, windows, role, diagnosis.cause),
         }
     )

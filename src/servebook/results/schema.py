@@ -202,6 +202,12 @@ class Point(BaseModel):
     server_latency: dict[str, dict[str, Any]] | None = None
     # The client's per-token latency against the server's (``LatencyDiagnosis.to_dict``).
     latency_diagnosis: dict[str, Any] | None = None
+    # Where a diagnosis says the client's per-token timing is wrong (burst_delivery...),
+    # ``tpot_ms``/``itl_ms`` are the engine's histograms and this names their source
+    # (``{"tpot_ms": "server:decode"}``); the client's own figures are kept in
+    # ``client_latency``.  Empty: every figure is the client's (``results.evidence``).
+    latency_source: dict[str, str] = Field(default_factory=dict)
+    client_latency: dict[str, Latency] = Field(default_factory=dict)
     # The level's precision verdict (a precision target only; the same on every point of
     # the level): ``imprecise`` once the level stopped at the cap above the target.
     imprecise: bool = False

@@ -181,6 +181,19 @@ class Interval:
             return None
         return self.high - self.mean
 
+    def within(self, lowest: float | None = 0.0, highest: float | None = None) -> Interval:
+        """The interval cut to what its metric can take (a latency or a throughput is not
+        negative, a share not above 1): the t interval is symmetric by construction and
+        reaches past the bounds with few, spread repetitions; what lies past them is not a
+        possible value.  The half-width of a cut interval is no longer its extent below the
+        mean (``fmt_interval`` shows both ends then)."""
+        lo, hi = self.low, self.high
+        if lo is not None and lowest is not None:
+            lo = max(lo, lowest)
+        if hi is not None and highest is not None:
+            hi = min(hi, highest)
+        return Interval(self.mean, lo, hi, self.n, self.level)
+
 
 def mean_ci(values: Iterable[float | None], level: float = 0.95) -> Interval:
     """Mean of per-repetition values with a two-sided t interval.

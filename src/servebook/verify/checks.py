@@ -68,6 +68,19 @@ def handoff_required_tokens(prompt_tokens: Sequence[int], block: int) -> int:
     return max(0, expected - SLACK_BLOCKS_PER_REQUEST * block * len(prompt_tokens))
 
 
+def handoff_min_prompt_tokens(block: int) -> int:
+    """The shortest prompt whose handoff :func:`handoff_required_tokens` can judge (more
+    than the slack in whole blocks): below it the threshold is 0 and cannot fail."""
+    return next(n for n in range(2, 64 * max(block, 1) + 4) if handoff_required_tokens([n], block))
+
+
+def handoff_not_judged(block: int) -> str:
+    return (
+        f"handoff not judged at this length: needs >= {handoff_min_prompt_tokens(block)} "
+        f"prompt tokens (the connector moves whole {block}-token blocks, less one of slack)"
+    )
+
+
 def _fmt_share(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -166,8 +179,8 @@ def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
             HANDOFF.finding(
                 Severity.ERROR,
                 decode,
-                f"{decode}: verify's prompts were too short to span a {block}-token block, "
-                "so the handoff cannot be judged.",
+                f"{decode}: {handoff_not_judged(block)}; verify's prompts had "
+                f"{', '.join(str(n) for n in w.prompt_tokens)}.",
                 evidence=evidence,
             )
         )
