@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from importlib import resources
 from typing import Any
 
@@ -73,6 +72,7 @@ from servebook.kube.names import (
     ROUTER_METRICS_PORT,
     ROUTER_PORT,
     api_selector_for,
+    check_names,
     generator_configmap_name,
     lws_name,
     object_name,
@@ -86,7 +86,6 @@ from servebook.recipe.schema import Kubernetes
 # Namespaces every cluster has: emitting a Namespace object for them would only relabel
 # them (and `kubectl delete -f` would try to delete them).
 BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The router's own identity when it discovers engine Pods (roles with replicas > 1).
 ROUTER_DISCOVERY_VERBS = ["get", "list", "watch"]
 
@@ -367,17 +366,6 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
     generates = any(r.pod_models for r in plan.roles)
-    names = [name, *(object_name(plan, role.name, name) for role in plan.roles)]
-    names += [lws_name(name, r.name) for r in plan.roles if r.spans_nodes]
-    if generates:
-        names.append(generator_configmap_name(name))
-    for obj_name in names:
-        if not _DNS_LABEL.match(obj_name):
-            raise UsageError(
-                f"{whose} makes the object name {obj_name!r}, which is not a valid "
-                "Kubernetes name (at most 63 lowercase letters, digits and '-', starting and "
-                f"ending with a letter or digit). {fix}"
-            )
     objects: list[Obj] = []
     if k8s.namespace not in BUILTIN_NAMESPACES:
         objects.append(
@@ -406,6 +394,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
                 objects += _router_access(plan, role, k8s.namespace, name)
             dep, ports = _router_deployment(plan, role, k8s, name)
         objects += [dep, _service(plan, role, k8s.namespace, ports, name)]
+    check_names(objects, name, whose, fix)
     return objects
 
 
