@@ -22,6 +22,7 @@ WIDE_EP = [
     "decode_nodes=gpu-c,gpu-d",
     "fabric=ib-shared",
 ]
+CATALOG = Path(__file__).resolve().parents[2] / "src" / "servebook" / "recipe" / "catalog"
 TINY = ["image=vllm/vllm-openai-cpu:v0.32.0-x86_64"]
 
 
@@ -89,3 +90,102 @@ def test_the_revision_label_limit_counts_every_group_of_a_leaderworkerset() -> N
 )
 def test_name_rules_are_the_api_servers(text: str, rule: str, bad: bool) -> None:
     assert bool(name_errors(text, rule)) is bad
+
+
+def test_quantities_the_api_server_refuses_exit_2_naming_each_parameter(
+    cli: Cli, tmp_path: Path
+) -> None:
+    out = tmp_path / "deploy"
+    r = cli("render", "tiny-mixed", *_sets([*TINY, "memory=lots", "cpu=-3"]), "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert "parameter 'memory'" in r.stderr and "'lots'" in r.stderr
+    assert "parameter 'cpu'" in r.stderr and "'-3'" in r.stderr
+    assert "Kubernetes quantity" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["1500m", "2", "0.5", "16Gi", "512M", "1e3", "+4", ".5"])
+def test_quantities_the_api_server_parses_render(value: str) -> None:
+    _, objects, _ = render_files("tiny-mixed", [*TINY, f"cpu={value}"])
+    (dep,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == (
+        value
+    )
+
+
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [
+        ("vllm/vllm-openai:latest", "tag `latest`"),
+        ("vllm/vllm-openai", "no version tag or digest"),
+        ("localhost:5000/vllm", "no version tag or digest"),
+    ],
+)
+def test_an_unpinned_image_is_refused_unless_meant(
+    cli: Cli, tmp_path: Path, image: str, why: str
+) -> None:
+    out = tmp_path / "deploy"
+    r = cli("render", "tiny-mixed", "--set", f"image={image}", "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert why in r.stderr and "allow_unpinned_image=true" in r.stderr
+    assert not out.exists()
+    render_files("tiny-mixed", [f"image={image}", "allow_unpinned_image=true"])
+
+
+@pytest.mark.parametrize("image", ["localhost:5000/vllm:v1", "vllm/vllm-openai@sha256:" + "a" * 64])
+def test_a_tag_or_digest_pins(image: str) -> None:
+    render_files("tiny-mixed", [f"image={image}"])
+
+
+def _containers(objects: list[dict]) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+    out = []
+    for o in objects:
+        spec = o.get("spec") or {}
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        for t in (spec.get("template"), lwt.get("leaderTemplate"), lwt.get("workerTemplate")):
+            pod = (t or {}).get("spec") or {}
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                out.append((f"{o['kind']}/{o['metadata']['name']}/{c['name']}", c))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("recipe", "sets"),
+    [
+        ("tiny-pd", [*TINY, "router_image=vllm/vllm-router:v0.1.17", "node=n1"]),
+        ("vllm-pd-wide-ep", WIDE_EP),
+    ],
+)
+def test_every_container_requests_cpu_and_memory(recipe: str, sets: list[str]) -> None:
+    """Router and init containers too: a container without requests makes its Pod
+    BestEffort (or, beside others, leaves its share unreserved)."""
+    _, objects, _ = render_files(recipe, sets)
+    containers = _containers(objects)
+    assert any("router" in who for who, _ in containers)
+    for who, c in containers:
+        requests = (c.get("resources") or {}).get("requests") or {}
+        assert requests.get("cpu") and requests.get("memory"), who
+
+
+def test_deployments_allow_progress_beyond_their_startup_budget() -> None:
+    """Kubernetes' default progressDeadlineSeconds (600) would call a healthy long load
+    failed; each Deployment's is above its Pods' start-up budget."""
+    sets = [*TINY, "router_image=vllm/vllm-router:v0.1.17", "node=n1"]
+    plan, objects, _ = render_files("tiny-pd", sets)
+    budget = plan.kubernetes.startup_timeout_s if plan.kubernetes else 0
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    assert len(deployments) == 3
+    for dep in deployments:
+        pod = dep["spec"]["template"]["spec"]
+        probe = pod["containers"][0]["startupProbe"]
+        startup = probe["periodSeconds"] * probe["failureThreshold"]
+        assert startup >= budget
+        assert dep["spec"]["progressDeadlineSeconds"] > startup, dep["metadata"]["name"]
+
+
+def test_a_role_without_cpu_or_memory_requests_is_refused(tmp_path: Path) -> None:
+    text = (CATALOG / "tiny-mixed.yaml").read_text(encoding="utf-8")
+    recipe = tmp_path / "no-memory.yaml"
+    recipe.write_text(text.replace("      memory: ${memory}\n", ""), encoding="utf-8")
+    with pytest.raises(UsageError, match=r"role mixed requests no memory.*BestEffort"):
+        render_files(str(recipe), TINY)

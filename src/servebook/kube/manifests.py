@@ -52,6 +52,8 @@ from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.kube.engine_pod import (
     PROBE_PERIOD_S,
+    PROGRESS_MARGIN_S,
+    ROUTER_REQUESTS,
     api_key_env,
     engine_pod,
     http_probe,
@@ -90,6 +92,37 @@ BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-n
 ROUTER_DISCOVERY_VERBS = ["get", "list", "watch"]
 
 Obj = dict[str, Any]
+
+
+def unpinned(image: str) -> str | None:
+    """Why an image reference does not pin one image (None: it does): no digest and no
+    tag, or the tag ``latest``.  A tag is what follows the last ':' of the last path
+    component (a registry's ``host:port/`` is not one)."""
+    if "@" in image:
+        return None
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return "it has no version tag or digest"
+    if last.rsplit(":", 1)[1] == "latest":
+        return "its tag `latest` moves"
+    return None
+
+
+def _check_pinned(plan: Plan, k8s: Kubernetes) -> None:
+    if k8s.allow_unpinned_image:
+        return
+    for role in plan.roles:
+        why = unpinned(role.image or "@")
+        if why:
+            key = "router.image" if role.kind == "router" else "image"
+            raise UsageError(
+                f"recipe {plan.recipe}: role {role.name}'s image {role.image!r} is not "
+                f"pinned: {why}, so two runs of this deployment may run different engines "
+                f"and results cannot say which ran; nothing was written. Set {key} to a "
+                "version tag (vllm/vllm-openai:v0.11.0) or a digest (IMAGE@sha256:...), or "
+                "--set allow_unpinned_image=true (kubernetes.allow_unpinned_image) if a "
+                "moving image is meant."
+            )
 
 
 def discovers(plan: Plan) -> bool:
@@ -146,7 +179,9 @@ def _engine_deployment(
     plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, generator_hash: str | None
 ) -> Obj:
     pod, annotations, _ = engine_pod(plan, role, k8s, name, generator_hash, None)
-    return _deployment(plan, role, k8s.namespace, pod, name, annotations)
+    dep = _deployment(plan, role, k8s.namespace, pod, name, annotations)
+    dep["spec"]["progressDeadlineSeconds"] = k8s.startup_timeout_s + PROGRESS_MARGIN_S
+    return dep
 
 
 def _engine_lws(
@@ -289,6 +324,7 @@ def _router_deployment(
     # The router waits for both engines before it serves; its budget is theirs plus a
     # minute, and it is ready once it has a healthy prefill and decode engine.
     container: Obj = {"name": "router", "image": role.image, "command": argv[:1], "args": argv[1:]}
+    container["resources"] = {"requests": dict(ROUTER_REQUESTS)}
     # vllm-router checks no client's key; it sends its own OPENAI_API_KEY to the engines.
     router_env = api_key_env("OPENAI_API_KEY", k8s)
     if router_env:
@@ -313,7 +349,10 @@ def _router_deployment(
         pod["serviceAccountName"] = router_account_name(name)
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
-    return _deployment(plan, role, k8s.namespace, pod, name), ports
+    dep = _deployment(plan, role, k8s.namespace, pod, name)
+    # Its startup probe's budget (the engines' plus a minute), and the pull before it.
+    dep["spec"]["progressDeadlineSeconds"] = k8s.startup_timeout_s + 60 + PROGRESS_MARGIN_S
+    return dep, ports
 
 
 def _router_access(plan: Plan, role: RolePlan, namespace: str, name: str) -> list[Obj]:
@@ -365,6 +404,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
     whose = f"recipe name {name!r}" if name == plan.recipe else f"deployment name {name!r}"
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
+    _check_pinned(plan, k8s)
     generates = any(r.pod_models for r in plan.roles)
     objects: list[Obj] = []
     if k8s.namespace not in BUILTIN_NAMESPACES:
