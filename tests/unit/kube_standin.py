@@ -128,8 +128,18 @@ class StandIn:
     dry_runs: list[str] = field(default_factory=list)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
+    # RBAC (see "Authorization" below): the rules of the Roles and ClusterRoles granted to
+    # the test's user; None: everything is allowed but ``denied``.
+    rbac: list[Obj] | None = None
+    # The server's minor version (``/version``); from 35 a port-forward's WebSocket upgrade
+    # is also authorized as ``create``.
+    minor: int = 31
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
+
+    def grant(self, role: Obj) -> None:
+        """Bind a Role or ClusterRole (its ``rules``) to the test's user."""
+        self.rbac = [*(self.rbac or []), *copy.deepcopy(role.get("rules") or [])]
 
     def pods_of(self, role: str) -> list[Obj]:
         return [
@@ -239,11 +249,15 @@ def _app(st: StandIn) -> web.Application:
                     "Forbidden",
                     f'{request.path} is forbidden: User "tester" cannot {verb} this resource',
                 )
+        refused = _authorize(st, request)
+        if refused is not None:
+            return refused
         return await handler(request)
 
     async def version(request: web.Request) -> web.Response:
+        minor = str(st.minor)
         return web.json_response(
-            {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "platform": "linux/amd64"}
+            {"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.2", "platform": "linux/amd64"}
         )
 
     def where(request: web.Request) -> tuple[str, str, str | None]:
@@ -494,7 +508,13 @@ def _app(st: StandIn) -> web.Application:
         body = json.loads(await request.text())
         attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
         key = (attrs.get("verb", ""), attrs.get("resource", ""), attrs.get("subresource", ""))
-        allowed = key not in st.denied
+        allowed = key not in st.denied and rbac_allows(
+            st.rbac,
+            key[0],
+            attrs.get("group", ""),
+            key[1] + (f"/{key[2]}" if key[2] else ""),
+            attrs.get("name", ""),
+        )
         body["status"] = {"allowed": allowed}
         if not allowed:
             body["status"]["reason"] = ""  # RBAC says nothing when it denies
@@ -800,6 +820,99 @@ def serve() -> Server:
     if not started.wait(10):
         raise RuntimeError("the stand-in API server did not start")
     return Server(st, loop, thread, box["runner"])
+
+
+# ---------------------------------------------------------------------------------------
+# Authorization, as the API server's RBAC authorizer decides it (k8s.io/apiserver
+# pkg/endpoints/request/requestinfo.go names the verb of a request; plugin/pkg/auth/
+# authorizer/rbac matches it against the rules).  Only where ``StandIn.rbac`` is set.
+#
+# The verb: GET of a named object (or subresource) is ``get``, of a collection ``list``
+# (``watch`` with ?watch=true); POST ``create``, PATCH ``patch``, PUT ``update``, DELETE
+# ``delete``.  A port-forward's WebSocket upgrade is a GET, so ``get pods/portforward``;
+# from Kubernetes 1.35 the server also checks ``create`` on it (KEP-4006, kubernetes
+# #134577, feature gate AuthorizePodWebsocketUpgradeCreatePermission, on by default).
+# Every authenticated user may create SelfSubjectAccessReviews (system:basic-user) and
+# read /version (system:public-info-viewer).
+
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _rule_allows(rule: Obj, verb: str, group: str, resource: str, name: str) -> bool:
+    def has(key: str, value: str) -> bool:
+        values = rule.get(key) or []
+        return "*" in values or value in values
+
+    sub = resource.partition("/")[2]
+    names = rule.get("resourceNames") or []
+    return (
+        has("verbs", verb)
+        and has("apiGroups", group)
+        and (has("resources", resource) or (bool(sub) and f"*/{sub}" in rule["resources"]))
+        and (not names or name in names)
+    )
+
+
+def rbac_allows(rules: list[Obj] | None, verb: str, group: str, resource: str, name: str) -> bool:
+    """Whether RBAC rules allow ``verb`` on ``resource`` (``pods/portforward`` for a
+    subresource) of ``group``; None: no RBAC arranged, everything allowed."""
+    if rules is None:
+        return True
+    return any(_rule_allows(r, verb, group, resource, name) for r in rules)
+
+
+def request_attributes(method: str, path: str, query: dict[str, str]) -> tuple[str, ...] | None:
+    """(verb, group, resource, name, namespace) of a resource request; None for a
+    non-resource path (/version)."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        return None
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    if len(rest) > 2:
+        resource += "/" + rest[2]
+    if resource == "namespaces" and namespace and not name:
+        resource, name = "namespaces", namespace
+    if method == "GET":
+        verb = ("watch" if query.get("watch") == "true" else "list") if not name else "get"
+    else:
+        verb = _VERBS.get(method, method.lower())
+    return verb, group, resource, name, namespace
+
+
+def _authorize(st: StandIn, request: web.Request) -> web.Response | None:
+    """403 as the API server words it when RBAC refuses the request; None otherwise."""
+    if st.rbac is None:
+        return None
+    attrs = request_attributes(request.method, request.path, dict(request.query))
+    if attrs is None or attrs[2] == "selfsubjectaccessreviews":
+        return None
+    verb, group, resource, name, namespace = attrs
+    verbs = [verb]
+    if resource == "pods/portforward" and st.minor >= 35:
+        verbs.append("create")
+    for v in verbs:
+        if not rbac_allows(st.rbac, v, group, resource, name):
+            base = resource.split("/")[0]
+            what = f'{base} "{name}"' if name else base
+            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+            return _status(
+                403,
+                "Forbidden",
+                f'{what} is forbidden: User "tester" cannot {v} resource "{resource}" in API '
+                f'group "{group}"{where}',
+                {"name": name, "group": group, "kind": base},
+            )
+    return None
 
 
 def dump(st: StandIn) -> str:

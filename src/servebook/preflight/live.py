@@ -46,6 +46,7 @@ from servebook.preflight.admission import (
     pods_of,
     required_access,
     review_from_answer,
+    server_minor,
 )
 from servebook.preflight.cluster import check_cluster
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
@@ -246,9 +247,14 @@ def workspace(api: Any, namespace: str, exists: bool) -> Iterator[Workspace]:
 def check_access(
     api: Any, objects: Sequence[dict[str, Any]], namespace: str, exists: bool
 ) -> Finding:
-    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use."""
+    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use (on this
+    server's version: what a port-forward needs changed in 1.35)."""
+    try:
+        version = api.version()  # kr8s's own /version request (not an API path)
+    except Exception:
+        version = None  # taken as the newest: both port-forward verbs are asked
     reviews = []
-    for a in required_access(objects, namespace, exists):
+    for a in required_access(objects, namespace, exists, server_minor(version)):
         answer = call(
             api, "POST", SSAR_PATH, f"asking whether the caller may {a.text()}", body=a.review()
         )
