@@ -40,6 +40,7 @@ import copy
 import hashlib
 import itertools
 import json
+import re
 import threading
 import time
 import uuid
@@ -334,6 +335,9 @@ def _app(st: StandIn) -> web.Application:
         api_version, kind, group = KINDS[plural]
         if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
             return _status(400, "BadRequest", "the name or kind of the object does not match")
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         key = (plural, ns, name)
         old = st.objects.get(key)
         force = request.query.get("force") == "true"
@@ -434,27 +438,36 @@ def _app(st: StandIn) -> web.Application:
         if f"{kind}/{name}" in st.refuse:
             code, reason, message = st.refuse[f"{kind}/{name}"]
             return _status(code, reason, message)
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         labels = (st.objects.get(("namespaces", "", ns)) or {}).get("metadata", {})
         labels = labels.get("labels") or {}
         spec = body.get("spec") or {}
         pod_spec = spec if kind == "Pod" else (spec.get("template") or {}).get("spec") or {}
-        host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
+        if kind == "Pod":
+            missing = missing_service_account(st, ns, pod_spec)
+            if missing:
+                return _status(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: error looking up service account '
+                    f'{ns}/{missing}: serviceaccount "{missing}" not found',
+                )
         headers = {}
-        if host:
-            why = (
-                f"restricted volume types (volume{'s' if len(host) > 1 else ''} "
-                f"{', '.join(chr(34) + h + chr(34) for h in host)} use"
-                f'{"" if len(host) > 1 else "s"} restricted volume type "hostPath")'
-            )
-            enforce = labels.get("pod-security.kubernetes.io/enforce")
-            warn = labels.get("pod-security.kubernetes.io/warn")
-            if kind == "Pod" and enforce in ("baseline", "restricted"):
+        enforce = labels.get("pod-security.kubernetes.io/enforce")
+        warn = labels.get("pod-security.kubernetes.io/warn")
+        if kind == "Pod" and enforce in ("baseline", "restricted"):
+            why = pod_security_violations(enforce, pod_spec)
+            if why:
                 return _status(
                     403,
                     "Forbidden",
                     f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
-            if kind != "Pod" and warn in ("baseline", "restricted"):
+        if kind != "Pod" and warn in ("baseline", "restricted"):
+            why = pod_security_violations(warn, pod_spec)
+            if why:
                 headers["Warning"] = f'299 - "would violate PodSecurity "{warn}:latest": {why}"'
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
@@ -467,6 +480,9 @@ def _app(st: StandIn) -> web.Application:
             return await dry_run(request, body, plural, ns)
         meta = body.setdefault("metadata", {})
         name = str(meta.get("name", ""))
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         if ns and ("namespaces", "", ns) not in st.objects:
             return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
         if (plural, ns, name) in st.objects:
@@ -820,6 +836,174 @@ def serve() -> Server:
     if not started.wait(10):
         raise RuntimeError("the stand-in API server did not start")
     return Server(st, loop, thread, box["runner"])
+
+
+# ---------------------------------------------------------------------------------------
+# Validation, as the API server words it (k8s.io/apimachinery pkg/util/validation/
+# validation.go for the rules and their messages, pkg/api/errors NewInvalid for the 422
+# Status): a Service's name is a DNS-1035 label, a Namespace's a DNS-1123 label, other
+# names DNS-1123 subdomains; label values at most 63 characters; a Deployment's
+# spec.selector cannot change.  Written here from those rules, not from servebook's.
+
+_LABEL_RE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAME_RULES: dict[str, tuple[str, int, str, str]] = {
+    "dns1035": (
+        r"[a-z]([-a-z0-9]*[a-z0-9])?",
+        63,
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start "
+        "with an alphabetic character, and end with an alphanumeric character",
+        "'my-name',  or 'abc-123'",
+    ),
+    "label": (
+        _LABEL_RE,
+        63,
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+        "'-', and must start and end with an alphanumeric character",
+        "'my-name',  or '123-abc'",
+    ),
+    "subdomain": (
+        rf"{_LABEL_RE}(\.{_LABEL_RE})*",
+        253,
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+        "'-' or '.', and must start and end with an alphanumeric character",
+        "'example.com'",
+    ),
+}
+
+
+def _name_errors(name: str, rule: str) -> list[str]:
+    regex, limit, words, example = _NAME_RULES[rule]
+    out = []
+    if len(name) > limit:
+        out.append(f"must be no more than {limit} characters")
+    if not re.fullmatch(regex, name):
+        out.append(f"{words} (e.g. {example}, regex used for validation is '{regex}')")
+    return out
+
+
+def validate(st: StandIn, plural: str, ns: str, body: Obj) -> web.Response | None:
+    """422 Invalid for what the API server's validation refuses; None when it passes."""
+    _, kind, group = KINDS.get(plural, ("", plural, ""))
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    rule = {"services": "dns1035", "namespaces": "label"}.get(plural, "subdomain")
+    causes = [("metadata.name", name, e) for e in _name_errors(name, rule)]
+    labels = dict(meta.get("labels") or {})
+    for v in labels.values():
+        if len(str(v)) > 63:
+            causes.append(("metadata.labels", str(v), "must be no more than 63 characters"))
+    old = st.objects.get((plural, ns, name))
+    if plural == "deployments" and old is not None:
+        before, after = (
+            (old.get("spec") or {}).get("selector"),
+            (body.get("spec") or {}).get("selector"),
+        )
+        if after is not None and before != after:
+            causes.append(("spec.selector", json.dumps(after), "field is immutable"))
+    if not causes:
+        return None
+    what = f"{kind}.{group}" if group else kind
+    errors = [f"{f}: Invalid value: {json.dumps(v)}: {e}" for f, v, e in causes]
+    message = f'{what} "{name}" is invalid: ' + (
+        errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    )
+    details = {
+        "name": name,
+        "group": group,
+        "kind": kind,
+        "causes": [
+            {
+                "reason": "FieldValueInvalid",
+                "message": f"Invalid value: {json.dumps(v)}: {e}",
+                "field": f,
+            }
+            for f, v, e in causes
+        ],
+    }
+    return _status(422, "Invalid", message, details)
+
+
+# ---------------------------------------------------------------------------------------
+# Admission of a Pod: the ServiceAccount admission plugin refuses a Pod whose account does
+# not exist (plugin/pkg/admission/serviceaccount: "error looking up service account
+# NS/NAME"); a dry run stores nothing, so an account dry-run in the same set does not
+# count.  The namespace's "default" account is taken as made (its controller makes it).
+# Pod Security Admission's checks (k8s.io/pod-security-admission/policy), baseline and
+# restricted, for what servebook's Pods carry: hostPath volumes and added capabilities
+# (baseline allows only its default set, which has no IPC_LOCK), and restricted's volume
+# types, privilege escalation, dropped capabilities, non-root and seccomp.
+
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def missing_service_account(st: StandIn, ns: str, pod_spec: Obj) -> str | None:
+    account = str(pod_spec.get("serviceAccountName") or "default")
+    if account == "default" or ("serviceaccounts", ns, account) in st.objects:
+        return None
+    return account
+
+
+def _quote(names: list[str]) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def _plural(word: str, n: int) -> str:
+    return word if n == 1 else word + "s"
+
+
+def pod_security_violations(level: str, pod_spec: Obj) -> str:
+    """PSA's forbidden reasons and details for ``pod_spec`` at ``level`` (empty: allowed)."""
+    containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+    out = []
+    host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
+    if host:
+        out.append(f"hostPath volumes ({_plural('volume', len(host))} {_quote(host)})")
+    caps: dict[str, list[str]] = {}
+    for c in containers:
+        added = ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+        bad = [a for a in added if a not in BASELINE_CAPABILITIES]
+        if bad:
+            caps[c["name"]] = bad
+    if caps:
+        forbidden = sorted({a for v in caps.values() for a in v})
+        out.append(
+            f"non-default capabilities ({_plural('container', len(caps))} {_quote(list(caps))} "
+            f"must not include {_quote(forbidden)} in securityContext.capabilities.add)"
+        )
+    if level != "restricted":
+        return ", ".join(out)
+    if host:
+        out.append(
+            f"restricted volume types ({_plural('volume', len(host))} {_quote(host)} "
+            f'use{"s" if len(host) == 1 else ""} restricted volume type "hostPath")'
+        )
+    pod_sc = pod_spec.get("securityContext") or {}
+    names = [c["name"] for c in containers]
+    for reason, ok in (
+        (
+            "allowPrivilegeEscalation != false",
+            lambda sc: sc.get("allowPrivilegeEscalation") is False,
+        ),
+        (
+            "unrestricted capabilities",
+            lambda sc: "ALL" in ((sc.get("capabilities") or {}).get("drop") or []),
+        ),
+        (
+            "runAsNonRoot != true",
+            lambda sc: sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True,
+        ),
+    ):
+        bad_names = [
+            n
+            for n, c in zip(names, containers, strict=True)
+            if not ok(c.get("securityContext") or {})
+        ]
+        if bad_names:
+            out.append(f"{reason} ({_plural('container', len(bad_names))} {_quote(bad_names)})")
+    return ", ".join(out)
 
 
 # ---------------------------------------------------------------------------------------

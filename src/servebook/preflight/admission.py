@@ -286,6 +286,8 @@ class DryRun:
     reason: str = ""
     warnings: tuple[str, ...] = ()
     pod_of: str | None = None
+    # What was changed to make the dry run say something (an account the apply creates).
+    note: str = ""
 
     @property
     def refused(self) -> bool:
@@ -330,6 +332,18 @@ def pods_of(obj: Obj) -> list[tuple[str, Obj]]:
         }
         out.append((name, pod))
     return out
+
+
+def service_account_of(pod: Obj) -> str | None:
+    """The ServiceAccount a Pod runs as, when not the namespace's ``default``."""
+    name = (pod.get("spec") or {}).get("serviceAccountName")
+    return str(name) if name and name != "default" else None
+
+
+def without_account(pod: Obj) -> Obj:
+    """The Pod as it would be admitted under the namespace's default account."""
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "serviceAccountName"}
+    return {**pod, "spec": spec}
 
 
 def _kind_of_refusal(message: str, reason: str) -> str:
@@ -380,6 +394,7 @@ def dry_run_finding(
             of = f" (the Pods of {r.pod_of})" if r.pod_of else ""
             refusals.append(f"{r.what}{of}: {kind}: {said}{r.message} [{r.request}]")
         warnings.extend(f"{r.what}: {w}" for w in r.warnings)
+    changed = [f"{r.what}: {r.note}" for r in results if r.note]
     evidence: dict[str, Any] = {
         "objects": [
             {
@@ -389,6 +404,7 @@ def dry_run_finding(
                 "code": r.code,
                 "message": r.message,
                 "warnings": list(r.warnings),
+                "note": r.note,
             }
             for r in results
         ],
@@ -407,6 +423,8 @@ def dry_run_finding(
         )
     if warnings:
         notes += f"; warnings: {'; '.join(warnings)}"
+    if changed:
+        notes += f"; {'; '.join(changed)}"
     if refusals:
         return ADMISSION.finding(
             Severity.FAIL,
@@ -427,7 +445,7 @@ def dry_run_finding(
     return ADMISSION.finding(
         Severity.PASS,
         subject,
-        f"the API server admits the {tried} in a server-side dry run{where}",
+        f"the API server admits the {tried} in a server-side dry run{where}" + notes,
         evidence=evidence,
     )
 
@@ -458,4 +476,6 @@ __all__ = [
     "resource_of",
     "review_from_answer",
     "server_minor",
+    "service_account_of",
+    "without_account",
 ]

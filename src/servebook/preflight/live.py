@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ from servebook.preflight.admission import (
     required_access,
     review_from_answer,
     server_minor,
+    service_account_of,
+    without_account,
 )
 from servebook.preflight.cluster import check_cluster
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
@@ -275,6 +277,14 @@ def check_admission(
     create the Pods of each workload's template, in ``into`` (the namespace, or preflight's
     stand-in for it); every answer is kept, refusals included."""
     results: list[DryRun] = []
+    # ServiceAccounts the apply creates: a dry run stores none, so a Pod running as one
+    # would be refused ("serviceaccount ... not found") though the real apply admits it.
+    rendered = {
+        str((o.get("metadata") or {}).get("name"))
+        for o in objects
+        if o.get("kind") == "ServiceAccount"
+    }
+    made = _accounts_for_dry_run(api, objects, into) if into != namespace else set()
     for obj in objects:
         if obj.get("kind") == "Namespace":
             if exists:
@@ -284,10 +294,52 @@ def check_admission(
         placed = {**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": into}}
         results.append(_dry_run(api, placed, "PATCH"))
         for owner, pod in pods_of(placed):
-            results.append(_dry_run(api, pod, "POST", pod_of=f"{obj.get('kind')}/{owner}"))
+            account = service_account_of(pod)
+            note = ""
+            if account and account not in made and account in rendered:
+                if not _exists(api, f"/api/v1/namespaces/{into}/serviceaccounts/{account}"):
+                    pod = without_account(pod)
+                    note = (
+                        f"dry-run as the namespace's default ServiceAccount, since its own "
+                        f"({account}) is created by this apply"
+                    )
+            elif account in made and account not in rendered:
+                note = (
+                    f"its ServiceAccount {account} was made in {into} for the dry run; that "
+                    f"it exists in {namespace} was not checked"
+                )
+            r = _dry_run(api, pod, "POST", pod_of=f"{obj.get('kind')}/{owner}")
+            results.append(replace(r, note=note) if note else r)
     return dry_run_finding(
         results, namespace, enforce=enforce, stand_in=None if into == namespace else into
     )
+
+
+def _exists(api: Any, path: str) -> bool:
+    return call(api, "GET", path, f"reading {path}", missing_ok=True) is not None
+
+
+def _accounts_for_dry_run(api: Any, objects: Sequence[dict[str, Any]], into: str) -> set[str]:
+    """In preflight's own temporary namespace (deleted afterwards), really create every
+    ServiceAccount the Pods run as, the apply's and the user's, so their Pods' dry runs
+    are admitted as the apply's would be; returns the names made."""
+    wanted = sorted({a for o in objects for _, pod in pods_of(o) if (a := service_account_of(pod))})
+    made = set()
+    for account in wanted:
+        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}
+        try:
+            call(
+                api,
+                "POST",
+                f"/api/v1/namespaces/{into}/serviceaccounts",
+                f"creating ServiceAccount {account} in preflight's temporary namespace {into} "
+                "for the dry run",
+                body=body,
+            )
+        except RequestFailed:
+            continue  # its Pods are dry-run as they are; a refusal then says why
+        made.add(account)
+    return made
 
 
 def _dry_run(api: Any, obj: dict[str, Any], method: str, pod_of: str | None = None) -> DryRun:
