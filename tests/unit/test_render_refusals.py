@@ -189,3 +189,21 @@ def test_a_role_without_cpu_or_memory_requests_is_refused(tmp_path: Path) -> Non
     recipe.write_text(text.replace("      memory: ${memory}\n", ""), encoding="utf-8")
     with pytest.raises(UsageError, match=r"role mixed requests no memory.*BestEffort"):
         render_files(str(recipe), TINY)
+
+
+def test_the_probe_pod_is_pinned_to_its_node_the_way_the_engines_are() -> None:
+    """Issue 23 point 10: where a node's name and its hostname label differ, a probe
+    pinned by nodeName would never run where the engines (pinned by the label) do."""
+    from servebook.preflight.probe_pod import pod_manifest, probe_targets
+    from servebook.recipe.resolve import resolve
+
+    sets = ["image=vllm/vllm-openai:v0.11.0", "node=gpu-node-1", "model_dir=/data/models/m"]
+    plan = resolve("vllm-mixed", sets, [])
+    _, objects, _ = render_files("vllm-mixed", sets)
+    (dep,) = [o for o in objects if o["kind"] == "Deployment"]
+    engine = dep["spec"]["template"]["spec"]
+    (target,) = probe_targets(plan)
+    probe = pod_manifest(target, namespace="ns", deadline_s=60, script="")["spec"]
+    assert "nodeName" not in probe
+    assert probe["nodeSelector"] == engine["nodeSelector"]
+    assert {"operator": "Exists"} in probe["tolerations"]  # cordoned nodes are still probed

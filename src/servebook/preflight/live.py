@@ -51,6 +51,7 @@ from servebook.preflight.admission import (
     without_account,
 )
 from servebook.preflight.cluster import check_cluster
+from servebook.preflight.pod_security import pod_security_finding
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
 from servebook.preflight.requirements import ClusterRequirements, requirements_from_plan
 from servebook.preflight.weights_fit import (
@@ -113,6 +114,7 @@ def plan_findings(
     ns_obj = snap.namespaces.get(req.namespace)
     exists = ns_obj is not None and not (ns_obj.get("metadata") or {}).get("deletionTimestamp")
     findings.append(check_access(api, objects, req.namespace, exists))
+    findings.append(pod_security_finding(objects, req.namespace, ns_obj if exists else None))
     probes: list[Finding] = []
     with workspace(api, req.namespace, exists) as ws:
         findings.append(
@@ -156,6 +158,8 @@ def _from_snapshot(
     plan: Plan, req: ClusterRequirements, snap: ClusterSnapshot, given: WeightsSize | None
 ) -> list[Finding]:
     findings = check_cluster(snap, req)
+    ns_obj = snap.namespaces.get(req.namespace)
+    findings.append(pod_security_finding(manifests.render(plan), req.namespace, ns_obj))
     targets = probe_targets(plan)
     findings.append(
         PROBE_POD.finding(
