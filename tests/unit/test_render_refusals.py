@@ -207,3 +207,12 @@ def test_the_probe_pod_is_pinned_to_its_node_the_way_the_engines_are() -> None:
     assert "nodeName" not in probe
     assert probe["nodeSelector"] == engine["nodeSelector"]
     assert {"operator": "Exists"} in probe["tolerations"]  # cordoned nodes are still probed
+
+
+def test_unknown_flags_name_the_closest_real_one() -> None:
+    from servebook.recipe.engine_flags import flags_of, unknown_flags
+
+    known = {"--max-num-seqs", "--enable-prefix-caching", "--no-enable-prefix-caching"}
+    args = ["--max-num-seqz", "256", "--enable_prefix_caching", "--max-num-seqs=8", "--x"]
+    assert flags_of(args) == ["--max-num-seqz", "--enable-prefix-caching", "--max-num-seqs", "--x"]
+    assert unknown_flags(args, known) == [("--max-num-seqz", "--max-num-seqs"), ("--x", None)]

@@ -42,6 +42,7 @@ Each rule answers a failure in the field notes:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 from importlib import resources
 from typing import Any
@@ -82,6 +83,7 @@ from servebook.kube.names import (
     selector_for,
     settings,
 )
+from servebook.recipe import engine_flags
 from servebook.recipe.plan import Plan, RolePlan
 from servebook.recipe.schema import Kubernetes
 
@@ -123,6 +125,56 @@ def _check_pinned(plan: Plan, k8s: Kubernetes) -> None:
                 "--set allow_unpinned_image=true (kubernetes.allow_unpinned_image) if a "
                 "moving image is meant."
             )
+
+
+@functools.cache
+def _vllm_flags() -> engine_flags.Flags | str:
+    return engine_flags.load_flags()
+
+
+def extra_engine_args(plan: Plan) -> list[str]:
+    """What the user gave as ``extra_engine_args`` (the recipes' one ARGS parameter)."""
+    value = plan.params.get("extra_engine_args")
+    return [str(a) for a in value] if isinstance(value, list) else []
+
+
+def engine_args_note(plan: Plan) -> str | None:
+    """What the check of ``extra_engine_args`` against vLLM's parser found, in words (a
+    render says it: a check that did not run never reads as passed); None without
+    extra arguments."""
+    extra = extra_engine_args(plan)
+    if not extra:
+        return None
+    flags = _vllm_flags()
+    if isinstance(flags, str):
+        return (
+            f"extra_engine_args NOT checked against vLLM's argument parser: {flags}; a "
+            "misspelt flag fails only in the engine Pod (install vLLM where you render to "
+            "check them)"
+        )
+    return (
+        f"extra_engine_args checked against the argument parser of vLLM {flags.version} "
+        "(installed here; the image's vLLM may be another version)"
+    )
+
+
+def _check_engine_args(plan: Plan) -> None:
+    extra = extra_engine_args(plan)
+    flags = _vllm_flags() if extra else None
+    if not isinstance(flags, engine_flags.Flags):
+        return
+    unknown = engine_flags.unknown_flags(extra, flags.options)
+    if unknown:
+        listed = "; ".join(
+            f"{flag} (did you mean {close}?)" if close else f"{flag} (no flag like it)"
+            for flag, close in unknown
+        )
+        raise UsageError(
+            f"{plan.origin}: parameter 'extra_engine_args' gives {len(unknown)} flag(s) vLLM "
+            f"{flags.version}'s `vllm serve` does not know: {listed}; nothing was written. "
+            "Fix them (`vllm serve --help` lists every flag), or check that the image's vLLM "
+            "is the version that has them."
+        )
 
 
 def discovers(plan: Plan) -> bool:
@@ -405,6 +457,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
     _check_pinned(plan, k8s)
+    _check_engine_args(plan)
     generates = any(r.pod_models for r in plan.roles)
     objects: list[Obj] = []
     if k8s.namespace not in BUILTIN_NAMESPACES:

@@ -228,7 +228,7 @@ def check_names(objects: list[dict[str, Any]], name: str, whose: str, fix: str) 
         if errors:
             problems.append(f"{d.why}: {d.text!r}: {'; '.join(errors)}")
     if problems:
-        room = (
+        most = (
             f"This recipe leaves room for a name of at most {longest} characters."
             if longest is not None and longest < len(name)
             else ""
@@ -238,5 +238,5 @@ def check_names(objects: list[dict[str, Any]], name: str, whose: str, fix: str) 
             "controllers refuse; nothing was written:\n"
             + "\n".join(f"  {p}" for p in dict.fromkeys(problems))
             + "\n"
-            + " ".join(x for x in (room, fix) if x)
+            + " ".join(x for x in (most, fix) if x)
         )
