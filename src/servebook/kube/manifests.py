@@ -37,6 +37,14 @@ Each rule answers a failure in the field notes:
   weights, so ``DirectoryOrCreate``, one directory per deployment, emptied by the
   prefill Pod before its engine starts (stale files from an earlier run would read as
   transferred KV); both Pods are pinned to that node like any Pod mounting a node path.
+* Nothing is rendered that the cluster would refuse later: names the API server or a
+  controller refuses (``names.check_names``: a Service name starting with a digit, a
+  LeaderWorkerSet whose StatefulSets' revision label would pass 63 characters), an image
+  not pinned by a tag or digest (unless ``allow_unpinned_image``), an ``extra_engine_args``
+  flag vLLM's own parser does not know (``recipe.engine_flags``).  Every container, the
+  router's and the init containers too, requests CPU and memory, and each Deployment's
+  ``progressDeadlineSeconds`` is above its Pods' start-up budget (the default 600 s would
+  call a long, healthy load failed).
 """
 
 from __future__ import annotations
