@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 
 from servebook.findings import Severity
-from servebook.preflight.admission import portforward_access, server_minor
 from tests.unit.kube_standin import Server, StandIn
 from tests.unit.test_preflight_live import by_check, cluster, plan, run
 
@@ -155,9 +154,13 @@ def test_the_stand_ins_reviews_answer_from_the_role_granted(cluster: tuple[Serve
 def test_server_minor_reads_managed_clusters_versions(
     version: dict[str, str], minor: int | None
 ) -> None:
+    from servebook.preflight.admission import server_minor
+
     assert server_minor(version) == minor
 
 
 def test_an_unknown_server_version_asks_both_forward_verbs() -> None:
+    from servebook.preflight.admission import portforward_access
+
     assert [a.verb for a in portforward_access("ns", None)] == ["get", "create"]
     assert [a.verb for a in portforward_access("ns", 34)] == ["get"]

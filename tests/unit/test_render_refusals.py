@@ -11,7 +11,6 @@ import pytest
 
 from servebook.commands.render import render_files
 from servebook.errors import UsageError
-from servebook.kube.names import derived_names, name_errors
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
@@ -68,6 +67,8 @@ def test_the_longest_name_the_limit_names_renders() -> None:
 
 def test_the_revision_label_limit_counts_every_group_of_a_leaderworkerset() -> None:
     """With 11 groups the last worker StatefulSet is LWS-10: one character less room."""
+    from servebook.kube.names import derived_names
+
     _, objects, _ = render_files("vllm-pd-wide-ep", WIDE_EP, name="a" * 20)
     lws = next(o for o in objects if o["kind"] == "LeaderWorkerSet")
     lws["spec"]["replicas"] = 11
@@ -89,6 +90,8 @@ def test_the_revision_label_limit_counts_every_group_of_a_leaderworkerset() -> N
     ],
 )
 def test_name_rules_are_the_api_servers(text: str, rule: str, bad: bool) -> None:
+    from servebook.kube.names import name_errors
+
     assert bool(name_errors(text, rule)) is bad
 
 
