@@ -292,7 +292,11 @@ def test_dry_run_reports_every_refusal_at_once(cluster: tuple[Server, Path]) -> 
     )
     (adm,) = by_check(run(cfg, plan()), "SB264")
     assert adm.severity is Severity.FAIL
-    assert "refuses 3 of the" in adm.message
+    # restricted refuses the router's Pod too: it runs as root without dropping ALL
+    # capabilities, as Pod Security's restricted level words it.
+    assert "refuses 4 of the" in adm.message
+    assert "Pod/vllm-pd-router-servebook-dry-run" in adm.message
+    assert 'runAsNonRoot != true (container "router")' in adm.message
     assert (
         "Pod/vllm-pd-prefill-servebook-dry-run (the Pods of Deployment/vllm-pd-prefill): "
         "Pod Security" in adm.message
