@@ -24,6 +24,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "servebook.preflight.admission",
     "servebook.preflight.cluster",
     "servebook.preflight.nodes",
+    "servebook.preflight.pod_security",
     "servebook.preflight.probe_checks",
     "servebook.preflight.probe_pod",
     "servebook.preflight.weights_fit",

@@ -47,6 +47,7 @@ import copy
 import hashlib
 import itertools
 import json
+import re
 import threading
 import time
 import uuid
@@ -137,8 +138,18 @@ class StandIn:
     created_pods: list[tuple[str, str]] = field(default_factory=list)
     # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
     life: Lifecycle = field(default_factory=lambda: Lifecycle())
+    # RBAC (see "Authorization" below): the rules of the Roles and ClusterRoles granted to
+    # the test's user; None: everything is allowed but ``denied``.
+    rbac: list[Obj] | None = None
+    # The server's minor version (``/version``); from 35 a port-forward's WebSocket upgrade
+    # is also authorized as ``create``.
+    minor: int = 31
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
+
+    def grant(self, role: Obj) -> None:
+        """Bind a Role or ClusterRole (its ``rules``) to the test's user."""
+        self.rbac = [*(self.rbac or []), *copy.deepcopy(role.get("rules") or [])]
 
     def pods_of(self, role: str) -> list[Obj]:
         return [
@@ -252,11 +263,15 @@ def _app(st: StandIn) -> web.Application:
                     "Forbidden",
                     f'{request.path} is forbidden: User "tester" cannot {verb} this resource',
                 )
+        refused = _authorize(st, request)
+        if refused is not None:
+            return refused
         return await handler(request)
 
     async def version(request: web.Request) -> web.Response:
+        minor = str(st.minor)
         return web.json_response(
-            {"major": "1", "minor": "31", "gitVersion": "v1.31.2", "platform": "linux/amd64"}
+            {"major": "1", "minor": minor, "gitVersion": f"v1.{minor}.2", "platform": "linux/amd64"}
         )
 
     def where(request: web.Request) -> tuple[str, str, str | None]:
@@ -332,6 +347,9 @@ def _app(st: StandIn) -> web.Application:
         api_version, kind, group = KINDS[plural]
         if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
             return _status(400, "BadRequest", "the name or kind of the object does not match")
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         key = (plural, ns, name)
         old = st.objects.get(key)
         if old is None and (refused := _refuse_namespace(st, plural, ns, name)) is not None:
@@ -438,27 +456,36 @@ def _app(st: StandIn) -> web.Application:
         if f"{kind}/{name}" in st.refuse:
             code, reason, message = st.refuse[f"{kind}/{name}"]
             return _status(code, reason, message)
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         labels = (st.objects.get(("namespaces", "", ns)) or {}).get("metadata", {})
         labels = labels.get("labels") or {}
         spec = body.get("spec") or {}
         pod_spec = spec if kind == "Pod" else (spec.get("template") or {}).get("spec") or {}
-        host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
+        if kind == "Pod":
+            missing = missing_service_account(st, ns, pod_spec)
+            if missing:
+                return _status(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: error looking up service account '
+                    f'{ns}/{missing}: serviceaccount "{missing}" not found',
+                )
         headers = {}
-        if host:
-            why = (
-                f"restricted volume types (volume{'s' if len(host) > 1 else ''} "
-                f"{', '.join(chr(34) + h + chr(34) for h in host)} use"
-                f'{"" if len(host) > 1 else "s"} restricted volume type "hostPath")'
-            )
-            enforce = labels.get("pod-security.kubernetes.io/enforce")
-            warn = labels.get("pod-security.kubernetes.io/warn")
-            if kind == "Pod" and enforce in ("baseline", "restricted"):
+        enforce = labels.get("pod-security.kubernetes.io/enforce")
+        warn = labels.get("pod-security.kubernetes.io/warn")
+        if kind == "Pod" and enforce in ("baseline", "restricted"):
+            why = pod_security_violations(enforce, pod_spec)
+            if why:
                 return _status(
                     403,
                     "Forbidden",
                     f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
-            if kind != "Pod" and warn in ("baseline", "restricted"):
+        if kind != "Pod" and warn in ("baseline", "restricted"):
+            why = pod_security_violations(warn, pod_spec)
+            if why:
                 headers["Warning"] = f'299 - "would violate PodSecurity "{warn}:latest": {why}"'
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
@@ -471,6 +498,9 @@ def _app(st: StandIn) -> web.Application:
             return await dry_run(request, body, plural, ns)
         meta = body.setdefault("metadata", {})
         name = str(meta.get("name", ""))
+        invalid = validate(st, plural, ns, body)
+        if invalid is not None:
+            return invalid
         if (refused := _refuse_namespace(st, plural, ns, name)) is not None:
             return refused
         if (plural, ns, name) in st.objects:
@@ -512,7 +542,13 @@ def _app(st: StandIn) -> web.Application:
         body = json.loads(await request.text())
         attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
         key = (attrs.get("verb", ""), attrs.get("resource", ""), attrs.get("subresource", ""))
-        allowed = key not in st.denied
+        allowed = key not in st.denied and rbac_allows(
+            st.rbac,
+            key[0],
+            attrs.get("group", ""),
+            key[1] + (f"/{key[2]}" if key[2] else ""),
+            attrs.get("name", ""),
+        )
         body["status"] = {"allowed": allowed}
         if not allowed:
             body["status"]["reason"] = ""  # RBAC says nothing when it denies
@@ -799,6 +835,267 @@ def serve() -> Server:
     if not started.wait(10):
         raise RuntimeError("the stand-in API server did not start")
     return Server(st, loop, thread, box["runner"])
+
+
+# ---------------------------------------------------------------------------------------
+# Validation, as the API server words it (k8s.io/apimachinery pkg/util/validation/
+# validation.go for the rules and their messages, pkg/api/errors NewInvalid for the 422
+# Status): a Service's name is a DNS-1035 label, a Namespace's a DNS-1123 label, other
+# names DNS-1123 subdomains; label values at most 63 characters; a Deployment's
+# spec.selector cannot change.  Written here from those rules, not from servebook's.
+
+_LABEL_RE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAME_RULES: dict[str, tuple[str, int, str, str]] = {
+    "dns1035": (
+        r"[a-z]([-a-z0-9]*[a-z0-9])?",
+        63,
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start "
+        "with an alphabetic character, and end with an alphanumeric character",
+        "'my-name',  or 'abc-123'",
+    ),
+    "label": (
+        _LABEL_RE,
+        63,
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+        "'-', and must start and end with an alphanumeric character",
+        "'my-name',  or '123-abc'",
+    ),
+    "subdomain": (
+        rf"{_LABEL_RE}(\.{_LABEL_RE})*",
+        253,
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+        "'-' or '.', and must start and end with an alphanumeric character",
+        "'example.com'",
+    ),
+}
+
+
+def _name_errors(name: str, rule: str) -> list[str]:
+    regex, limit, words, example = _NAME_RULES[rule]
+    out = []
+    if len(name) > limit:
+        out.append(f"must be no more than {limit} characters")
+    if not re.fullmatch(regex, name):
+        out.append(f"{words} (e.g. {example}, regex used for validation is '{regex}')")
+    return out
+
+
+def validate(st: StandIn, plural: str, ns: str, body: Obj) -> web.Response | None:
+    """422 Invalid for what the API server's validation refuses; None when it passes."""
+    _, kind, group = KINDS.get(plural, ("", plural, ""))
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    rule = {"services": "dns1035", "namespaces": "label"}.get(plural, "subdomain")
+    causes = [("metadata.name", name, e) for e in _name_errors(name, rule)]
+    labels = dict(meta.get("labels") or {})
+    for v in labels.values():
+        if len(str(v)) > 63:
+            causes.append(("metadata.labels", str(v), "must be no more than 63 characters"))
+    old = st.objects.get((plural, ns, name))
+    if plural == "deployments" and old is not None:
+        before, after = (
+            (old.get("spec") or {}).get("selector"),
+            (body.get("spec") or {}).get("selector"),
+        )
+        if after is not None and before != after:
+            causes.append(("spec.selector", json.dumps(after), "field is immutable"))
+    if not causes:
+        return None
+    what = f"{kind}.{group}" if group else kind
+    errors = [f"{f}: Invalid value: {json.dumps(v)}: {e}" for f, v, e in causes]
+    message = f'{what} "{name}" is invalid: ' + (
+        errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    )
+    details = {
+        "name": name,
+        "group": group,
+        "kind": kind,
+        "causes": [
+            {
+                "reason": "FieldValueInvalid",
+                "message": f"Invalid value: {json.dumps(v)}: {e}",
+                "field": f,
+            }
+            for f, v, e in causes
+        ],
+    }
+    return _status(422, "Invalid", message, details)
+
+
+# ---------------------------------------------------------------------------------------
+# Admission of a Pod: the ServiceAccount admission plugin refuses a Pod whose account does
+# not exist (plugin/pkg/admission/serviceaccount: "error looking up service account
+# NS/NAME"); a dry run stores nothing, so an account dry-run in the same set does not
+# count.  The namespace's "default" account is taken as made (its controller makes it).
+# Pod Security Admission's checks (k8s.io/pod-security-admission/policy), baseline and
+# restricted, for what servebook's Pods carry: hostPath volumes and added capabilities
+# (baseline allows only its default set, which has no IPC_LOCK), and restricted's volume
+# types, privilege escalation, dropped capabilities, non-root and seccomp.
+
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def missing_service_account(st: StandIn, ns: str, pod_spec: Obj) -> str | None:
+    account = str(pod_spec.get("serviceAccountName") or "default")
+    if account == "default" or ("serviceaccounts", ns, account) in st.objects:
+        return None
+    return account
+
+
+def _quote(names: list[str]) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def _plural(word: str, n: int) -> str:
+    return word if n == 1 else word + "s"
+
+
+def pod_security_violations(level: str, pod_spec: Obj) -> str:
+    """PSA's forbidden reasons and details for ``pod_spec`` at ``level`` (empty: allowed)."""
+    containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+    out = []
+    host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
+    if host:
+        out.append(f"hostPath volumes ({_plural('volume', len(host))} {_quote(host)})")
+    caps: dict[str, list[str]] = {}
+    for c in containers:
+        added = ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+        bad = [a for a in added if a not in BASELINE_CAPABILITIES]
+        if bad:
+            caps[c["name"]] = bad
+    if caps:
+        forbidden = sorted({a for v in caps.values() for a in v})
+        out.append(
+            f"non-default capabilities ({_plural('container', len(caps))} {_quote(list(caps))} "
+            f"must not include {_quote(forbidden)} in securityContext.capabilities.add)"
+        )
+    if level != "restricted":
+        return ", ".join(out)
+    if host:
+        out.append(
+            f"restricted volume types ({_plural('volume', len(host))} {_quote(host)} "
+            f'use{"s" if len(host) == 1 else ""} restricted volume type "hostPath")'
+        )
+    pod_sc = pod_spec.get("securityContext") or {}
+    names = [c["name"] for c in containers]
+    for reason, ok in (
+        (
+            "allowPrivilegeEscalation != false",
+            lambda sc: sc.get("allowPrivilegeEscalation") is False,
+        ),
+        (
+            "unrestricted capabilities",
+            lambda sc: "ALL" in ((sc.get("capabilities") or {}).get("drop") or []),
+        ),
+        (
+            "runAsNonRoot != true",
+            lambda sc: sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True,
+        ),
+    ):
+        bad_names = [
+            n
+            for n, c in zip(names, containers, strict=True)
+            if not ok(c.get("securityContext") or {})
+        ]
+        if bad_names:
+            out.append(f"{reason} ({_plural('container', len(bad_names))} {_quote(bad_names)})")
+    return ", ".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Authorization, as the API server's RBAC authorizer decides it (k8s.io/apiserver
+# pkg/endpoints/request/requestinfo.go names the verb of a request; plugin/pkg/auth/
+# authorizer/rbac matches it against the rules).  Only where ``StandIn.rbac`` is set.
+#
+# The verb: GET of a named object (or subresource) is ``get``, of a collection ``list``
+# (``watch`` with ?watch=true); POST ``create``, PATCH ``patch``, PUT ``update``, DELETE
+# ``delete``.  A port-forward's WebSocket upgrade is a GET, so ``get pods/portforward``;
+# from Kubernetes 1.35 the server also checks ``create`` on it (KEP-4006, kubernetes
+# #134577, feature gate AuthorizePodWebsocketUpgradeCreatePermission, on by default).
+# Every authenticated user may create SelfSubjectAccessReviews (system:basic-user) and
+# read /version (system:public-info-viewer).
+
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _rule_allows(rule: Obj, verb: str, group: str, resource: str, name: str) -> bool:
+    def has(key: str, value: str) -> bool:
+        values = rule.get(key) or []
+        return "*" in values or value in values
+
+    sub = resource.partition("/")[2]
+    names = rule.get("resourceNames") or []
+    return (
+        has("verbs", verb)
+        and has("apiGroups", group)
+        and (has("resources", resource) or (bool(sub) and f"*/{sub}" in rule["resources"]))
+        and (not names or name in names)
+    )
+
+
+def rbac_allows(rules: list[Obj] | None, verb: str, group: str, resource: str, name: str) -> bool:
+    """Whether RBAC rules allow ``verb`` on ``resource`` (``pods/portforward`` for a
+    subresource) of ``group``; None: no RBAC arranged, everything allowed."""
+    if rules is None:
+        return True
+    return any(_rule_allows(r, verb, group, resource, name) for r in rules)
+
+
+def request_attributes(method: str, path: str, query: dict[str, str]) -> tuple[str, ...] | None:
+    """(verb, group, resource, name, namespace) of a resource request; None for a
+    non-resource path (/version)."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        return None
+    resource = rest[0]
+    name = rest[1] if len(rest) > 1 else ""
+    if len(rest) > 2:
+        resource += "/" + rest[2]
+    if resource == "namespaces" and namespace and not name:
+        resource, name = "namespaces", namespace
+    if method == "GET":
+        verb = ("watch" if query.get("watch") == "true" else "list") if not name else "get"
+    else:
+        verb = _VERBS.get(method, method.lower())
+    return verb, group, resource, name, namespace
+
+
+def _authorize(st: StandIn, request: web.Request) -> web.Response | None:
+    """403 as the API server words it when RBAC refuses the request; None otherwise."""
+    if st.rbac is None:
+        return None
+    attrs = request_attributes(request.method, request.path, dict(request.query))
+    if attrs is None or attrs[2] == "selfsubjectaccessreviews":
+        return None
+    verb, group, resource, name, namespace = attrs
+    verbs = [verb]
+    if resource == "pods/portforward" and st.minor >= 35:
+        verbs.append("create")
+    for v in verbs:
+        if not rbac_allows(st.rbac, v, group, resource, name):
+            base = resource.split("/")[0]
+            what = f'{base} "{name}"' if name else base
+            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+            return _status(
+                403,
+                "Forbidden",
+                f'{what} is forbidden: User "tester" cannot {v} resource "{resource}" in API '
+                f'group "{group}"{where}',
+                {"name": name, "group": group, "kind": base},
+            )
+    return None
 
 
 def dump(st: StandIn) -> str:

@@ -118,7 +118,8 @@ def test_probe_pod_is_read_only_pinned_bounded_and_creates_nothing() -> None:
     target = probe_targets(plan)[0]
     pod = pod_manifest(target, namespace="servebook", deadline_s=90, script="print()")
     spec = pod["spec"]
-    assert spec["nodeName"] == target.node and spec["activeDeadlineSeconds"] == 90
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": target.node}
+    assert spec["activeDeadlineSeconds"] == 90
     assert spec["restartPolicy"] == "Never"
     (c,) = spec["containers"]
     assert c["securityContext"]["privileged"] is False

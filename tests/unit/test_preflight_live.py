@@ -228,7 +228,9 @@ def test_access_review_passes_when_everything_is_allowed(cluster: tuple[Server, 
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.PASS
     asked = access.evidence["asked"]
-    assert "create pods/portforward" in asked and "get pods/log" in asked
+    # A 1.31 server: a WebSocket port-forward is authorized as a GET only.
+    assert "get pods/portforward" in asked and "get pods/log" in asked
+    assert "create pods/portforward" not in asked
     assert "patch deployments.apps" in asked and "delete services" in asked
     # The namespace exists, so up never creates it: its create is not asked.
     assert "create namespaces" not in asked
@@ -236,11 +238,11 @@ def test_access_review_passes_when_everything_is_allowed(cluster: tuple[Server, 
 
 def test_access_review_lists_every_denial(cluster: tuple[Server, Path]) -> None:
     server, cfg = cluster
-    server.standin.denied |= {("create", "pods", "portforward"), ("delete", "services", "")}
+    server.standin.denied |= {("get", "pods", "portforward"), ("delete", "services", "")}
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.FAIL
     assert "may not do 2 of the" in access.message
-    assert "create pods/portforward" in access.message
+    assert "get pods/portforward" in access.message
     assert "delete services" in access.message
     assert "kubectl auth can-i" in access.hint
 
@@ -290,7 +292,11 @@ def test_dry_run_reports_every_refusal_at_once(cluster: tuple[Server, Path]) -> 
     )
     (adm,) = by_check(run(cfg, plan()), "SB264")
     assert adm.severity is Severity.FAIL
-    assert "refuses 3 of the" in adm.message
+    # restricted refuses the router's Pod too: it runs as root without dropping ALL
+    # capabilities, as Pod Security's restricted level words it.
+    assert "refuses 4 of the" in adm.message
+    assert "Pod/vllm-pd-router-servebook-dry-run" in adm.message
+    assert 'runAsNonRoot != true (container "router")' in adm.message
     assert (
         "Pod/vllm-pd-prefill-servebook-dry-run (the Pods of Deployment/vllm-pd-prefill): "
         "Pod Security" in adm.message

@@ -22,7 +22,7 @@ from typing import Any
 import typer
 
 from servebook.commands import app
-from servebook.console import out
+from servebook.console import err, out
 from servebook.errors import UsageError
 from servebook.kube import manifests, names
 from servebook.kube.parameters_doc import MARKER, parameters_markdown
@@ -184,6 +184,9 @@ def render(
     if output is not None:
         check_output_dir(output)
     plan, objects, files = render_files(recipe, sets, values, name)
+    note = manifests.engine_args_note(plan)
+    if note:
+        err.print(note, highlight=False, markup=False, soft_wrap=True)
     if output is None:
         sys.stdout.write("---\n".join(v for k, v in files.items() if k != PARAMETERS_FILE))
         return

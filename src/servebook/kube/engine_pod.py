@@ -41,6 +41,14 @@ VLLM_ENGINE_READY_DEFAULT_S = 600
 # the API server stops (kserve and llm-d allow 30 s and more on top of the drain).
 DRAIN_MARGIN_S = 30
 DP_RPC_PORT = 13345
+# A Deployment's progressDeadlineSeconds beyond its Pods' start-up budget: the image pull
+# (a vLLM image is 10-20 GB; preflight's pull budget is 900 s) and the init containers
+# come before the startup probe's budget starts.  Kubernetes' default, 600 s, would have
+# `kubectl rollout status` call a healthy 40-minute load failed at 10 minutes.
+PROGRESS_MARGIN_S = 900
+# The router's requests: vllm-router is one Rust process that proxies streams; requests
+# keep it out of the BestEffort class (the first evicted) and only reserve, never cap.
+ROUTER_REQUESTS = {"cpu": "1", "memory": "1Gi"}
 
 Obj = dict[str, Any]
 
@@ -70,6 +78,13 @@ def gpu_count(role: RolePlan) -> int:
 
 def _engine_resources(role: RolePlan) -> Obj:
     r = role.resources
+    if not (r.cpu and r.memory):
+        raise UsageError(
+            f"role {role.name} requests no {'cpu' if not r.cpu else 'memory'}: set "
+            f"roles.{role.name}.resources.cpu and .memory (quantities such as 16 and "
+            "128Gi). A Pod without requests is BestEffort, the first the kubelet evicts "
+            "under node pressure."
+        )
     limits: dict[str, Any] = {}
     gpus = gpu_count(role)
     if gpus > 0:
@@ -96,6 +111,15 @@ def _engine_resources(role: RolePlan) -> Obj:
     if limits:
         out["limits"] = limits
     return out
+
+
+def _init_resources(role: RolePlan) -> Obj:
+    """An init container's resources: the engine's CPU and memory (an init container
+    runs before the engine, so the Pod's request stays the engine's), and with guaranteed
+    QoS the same limits, which every container needs for the Pod to be Guaranteed."""
+    r = role.resources
+    cpu_mem = {"cpu": r.cpu, "memory": r.memory}
+    return {"requests": cpu_mem, "limits": dict(cpu_mem)} if r.guaranteed else {"requests": cpu_mem}
 
 
 def _engine_env(plan: Plan, role: RolePlan) -> list[Obj]:
@@ -175,6 +199,7 @@ def _model_init_containers(plan: Plan, role: RolePlan, name: str) -> list[Obj]:
                     {"name": "models", "mountPath": POD_MODELS_MOUNT},
                     {"name": "model-generator", "mountPath": GENERATOR_MOUNT, "readOnly": True},
                 ],
+                "resources": _init_resources(role),
             }
         )
     return out
@@ -281,6 +306,7 @@ def engine_pod(
                     "image": role.image,
                     "command": ["find", kv.container_path, "-mindepth", "1", "-delete"],
                     "volumeMounts": [{"name": KV_VOLUME, "mountPath": kv.container_path}],
+                    "resources": _init_resources(role),
                 }
             )
     nodes = _member_nodes(role, member)

@@ -37,13 +37,21 @@ Each rule answers a failure in the field notes:
   weights, so ``DirectoryOrCreate``, one directory per deployment, emptied by the
   prefill Pod before its engine starts (stale files from an earlier run would read as
   transferred KV); both Pods are pinned to that node like any Pod mounting a node path.
+* Nothing is rendered that the cluster would refuse later: names the API server or a
+  controller refuses (``names.check_names``: a Service name starting with a digit, a
+  LeaderWorkerSet whose StatefulSets' revision label would pass 63 characters), an image
+  not pinned by a tag or digest (unless ``allow_unpinned_image``), an ``extra_engine_args``
+  flag vLLM's own parser does not know (``recipe.engine_flags``).  Every container, the
+  router's and the init containers too, requests CPU and memory, and each Deployment's
+  ``progressDeadlineSeconds`` is above its Pods' start-up budget (the default 600 s would
+  call a long, healthy load failed).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
-import re
 from importlib import resources
 from typing import Any
 
@@ -53,6 +61,8 @@ from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.kube.engine_pod import (
     PROBE_PERIOD_S,
+    PROGRESS_MARGIN_S,
+    ROUTER_REQUESTS,
     api_key_env,
     engine_pod,
     http_probe,
@@ -73,6 +83,7 @@ from servebook.kube.names import (
     ROUTER_METRICS_PORT,
     ROUTER_PORT,
     api_selector_for,
+    check_names,
     generator_configmap_name,
     lws_name,
     object_name,
@@ -80,17 +91,98 @@ from servebook.kube.names import (
     selector_for,
     settings,
 )
+from servebook.recipe import engine_flags
 from servebook.recipe.plan import Plan, RolePlan
 from servebook.recipe.schema import Kubernetes
 
 # Namespaces every cluster has: emitting a Namespace object for them would only relabel
 # them (and `kubectl delete -f` would try to delete them).
 BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The router's own identity when it discovers engine Pods (roles with replicas > 1).
 ROUTER_DISCOVERY_VERBS = ["get", "list", "watch"]
 
 Obj = dict[str, Any]
+
+
+def unpinned(image: str) -> str | None:
+    """Why an image reference does not pin one image (None: it does): no digest and no
+    tag, or the tag ``latest``.  A tag is what follows the last ':' of the last path
+    component (a registry's ``host:port/`` is not one)."""
+    if "@" in image:
+        return None
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return "it has no version tag or digest"
+    if last.rsplit(":", 1)[1] == "latest":
+        return "its tag `latest` moves"
+    return None
+
+
+def _check_pinned(plan: Plan, k8s: Kubernetes) -> None:
+    if k8s.allow_unpinned_image:
+        return
+    for role in plan.roles:
+        why = unpinned(role.image or "@")
+        if why:
+            key = "router.image" if role.kind == "router" else "image"
+            raise UsageError(
+                f"recipe {plan.recipe}: role {role.name}'s image {role.image!r} is not "
+                f"pinned: {why}, so two runs of this deployment may run different engines "
+                f"and results cannot say which ran; nothing was written. Set {key} to a "
+                "version tag (vllm/vllm-openai:v0.11.0) or a digest (IMAGE@sha256:...), or "
+                "--set allow_unpinned_image=true (kubernetes.allow_unpinned_image) if a "
+                "moving image is meant."
+            )
+
+
+@functools.cache
+def _vllm_flags() -> engine_flags.Flags | str:
+    return engine_flags.load_flags()
+
+
+def extra_engine_args(plan: Plan) -> list[str]:
+    """What the user gave as ``extra_engine_args`` (the recipes' one ARGS parameter)."""
+    value = plan.params.get("extra_engine_args")
+    return [str(a) for a in value] if isinstance(value, list) else []
+
+
+def engine_args_note(plan: Plan) -> str | None:
+    """What the check of ``extra_engine_args`` against vLLM's parser found, in words (a
+    render says it: a check that did not run never reads as passed); None without
+    extra arguments."""
+    extra = extra_engine_args(plan)
+    if not extra:
+        return None
+    flags = _vllm_flags()
+    if isinstance(flags, str):
+        return (
+            f"extra_engine_args NOT checked against vLLM's argument parser: {flags}; a "
+            "misspelt flag fails only in the engine Pod (install vLLM where you render to "
+            "check them)"
+        )
+    return (
+        f"extra_engine_args checked against the argument parser of vLLM {flags.version} "
+        "(installed here; the image's vLLM may be another version)"
+    )
+
+
+def _check_engine_args(plan: Plan) -> None:
+    extra = extra_engine_args(plan)
+    flags = _vllm_flags() if extra else None
+    if not isinstance(flags, engine_flags.Flags):
+        return
+    unknown = engine_flags.unknown_flags(extra, flags.options)
+    if unknown:
+        listed = "; ".join(
+            f"{flag} (did you mean {close}?)" if close else f"{flag} (no flag like it)"
+            for flag, close in unknown
+        )
+        raise UsageError(
+            f"{plan.origin}: parameter 'extra_engine_args' gives {len(unknown)} flag(s) vLLM "
+            f"{flags.version}'s `vllm serve` does not know: {listed}; nothing was written. "
+            "Fix them (`vllm serve --help` lists every flag), or check that the image's vLLM "
+            "is the version that has them."
+        )
 
 
 def discovers(plan: Plan) -> bool:
@@ -147,7 +239,9 @@ def _engine_deployment(
     plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, generator_hash: str | None
 ) -> Obj:
     pod, annotations, _ = engine_pod(plan, role, k8s, name, generator_hash, None)
-    return _deployment(plan, role, k8s.namespace, pod, name, annotations)
+    dep = _deployment(plan, role, k8s.namespace, pod, name, annotations)
+    dep["spec"]["progressDeadlineSeconds"] = k8s.startup_timeout_s + PROGRESS_MARGIN_S
+    return dep
 
 
 def _engine_lws(
@@ -290,6 +384,7 @@ def _router_deployment(
     # The router waits for both engines before it serves; its budget is theirs plus a
     # minute, and it is ready once it has a healthy prefill and decode engine.
     container: Obj = {"name": "router", "image": role.image, "command": argv[:1], "args": argv[1:]}
+    container["resources"] = {"requests": dict(ROUTER_REQUESTS)}
     # vllm-router checks no client's key; it sends its own OPENAI_API_KEY to the engines.
     router_env = api_key_env("OPENAI_API_KEY", k8s)
     if router_env:
@@ -314,7 +409,10 @@ def _router_deployment(
         pod["serviceAccountName"] = router_account_name(name)
     pod["enableServiceLinks"] = False
     pod["containers"] = [container]
-    return _deployment(plan, role, k8s.namespace, pod, name), ports
+    dep = _deployment(plan, role, k8s.namespace, pod, name)
+    # Its startup probe's budget (the engines' plus a minute), and the pull before it.
+    dep["spec"]["progressDeadlineSeconds"] = k8s.startup_timeout_s + 60 + PROGRESS_MARGIN_S
+    return dep, ports
 
 
 def _router_access(plan: Plan, role: RolePlan, namespace: str, name: str) -> list[Obj]:
@@ -366,18 +464,9 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
     whose = f"recipe name {name!r}" if name == plan.recipe else f"deployment name {name!r}"
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."
     k8s = settings(plan)
+    _check_pinned(plan, k8s)
+    _check_engine_args(plan)
     generates = any(r.pod_models for r in plan.roles)
-    names = [name, *(object_name(plan, role.name, name) for role in plan.roles)]
-    names += [lws_name(name, r.name) for r in plan.roles if r.spans_nodes]
-    if generates:
-        names.append(generator_configmap_name(name))
-    for obj_name in names:
-        if not _DNS_LABEL.match(obj_name):
-            raise UsageError(
-                f"{whose} makes the object name {obj_name!r}, which is not a valid "
-                "Kubernetes name (at most 63 lowercase letters, digits and '-', starting and "
-                f"ending with a letter or digit). {fix}"
-            )
     objects: list[Obj] = []
     if k8s.namespace not in BUILTIN_NAMESPACES:
         objects.append(
@@ -406,6 +495,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
                 objects += _router_access(plan, role, k8s.namespace, name)
             dep, ports = _router_deployment(plan, role, k8s, name)
         objects += [dep, _service(plan, role, k8s.namespace, ports, name)]
+    check_names(objects, name, whose, fix)
     return objects
 
 

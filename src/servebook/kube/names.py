@@ -7,6 +7,11 @@ each other.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from servebook.errors import UsageError
 from servebook.recipe.plan import Plan, RolePlan
 from servebook.recipe.schema import Kubernetes
 
@@ -93,3 +98,145 @@ def deployment_selector(deployment: str) -> str:
 
 def generator_configmap_name(deployment: str) -> str:
     return f"{deployment}-model-generator"
+
+
+# ---------------------------------------------------------------------------------------
+# What the API server and the controllers accept as names, computed from the objects a
+# render makes (so a name that would be refused half-way through an apply, or whose Pods a
+# controller could never create, is refused before anything is written).
+#
+# The rules, as k8s.io/apimachinery/pkg/util/validation/validation.go states them:
+# a Service's name is a DNS-1035 label (it becomes a DNS name: it must start with a
+# letter), a Namespace's a DNS-1123 label, most other objects' a DNS-1123 subdomain, and a
+# label value at most 63 characters.  A StatefulSet labels its Pods
+# controller-revision-hash=NAME-HASH, HASH up to 10 characters (controller.ComputeHash),
+# with no truncation (kubernetes#64023): a StatefulSet name over 52 characters has Pods
+# that are never created.  A LeaderWorkerSet makes a leader StatefulSet named after itself
+# and, per group, a worker StatefulSet named after the group's leader Pod, LWS-INDEX
+# (kubernetes-sigs/lws pkg/controllers/pod_controller.go), and a headless Service named
+# after itself.
+
+LABEL_MAX = 63
+SUBDOMAIN_MAX = 253
+REVISION_HASH_MAX = 10
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+# The API server's own wording of each rule (validation.go).
+DNS1035_RULE = (
+    "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start "
+    "with an alphabetic character, and end with an alphanumeric character"
+)
+DNS1123_LABEL_RULE = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+    "and must start and end with an alphanumeric character"
+)
+DNS1123_SUBDOMAIN_RULE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+    "'-' or '.', and must start and end with an alphanumeric character"
+)
+LABEL_VALUE_RULE = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
+    "or '.', and must start and end with an alphanumeric character"
+)
+_RULES = {
+    "dns1035": (_DNS1035, LABEL_MAX, DNS1035_RULE),
+    "dns1123-label": (_DNS1123_LABEL, LABEL_MAX, DNS1123_LABEL_RULE),
+    "dns1123-subdomain": (_DNS1123_SUBDOMAIN, SUBDOMAIN_MAX, DNS1123_SUBDOMAIN_RULE),
+    "label-value": (_LABEL_VALUE, LABEL_MAX, LABEL_VALUE_RULE),
+}
+# kind -> the rule for its metadata.name
+NAME_RULE = {"Service": "dns1035", "Namespace": "dns1123-label"}
+
+
+def name_errors(text: str, rule: str) -> list[str]:
+    """The API server's errors for ``text`` under ``rule`` (empty: accepted)."""
+    regex, limit, words = _RULES[rule]
+    out = []
+    if len(text) > limit:
+        out.append(f"must be no more than {limit} characters")
+    if not regex.fullmatch(text) or (rule != "label-value" and not text):
+        out.append(words)
+    return out
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A name or label value the cluster will see, ``why`` it exists, and its rule; a
+    StatefulSet's revision label carries ``pad`` characters more than ``text``."""
+
+    text: str
+    why: str
+    rule: str
+    pad: int = 0
+
+
+def derived_names(objects: list[dict[str, Any]]) -> list[Derived]:
+    """Every name and label value the objects make the cluster hold: the objects' own,
+    their labels and Pod template labels, and what a LeaderWorkerSet's controller makes."""
+    out: list[Derived] = []
+    for obj in objects:
+        kind = str(obj.get("kind"))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        who = f"{kind}/{name}"
+        out.append(Derived(name, f"the name of {who}", NAME_RULE.get(kind, "dns1123-subdomain")))
+        spec = obj.get("spec") or {}
+        templates = [spec.get("template")]
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        templates += [lwt.get("leaderTemplate"), lwt.get("workerTemplate")]
+        labels = dict(meta.get("labels") or {})
+        for t in templates:
+            labels.update(((t or {}).get("metadata") or {}).get("labels") or {})
+        for k, v in labels.items():
+            out.append(Derived(str(v), f"the value of label {k} on {who}", "label-value"))
+        if kind == LWS_KIND:
+            out.append(Derived(name, f"the name of {who}'s headless Service", "dns1035"))
+            hash_pad = 1 + REVISION_HASH_MAX
+            stateful = [(name, "leader")]
+            if int(lwt.get("size") or 1) > 1:
+                stateful += [(f"{name}-{i}", "worker") for i in range(int(spec.get("replicas", 1)))]
+            for sts, member in stateful:
+                out.append(
+                    Derived(
+                        sts,
+                        f"{who}'s {member} StatefulSet {sts} labels its Pods "
+                        f"controller-revision-hash={sts}-<hash of up to {REVISION_HASH_MAX} "
+                        "characters> (kubernetes#64023)",
+                        "label-value",
+                        pad=hash_pad,
+                    )
+                )
+    return out
+
+
+def check_names(objects: list[dict[str, Any]], name: str, whose: str, fix: str) -> None:
+    """Refuse (exit 2) a deployment name that makes any name or label value the API
+    server or a controller refuses, naming each, and the longest name that would do."""
+    problems: list[str] = []
+    longest: int | None = None
+    for d in derived_names(objects):
+        limit = _RULES[d.rule][1]
+        size = len(d.text) + d.pad
+        if d.text.startswith(name):
+            room = limit - (size - len(name))
+            longest = room if longest is None else min(longest, room)
+        errors = name_errors(d.text, d.rule)
+        if d.pad and size > limit:
+            errors = [f"{size} characters, and a label value may have at most {limit}"]
+        if errors:
+            problems.append(f"{d.why}: {d.text!r}: {'; '.join(errors)}")
+    if problems:
+        most = (
+            f"This recipe leaves room for a name of at most {longest} characters."
+            if longest is not None and longest < len(name)
+            else ""
+        )
+        raise UsageError(
+            f"{whose} makes {len(problems)} name(s) the Kubernetes API server or its "
+            "controllers refuse; nothing was written:\n"
+            + "\n".join(f"  {p}" for p in dict.fromkeys(problems))
+            + "\n"
+            + " ".join(x for x in (most, fix) if x)
+        )

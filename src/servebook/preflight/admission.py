@@ -5,8 +5,9 @@ from the answers; ``preflight.live`` sends the requests.
 * SB263 asks a ``SelfSubjectAccessReview`` for every verb ``up``, ``status``, ``verify``
   and ``down`` use: get, list, create, patch and delete on each kind the render emits (the
   Namespace only when it does not exist yet, since ``up`` uses an existing one as it is),
-  list on the Pods, ReplicaSets and Events it watches, get on ``pods/log`` and create on
-  ``pods/portforward``.  The authorizer answers exactly as it would the real request, RBAC
+  list on the Pods, ReplicaSets and Events it watches, get on ``pods/log`` and, for the
+  port-forwards, what the server checks of a WebSocket upgrade (``portforward_access``).
+  The authorizer answers exactly as it would the real request, RBAC
   and webhooks alike; one finding lists every denial.
 * SB264 applies the rendered set server-side with ``dryRun=All``: every admission step runs
   (schema, Pod Security, ResourceQuota and LimitRange, validating and mutating webhooks)
@@ -21,7 +22,7 @@ from the answers; ``preflight.live`` sends the requests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from servebook.findings import Finding, Severity, register_once
@@ -117,6 +118,8 @@ class Access:
     group: str = ""
     subresource: str = ""
     namespace: str | None = None
+    # Why servebook needs it, where that is not plain from the verb (for the message).
+    why: str = field(default="", compare=False)
 
     def text(self) -> str:
         what = self.resource + (f"/{self.subresource}" if self.subresource else "")
@@ -138,13 +141,48 @@ class Access:
 
 
 OBJECT_VERBS = ("get", "list", "create", "patch", "delete")
+# From this minor version the API server also authorizes a WebSocket upgrade of
+# pods/portforward (and exec, attach) as `create` (KEP-4006; kubernetes#134577, feature
+# gate AuthorizePodWebsocketUpgradeCreatePermission, beta and on by default in 1.35).
+PORTFORWARD_CREATE_FROM_MINOR = 35
 
 
-def required_access(objects: Sequence[Obj], namespace: str, namespace_exists: bool) -> list[Access]:
+def server_minor(version: Obj | None) -> int | None:
+    """The minor version of a ``/version`` answer (``"31"``, or ``"31+"`` on GKE and EKS);
+    None when it says none."""
+    text = str((version or {}).get("minor") or "")
+    digits = text[: len(text) - len(text.lstrip("0123456789"))] if text else ""
+    return int(digits) if digits and str((version or {}).get("major")) == "1" else None
+
+
+def portforward_access(namespace: str, minor: int | None) -> list[Access]:
+    """What a port-forward needs: servebook opens it as a WebSocket, whose upgrade is an
+    HTTP GET, authorized as ``get pods/portforward``; from 1.35 the server also checks
+    ``create`` (a server whose version is unknown is taken to check both)."""
+    verbs = ["get"]
+    why = "port-forwards open as WebSocket GETs"
+    if minor is None or minor >= PORTFORWARD_CREATE_FROM_MINOR:
+        verbs.append("create")
+        why += (
+            ", and Kubernetes 1.35+ also checks create on them"
+            if minor is not None
+            else "; the server's version is unknown, and from 1.35 create is checked too"
+        )
+    return [
+        Access(v, "pods", subresource="portforward", namespace=namespace, why=why) for v in verbs
+    ]
+
+
+def required_access(
+    objects: Sequence[Obj],
+    namespace: str,
+    namespace_exists: bool,
+    minor: int | None = None,
+) -> list[Access]:
     """Every permission ``up``/``status``/``verify``/``down`` use for ``objects`` in
     ``namespace``: the object verbs on each rendered kind (server-side apply is a patch that
     creates), the Namespace's only when it is to be created, and what the rollout watch,
-    the logs and the port-forwards need."""
+    the logs and the port-forwards need on a server of minor version ``minor``."""
     out: list[Access] = []
     seen: set[Access] = set()
 
@@ -167,7 +205,7 @@ def required_access(objects: Sequence[Obj], namespace: str, namespace_exists: bo
         Access("list", "pods", namespace=namespace),
         Access("get", "pods", namespace=namespace),
         Access("get", "pods", subresource="log", namespace=namespace),
-        Access("create", "pods", subresource="portforward", namespace=namespace),
+        *portforward_access(namespace, minor),
         Access("list", "replicasets", "apps", namespace=namespace),
         Access("list", "events", namespace=namespace),
     ):
@@ -210,6 +248,7 @@ def access_finding(reviews: Sequence[Review], namespace: str, who: str = "") -> 
     listed = "; ".join(
         r.access.text()
         + (f" ({r.reason})" if r.reason else "")
+        + (f" ({r.access.why})" if r.access.why else "")
         + ("" if r.access.namespace else " (cluster scope)")
         for r in denied
     )
@@ -247,6 +286,8 @@ class DryRun:
     reason: str = ""
     warnings: tuple[str, ...] = ()
     pod_of: str | None = None
+    # What was changed to make the dry run say something (an account the apply creates).
+    note: str = ""
 
     @property
     def refused(self) -> bool:
@@ -291,6 +332,18 @@ def pods_of(obj: Obj) -> list[tuple[str, Obj]]:
         }
         out.append((name, pod))
     return out
+
+
+def service_account_of(pod: Obj) -> str | None:
+    """The ServiceAccount a Pod runs as, when not the namespace's ``default``."""
+    name = (pod.get("spec") or {}).get("serviceAccountName")
+    return str(name) if name and name != "default" else None
+
+
+def without_account(pod: Obj) -> Obj:
+    """The Pod as it would be admitted under the namespace's default account."""
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "serviceAccountName"}
+    return {**pod, "spec": spec}
 
 
 def _kind_of_refusal(message: str, reason: str) -> str:
@@ -341,6 +394,7 @@ def dry_run_finding(
             of = f" (the Pods of {r.pod_of})" if r.pod_of else ""
             refusals.append(f"{r.what}{of}: {kind}: {said}{r.message} [{r.request}]")
         warnings.extend(f"{r.what}: {w}" for w in r.warnings)
+    changed = [f"{r.what}: {r.note}" for r in results if r.note]
     evidence: dict[str, Any] = {
         "objects": [
             {
@@ -350,6 +404,7 @@ def dry_run_finding(
                 "code": r.code,
                 "message": r.message,
                 "warnings": list(r.warnings),
+                "note": r.note,
             }
             for r in results
         ],
@@ -368,6 +423,8 @@ def dry_run_finding(
         )
     if warnings:
         notes += f"; warnings: {'; '.join(warnings)}"
+    if changed:
+        notes += f"; {'; '.join(changed)}"
     if refusals:
         return ADMISSION.finding(
             Severity.FAIL,
@@ -388,7 +445,7 @@ def dry_run_finding(
     return ADMISSION.finding(
         Severity.PASS,
         subject,
-        f"the API server admits the {tried} in a server-side dry run{where}",
+        f"the API server admits the {tried} in a server-side dry run{where}" + notes,
         evidence=evidence,
     )
 
@@ -414,7 +471,11 @@ __all__ = [
     "enforce_level",
     "object_path",
     "pods_of",
+    "portforward_access",
     "required_access",
     "resource_of",
     "review_from_answer",
+    "server_minor",
+    "service_account_of",
+    "without_account",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,12 @@ from servebook.preflight.admission import (
     pods_of,
     required_access,
     review_from_answer,
+    server_minor,
+    service_account_of,
+    without_account,
 )
 from servebook.preflight.cluster import check_cluster
+from servebook.preflight.pod_security import pod_security_finding
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
 from servebook.preflight.requirements import ClusterRequirements, requirements_from_plan
 from servebook.preflight.weights_fit import (
@@ -110,6 +114,7 @@ def plan_findings(
     ns_obj = snap.namespaces.get(req.namespace)
     exists = ns_obj is not None and not (ns_obj.get("metadata") or {}).get("deletionTimestamp")
     findings.append(check_access(api, objects, req.namespace, exists))
+    findings.append(pod_security_finding(objects, req.namespace, ns_obj if exists else None))
     probes: list[Finding] = []
     with workspace(api, req.namespace, exists) as ws:
         findings.append(
@@ -153,6 +158,8 @@ def _from_snapshot(
     plan: Plan, req: ClusterRequirements, snap: ClusterSnapshot, given: WeightsSize | None
 ) -> list[Finding]:
     findings = check_cluster(snap, req)
+    ns_obj = snap.namespaces.get(req.namespace)
+    findings.append(pod_security_finding(manifests.render(plan), req.namespace, ns_obj))
     targets = probe_targets(plan)
     findings.append(
         PROBE_POD.finding(
@@ -246,9 +253,14 @@ def workspace(api: Any, namespace: str, exists: bool) -> Iterator[Workspace]:
 def check_access(
     api: Any, objects: Sequence[dict[str, Any]], namespace: str, exists: bool
 ) -> Finding:
-    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use."""
+    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use (on this
+    server's version: what a port-forward needs changed in 1.35)."""
+    try:
+        version = api.version()  # kr8s's own /version request (not an API path)
+    except Exception:
+        version = None  # taken as the newest: both port-forward verbs are asked
     reviews = []
-    for a in required_access(objects, namespace, exists):
+    for a in required_access(objects, namespace, exists, server_minor(version)):
         answer = call(
             api, "POST", SSAR_PATH, f"asking whether the caller may {a.text()}", body=a.review()
         )
@@ -269,6 +281,14 @@ def check_admission(
     create the Pods of each workload's template, in ``into`` (the namespace, or preflight's
     stand-in for it); every answer is kept, refusals included."""
     results: list[DryRun] = []
+    # ServiceAccounts the apply creates: a dry run stores none, so a Pod running as one
+    # would be refused ("serviceaccount ... not found") though the real apply admits it.
+    rendered = {
+        str((o.get("metadata") or {}).get("name"))
+        for o in objects
+        if o.get("kind") == "ServiceAccount"
+    }
+    made = _accounts_for_dry_run(api, objects, into) if into != namespace else set()
     for obj in objects:
         if obj.get("kind") == "Namespace":
             if exists:
@@ -278,10 +298,52 @@ def check_admission(
         placed = {**obj, "metadata": {**(obj.get("metadata") or {}), "namespace": into}}
         results.append(_dry_run(api, placed, "PATCH"))
         for owner, pod in pods_of(placed):
-            results.append(_dry_run(api, pod, "POST", pod_of=f"{obj.get('kind')}/{owner}"))
+            account = service_account_of(pod)
+            note = ""
+            if account and account not in made and account in rendered:
+                if not _exists(api, f"/api/v1/namespaces/{into}/serviceaccounts/{account}"):
+                    pod = without_account(pod)
+                    note = (
+                        f"dry-run as the namespace's default ServiceAccount, since its own "
+                        f"({account}) is created by this apply"
+                    )
+            elif account in made and account not in rendered:
+                note = (
+                    f"its ServiceAccount {account} was made in {into} for the dry run; that "
+                    f"it exists in {namespace} was not checked"
+                )
+            r = _dry_run(api, pod, "POST", pod_of=f"{obj.get('kind')}/{owner}")
+            results.append(replace(r, note=note) if note else r)
     return dry_run_finding(
         results, namespace, enforce=enforce, stand_in=None if into == namespace else into
     )
+
+
+def _exists(api: Any, path: str) -> bool:
+    return call(api, "GET", path, f"reading {path}", missing_ok=True) is not None
+
+
+def _accounts_for_dry_run(api: Any, objects: Sequence[dict[str, Any]], into: str) -> set[str]:
+    """In preflight's own temporary namespace (deleted afterwards), really create every
+    ServiceAccount the Pods run as, the apply's and the user's, so their Pods' dry runs
+    are admitted as the apply's would be; returns the names made."""
+    wanted = sorted({a for o in objects for _, pod in pods_of(o) if (a := service_account_of(pod))})
+    made = set()
+    for account in wanted:
+        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}
+        try:
+            call(
+                api,
+                "POST",
+                f"/api/v1/namespaces/{into}/serviceaccounts",
+                f"creating ServiceAccount {account} in preflight's temporary namespace {into} "
+                "for the dry run",
+                body=body,
+            )
+        except RequestFailed:
+            continue  # its Pods are dry-run as they are; a refusal then says why
+        made.add(account)
+    return made
 
 
 def _dry_run(api: Any, obj: dict[str, Any], method: str, pod_of: str | None = None) -> DryRun:

@@ -4,8 +4,12 @@ The Pod is built to change nothing it checks: the model directory is mounted rea
 with hostPath ``type: Directory`` (an absent path fails the mount and is reported from the
 Pod's event as "absent on node X"; ``DirectoryOrCreate`` once created a typo'd directory
 and turned a fast failure into a slow crash loop), no privileges, a deadline, and the Pod
-is deleted afterwards in every case, Ctrl-C included.  ``nodeName`` is set so a cordoned
-node is still probed (the cordon is reported on its own by the cluster checks).
+is deleted afterwards in every case, Ctrl-C included.  It is pinned the way the engines
+are, by a ``nodeSelector`` on the node's ``kubernetes.io/hostname`` label (the value the
+recipe's node parameter gives): a node whose name differs from that label is found by
+both, where a ``nodeName`` would name a node that does not exist and the Pod would never
+run.  It tolerates every taint, the cordon's ``node.kubernetes.io/unschedulable`` too, so
+a cordoned node is still probed (the cordon is reported on its own by the cluster checks).
 
 Pulling the image is not the probe's time: a multi-GB engine image can take longer to pull
 than the probe takes to run, and once counted in one 120 s deadline it turned a slow pull
@@ -33,6 +37,7 @@ from typing import Any
 
 from servebook.findings import Finding, Severity, register
 from servebook.kube.client import RequestFailed, call, send
+from servebook.kube.names import HOSTNAME_LABEL
 from servebook.preflight.probe_checks import probe_script_path, to_findings
 
 MODEL_MOUNT = "/servebook-probe/model"
@@ -111,7 +116,7 @@ def pod_manifest(
             "labels": {"app.kubernetes.io/name": "servebook-probe"},
         },
         "spec": {
-            "nodeName": t.node,
+            "nodeSelector": {HOSTNAME_LABEL: t.node},
             "restartPolicy": "Never",
             "activeDeadlineSeconds": deadline_s + max(0, pull_timeout_s),
             "automountServiceAccountToken": False,

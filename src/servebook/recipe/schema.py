@@ -113,10 +113,17 @@ ResourceName = Annotated[
         "an extended resource name such as nvidia.com/gpu, amd.com/gpu or rdma/ib",
     ),
 ]
-# A Kubernetes quantity such as 16Gi or 512M.
+# A Kubernetes quantity such as 16Gi, 512M or 1500m, as the API server parses one
+# (k8s.io/apimachinery/pkg/api/resource/quantity.go: a number, then a binary-SI suffix
+# Ki..Ei, a decimal-SI one n, u, m, k, M..E, or an exponent e3/E-2); never negative (a
+# request or a size below 0 is refused: "must be greater than or equal to 0").
 Quantity = Annotated[
     str,
-    _matching(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?", "a quantity such as 16Gi"),
+    _matching(
+        r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?[0-9]+)?",
+        "a Kubernetes quantity, a number that is not negative with an optional suffix "
+        "(2, 1500m, 16Gi, 512M)",
+    ),
 ]
 # A node's kubernetes.io/hostname value: it ends up in a node affinity, so a label value.
 NodeName = Annotated[
@@ -167,8 +174,10 @@ class KVConnector(_Strict):
 
 
 class Resources(_Strict):
-    cpu: str | None = None
-    memory: str | None = None
+    # Kubernetes quantities (the local backend ignores them): checked here, so a value
+    # the API server would refuse stops the render naming its parameter.
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
     gpus: int | str = 0
     gpu_resource: ResourceName = "nvidia.com/gpu"
     # An extended resource (e.g. rdma/ib) each engine Pod requests; None: none.  With
@@ -399,6 +408,10 @@ class Kubernetes(_Strict):
     # The engines' API key: every engine container gets VLLM_API_KEY and the router
     # OPENAI_API_KEY from this Secret's key (secretKeyRef); None: no key.
     api_key_secret: SecretRef | None = None
+    # An image without a version tag or digest (or tagged `latest`) is refused unless this
+    # says a moving image is meant: results record the image as provenance, and a tag
+    # that moves makes two runs of one recipe run different engines.
+    allow_unpinned_image: bool = False
 
     @field_validator("compile_cache", mode="before")
     @classmethod

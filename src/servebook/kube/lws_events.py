@@ -1,0 +1,67 @@
+"""Why a LeaderWorkerSet has no Pods: its StatefulSets' events (issue 23 point 11).
+
+A LeaderWorkerSet's Pods are made by StatefulSets, not by the LeaderWorkerSet: the leader
+StatefulSet named after the set, and per group a worker StatefulSet named after the
+group's leader Pod, ``LWS-INDEX`` (kubernetes-sigs/lws, pkg/controllers/
+pod_controller.go).  When the API server refuses a Pod (Pod Security, a quota, a webhook,
+an invalid label such as an over-long controller-revision-hash), the StatefulSet
+controller records a ``FailedCreate`` Warning on the StatefulSet, worded
+``create Pod POD in StatefulSet STS failed error: WHY`` (pkg/controller/statefulset/
+stateful_pod_control.go), and no event on the LeaderWorkerSet says so.  Pure: the caller
+lists the namespace's events.
+
+To be called by ``kube.rollout.group_state`` where it finds no live Pod (or a group
+short of members), before its "is the controller running?" wait: a refusal found here
+fails the role at once with the API server's reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from servebook.kube.objects import parse_time
+
+Obj = dict[str, Any]
+
+
+def is_statefulset_of(name: str, lws_name: str) -> bool:
+    """Whether StatefulSet ``name`` is one a LeaderWorkerSet ``lws_name`` makes."""
+    return name == lws_name or re.fullmatch(re.escape(lws_name) + r"-[0-9]+", name) is not None
+
+
+def statefulset_refusals(events: Iterable[Obj], lws_name: str, since: datetime) -> list[Obj]:
+    """The ``FailedCreate`` events of the LeaderWorkerSet's StatefulSets at or after
+    ``since`` (events outlive their objects: an earlier deploy's are not this one's),
+    oldest first."""
+    out = []
+    for e in events:
+        inv = e.get("involvedObject") or {}
+        if inv.get("kind") != "StatefulSet" or e.get("reason") != "FailedCreate":
+            continue
+        if not is_statefulset_of(str(inv.get("name", "")), lws_name):
+            continue
+        when = parse_time(e.get("lastTimestamp") or e.get("eventTime"))
+        if when is not None and when < since:
+            continue
+        out.append(e)
+    return sorted(out, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+
+
+def refusal_summary(events: Iterable[Obj], lws_name: str, since: datetime) -> str | None:
+    """One sentence naming the StatefulSet and the API server's reason for the latest
+    refusal; None when its StatefulSets recorded none."""
+    found = statefulset_refusals(events, lws_name, since)
+    if not found:
+        return None
+    last = found[-1]
+    sts = (last.get("involvedObject") or {}).get("name")
+    return (
+        f"the cluster refused to create the Pods of LeaderWorkerSet {lws_name} (StatefulSet "
+        f"{sts}, {len(found)} refusal event(s)): {last.get('message', '')}"
+    )
+
+
+__all__ = ["is_statefulset_of", "refusal_summary", "statefulset_refusals"]
