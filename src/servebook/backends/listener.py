@@ -125,7 +125,7 @@ def _holders(inode: int, proc: Path) -> list[int]:
     return sorted(pids)
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -173,8 +173,8 @@ def read_listener(url: str, proc: Path = Path("/proc")) -> Listener:
     if not pids:
         if s.uid != os.getuid():
             why = (
-                f"the socket on port {port} belongs to {_user(s.uid)}, whose processes' open "
-                f"files ({proc}/PID/fd) this user ({_user(os.getuid())}) may not read"
+                f"the socket on port {port} belongs to {user_name(s.uid)}, whose processes' open "
+                f"files ({proc}/PID/fd) this user ({user_name(os.getuid())}) may not read"
             )
         else:
             why = (
