@@ -45,10 +45,26 @@ class RoleView:
     # The other replicas' /metrics when the role runs several Pods behind one Service:
     # its counters are the sum over metrics_url and these (the router spreads requests).
     replica_metrics_urls: tuple[str, ...] = ()
+    # Each replica's name (a Pod's, a URL), in the order of all_metrics_urls, and its
+    # command line as applied where replicas may differ; empty: named by index, and each
+    # runs ``argv``.  Verify and bench judge every replica on its own under these names.
+    replica_names: tuple[str, ...] = ()
+    replica_argv: tuple[tuple[str, ...], ...] = ()
 
     @property
     def all_metrics_urls(self) -> tuple[str, ...]:
         return (self.metrics_url, *self.replica_metrics_urls)
+
+    @property
+    def all_replica_names(self) -> tuple[str, ...]:
+        """A name for each of ``all_metrics_urls``: given, else ``ROLE[i]`` (one replica:
+        the role's own name)."""
+        urls = self.all_metrics_urls
+        if len(self.replica_names) == len(urls):
+            return self.replica_names
+        return (
+            (self.name,) if len(urls) == 1 else tuple(f"{self.name}[{i}]" for i in range(len(urls)))
+        )
 
 
 @dataclass
@@ -67,6 +83,9 @@ class DeploymentView:
     local_model_dir: str | None = None
     # Accelerators the deployment uses (per-accelerator figures); None when unknown.
     accelerators: int | None = None
+    # What the deployment claims when no recipe says it (an attached deployment: read from
+    # its engines' own command lines, ``backends.attached``); None: from the Plan.
+    claimed: Claims | None = None
 
     def role(self, name: str) -> RoleView:
         return role_named(self.roles, name)
@@ -80,7 +99,10 @@ class DeploymentView:
         return [r.name for r in self.roles if r.alive() is False]
 
     def claims(self) -> Claims:
-        """What the deployment claims: from its recipe's Plan, not from how it runs."""
+        """What the deployment claims: from its recipe's Plan, not from how it runs (an
+        attached deployment has no recipe: what its engines' command lines say)."""
+        if self.claimed is not None:
+            return self.claimed
         return Claims(
             topology=self.plan.topology,
             speculative=self.plan.speculative is not None,
@@ -98,6 +120,8 @@ class DeploymentView:
                 url=r.api_url,
                 metrics_url=r.metrics_url,
                 replica_metrics_urls=r.replica_metrics_urls,
+                replica_names=r.all_replica_names,
+                replica_argv=r.replica_argv,
                 argv=list(r.argv),
                 alive=r.alive,
                 log=r.log,

@@ -130,12 +130,20 @@ class Backend(Protocol):
 
 
 def _registry() -> dict[str, Backend]:
+    from servebook.backends.attached import AttachedBackend
     from servebook.backends.kubernetes import KubernetesBackend
     from servebook.backends.local import LocalBackend
 
-    return {"local": LocalBackend(), "kubernetes": KubernetesBackend()}
+    return {
+        "local": LocalBackend(),
+        "kubernetes": KubernetesBackend(),
+        "attached": AttachedBackend(),
+    }
 
 
+# The places `up --backend` brings a deployment up on.  ``find`` and ``locate`` also find
+# the deployments recorded by ``servebook attach`` (``backends.attached``): servebook did not
+# make those, so they are no choice of ``--backend``.
 NAMES = ("local", "kubernetes")
 
 

@@ -257,14 +257,54 @@ def parse_engine_args(tokens: Sequence[str], *, positional_model: bool) -> Engin
 
 def _shell_script(argv: Sequence[str]) -> str | None:
     """The script of ``sh -c SCRIPT`` (also ``-ec``, ``-lc``, ``-x -c``), else None."""
+    call = _shell_call(argv)
+    return call[0] if call else None
+
+
+def _shell_call(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``(SCRIPT, positional parameters)`` of ``sh -c SCRIPT [NAME [ARG ...]]``, else
+    None; the parameters are what ``$@`` expands to."""
     if not argv or posixpath.basename(argv[0]) not in SHELLS:
         return None
     for i, tok in enumerate(argv[1:], start=1):
         if tok.startswith("-") and not tok.startswith("--") and "c" in tok[1:]:
-            return argv[i + 1] if i + 1 < len(argv) else None
+            return (argv[i + 1], list(argv[i + 3 :])) if i + 1 < len(argv) else None
         if not tok.startswith("-"):
             return None
     return None
+
+
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+)|(@))")
+
+
+def expand_words(
+    words: Sequence[str], env: Mapping[str, str], positional: Sequence[str] = ()
+) -> list[str]:
+    """Words of a script with ``$NAME``, ``${NAME}`` and ``$@`` expanded from ``env`` as a
+    shell would: a word that is one expansion splits on whitespace (``exec vllm serve M
+    ${VLLM_ADDITIONAL_ARGS}``), one inside other text is substituted in place, an unset
+    name expands to nothing.  Quotes inside a value stay literal, as in a shell."""
+    out: list[str] = []
+    for w in words:
+        whole = _VAR.fullmatch(w)
+        if whole:
+            if whole.group(3):
+                out += list(positional)
+            else:
+                out += env.get(whole.group(1) or whole.group(2), "").split()
+            continue
+        if "$" not in w:
+            out.append(w)
+            continue
+        out.append(
+            _VAR.sub(
+                lambda m: (
+                    " ".join(positional) if m.group(3) else env.get(m.group(1) or m.group(2), "")
+                ),
+                w,
+            )
+        )
+    return out
 
 
 def split_shell(script: str) -> list[list[str]] | None:
@@ -327,12 +367,20 @@ def _looks_like_engine_image(image: str | None) -> bool:
     return "vllm" in repo.lower().rsplit("/", 1)[-1]
 
 
-def parse_argv(argv: Sequence[str]) -> EngineCommand | None:
-    """The engine command inside a full argv (a direct invocation or a shell script)."""
-    script = _shell_script(argv)
-    if script is not None:
+def parse_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> EngineCommand | None:
+    """The engine command inside a full argv (a direct invocation or a shell script).
+
+    With ``env`` (the process's or container's environment), a script's ``$NAME``,
+    ``${NAME}`` and ``$@`` are expanded as the shell would (``expand_words``): KServe's
+    ``exec vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@`` reads its flags from the
+    environment and the container's args.  Without it they stay as written."""
+    shell = _shell_call(argv)
+    if shell is not None:
+        script, params = shell
         commands = split_shell(script)
         for words in commands or []:
+            if env is not None:
+                words = expand_words(words, env, params)
             found = _find_invocation(words)
             if found:
                 entry, rest, positional = found
@@ -381,12 +429,103 @@ def parse_container(container: Mapping[str, Any]) -> EngineCommand | None:
     return None
 
 
+# Pre-JSON speculative flags (vLLM before the JSON config) and the key of the config each sets.
+LEGACY_SPEC_FLAGS: Mapping[str, str] = {
+    "--speculative-model": "model",
+    "--num-speculative-tokens": "num_speculative_tokens",
+    "--speculative-draft-tensor-parallel-size": "draft_tensor_parallel_size",
+    "--ngram-prompt-lookup-max": "prompt_lookup_max",
+    "--ngram-prompt-lookup-min": "prompt_lookup_min",
+}
+
+
+def speculative_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str | None]:
+    """The speculative config a command line sets, as one dict: the JSON flag (either
+    spelling, dotted keys applied) plus the pre-JSON flags.  ``(None, None)``: none;
+    ``(None, error)``: the JSON cannot be read (the engine refuses it at startup)."""
+    config, err = cmd.json_value("--speculative-config")
+    if err:
+        return None, err
+    legacy: dict[str, Any] = {}
+    for flag, key in LEGACY_SPEC_FLAGS.items():
+        v = cmd.value(flag)
+        if v is not None:
+            try:
+                legacy[key] = json.loads(v)
+            except json.JSONDecodeError:
+                legacy[key] = v
+    if config is None and not legacy:
+        return None, None
+    merged = dict(config or {})
+    merged.update(legacy)
+    return merged, None
+
+
+def kv_transfer_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str | None]:
+    """The KV-transfer config (``--kv-transfer-config`` or ``--kv_transfer_config``, JSON
+    or dotted), as ``json_value`` reads it."""
+    return cmd.json_value("--kv-transfer-config")
+
+
+@dataclass(frozen=True)
+class SpecComparison:
+    """Two roles' speculative configs side by side: ``only`` names the role that has one
+    when the other has none; ``differences`` lists the keys that differ; ``warnings`` what
+    may differ but deserves a look (draft directories named differently)."""
+
+    only: str | None
+    differences: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def same(self) -> bool:
+        return self.only is None and not self.differences
+
+
+def compare_speculative(
+    a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, names: tuple[str, str]
+) -> SpecComparison:
+    """The one rule lint (SB105) and verify (SB308) judge speculation symmetry by: the
+    configs must be identical, key order and formatting aside, except that the draft may
+    sit at a different absolute path on each node (a warning when the directories'
+    names differ); a draft named any other way (a hub id, a relative path) must match."""
+    if a is None and b is None:
+        return SpecComparison(None, ())
+    if a is None or b is None:
+        return SpecComparison(names[1] if a is None else names[0], ())
+    a, b = dict(a), dict(b)
+    warnings: list[str] = []
+    am, bm = a.get("model"), b.get("model")
+    if isinstance(am, str) and isinstance(bm, str) and am.startswith("/") and bm.startswith("/"):
+        a.pop("model")
+        b.pop("model")
+        if posixpath.basename(am.rstrip("/")) != posixpath.basename(bm.rstrip("/")):
+            warnings.append(
+                f"draft model directories differ in name ({am} vs {bm}); make sure both "
+                "hold the same draft weights (`servebook probe DIR --draft ...`)"
+            )
+    missing = "(absent)"
+    p, q = names
+    diff = [
+        f"{k}: {p} {json.dumps(a.get(k, missing))}, {q} {json.dumps(b.get(k, missing))}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k, missing) != b.get(k, missing)
+    ]
+    return SpecComparison(None, tuple(diff), tuple(warnings))
+
+
 __all__ = [
+    "LEGACY_SPEC_FLAGS",
     "EngineCommand",
     "Flag",
+    "SpecComparison",
+    "compare_speculative",
+    "expand_words",
+    "kv_transfer_config",
     "normalize_flag",
     "parse_argv",
     "parse_container",
     "parse_engine_args",
+    "speculative_config",
     "split_shell",
 ]

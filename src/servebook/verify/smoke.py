@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,10 @@ class Target:
     describe: Callable[[], str] = lambda: ""
     metrics_url: str = ""  # where its /metrics is, when not at ``url``
     replica_metrics_urls: Sequence[str] = ()  # the other replicas' (counters are summed)
+    # A name per replica (first: counters_url's), and each replica's command line where
+    # they may differ (empty: all run ``argv``).
+    replica_names: Sequence[str] = ()
+    replica_argv: Sequence[Sequence[str]] = ()
 
     @property
     def counters_url(self) -> str:
@@ -74,6 +78,9 @@ class Claims:
     served_model_name: str
     entry_url: str
     fabric: str | None = None  # the KV transport fabric the recipe states (PD on a cluster)
+    # Replicas whose own command line could not be read (an attached deployment on another
+    # machine or of another user): "ROLE REPLICA" -> why.  Their claims are not determined.
+    argv_unread: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,0 +1,478 @@
+"""Attached deployments: ones servebook did not make, recorded on this machine so that
+``verify``, ``bench``, ``status`` and ``report`` reach them as they reach servebook's own.
+
+``servebook attach`` writes the record, ``servebook detach`` removes it; nothing on the
+deployment itself is ever touched (no apply, no restart, no label), so an attached
+deployment has no ``up`` and no ``down``.
+
+The record, ``$SERVEBOOK_HOME/deployments/NAME/attached.json`` (beside where a local or
+Kubernetes deployment of that name would keep its own; a name is one deployment's only)::
+
+    {
+      "name": "prod-pd",
+      "backend": "url" | "kubernetes",
+      "namespace": "",               # kubernetes: the namespace the Pods were found in
+      "stack": "url",                # how it was recognised: url, llm-d, dynamo, kserve, ...
+      "entry": "http://10.0.0.5:8000",  # url: the entry URL; kubernetes: "svc/NAME:PORT"
+      "served_model_name": "tiny",
+      "created": "2026-12-01T20:40:00+00:00",
+      "notes": ["decode http://...: its command line could not be read: ..."],
+      "roles": [                     # prefill + decode: a PD claim; mixed: one aggregated role
+        {"name": "decode", "kind": "engine",
+         "replicas": [               # every replica judged on its own
+           {"name": "http://10.0.0.6:8200",   # a Pod's name on Kubernetes, else the URL
+            "api_url": "http://10.0.0.6:8200",  # base URL (no /v1); kubernetes: "" (forwarded)
+            "metrics_url": "http://10.0.0.6:8200",  # the engine's own /metrics, never a sidecar's
+            "argv": ["python", "-m", "vllm.entrypoints.openai.api_server", ...],
+            "env": {"VLLM_ADDITIONAL_ARGS": "..."},
+            "argv_from": "pid 4242 listening on port 8200 (/proc/4242/cmdline)",
+            "argv_unread": "",          # why the command line could not be read: the claims
+                                        # of this replica are then "not determined"
+            # Kubernetes only (optional; a URL replica leaves them unset):
+            "pod": null, "container": null, "node": null,
+            "port": null, "metrics_port": null, "scheme": "http"}]}]
+    }
+
+``view_of(record, reach)`` turns a record into the same ``DeploymentView`` servebook's own
+backends yield, given each replica's reachable URLs (``reach``: the record's own URLs for
+``backend: url``; port-forwards for ``backend: kubernetes``, which the Kubernetes attach
+opens and hands in).  Its claims are read from the engines' own command lines
+(``engines.cmdline``), never from a recipe: roles prefill and decode claim PD; a
+speculative config on any replica claims speculation; a replica whose command line could
+not be read leaves its claims "not determined" (``Claims.argv_unread``), never assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from servebook import http
+from servebook.backends.base import Down, Found, Ready, Say
+from servebook.backends.state import deployments_dir, state_dir_for
+from servebook.deployment import DeploymentView, RoleView
+from servebook.engines.cmdline import EngineCommand, parse_argv, speculative_config
+from servebook.errors import UsageError
+from servebook.files import read_model, write_atomic
+from servebook.findings import Finding
+from servebook.recipe.plan import Plan, RolePlan
+from servebook.verify.smoke import Claims
+
+ATTACHED_STATE_FILE = "attached.json"
+ENGINE_ROLE_NAMES = ("mixed", "prefill", "decode")
+BACKENDS = ("url", "kubernetes")
+
+
+class AttachedReplica(BaseModel):
+    """One engine process (or router) of a role: a Pod, or a URL given to attach."""
+
+    name: str
+    api_url: str = ""
+    metrics_url: str = ""
+    argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    argv_from: str = ""
+    argv_unread: str = ""
+    pod: str | None = None
+    container: str | None = None
+    node: str | None = None
+    port: int | None = None
+    metrics_port: int | None = None
+    scheme: Literal["http", "https"] = "http"
+
+
+class AttachedRole(BaseModel):
+    name: str
+    kind: Literal["engine", "router"] = "engine"
+    replicas: list[AttachedReplica] = Field(default_factory=list)
+
+
+class AttachedDeployment(BaseModel):
+    name: str
+    backend: Literal["url", "kubernetes"] = "url"
+    namespace: str = ""
+    stack: str = "url"
+    entry: str
+    served_model_name: str = ""
+    created: str = ""
+    notes: list[str] = Field(default_factory=list)
+    roles: list[AttachedRole] = Field(default_factory=list)
+
+    @property
+    def engine_roles(self) -> list[AttachedRole]:
+        return [r for r in self.roles if r.kind == "engine"]
+
+    @property
+    def topology(self) -> Literal["mixed", "pd"]:
+        names = {r.name for r in self.engine_roles}
+        return "pd" if {"prefill", "decode"} <= names else "mixed"
+
+    def role(self, name: str) -> AttachedRole:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+def roles_problem(roles: list[AttachedRole]) -> str | None:
+    """Why these roles are no deployment verify can judge (None: they are one)."""
+    names = [r.name for r in roles if r.kind == "engine"]
+    unknown = sorted(set(names) - set(ENGINE_ROLE_NAMES))
+    if unknown:
+        return f"role(s) {', '.join(unknown)}: an engine role is mixed, prefill or decode"
+    if not names:
+        return "no engine role: give --role mixed=URL, or --role prefill=URL --role decode=URL"
+    if "mixed" in names and ({"prefill", "decode"} & set(names)):
+        return "mixed beside prefill/decode: one deployment is aggregated or disaggregated"
+    if ("prefill" in names) != ("decode" in names):
+        given = "prefill" if "prefill" in names else "decode"
+        other = "decode" if given == "prefill" else "prefill"
+        return f"role {given} without {other}: a PD deployment names both"
+    return None
+
+
+# --- the store ---------------------------------------------------------------------------
+
+
+def record_path(name: str) -> Path:
+    return state_dir_for(name) / ATTACHED_STATE_FILE
+
+
+def read_record(name: str) -> AttachedDeployment | None:
+    return read_model(
+        record_path(name),
+        AttachedDeployment,
+        "a servebook attached-deployment record",
+        f"`servebook detach {name}` forgets it; attach it again.",
+    )
+
+
+def write_record(dep: AttachedDeployment) -> None:
+    """Atomically: a reader sees the old record or the new one, never half."""
+    if not dep.created:
+        dep = dep.model_copy(update={"created": datetime.now(UTC).isoformat(timespec="seconds")})
+    write_atomic(record_path(dep.name), dep.model_dump_json(indent=2))
+
+
+def remove_record(name: str) -> bool:
+    """Forget the deployment (True when there was a record); the directory goes when
+    nothing else is in it."""
+    path = record_path(name)
+    existed = path.is_file()
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
+    return existed
+
+
+def recorded_names() -> list[str]:
+    root = deployments_dir()
+    return (
+        sorted(d.name for d in root.iterdir() if (d / ATTACHED_STATE_FILE).is_file())
+        if root.is_dir()
+        else []
+    )
+
+
+# --- claims and the view -----------------------------------------------------------------
+
+
+def engine_command(replica: AttachedReplica) -> EngineCommand | None:
+    """The engine's command line as the replica was started (``VLLM_ADDITIONAL_ARGS``
+    from its environment appended where its script expands it)."""
+    if not replica.argv:
+        return None
+    return parse_argv(replica.argv, env=replica.env)
+
+
+def claims_of(dep: AttachedDeployment, entry_url: str) -> Claims:
+    """What the deployment says of itself: PD by its role names, speculation by any
+    engine's own command line; a replica whose command line was not read (or is not an
+    engine's) is named in ``argv_unread`` and its claims are not determined."""
+    speculative = False
+    unread: dict[str, str] = {}
+    for role in dep.engine_roles:
+        for rep in role.replicas:
+            cmd = engine_command(rep)
+            if cmd is None:
+                unread[f"{role.name} {rep.name}"] = rep.argv_unread or (
+                    "its command line does not run vLLM's engine"
+                    if rep.argv
+                    else "its command line was not read"
+                )
+                continue
+            cfg, _ = speculative_config(cmd)
+            speculative = speculative or cfg is not None
+    return Claims(
+        topology=dep.topology,
+        speculative=speculative,
+        served_model_name=dep.served_model_name,
+        entry_url=entry_url,
+        argv_unread=unread,
+    )
+
+
+def plan_of(dep: AttachedDeployment) -> Plan:
+    """A Plan shaped like the deployment (roles, replicas, command lines as read), so the
+    view's users see what they see of servebook's own; it is never run."""
+    spec: dict[str, Any] | None = None
+    roles: list[RolePlan] = []
+    for role in dep.roles:
+        first = role.replicas[0] if role.replicas else AttachedReplica(name=role.name)
+        cmd = engine_command(first) if role.kind == "engine" else None
+        if cmd is not None and spec is None:
+            cfg, _ = speculative_config(cmd)
+            spec = {k: v for k, v in cfg.items() if k != "model"} if cfg else None
+        roles.append(
+            RolePlan(
+                name=role.name,
+                kind=role.kind,
+                args=list(cmd.args) if cmd is not None else [],
+                env=dict(first.env),
+                replicas=max(1, len(role.replicas)),
+            )
+        )
+    return Plan(
+        recipe=f"attached ({dep.stack})",
+        origin=f"attached by servebook attach ({dep.backend})",
+        engine="vllm",
+        backends=[dep.backend],
+        topology=dep.topology,
+        served_model_name=dep.served_model_name,
+        roles=roles,
+        speculative=spec,
+    )
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How this machine reaches one replica for the length of a command."""
+
+    api_url: str
+    metrics_url: str
+    alive: Callable[[], bool | None] = lambda: None
+    describe: Callable[[], str] = lambda: ""
+
+
+def url_reach(dep: AttachedDeployment) -> dict[tuple[str, str], Reach]:
+    """``backend: url``: every replica at the URLs the record holds."""
+    return {
+        (role.name, rep.name): Reach(
+            rep.api_url,
+            rep.metrics_url or rep.api_url,
+            describe=lambda rep=rep: rep.argv_from or rep.name,  # type: ignore[misc]
+        )
+        for role in dep.roles
+        for rep in role.replicas
+    }
+
+
+def view_of(
+    dep: AttachedDeployment,
+    reach: Mapping[tuple[str, str], Reach],
+    *,
+    entry_url: str | None = None,
+) -> DeploymentView:
+    """The deployment view of a record, given each (role, replica)'s reach.  The entry
+    point is ``entry_url`` (Kubernetes: its forward), else the record's entry; an entry
+    that is no role's own URL is the deployment's router, shown as role ``router``."""
+    entry = (entry_url or dep.entry).rstrip("/")
+    roles: list[RoleView] = []
+    for role in dep.roles:
+        reps = [(rep, reach[(role.name, rep.name)]) for rep in role.replicas]
+        if not reps:
+            raise UsageError(f"attached deployment {dep.name}: role {role.name} has no replica.")
+        (first, r0), others = reps[0], reps[1:]
+
+        def alive(reps: list[tuple[AttachedReplica, Reach]] = reps) -> bool | None:
+            states = [r.alive() for _, r in reps]
+            return False if False in states else (True if all(states) else None)
+
+        def describe(reps: list[tuple[AttachedReplica, Reach]] = reps) -> str:
+            return "; ".join(f"{rep.name}: {r.describe() or 'no more known'}" for rep, r in reps)
+
+        roles.append(
+            RoleView(
+                name=role.name,
+                kind=role.kind,
+                api_url=r0.api_url.rstrip("/"),
+                metrics_url=r0.metrics_url.rstrip("/"),
+                argv=list(first.argv),
+                env=dict(first.env),
+                alive=alive,
+                describe=describe,
+                replica_metrics_urls=tuple(r.metrics_url.rstrip("/") for _, r in others),
+                replica_names=tuple(rep.name for rep, _ in reps) if len(reps) > 1 else (),
+                replica_argv=tuple(tuple(rep.argv) for rep, _ in reps) if len(reps) > 1 else (),
+            )
+        )
+    if entry not in {r.api_url for r in roles}:
+        roles.append(RoleView(name="router", kind="router", api_url=entry, metrics_url=entry))
+    return DeploymentView(
+        name=dep.name,
+        backend=f"attached ({dep.backend})",
+        recipe=f"attached ({dep.stack})",
+        plan=plan_of(dep),
+        served_model_name=dep.served_model_name,
+        entry_url=entry,
+        roles=roles,
+        local_model_dir=None,  # the weights are the deployment's own: bench asks the server
+        claimed=claims_of(dep, entry),
+    )
+
+
+# --- the backend: how find/locate reach an attached deployment ----------------------------
+
+# ``backend: kubernetes`` records are opened by the Kubernetes attach (port-forwards to each
+# replica's Pod); it registers its opener here: open(record) -> a context yielding the view.
+KubeOpener = Callable[[AttachedDeployment], contextlib.AbstractContextManager[DeploymentView]]
+OPENERS: dict[str, KubeOpener] = {}
+
+
+def _not_ours(name: str, verb: str) -> UsageError:
+    return UsageError(
+        f"{name} is an attached deployment: servebook did not make it and never {verb}s it.",
+        hint=f"`servebook detach {name}` forgets it (and touches nothing on it).",
+    )
+
+
+class AttachedBackend:
+    """Deployments recorded by ``servebook attach``: open, status and found work; up and
+    down refuse (servebook never changes what it did not make)."""
+
+    name = "attached"
+    title = "an attached deployment"
+    recipes_hint = "An attached deployment is recorded with `servebook attach`, never brought up."
+    up_cost = "nothing servebook can do: it did not make it"
+
+    def recorded(self) -> list[str]:
+        return recorded_names()
+
+    def has(self, name: str) -> bool:
+        return record_path(name).is_file()
+
+    def preflight(self, plan: Plan) -> list[Finding]:
+        return []
+
+    def up(
+        self,
+        plan: Plan,
+        *,
+        name: str,
+        timeout_s: float | None,
+        say: Say,
+        port: int | None = None,
+    ) -> Ready:
+        raise _not_ours(name, "start")
+
+    def found(self, namespace: str | None = None) -> list[Found]:
+        out = []
+        for n in recorded_names():
+            dep = self._require(n)
+            if namespace is None or dep.namespace == namespace:
+                out.append(Found(n, dep.namespace, f"attached ({dep.stack})", _role_names(dep)))
+        return out
+
+    def status(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        dep = self._require(name)
+        with self.open(name) as view:
+            return status_of(dep, view)
+
+    def down(self, name: str, namespace: str | None = None) -> Down:
+        raise _not_ours(name, "stop")
+
+    @contextlib.contextmanager
+    def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:
+        dep = self._require(name)
+        if dep.backend == "url":
+            yield view_of(dep, url_reach(dep))
+            return
+        opener = OPENERS.get(dep.backend)
+        if opener is None:
+            raise UsageError(
+                f"attached deployment {name} is on {dep.backend}, which this servebook cannot "
+                "reach."
+            )
+        with opener(dep) as view:
+            yield view
+
+    def _require(self, name: str) -> AttachedDeployment:
+        dep = read_record(name)
+        if dep is None:
+            raise UsageError(
+                f"no attached deployment named {name!r}.",
+                hint="`servebook attach NAME --role ...` records one.",
+            )
+        return dep
+
+
+def _answers(url: str, path: str) -> str:
+    """ "" when ``url + path`` answers 200 within 5 s, else what happened."""
+    try:
+        resp = http.get(url.rstrip("/") + path, timeout=5.0)
+    except http.HTTPError as e:
+        return str(e)
+    return "" if resp.status == 200 else f"GET {path}: HTTP {resp.status}"
+
+
+def status_of(dep: AttachedDeployment, view: DeploymentView) -> dict[str, Any]:
+    """Each role as ``Backend.status`` reports it: ok when its API answers /health and
+    every replica's /metrics answers (the counters verify and bench read)."""
+    roles = []
+    for r in view.roles:
+        problems = [f"{r.api_url}/health: {p}" for p in [_answers(r.api_url, "/health")] if p]
+        if r.kind == "engine":
+            problems += [
+                f"{u}/metrics: {p}" for u in r.all_metrics_urls if (p := _answers(u, "/metrics"))
+            ]
+        replicas = len(r.all_metrics_urls) if r.kind == "engine" else 1
+        roles.append(
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "state": "healthy" if not problems else "not answering",
+                "ok": not problems,
+                "summary": f"{replicas} replica(s) at {r.api_url}"
+                + (f"; {'; '.join(problems)}" if problems else ""),
+                "replicas": list(r.replica_names) or [r.api_url],
+            }
+        )
+    return {
+        "name": dep.name,
+        "backend": view.backend,
+        "recipe": view.recipe,
+        "entry": view.entry_url,
+        "namespace": dep.namespace,
+        "notes": list(dep.notes),
+        "roles": roles,
+    }
+
+
+def _role_names(dep: AttachedDeployment) -> tuple[str, ...]:
+    return tuple(r.name for r in dep.roles)
+
+
+__all__ = [
+    "ATTACHED_STATE_FILE",
+    "OPENERS",
+    "AttachedBackend",
+    "AttachedDeployment",
+    "AttachedReplica",
+    "AttachedRole",
+    "Reach",
+    "claims_of",
+    "plan_of",
+    "read_record",
+    "recorded_names",
+    "remove_record",
+    "roles_problem",
+    "url_reach",
+    "view_of",
+    "write_record",
+]
