@@ -393,6 +393,8 @@ class AttachedBackend:
         if dep.backend == "url":
             yield view_of(dep, url_reach(dep))
             return
+        if dep.backend == "kubernetes":  # registers its opener (port-forwards per Pod)
+            from servebook.backends import kube_attach  # noqa: F401
         opener = OPENERS.get(dep.backend)
         if opener is None:
             raise UsageError(
