@@ -27,4 +27,5 @@ CHECK_MODULES: tuple[str, ...] = (
     "servebook.preflight.probe_pod",
     "servebook.preflight.weights_fit",
     "servebook.verify.checks",
+    "servebook.verify.rules",
 )

@@ -9,7 +9,8 @@ from rich.markup import escape
 
 from servebook import redact
 from servebook.commands import app
-from servebook.commands import bench as _bench  # noqa: F401  (registers commands)
+from servebook.commands import attach as _attach  # noqa: F401  (registers commands)
+from servebook.commands import bench as _bench  # noqa: F401
 from servebook.commands import deploy as _deploy  # noqa: F401
 from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401

@@ -169,10 +169,22 @@ def test_missing_metrics_are_a_finding_naming_them() -> None:
 
 
 def test_spec_symmetry_ignores_the_draft_path_but_not_the_rest() -> None:
-    a = ["--speculative-config", '{"method":"draft_model","model":"/a","num_speculative_tokens":3}']
-    b = ["--speculative-config", '{"method":"draft_model","model":"/b","num_speculative_tokens":3}']
-    c = ["--speculative-config", '{"method":"draft_model","model":"/a","num_speculative_tokens":4}']
+    a = [
+        "--speculative-config",
+        '{"method":"draft_model","model":"/n1/d","num_speculative_tokens":3}',
+    ]
+    b = [
+        "--speculative-config",
+        '{"method":"draft_model","model":"/n2/d","num_speculative_tokens":3}',
+    ]
+    c = [
+        "--speculative-config",
+        '{"method":"draft_model","model":"/n1/d","num_speculative_tokens":4}',
+    ]
     assert C.check_spec_symmetry({"prefill": a, "decode": b})[0].severity is Severity.PASS
+    # differently named draft directories: a warning, as lint's SB105 gives
+    e = ["--speculative-config", '{"method":"draft_model","model":"/e","num_speculative_tokens":3}']
+    assert C.check_spec_symmetry({"prefill": a, "decode": e})[0].severity is Severity.WARN
     assert C.check_spec_symmetry({"prefill": a, "decode": c})[0].severity is Severity.FAIL
     one_sided = C.check_spec_symmetry({"prefill": ["--dtype", "bf16"], "decode": a})
     assert one_sided[0].severity is Severity.FAIL and "prefill: absent" in one_sided[0].message
@@ -186,7 +198,9 @@ def test_spec_symmetry_reads_full_command_lines_and_the_dotted_form() -> None:
     # the dotted form overrides one key: the engine would run with 4 speculative tokens
     b = [*serve, "--speculative-config", cfg, "--speculative-config.num_speculative_tokens", "4"]
     [f] = C.check_spec_symmetry({"prefill": a, "decode": b})
-    assert f.severity is Severity.FAIL and '"num_speculative_tokens": 4' in f.message
+    assert (
+        f.severity is Severity.FAIL and "num_speculative_tokens: prefill 3, decode 4" in f.message
+    )
     broken = [*serve, "--speculative-config", "{method: ngram"]
     [g] = C.check_spec_symmetry({"prefill": a, "decode": broken})
     assert g.severity is Severity.FAIL and "unparsed" in g.message

@@ -88,7 +88,12 @@ def scrape_replicas(base_urls: Sequence[str], *, timeout: float = 5.0) -> Snapsh
     a sum over some replicas is not the role's)."""
     if len(base_urls) == 1:
         return scrape(base_urls[0], timeout=timeout)
-    snaps = [scrape(u, timeout=timeout) for u in base_urls]
+    return merge_replicas([scrape(u, timeout=timeout) for u in base_urls])
+
+
+def merge_replicas(snaps: Sequence[Snapshot]) -> Snapshot:
+    """Several replicas' snapshots as one role's: each series tagged with its replica's
+    index (``REPLICA_LABEL``), so a value sums them and ``split_replicas`` undoes it."""
     samples: dict[str, dict[Labels, float]] = {}
     for i, snap in enumerate(snaps):
         for name, series in snap.samples.items():
@@ -100,6 +105,31 @@ def scrape_replicas(base_urls: Sequence[str], *, timeout: float = 5.0) -> Snapsh
         taken_at=min(s.taken_at for s in snaps),
         samples=samples,
     )
+
+
+def split_replicas(snap: Snapshot) -> list[Snapshot]:
+    """The replicas a ``scrape_replicas`` snapshot sums, each as its own snapshot (the
+    replica label removed), in the order they were scraped; one replica: ``[snap]``."""
+    by_replica: dict[int, dict[str, dict[Labels, float]]] = {}
+    for name, series in snap.samples.items():
+        for labels, value in series.items():
+            tag = dict(labels).get(REPLICA_LABEL)
+            if tag is None:
+                return [snap]
+            rest = tuple(kv for kv in labels if kv[0] != REPLICA_LABEL)
+            by_replica.setdefault(int(tag), {}).setdefault(name, {})[rest] = value
+    if not by_replica:
+        return [snap]
+    urls = snap.url.split(" + ")
+    n = max(len(urls), max(by_replica) + 1)
+    return [
+        Snapshot(
+            url=urls[i] if len(urls) == n else snap.url,
+            taken_at=snap.taken_at,
+            samples=by_replica.get(i, {}),
+        )
+        for i in range(n)
+    ]
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from servebook.engines import vllm
-from servebook.engines.cmdline import parse_argv, parse_engine_args
+from servebook.engines.cmdline import (
+    EngineCommand,
+    compare_speculative,
+    parse_argv,
+    parse_engine_args,
+    speculative_config,
+)
 from servebook.engines.vllm import M
 from servebook.findings import Finding, Severity, register
 from servebook.kube import fabrics
@@ -50,6 +57,8 @@ class Window:
     after: Mapping[str, Snapshot]
     # Prompt lengths (server-counted tokens) of the requests verify sent in the window.
     prompt_tokens: Sequence[int] = ()
+    # Each role's replica names, in the order its snapshots tag them (REPLICA_LABEL).
+    replica_names: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 def block_size(snap: Snapshot, default: int = 16) -> int:
@@ -354,16 +363,6 @@ def check_outcomes(role: str, w: Window) -> list[Finding]:
     return out
 
 
-def _spec_arg(argv: Sequence[str]) -> dict[str, object] | None:
-    """The speculative config a role's full command line sets (dotted keys applied);
-    ``{"unparsed": text}`` when the engine could not read it either."""
-    cmd = parse_argv(argv) or parse_engine_args(argv, positional_model=False)
-    cfg, error = cmd.json_value("--speculative-config")
-    if error is not None:
-        return {"unparsed": cmd.value("--speculative-config") or ""}
-    return cfg
-
-
 SPEC_SYMMETRY = register(
     "SB308",
     "Speculative config identical on every role that runs the model",
@@ -375,39 +374,64 @@ SPEC_SYMMETRY = register(
 )
 
 
+def role_command(argv: Sequence[str]) -> EngineCommand:
+    """A role's full command line as the engine reads it (a bare list of engine flags
+    too): the one reader lint uses (``engines.cmdline``)."""
+    return parse_argv(argv) or parse_engine_args(argv, positional_model=False)
+
+
 def check_spec_symmetry(argv_by_role: Mapping[str, Sequence[str]]) -> list[Finding]:
-    """Compare the speculative config each engine role was actually started with.  The
-    draft's path may differ per node; everything else must be identical."""
-    cfgs = {r: _spec_arg(a) for r, a in argv_by_role.items()}
-    if all(c is None for c in cfgs.values()):
+    """Compare the speculative config each engine role (or replica) was actually started
+    with, by the rule lint's SB105 uses (``cmdline.compare_speculative``): identical, the
+    draft's absolute path aside."""
+    cfgs: dict[str, dict[str, Any] | None] = {}
+    unparsed: dict[str, str] = {}
+    for r, argv in argv_by_role.items():
+        cmd = role_command(argv)
+        cfgs[r], error = speculative_config(cmd)
+        if error is not None:
+            unparsed[r] = f"unparsed ({error}): {cmd.value('--speculative-config') or ''}"
+    if all(c is None for c in cfgs.values()) and not unparsed:
         return []
 
-    def norm(c: dict[str, object] | None) -> str:
-        return (
-            "absent"
-            if c is None
-            else json.dumps({k: v for k, v in c.items() if k != "model"}, sort_keys=True)
-        )
+    def shown(r: str) -> str:
+        c = cfgs[r]
+        return unparsed.get(r) or ("absent" if c is None else json.dumps(c, sort_keys=True))
 
-    variants = {r: norm(c) for r, c in cfgs.items()}
-    if len(set(variants.values())) == 1:
+    subject = ",".join(cfgs)
+    evidence = {"config": {r: shown(r) for r in cfgs}}
+    first, *rest = list(cfgs)
+    problems = [f"{r}: {unparsed[r]}" for r in cfgs if r in unparsed]
+    warnings: list[str] = []
+    for r in rest:
+        if first in unparsed or r in unparsed:
+            continue
+        cmp = compare_speculative(cfgs[first], cfgs[r], (first, r))
+        warnings += cmp.warnings
+        if cmp.only is not None:
+            missing = r if cmp.only == first else first
+            problems.append(f"{missing}: absent, {cmp.only}: {shown(cmp.only)}")
+        problems += list(cmp.differences)
+    if not problems:
         return [
             SPEC_SYMMETRY.finding(
-                Severity.PASS,
-                ",".join(cfgs),
-                "identical --speculative-config on " + ", ".join(cfgs),
-                evidence={"config": variants},
+                Severity.WARN if warnings else Severity.PASS,
+                subject,
+                "identical --speculative-config on "
+                + ", ".join(cfgs)
+                + (f" ({'; '.join(warnings)})" if warnings else ""),
+                evidence=evidence,
             )
         ]
     return [
         SPEC_SYMMETRY.finding(
             Severity.FAIL,
-            ",".join(cfgs),
+            subject,
             "speculative config differs between roles: "
-            + "; ".join(f"{r}: {v}" for r, v in variants.items())
+            + "; ".join(problems)
             + ". With speculation on decode only, decode waits for or crashes on draft KV "
             "that prefill never computes.",
-            evidence={"config": variants},
+            evidence=evidence,
         )
     ]
 

@@ -16,8 +16,9 @@ from typing import Any
 from servebook import auth, http
 from servebook.engines import vllm
 from servebook.findings import Finding, Severity
-from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
+from servebook.metrics.scrape import ScrapeError, Snapshot, delta, scrape_replicas, split_replicas
 from servebook.verify import checks as C
+from servebook.verify import rules as R
 
 # A word list for verify's long prompt; a random nonce in front makes every verify's
 # prompt unique, so no prefix cache (local or external) can answer it from an earlier run.
@@ -67,6 +68,32 @@ class Target:
     @property
     def counters_url(self) -> str:
         return self.metrics_url or self.url
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Every replica's /metrics base URL, in the order their counters are tagged."""
+        return [self.counters_url, *self.replica_metrics_urls]
+
+    def replica_commands(self) -> list[tuple[str, Sequence[str]]]:
+        """``(subject, argv)`` per replica: the role's name for a role of one, else
+        ``ROLE NAME`` (its ``replica_names``, or ``[i]``)."""
+        labels = self.replica_labels()
+        if not labels:
+            return [(self.name, self.argv)]
+        n = len(labels)
+        argv = list(self.replica_argv) if len(self.replica_argv) == n else [self.argv] * n
+        return [(f"{self.name} {nm}", a) for nm, a in zip(labels, argv, strict=True)]
+
+    def replica_labels(self) -> list[str]:
+        """What names each replica after the role's name (none for a role of one)."""
+        n = len(self.metrics_urls)
+        if n == 1:
+            return []
+        return (
+            list(self.replica_names)
+            if len(self.replica_names) == n
+            else [f"[{i}]" for i in range(n)]
+        )
 
 
 @dataclass
@@ -218,9 +245,7 @@ def _scrape_all(
     findings: list[Finding] = []
     for t in engines:
         try:
-            snaps[t.name] = scrape_replicas(
-                [t.counters_url, *t.replica_metrics_urls], timeout=opts.health_timeout_s
-            )
+            snaps[t.name] = scrape_replicas(t.metrics_urls, timeout=opts.health_timeout_s)
         except ScrapeError as e:
             findings.append(
                 C.REACHABLE.finding(
@@ -233,15 +258,76 @@ def _scrape_all(
     return snaps, findings
 
 
+def _replicas_served(t: Target, before: Snapshot, opts: Options) -> bool:
+    """Whether every replica of ``t`` counted prompt tokens since ``before`` (a replica's
+    scrape failing reads as not yet)."""
+    try:
+        now = scrape_replicas(t.metrics_urls, timeout=opts.health_timeout_s)
+    except ScrapeError:
+        return False
+    return all(
+        (delta(b, a, vllm.M.PROMPT_TOKENS).value or 0) > 0
+        for b, a in zip(split_replicas(before), split_replicas(now), strict=False)
+    )
+
+
+def _probe(claims: Claims, opts: Options, what: str) -> tuple[dict[str, Any] | None, Finding]:
+    t0 = time.monotonic()
+    body, err = completion(
+        claims.entry_url,
+        claims.served_model_name,
+        long_prompt(opts.pd_prompt_words)
+        if what != "smoke completion"
+        else "Say hello to servebook.",
+        opts.max_tokens if what == "smoke completion" else 16,
+        opts.request_timeout_s,
+        opts.api_key,
+    )
+    return body, _smoke_finding(what, body, err, time.monotonic() - t0, opts, claims.entry_url)
+
+
+def _traffic(
+    engines: Sequence[Target], claims: Claims, opts: Options, before: dict[str, Snapshot]
+) -> tuple[list[int], list[Finding]]:
+    """verify's own requests: a smoke completion, and for PD long prompts that must reach
+    decode by KV transfer, repeated (up to three per decode replica) until every decode
+    replica has served one, so each replica's handoff can be judged."""
+    findings: list[Finding] = []
+    prompt_tokens: list[int] = []
+    body, finding = _probe(claims, opts, "smoke completion")
+    findings.append(finding)
+    if body is None:
+        return prompt_tokens, findings
+    prompt_tokens.append(int((body.get("usage") or {}).get("prompt_tokens") or 0))
+    if claims.topology != "pd":
+        return prompt_tokens, findings
+    decode = next((t for t in engines if t.name == "decode"), None)
+    replicas = len(decode.metrics_urls) if decode is not None else 1
+    for i in range(3 * replicas if replicas > 1 else 1):
+        body, finding = _probe(claims, opts, "PD handoff probe (long prompt)")
+        if body is None or i == 0:
+            findings.append(finding)
+        if body is None:
+            break
+        prompt_tokens.append(int((body.get("usage") or {}).get("prompt_tokens") or 0))
+        if decode is None or replicas == 1:
+            break
+        if i + 1 >= replicas and _replicas_served(decode, before[decode.name], opts):
+            break
+    return prompt_tokens, findings
+
+
 def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) -> Report:
+    """Every registered check (``verify.rules``) over what the deployment says of itself,
+    what it does under verify's own requests, and what its logs say."""
     opts = opts or Options()
     t_start = time.monotonic()
     rep = Report()
     f = rep.findings
     engines = [t for t in targets if t.kind == "engine"]
-    names = {t.name for t in engines}
 
-    f += C.check_spec_symmetry({t.name: t.argv for t in engines if t.argv})
+    for _, on_commands in R.COMMAND_LINE_CHECKS:
+        f += on_commands(claims, targets)
     reach = [_reachable(t, opts) for t in targets]
     f += reach
     blocked = [x.subject for x in reach if x.failed]
@@ -250,70 +336,19 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
         before, errs = _scrape_all(engines, opts, "before")
         f += errs
         if not errs:
-            for t in engines:
-                need = list(vllm.REQUIRED_METRICS)
-                if claims.topology == "pd":
-                    need += vllm.PD_METRICS
-                if claims.speculative and t.name in ("mixed", "decode"):
-                    need += vllm.SPEC_METRICS
-                # A role that claims speculation but exports none is judged by SB303.
-                present = [n for n in need if n not in vllm.SPEC_METRICS]
-                f += C.check_metrics_present(t.name, before[t.name], present)
-            prompt_tokens: list[int] = []
-            t0 = time.monotonic()
-            body, err = completion(
-                claims.entry_url,
-                claims.served_model_name,
-                "Say hello to servebook.",
-                opts.max_tokens,
-                opts.request_timeout_s,
-                opts.api_key,
-            )
-            f.append(
-                _smoke_finding(
-                    "smoke completion", body, err, time.monotonic() - t0, opts, claims.entry_url
-                )
-            )
-            if body is not None:
-                prompt_tokens.append(int((body.get("usage") or {}).get("prompt_tokens") or 0))
-            if claims.topology == "pd" and body is not None:
-                t0 = time.monotonic()
-                body2, err2 = completion(
-                    claims.entry_url,
-                    claims.served_model_name,
-                    long_prompt(opts.pd_prompt_words),
-                    16,
-                    opts.request_timeout_s,
-                    opts.api_key,
-                )
-                f.append(
-                    _smoke_finding(
-                        "PD handoff probe (long prompt)",
-                        body2,
-                        err2,
-                        time.monotonic() - t0,
-                        opts,
-                        claims.entry_url,
-                    )
-                )
-                if body2 is not None:
-                    prompt_tokens.append(int((body2.get("usage") or {}).get("prompt_tokens") or 0))
+            prompt_tokens, sent = _traffic(engines, claims, opts, before)
+            f += sent
             after, errs = _scrape_all(engines, opts, "after")
             f += errs
-            both = {n for n in names if n in before and n in after}
-            w = C.Window(before=before, after=after, prompt_tokens=prompt_tokens)
-            if (
-                claims.topology == "pd"
-                and {"prefill", "decode"} <= both
-                and len(prompt_tokens) == 2
-            ):
-                f += C.check_handoff("prefill", "decode", w)
-            if claims.speculative:
-                for role in ("mixed", "decode"):
-                    if role in both:
-                        f += C.check_speculation(role, w)
-            for n in sorted(both):
-                f += C.check_outcomes(n, w)
+            both = {t.name for t in engines if t.name in before and t.name in after}
+            w = C.Window(
+                before={n: before[n] for n in both},
+                after={n: after[n] for n in both},
+                prompt_tokens=prompt_tokens,
+                replica_names={t.name: t.replica_labels() for t in engines},
+            )
+            for _, on_window in R.WINDOW_CHECKS:
+                f += on_window(claims, w)
             rep.measured["prompt_tokens"] = prompt_tokens
     else:
         f.append(
@@ -326,19 +361,11 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
         )
 
     # Logs last: after a failure they say what really happened.
-    sigs: list[Finding] = []
-    for t in targets:
-        if t.log is not None:
-            sigs += C.check_logs(t.name, t.log())
-    if sigs:
-        f += sigs
-    elif any(t.log is not None for t in targets):
+    logs = {t.name: (t, t.log()) for t in targets if t.log is not None}
+    for _, on_log in R.LOG_CHECKS:
+        for t, text in logs.values():
+            f += on_log(claims, t, text)
+    if logs and not any(x.check == C.LOGS.id for x in f):
         f.append(C.LOGS.finding(Severity.PASS, "all", "no known failure signature in the logs"))
-    if claims.topology == "pd":
-        # The transport the KV connector used, as its own log says, against the fabric
-        # the recipe states (SB309): RDMA claimed and TCP used is the silent slow path.
-        for t in engines:
-            if t.log is not None and t.name in ("prefill", "decode"):
-                f += C.check_kv_transport(t.name, claims.fabric, t.log())
     rep.elapsed_s = time.monotonic() - t_start
     return rep

@@ -18,13 +18,11 @@ Decisions worth knowing before changing a rule:
 
 from __future__ import annotations
 
-import json
-import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servebook.engines.cmdline import EngineCommand
+from servebook.engines.cmdline import EngineCommand, compare_speculative, speculative_config
 from servebook.findings import Check, Finding, Severity, register
 from servebook.lint.rules.images import normalize_image
 from servebook.lint.rules.objects import Engine, finding_at
@@ -35,33 +33,6 @@ NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConn
 HOMOGENEOUS_CONNECTORS = frozenset(
     {"ExampleConnector", "SharedStorageConnector", "P2pNcclConnector", "PyNcclConnector"}
 )
-_LEGACY_SPEC_FLAGS = {
-    "--speculative-model": "model",
-    "--num-speculative-tokens": "num_speculative_tokens",
-    "--speculative-draft-tensor-parallel-size": "draft_tensor_parallel_size",
-    "--ngram-prompt-lookup-max": "prompt_lookup_max",
-    "--ngram-prompt-lookup-min": "prompt_lookup_min",
-}
-
-
-def speculative_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str | None]:
-    """The speculative config as one dict: the JSON flag plus the pre-JSON flags."""
-    config, err = cmd.json_value("--speculative-config")
-    if err:
-        return None, err
-    legacy: dict[str, Any] = {}
-    for flag, key in _LEGACY_SPEC_FLAGS.items():
-        v = cmd.value(flag)
-        if v is not None:
-            try:
-                legacy[key] = json.loads(v)
-            except json.JSONDecodeError:
-                legacy[key] = v
-    if config is None and not legacy:
-        return None, None
-    merged = dict(config or {})
-    merged.update(legacy)
-    return merged, None
 
 
 def pairs(all_engines: Sequence[Engine]) -> list[tuple[Engine, Engine]]:
@@ -93,16 +64,6 @@ def _pair_subject_finding(
         extra=f"PD pair {p.pod.owner} -> {d.pod.owner}",
         evidence=ev,
     )
-
-
-def _dict_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    keys = sorted(set(a) | set(b))
-    missing = "(absent)"
-    return [
-        f"{k}: prefill {json.dumps(a.get(k, missing))}, decode {json.dumps(b.get(k, missing))}"
-        for k in keys
-        if a.get(k, missing) != b.get(k, missing)
-    ]
 
 
 PD_SPECULATIVE = register(
@@ -142,34 +103,18 @@ def check_pd_speculative(p: Engine, d: Engine) -> list[Finding]:
                 "pair hangs with Pods Ready",
             )
         ]
-    ps, ds = dict(ps), dict(ds)
-    findings = []
-    pm, dm = ps.get("model"), ds.get("model")
-    if isinstance(pm, str) and isinstance(dm, str) and pm.startswith("/") and dm.startswith("/"):
-        # Two nodes may keep the same draft weights at different paths.
-        ps.pop("model")
-        ds.pop("model")
-        if posixpath.basename(pm.rstrip("/")) != posixpath.basename(dm.rstrip("/")):
-            findings.append(
-                _pair_subject_finding(
-                    PD_SPECULATIVE,
-                    Severity.WARN,
-                    p,
-                    d,
-                    f"draft model directories differ in name ({pm} vs {dm}); make sure "
-                    "both hold the same draft weights (`servebook probe DIR --draft ...`)",
-                )
-            )
-    diff = _dict_diff(ps, ds)
-    if diff:
+    cmp = compare_speculative(ps, ds, ("prefill", "decode"))
+    findings = [_pair_subject_finding(PD_SPECULATIVE, Severity.WARN, p, d, w) for w in cmp.warnings]
+    if cmp.differences:
         findings.append(
             _pair_subject_finding(
                 PD_SPECULATIVE,
                 Severity.FAIL,
                 p,
                 d,
-                f"--speculative-config differs between prefill and decode: {'; '.join(diff)}",
-                differences=diff,
+                "--speculative-config differs between prefill and decode: "
+                + "; ".join(cmp.differences),
+                differences=list(cmp.differences),
             )
         )
     return findings
