@@ -13,7 +13,7 @@ import copy
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,11 @@ from servebook import http
 from servebook.backends.attached import AttachedBackend, read_record
 from servebook.commands.attach_kube import attach_kubernetes
 from servebook.errors import UsageError
+from tests.conftest import CliResult
 from tests.unit.kube_standin import Server, serve
 from tests.unit.test_attach_stacks import objects
 
+Cli = Callable[..., CliResult]
 # stack fixture -> (namespace, --entry when the stack's own is elsewhere)
 STACKS = {
     "llm-d": ("llm-d", None),
@@ -220,3 +222,40 @@ def test_without_an_entry_the_record_is_refused_naming_the_flag(
         attach_kubernetes("d", "lws", [], None, None, dry_run=False, json_out=False)
     assert "--entry svc/NAME:PORT" in f"{e.value} {e.value.hint}"
     assert read_record("d") is None
+
+
+def test_the_command_line_dry_run_names_pods_ports_sidecar_and_what_is_not_known(
+    cli: Cli, cluster: tuple[Server, Listeners]
+) -> None:
+    server, listeners = cluster
+    _load(server, listeners, "llm-d")
+    r = cli("attach", "web", "--backend", "kubernetes", "-n", "llm-d", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    for pod in ("decode-7c8b9d6f5-4kq2m", "decode-7c8b9d6f5-9zt7w", "prefill-6d9f7c7b8-x2x9q"):
+        assert pod in r.stdout
+    assert "counters http://:8200/metrics" in r.stdout
+    assert "routing-proxy on 8000 proxies to 8200" in r.stdout
+    assert "kv_connector NixlConnector (kv_both)" in r.stdout
+    assert "dry run: nothing recorded." in r.stdout
+    assert "never against those operators on a real cluster" in r.stdout
+    assert read_record("web") is None
+
+
+def test_the_command_line_refuses_an_unknown_labelling_with_exit_2(
+    cli: Cli, cluster: tuple[Server, Listeners]
+) -> None:
+    server, listeners = cluster
+    _load(server, listeners, "in-house")
+    r = cli("attach", "mine", "--backend", "kubernetes", "-n", "inhouse")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--role prefill=SELECTOR --role decode=SELECTOR --entry svc/NAME:PORT" in r.stderr
+    r = cli("attach", "mine", "--backend", "kubernetes")
+    assert r.returncode == 2 and "-n NS" in r.stderr, r.stderr
+
+
+def test_help_says_it_has_not_run_against_the_operators(cli: Cli) -> None:
+    r = cli("attach", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "never against those operators on a real cluster" in text
+    assert "--backend kubernetes -n NS" in text
