@@ -168,6 +168,9 @@ def test_attach_recognises_the_stack_and_reaches_every_replicas_engine_port(
                 assert body == f"# {rep.pod}:{rep.metrics_port} /metrics\n"
         entry_body = _get(view.entry_url.replace("https://", "http://") + "/health")
         assert dep.entry.startswith("svc/") and "/health" in entry_body
+    if not any(rep.scheme == "https" for r in dep.roles for rep in r.replicas):
+        status = AttachedBackend().status("dep")  # status reaches each role the same way
+        assert [x["ok"] for x in status["roles"]] == [True] * len(status["roles"]), status
 
 
 def test_decode_behind_llm_d_sidecar_is_forwarded_to_8200() -> None:
