@@ -172,6 +172,11 @@ def read_replica(stack: str, pod: Obj) -> dict[str, Any]:
                 f"{port} instead"
             )
             metrics_port, path = port, "/metrics"
+    if scheme == "https":
+        notes.append(
+            "HTTPS (the engine's --ssl-certfile): servebook checks certificates, so one the "
+            "deployment signed itself makes every read fail, naming it; never a pass"
+        )
     return {
         "pod": name,
         "node": node,
