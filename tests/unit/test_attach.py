@@ -150,3 +150,26 @@ def test_attach_records_status_reads_it_and_detach_forgets_it(cli: Cli, sb_home:
 def test_bad_roles_are_exit_2_naming_the_flag(cli: Cli, args: list[str], message: str) -> None:
     r = cli("attach", "x", *args, "--model", "m")
     assert r.returncode == 2 and message in r.stderr
+
+
+def test_open_reads_each_command_line_again_so_a_restarted_engine_claims_what_it_runs(
+    sb_home: Path,
+) -> None:
+    from servebook.backends.attached import (
+        AttachedBackend,
+        AttachedDeployment,
+        AttachedReplica,
+        AttachedRole,
+        write_record,
+    )
+
+    with engine(["--speculative-config", '{"method":"ngram"}']) as url:
+        stale = AttachedReplica(name=url, api_url=url, metrics_url=url, argv=["vllm", "serve", "m"])
+        write_record(
+            AttachedDeployment(
+                name="re", entry=url, roles=[AttachedRole(name="mixed", replicas=[stale])]
+            )
+        )
+        with AttachedBackend().open("re") as view:
+            assert view.role("mixed").argv[-1] == '{"method":"ngram"}'
+            assert view.claims().speculative is True

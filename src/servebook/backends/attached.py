@@ -273,6 +273,31 @@ def url_reach(dep: AttachedDeployment) -> dict[tuple[str, str], Reach]:
     }
 
 
+def reread_commands(dep: AttachedDeployment) -> AttachedDeployment:
+    """The record with each replica's command line read again from the process that
+    listens on its port now (a replica restarted with other flags claims what it runs
+    now); a replica whose process cannot be read now keeps what attach read."""
+    from servebook.backends.listener import read_listener
+
+    roles = []
+    for role in dep.roles:
+        reps = []
+        for rep in role.replicas:
+            who = read_listener(rep.api_url)
+            if who.argv:
+                rep = rep.model_copy(
+                    update={
+                        "argv": who.argv,
+                        "env": who.env,
+                        "argv_from": who.source,
+                        "argv_unread": "",
+                    }
+                )
+            reps.append(rep)
+        roles.append(role.model_copy(update={"replicas": reps}))
+    return dep.model_copy(update={"roles": roles})
+
+
 def view_of(
     dep: AttachedDeployment,
     reach: Mapping[tuple[str, str], Reach],
@@ -391,7 +416,8 @@ class AttachedBackend:
     def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:
         dep = self._require(name)
         if dep.backend == "url":
-            yield view_of(dep, url_reach(dep))
+            fresh = reread_commands(dep)
+            yield view_of(fresh, url_reach(fresh))
             return
         if dep.backend == "kubernetes":  # registers its opener (port-forwards per Pod)
             from servebook.backends import kube_attach  # noqa: F401

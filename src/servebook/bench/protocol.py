@@ -437,6 +437,8 @@ class Target:
     # role -> why it cannot be trusted now (process gone, forward broken, Pod replaced);
     # read after every point, whose verdict it joins (SB410).  None: nothing to ask.
     problems: Callable[[], Mapping[str, str]] | None = None
+    # role -> a name per replica of metrics_urls (a Pod's, a URL), for per-replica evidence
+    replica_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def pd(self) -> bool:
@@ -536,7 +538,12 @@ def run_point(
     server: dict[str, Any] = dict(NO_SERVER_EVIDENCE)
     if target.metrics_urls:
         if "open" in edges and "close" in edges:
-            server = server_evidence(edges["open"], edges["close"], decode_role=target.decode_role)
+            server = server_evidence(
+                edges["open"],
+                edges["close"],
+                decode_role=target.decode_role,
+                replica_names=target.replica_names,
+            )
         else:
             server = {"missing": ["the window never opened or never closed, so no counters"]}
     point = point_from_load(

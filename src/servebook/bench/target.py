@@ -117,6 +117,7 @@ def from_deployment(
         decode_role=decode,
         accelerators_used=view.accelerators,
         problems=lambda: {r.name: r.describe() for r in view.roles if r.alive() is False},
+        replica_names={r.name: r.all_replica_names for r in engines if r.replica_metrics_urls},
     )
     return Subject(
         target=target,

@@ -291,6 +291,18 @@ def handoff_share_high(case: Case) -> Verdict | None:
     if not case.pd or threshold is None:
         return None
     share = (case.point.server or {}).get("handoff_share")
+    # Several decode replicas: each must clear the threshold on its own (one failing open
+    # among four would otherwise hide in the sum).
+    by_replica = (case.point.server or {}).get("handoff_share_by_replica") or {}
+    low = {n: s for n, s in by_replica.items() if s is not None and s < threshold}
+    if share is not None and share >= threshold and low:
+        return Verdict(
+            True,
+            "PD handoff failed open on decode replica(s) "
+            + ", ".join(f"{n} ({100 * s:.1f}%)" for n, s in low.items())
+            + f" (threshold {100 * threshold:.1f}%; all replicas {100 * share:.1f}%)",
+            dict(share=share, threshold=threshold, by_replica=by_replica),
+        )
     return Verdict(
         share is None or share < threshold,
         "PD handoff share unknown (decode's transfer counters were not read)"

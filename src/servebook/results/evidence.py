@@ -4,7 +4,7 @@ client's figures (``with_server_latency``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servebook.engines import SGLANG, VLLM, counters_of, sglang
@@ -23,7 +23,7 @@ from servebook.metrics.histogram import (
     histogram_window,
     latency_windows,
 )
-from servebook.metrics.scrape import Snapshot, delta
+from servebook.metrics.scrape import Snapshot, delta, split_replicas
 from servebook.results.schema import Point
 
 # --- server evidence -----------------------------------------------------------------------
@@ -34,6 +34,7 @@ def server_evidence(
     after: Mapping[str, Snapshot | str],
     *,
     decode_role: str | None = None,
+    replica_names: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """What every role's counters say about one window, read under each role's engine's
     own names (vLLM's or SGLang's, ``servebook.engines``): per-role deltas, and
@@ -133,7 +134,15 @@ def server_evidence(
         elif decode_role in roles and roles[decode_role].get("scraped"):
             missing.append(f"{decode_role}: no KV-transfer counters to compute the handoff share")
     drafts = totals.get("spec_draft_tokens")
+    replicas = replica_evidence(before, after, decode_role, replica_names or {})
+    for role, by_replica in replicas.items():
+        roles[role]["replicas"] = by_replica
     return {
+        **(
+            {"handoff_share_by_replica": handoff_by_replica(replicas[decode_role])}
+            if decode_role in replicas
+            else {}
+        ),
         "roles": roles,
         "handoff_share": share,
         "spec_acceptance": (
@@ -145,6 +154,46 @@ def server_evidence(
         "request_errors": totals.get("request_errors"),
         "missing": missing,
     }
+
+
+def replica_evidence(
+    before: Mapping[str, Snapshot | str],
+    after: Mapping[str, Snapshot | str],
+    decode_role: str | None,
+    replica_names: Mapping[str, Sequence[str]],
+) -> dict[str, dict[str, Any]]:
+    """role -> replica -> that replica's own evidence (``server_evidence`` of its counters
+    alone), for every role read from several replicas (``metrics.scrape.merge_replicas``
+    tags their series): the per-replica figures beside the sum, so one replica whose
+    handoff failed open is seen under its own name instead of inside an average."""
+    out: dict[str, dict[str, Any]] = {}
+    for role in sorted(set(before) & set(after)):
+        b, a = before[role], after[role]
+        if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
+            continue
+        bs, as_ = split_replicas(b), split_replicas(a)
+        if len(bs) < 2 or len(bs) != len(as_):
+            continue
+        names = list(replica_names.get(role) or ())
+        if len(names) != len(bs):
+            names = [f"[{i}]" for i in range(len(bs))]
+        by_replica: dict[str, Any] = {}
+        for name, rb, ra in zip(names, bs, as_, strict=True):
+            ev = server_evidence(
+                {name: rb}, {name: ra}, decode_role=name if role == decode_role else None
+            )
+            by_replica[name] = {
+                **ev["roles"][name],
+                "handoff_share": ev["handoff_share"],
+                "missing": ev["missing"],
+            }
+        out[role] = by_replica
+    return out
+
+
+def handoff_by_replica(replicas: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]:
+    """Each decode replica's handoff share (None: it could not be measured there)."""
+    return {name: ev.get("handoff_share") for name, ev in replicas.items()}
 
 
 # --- the server's latency ------------------------------------------------------------------
