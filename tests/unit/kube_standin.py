@@ -15,8 +15,9 @@ request the server saw.
 
 Port-forwards: ``pods/POD/portforward`` speaks the ``v4.channel.k8s.io`` WebSocket protocol
 and relays to ``forward_to["ROLE:PORT"]`` (ROLE is the Pod's
-``app.kubernetes.io/component`` label), a local address standing in for the container's
-port; a role in ``forward_errors`` gets kubelet's error on the error channel instead.
+``app.kubernetes.io/component`` label) or ``forward_to["pod/NAME:PORT"]`` (any Pod, by its
+name), a local address standing in for the container's port; a role in ``forward_errors``
+gets kubelet's error on the error channel instead.
 ``replace_pod(role)`` replaces a role's Pod the way a node failure or an eviction does.
 
 For preflight: Nodes and CustomResourceDefinitions can be ``put`` and listed; Namespaces
@@ -423,7 +424,8 @@ def _app(st: StandIn) -> web.Application:
         prefix = port.to_bytes(2, "little")
         await ws.send_bytes(b"\x00" + prefix)
         await ws.send_bytes(b"\x01" + prefix)
-        address = st.forward_to.get(f"{role}:{port}")
+        # A Pod servebook did not make (an attached deployment's) is named by its own name.
+        address = st.forward_to.get(f"{role}:{port}") or st.forward_to.get(f"pod/{name}:{port}")
         if _take_reset(st, role):
             await ws.send_bytes(b"\x01" + reset_message(port, pod["metadata"]["uid"]).encode())
             await ws.close()

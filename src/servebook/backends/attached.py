@@ -419,6 +419,8 @@ class AttachedBackend:
             fresh = reread_commands(dep)
             yield view_of(fresh, url_reach(fresh))
             return
+        if dep.backend == "kubernetes":  # registers its opener (port-forwards per Pod)
+            from servebook.backends import kube_attach  # noqa: F401
         opener = OPENERS.get(dep.backend)
         if opener is None:
             raise UsageError(

@@ -15,6 +15,7 @@ from servebook.backends import base
 from servebook.backends.attach_url import ROLE_HELP, inspect, record_from_urls
 from servebook.backends.attached import AttachedDeployment, read_record, remove_record, write_record
 from servebook.commands import app, print_json
+from servebook.commands.attach_kube import KUBE_HELP, attach_kubernetes
 from servebook.console import out
 from servebook.errors import UsageError
 
@@ -100,7 +101,7 @@ def _print_found(found: dict[str, Any], recorded: bool) -> None:
         out.print("dry run: nothing recorded.", highlight=False)
 
 
-@app.command(help=ATTACH_HELP)
+@app.command(help=f"{ATTACH_HELP}\n{KUBE_HELP}")
 def attach(
     name: str = typer.Argument(..., help="A name for the deployment, as verify and bench use it."),
     roles: list[str] = typer.Option(
@@ -113,7 +114,13 @@ def attach(
         None, "--model", help="Served model name (default: what the entry's /v1/models lists)."
     ),
     backend: str = typer.Option(
-        "url", "--backend", help="url (the default): the deployment is given by --role URLs."
+        "url",
+        "--backend",
+        help="url (the default): the deployment is given by --role URLs; kubernetes: found "
+        "in namespace -n NS by its stack's labels (or --role ROLE=SELECTOR).",
+    ),
+    namespace: str | None = typer.Option(
+        None, "--namespace", "-n", help="kubernetes: the namespace the deployment runs in."
     ),
     dry_run: bool = typer.Option(
         False,
@@ -123,6 +130,9 @@ def attach(
     json_out: bool = typer.Option(False, "--json", help="What was found, as JSON."),
 ) -> None:
     _check_name(name)
+    if backend == "kubernetes":
+        attach_kubernetes(name, namespace, roles, entry, model, dry_run=dry_run, json_out=json_out)
+        return
     if backend != "url":
         raise UsageError(f"--backend {backend}: attach here knows url (--role ROLE=URL).")
     if entry is None:
