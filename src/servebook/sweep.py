@@ -73,6 +73,7 @@ class BenchArgs:
     api: str = "completions"
     dataset: Path | None = None
     workers: int | None = None  # None: one per 256 streams, at most the cores
+    agents: int | None = None  # load agents (--agents; --workers is its older name)
     request_timeout: float = 600.0
     max_point: str | None = None
     max_client_lag_ms: float = 10.0
@@ -181,9 +182,10 @@ def _run(
     settings = settings_from(a, share)
     prompts = prompts_from(a, tok)
     slo = parse_slo(a.slo) if a.slo else None
-    workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
+    workers = a.agents or a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
-    writer = ResultsWriter(out_dir, tgt.provenance(subject, settings, prompts), resume=resume)
+    prov = tgt.provenance(subject, settings, prompts, tgt.load_origin(subject, workers))
+    writer = ResultsWriter(out_dir, prov, resume=resume)
     order = point_order(settings)
     done_before = len(writer.done_keys())
 

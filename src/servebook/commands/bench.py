@@ -92,10 +92,16 @@ def bench(
     slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
-    workers: int | None = typer.Option(
+    agents: int | None = typer.Option(
         None,
-        "--workers",
-        help="Client processes (default: one per 256 streams, at most the cores).",
+        "--agents",
+        help="Load agents: processes of their own, each with its share of every point, "
+        "started together at one instant by a coordinator that merges their raw records "
+        "(default: one per 256 streams, at most the cores; 1 runs the load in this "
+        "process). Recorded in the results.",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", hidden=True, help="The older name of --agents."
     ),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
     max_client_lag_ms: float = typer.Option(
@@ -134,6 +140,11 @@ def bench(
     # --rate alone runs open loop only; servebook's own deployments always need server counters.
     options["concurrency"] = None if rate and concurrency == "1,4,16" else concurrency
     options["require_server_evidence"] = require_server_evidence or url is None
+    if agents is not None and workers is not None and agents != workers:
+        raise UsageError(f"--agents {agents} and --workers {workers}: give one (they are one)")
+    n_agents = agents if agents is not None else workers
+    if n_agents is not None and n_agents < 1:
+        raise UsageError(f"--agents {n_agents}: give at least 1 (1: the load in this process)")
     a = _bench_args(options)
     key = auth.resolve(api_key)
     if url is not None:
