@@ -33,6 +33,7 @@ from servebook.bench.protocol import (
     point_order,
     run_sweep,
 )
+from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
@@ -74,6 +75,7 @@ class BenchArgs:
     dataset: Path | None = None
     workers: int | None = None  # None: one per 256 streams, at most the cores
     agents: int | None = None  # load agents (--agents; --workers is its older name)
+    save_requests: bool = False  # every request's record beside results.json
     request_timeout: float = 600.0
     max_point: str | None = None
     max_client_lag_ms: float = 10.0
@@ -211,6 +213,8 @@ def _run(
                 bar.update(task, description=f"{label}: warm-up")
                 return
             p = outcome.point
+            if a.save_requests:
+                write_point_requests(out_dir, p, outcome.load)
             verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
             if isinstance(p.server, dict) and p.server.get("evidence") == "none":
                 verdict += " (no server evidence)"

@@ -26,7 +26,9 @@ from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
 from servebook.bench.coordinator import LocalLauncher, run_agents
 from servebook.bench.figures import point_from_load
 from servebook.bench.openai_stream import Endpoint
+from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import DatasetPrompts, Prompt
+from servebook.results.store import load_results
 
 ROOT = Path(__file__).resolve().parents[2]
 TTFT_MS, ITL_MS = 40.0, 5.0
@@ -240,3 +242,53 @@ def test_the_coordinator_opens_the_window_and_stops_every_agent(ref: str) -> Non
         if r.ok and r.start_ns >= res.window_start_ns and r.end_ns <= res.window_end_ns
     ]
     assert len(in_window) >= 16 and {r.worker for r in in_window} == {0, 1}
+
+
+def test_bench_agents_2_records_two_agents_and_saves_every_request(
+    ref: str, cli: Any, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The CLI, as users run it: ``--agents 2 --save-requests``; the saved requests'
+    union gives exactly the point's percentiles."""
+    out = tmp_path / "run"
+    r = cli(
+        "bench", "--url", ref, "--model", "ref", "--tokenizer", str(tiny_dir),
+        "--agents", "2", "--concurrency", "8", "--input-len", "8", "--output-len", "16",
+        "--warmup", "1s,8r", "--duration", "3s", "--min-requests", "16",
+        "--repetitions", "1", "--min-achieved-concurrency", "0.5",
+        "--max-client-lag-ms", "250", "--save-requests", "-o", str(out),
+        timeout=240,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr
+    res = load_results(out / "results.json")
+    assert res.provenance.load is not None
+    assert (res.provenance.load.agents, res.provenance.load.where) == (
+        2,
+        "2 agents on this machine",
+    )
+    assert res.provenance.load.route == "direct"
+    (point,) = res.points
+    assert point.client.agents is not None and [a["index"] for a in point.client.agents] == [0, 1]
+    head, lines = read_requests(out / "requests" / "c8-rep0.jsonl.gz")
+    reqs = list(lines)
+    assert head["schema"] == "servebook.requests/1" and head["requests"] == len(reqs)
+    assert {q["agent"] for q in reqs} == {0, 1}
+    counted = [q for q in reqs if q["counted"]]
+    assert len(counted) == point.requests_ok
+    ttft = [(q["first_token_ns"] - q["sent_ns"]) / 1e6 for q in counted]
+    itl = (
+        np.concatenate(
+            [
+                np.concatenate(
+                    [np.diff(q["chunk_ns"]), np.zeros(q["output_tokens"] - len(q["chunk_ns"]))]
+                )
+                for q in counted
+            ]
+        )
+        / 1e6
+    )
+    assert point.ttft_ms.p50 == pytest.approx(float(np.percentile(ttft, 50)))
+    assert point.ttft_ms.p99 == pytest.approx(float(np.percentile(ttft, 99)))
+    assert point.itl_ms.p50 == pytest.approx(float(np.percentile(itl, 50)))
+    assert point.itl_ms.p99 == pytest.approx(float(np.percentile(itl, 99)))
+    # report reads only results.json: the requests directory changes nothing it says.
+    assert cli("report", str(out), "-o", str(tmp_path / "rep")).returncode == 0

@@ -130,6 +130,13 @@ def bench(
         help="With --url: a point without server counters (vLLM's or SGLang's /metrics) "
         "is invalid. Always on for servebook's own deployments.",
     ),
+    save_requests: bool = typer.Option(
+        False,
+        "--save-requests",
+        help="Keep every request's record (agent, sent, first token, each chunk's arrival, "
+        "tokens, status) beside results.json, one DIR/requests/LEVEL-repR.jsonl.gz per "
+        "point; report and compare read only results.json.",
+    ),
     out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for results.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue DIR/results.json."),
     api_key: str | None = ApiKeyOpt,
