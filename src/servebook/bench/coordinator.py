@@ -15,8 +15,8 @@ finish is offered as the point.
 **Clocks.**  Each agent's clock offset is measured at the handshake (``agent`` module) and
 again after its records came, and its records are corrected by the mean of the two when
 it exceeds their uncertainty (half the best round trip); both, the uncertainty and the
-drift between them are recorded per agent (``AgentInfo``).  On one machine CLOCK_MONOTONIC is shared and the
-offset measures ~0; an agent in another clock domain (another host, a time namespace)
+drift between them are recorded per agent (``AgentInfo``).  On one machine
+CLOCK_MONOTONIC is shared and the offset measures ~0; an agent in another clock domain (another host, a time namespace)
 gets its records placed on the coordinator's clock, which is the clock the window's edges
 and the server's scrapes are on.
 
