@@ -16,9 +16,9 @@ finish is offered as the point.
 again after its records came, and its records are corrected by the mean of the two when
 it exceeds their uncertainty (half the best round trip); both, the uncertainty and the
 drift between them are recorded per agent (``AgentInfo``).  On one machine
-CLOCK_MONOTONIC is shared and the offset measures ~0; an agent in another clock domain (another host, a time namespace)
-gets its records placed on the coordinator's clock, which is the clock the window's edges
-and the server's scrapes are on.
+CLOCK_MONOTONIC is shared and the offset measures ~0; an agent in another clock domain
+(another host, a time namespace) gets its records placed on the coordinator's clock, the
+clock the window's edges and the server's scrapes are on.
 
 **Launchers.**  ``LocalLauncher`` starts each agent as ``python -m servebook.bench.agent``
 on this machine (with this interpreter and this ``sys.path``); another launcher (a
