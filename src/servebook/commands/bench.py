@@ -130,6 +130,13 @@ def bench(
         help="With --url: a point without server counters (vLLM's or SGLang's /metrics) "
         "is invalid. Always on for servebook's own deployments.",
     ),
+    via: str | None = typer.Option(
+        None,
+        "--via",
+        help="How the load reaches a Kubernetes deployment: port-forward (from this "
+        "machine through a forward to each role's Pod; the latencies include the forward, "
+        "and the results and the report say so). Recorded as the route in the results.",
+    ),
     save_requests: bool = typer.Option(
         False,
         "--save-requests",
@@ -149,6 +156,12 @@ def bench(
     options["require_server_evidence"] = require_server_evidence or url is None
     if agents is not None and workers is not None and agents != workers:
         raise UsageError(f"--agents {agents} and --workers {workers}: give one (they are one)")
+    if via is not None and via != "port-forward":
+        raise UsageError(f"--via {via!r}: choose port-forward")
+    if via is not None and url is not None:
+        raise UsageError(
+            "--via port-forward is for a Kubernetes deployment; --url is reached directly"
+        )
     n_agents = agents if agents is not None else workers
     if n_agents is not None and n_agents < 1:
         raise UsageError(f"--agents {n_agents}: give at least 1 (1: the load in this process)")
@@ -176,6 +189,11 @@ def bench(
             backend=backend,
         )
         with owner.open(name, namespace) as view:
+            if via is not None and view.backend != "kubernetes":
+                raise UsageError(
+                    f"--via port-forward: deployment {name} runs on the {view.backend} backend, "
+                    "whose servers are reached directly"
+                )
             subject = tgt.from_deployment(
                 view, api=api, request_timeout_s=request_timeout, api_key=key
             )
