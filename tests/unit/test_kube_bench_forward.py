@@ -20,12 +20,12 @@ LEVEL = 256
 
 def test_bench_via_port_forward_opens_256_streams_through_one_roles_forwards(
     cli: Cli,
-    cluster: tuple[Server, dict[str, str]],
-    tmp_path: Path,  # noqa: F811
+    cluster: tuple[Server, dict[str, str]],  # noqa: F811  (the imported fixture)
+    tmp_path: Path,
 ) -> None:
     from servebook.models.tiny import make_tiny_model
 
-    server, env = cluster
+    _, env = cluster
     assert cli(*UP, env=env).returncode == 0
     tok = tmp_path / "tok"
     make_tiny_model(tok)
