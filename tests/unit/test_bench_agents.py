@@ -293,3 +293,36 @@ def test_bench_agents_2_records_two_agents_and_saves_every_request(
     assert_union_percentiles(point, counted)
     # report reads only results.json: the requests directory changes nothing it says.
     assert cli("report", str(out), "-o", str(tmp_path / "rep")).returncode == 0
+
+
+#: What an agent imports beyond the standard library and servebook: numpy, needed; orjson
+#: and uvloop, used when present (each has a standard-library fallback).  vLLM's image has
+#: numpy (a dependency of vllm itself), so an agent runs in the engine's own image.
+AGENT_NEEDS = {"numpy"}
+AGENT_MAY_USE = {"orjson", "uvloop"}
+
+
+def test_an_agent_imports_nothing_but_numpy_and_what_it_may_do_without() -> None:
+    code = (
+        "import sys, servebook.bench.agent\n"
+        "std = set(sys.stdlib_module_names) | {'__main__', '__mp_main__', '_distutils_hack'}\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} - std - {'servebook'})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert AGENT_NEEDS <= set(done.stdout.split()) <= AGENT_NEEDS | AGENT_MAY_USE
+
+
+def test_agents_without_orjson_and_uvloop_still_make_the_load(ref: str, tmp_path: Path) -> None:
+    # Modules of those names that refuse to import, ahead of the real ones on the path.
+    for name in AGENT_MAY_USE:
+        (tmp_path / f"{name}.py").write_text("raise ImportError('not in this image')\n")
+    path = os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)])
+    bare = LocalLauncher(wrap=lambda i: ["env", f"PYTHONPATH={path}"])
+    res = run_load(
+        Endpoint(ref, "ref"),
+        LoadSpec(concurrency=4, num_requests=16, workers=2),
+        prompts(),
+        launcher=bare,
+    )
+    assert len(res.records) == 16 and all(r.ok for r in res.records)
+    assert {r.worker for r in res.records} == {0, 1}

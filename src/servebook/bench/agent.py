@@ -4,8 +4,10 @@ generator and returns every request's raw record, for a coordinator
 
 Run as ``python -m servebook.bench.agent --connect HOST:PORT --index I`` with the
 coordinator's one-time token in ``SERVEBOOK_AGENT_TOKEN``.  It needs only what the load
-generator needs (numpy, and uvloop when present; a tokenizer only when its prompts are
-built while the load runs), no server of its own: it dials the coordinator.
+generator needs: numpy, and orjson and uvloop when present (each has a standard-library
+fallback); a tokenizer library only when its prompts are built while the load runs
+(``tests/unit/test_bench_agents.py`` pins that, and runs agents without orjson and
+uvloop).  vLLM's own image has all of them.  It runs no server: it dials the coordinator.
 
 **The conversation** (messages: a 4-byte little-endian length, then a pickle; the agent
 first sends the token, so the coordinator unpickles nothing from a stranger):
