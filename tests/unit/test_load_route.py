@@ -74,3 +74,22 @@ def test_the_summary_says_when_latencies_include_a_port_forward(
     d, f = load_runs([direct, forwarded])
     assert "port-forward" in run_summary(f) and "include a port-forward" in run_summary(f)
     assert "port-forward" not in run_summary(d)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agents", "0"], "--agents 0: give at least 1"),
+        (["--agents", "2", "--workers", "3"], "--agents 2 and --workers 3: give one"),
+        (["--via", "tunnel"], "--via 'tunnel': choose port-forward"),
+        (["--via", "port-forward"], "--via port-forward is for a Kubernetes deployment"),
+    ],
+)
+def test_bad_agents_and_via_are_bad_input_and_write_nothing(
+    args: list[str], message: str, tmp_path: Path, cli: Any
+) -> None:
+    out = tmp_path / "out"
+    r = cli("bench", "--url", "http://127.0.0.1:9", "--model", "m", *args, "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert not out.exists()
