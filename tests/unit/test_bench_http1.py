@@ -219,3 +219,38 @@ def test_the_host_header_and_the_url_forms() -> None:
     assert http1.Pool("http://[::1]:8000", 1).host_header == "[::1]:8000"
     with pytest.raises(ValueError, match="not an http"):
         http1.Pool("ftp://x", 1)
+
+
+def test_a_server_that_closes_every_connection_gives_errors_not_a_client_failure() -> None:
+    """A server (or a port-forward whose dial failed) that closes each connection as it
+    accepts it: every request is an error record; before, writing to the closed uvloop
+    transport raised RuntimeError and the whole load ended as a ClientError."""
+    import socket
+    import threading
+
+    from servebook.bench.client import run_load
+    from servebook.bench.control import LoadSpec
+    from servebook.bench.openai_stream import Endpoint
+    from servebook.bench.workload import DatasetPrompts, Prompt
+
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        res = run_load(
+            Endpoint(f"http://127.0.0.1:{srv.getsockname()[1]}", "m"),
+            LoadSpec(concurrency=8, num_requests=32),
+            DatasetPrompts([Prompt("x", 4)], "memory", "0"),
+        )
+    finally:
+        srv.close()
+    assert len(res.records) == 32
+    assert all(r.error is not None and "ServerDisconnected" in r.error for r in res.records)

@@ -218,7 +218,8 @@ def test_unknown_variable_is_bad_input_naming_the_vocabulary(cli: Cli) -> None:
 
 
 def test_every_kind_has_a_variable_of_its_own_name() -> None:
-    assert set(cb.KINDS) <= set(cb.VARIABLES)
+    # but the route: a port-forward's relay is in the latencies (only --force compares).
+    assert set(cb.KINDS) - {"route"} <= set(cb.VARIABLES) and "route" not in cb.VARIABLES
     for name, v in cb.VARIABLES.items():
         assert name in v.kinds and set(v.kinds) <= set(cb.KINDS)
 

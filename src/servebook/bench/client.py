@@ -31,10 +31,11 @@ is recorded, and the token and ITL rules), ``control.py`` (the load's spec, and 
 counters the controller and the workers share), ``prompt_feed.py`` (prompts ready before
 they are needed).
 
-**Worker processes.**  One process runs one event loop (uvloop when importable); with
-``workers > 1`` each worker is a spawned process with its share of the load
-(``control.LoadSpec.share``), started together at one shared start time; each sends its
-records back when it ends.
+**Load agents.**  One process runs one event loop (uvloop when importable); with
+``workers > 1`` the load is made by that many *load agents* (``bench/agent.py``), each a
+process of its own with its share of the load (``control.LoadSpec.share``), which a
+coordinator (``bench/coordinator.py``) starts together at one instant and whose raw
+records it merges.
 """
 
 from __future__ import annotations
@@ -42,11 +43,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import multiprocessing as mp
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -94,7 +94,7 @@ now_ns = time.monotonic_ns
 
 
 _LAG_TICK_NS = 10_000_000
-#: Requests a closed loop starts per event-loop turn at most (``_Worker._admitter``).
+#: Requests a closed loop starts per event-loop turn at most (``Worker._admitter``).
 ADMIT_PER_TURN = 4
 
 
@@ -119,7 +119,7 @@ def _time_out(conn: http1.Connection, after_s: float) -> None:
     conn.fail(f"timed out after {after_s:g} s")
 
 
-class _Worker:
+class Worker:
     def __init__(
         self,
         worker: int,
@@ -395,7 +395,7 @@ class _Worker:
         )
 
 
-def _install_uvloop() -> None:
+def install_uvloop() -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is optional
@@ -403,32 +403,9 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-def _pin(spec: LoadSpec, worker: int) -> None:
+def pin(spec: LoadSpec, worker: int) -> None:
     if spec.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {spec.cpus[worker % len(spec.cpus)]})
-
-
-def _worker_entry(
-    worker: int,
-    endpoint: Endpoint,
-    spec: LoadSpec,
-    prompts: PromptSource,
-    arr: Any,
-    conn: Any,
-    prompt_conn: Any,
-) -> None:
-    """Body of a worker process: run its share of the load, send back what it saw."""
-    try:
-        _pin(spec, worker)
-        _install_uvloop()
-        w = _Worker(worker, endpoint, spec, prompts, Control(spec.workers, arr), prompt_conn)
-        stats = asyncio.run(w.run())
-        conn.send((w.records, stats))
-    except BaseException as e:  # the parent must hear about it, not wait forever
-        conn.send(RuntimeError(f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        conn.close()
 
 
 def _refused(records: Iterable[RequestRecord], endpoint: Endpoint) -> None:
@@ -440,7 +417,7 @@ def _refused(records: Iterable[RequestRecord], endpoint: Endpoint) -> None:
 
 
 @dataclass(frozen=True)
-class _Hooks:
+class Hooks:
     """What the caller of ``run_load`` sees and decides at each poll."""
 
     controller: Controller | None
@@ -461,7 +438,7 @@ class _Hooks:
         return edges, stop
 
 
-def _result(
+def load_result(
     endpoint: Endpoint,
     spec: LoadSpec,
     records: list[RequestRecord],
@@ -483,13 +460,13 @@ def _result(
 
 
 async def _load_here(
-    endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: _Hooks
+    endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: Hooks
 ) -> LoadResult:
     """One worker, in this process's running event loop."""
     control = Control(1, array("q", bytes(8 * (G_N + W_N))))
     (producer,) = start_producers(prompts, spec)
     try:
-        w = _Worker(0, endpoint, spec, prompts, control, producer.conn if producer else None)
+        w = Worker(0, endpoint, spec, prompts, control, producer.conn if producer else None)
         task = asyncio.create_task(w.run())
         while not control.get(0, W_READY) and not task.done():
             await asyncio.sleep(0.001)
@@ -511,7 +488,7 @@ async def _load_here(
     finally:
         if producer is not None:
             producer.stop()
-    return _result(endpoint, spec, w.records, [stats], (start, now_ns()), control)
+    return load_result(endpoint, spec, w.records, [stats], (start, now_ns()), control)
 
 
 def run_load(
@@ -522,6 +499,7 @@ def run_load(
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.05,
     on_window: WindowHook | None = None,
+    launcher: Any = None,
 ) -> LoadResult:
     """Run the load to its end and return every request's record.
 
@@ -531,96 +509,14 @@ def run_load(
     both edges.  ``on_progress`` sees every poll (for a progress display).
 
     One worker runs in this process under uvloop (the caller must not be inside a running
-    event loop).  More workers run as spawned processes, started together at one shared
-    start time; the controller is polled here."""
-    hooks = _Hooks(controller, on_progress, poll_s, on_window)
+    event loop).  More run as load agents (``bench/coordinator.py``), started together at
+    one instant; the controller is polled here.  ``launcher`` starts the agents (default:
+    processes on this machine)."""
+    hooks = Hooks(controller, on_progress, poll_s, on_window)
     if spec.workers == 1:
-        _pin(spec, 0)
-        _install_uvloop()
+        pin(spec, 0)
+        install_uvloop()
         return asyncio.run(_load_here(endpoint, spec, prompts, hooks))
-    return _load_in_workers(endpoint, spec, prompts, hooks)
+    from servebook.bench.coordinator import run_agents
 
-
-def _load_in_workers(
-    endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: _Hooks
-) -> LoadResult:
-    """``spec.workers`` spawned worker processes; the controller is polled here."""
-    ctx = mp.get_context("spawn")
-    control = Control(spec.workers)
-    conns, procs = [], []
-    producers = start_producers(prompts, spec)
-    for w in range(spec.workers):
-        parent_end, child_end = ctx.Pipe(duplex=False)
-        prod = producers[w]
-        p = ctx.Process(
-            target=_worker_entry,
-            args=(
-                w,
-                endpoint,
-                spec,
-                prompts,
-                control.arr,
-                child_end,
-                prod.conn if prod is not None else None,
-            ),
-            name=f"servebook-bench-worker-{w}",
-            daemon=True,
-        )
-        with children_ignore_sigint():
-            p.start()
-        child_end.close()
-        if prod is not None:
-            prod.conn.close()  # the worker holds its own copy of the read end
-        conns.append(parent_end)
-        procs.append(p)
-    results: dict[int, tuple[list[RequestRecord], WorkerStats]] = {}
-    try:
-        # Wait for every worker to be ready so the start is shared.
-        deadline = time.monotonic() + 120
-        while control.total(W_READY) < spec.workers:
-            _check_workers(procs, conns, results)
-            if time.monotonic() > deadline:
-                raise ClientError("bench workers did not start within 120 s")
-            time.sleep(0.01)
-        start = now_ns() + 20_000_000
-        control.arr[G_START] = start
-        while len(results) < spec.workers:
-            time.sleep(hooks.poll_s)
-            edges, stop = hooks.poll(control, spec)
-            for edge in edges:
-                cast(WindowHook, hooks.on_window)(edge)
-            if stop is not None:
-                control.stop(stop)
-            _check_workers(procs, conns, results)
-    finally:
-        control.stop(now_ns())
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-        for prod in producers:
-            if prod is not None:
-                prod.stop()
-    records = sorted((r for recs, _ in results.values() for r in recs), key=lambda r: r.index)
-    stats = [results[w][1] for w in sorted(results)]
-    return _result(endpoint, spec, records, stats, (start, now_ns()), control)
-
-
-def _check_workers(
-    procs: Sequence[Any],
-    conns: Sequence[Any],
-    results: dict[int, tuple[list[RequestRecord], WorkerStats]],
-) -> None:
-    for w, (p, conn) in enumerate(zip(procs, conns, strict=True)):
-        if w in results:
-            continue
-        if conn.poll():
-            try:
-                msg = conn.recv()
-            except EOFError:
-                raise ClientError(f"bench worker {w} exited without results") from None
-            if isinstance(msg, BaseException):
-                raise ClientError(f"bench worker {w} failed: {msg!r}") from msg
-            results[w] = msg
-        elif not p.is_alive():
-            raise ClientError(f"bench worker {w} exited with code {p.exitcode}, no results")
+    return run_agents(endpoint, spec, prompts, hooks, launcher)

@@ -82,7 +82,7 @@ def default_workers(concurrency: int | None, cores: int | None = None) -> int:
     """Worker processes for a level when the user did not say: one per 256 concurrent
     streams (where benchmarks/client_capacity.py shows one core nearing saturation against
     a fast server), at most the cores this process may use, and never more than the
-    concurrency.  SB404/SB405 still flag a saturated client; ``--workers`` overrides."""
+    concurrency.  SB404/SB405 still flag a saturated client; ``--agents`` overrides."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     if concurrency is None:

@@ -230,6 +230,7 @@ def point_from_load(
             prompt_waits=load.prompt_waits,
             prompts_ran_out=load.prompts_ran_out,
             producer_cpu_s=load.producer_cpu_s,
+            agents=[a.to_dict() for a in load.agents] or None,
         ),
         server=dict(server or {}),
         started_at=started_at,

@@ -84,6 +84,7 @@ class Connection(asyncio.Protocol):
         self.keep_alive = True
         self.got_bytes = False
         self.queue = pool.queue
+        self.lost = False  # the connection ended (uvloop's is_closing() may not say so)
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -91,6 +92,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.pool.forget(self)
         self.keep_alive = False
         if self.exchange is None:
@@ -312,6 +314,12 @@ class Connection(asyncio.Protocol):
     def start(self, request: bytes, exchange: Exchange) -> int:
         """Send ``request`` and read its response into ``exchange``; the send time."""
         assert self.exchange is None and self.transport is not None
+        if self.lost or self.transport.is_closing():
+            # The server (or a forward in front of it) closed the connection between its
+            # opening and this request: an error of this request, not of the client.
+            raise ExchangeFailed(
+                "ServerDisconnected: the server closed the connection before the request was sent"
+            )
         self.exchange = exchange
         self.state = _HEAD
         self.buf = b""
@@ -414,7 +422,7 @@ class Pool:
     async def get(self) -> Connection:
         while self.idle:
             conn = self.idle.pop()
-            if conn.transport is not None and not conn.transport.is_closing():
+            if conn.transport is not None and not conn.transport.is_closing() and not conn.lost:
                 return conn
         return await self.connect()
 

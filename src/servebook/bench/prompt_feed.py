@@ -104,11 +104,14 @@ def _first_unbuilt(prompts: PromptSource, spec: LoadSpec, worker: int) -> int | 
     return i
 
 
-def start_producers(prompts: PromptSource, spec: LoadSpec) -> list[Producer | None]:
+def start_producers(
+    prompts: PromptSource, spec: LoadSpec, only: int | None = None
+) -> list[Producer | None]:
     """One producer process per worker whose prompts will run out, when the source can
-    build during the load (``workload.BuildsPrompts.producible``)."""
+    build during the load (``workload.BuildsPrompts.producible``); ``only``: for that
+    worker alone (a load agent starts its own)."""
     out: list[Producer | None] = []
-    for w in range(spec.workers):
+    for w in range(spec.workers) if only is None else (only,):
         first = _first_unbuilt(prompts, spec, w)
         if first is None or not isinstance(prompts, BuildsPrompts) or not prompts.producible:
             out.append(None)

@@ -529,7 +529,7 @@ def run_point(
         rate=level.rate,
         max_concurrency=settings.max_concurrency if level.rate is not None else None,
         seed=settings.seed * 1_000_003 + position,
-        # A worker needs a slot: --workers 4 still runs c=1 (one worker).
+        # An agent needs a slot: --agents 4 still runs c=1 (one agent).
         workers=min(workers, level.concurrency) if level.concurrency is not None else workers,
         cpus=cpus,
         deadline_s=settings.deadline_for(level),

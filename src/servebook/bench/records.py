@@ -159,6 +159,35 @@ class WorkerStats:
         return lag[(t >= t0) & (t <= t1)]
 
 
+@dataclass(frozen=True)
+class AgentInfo:
+    """One load agent of a load (``bench/coordinator.py``): where it ran and its clock.
+    Offsets are the agent's clock minus the coordinator's, measured before the load and
+    after it; ``correction_ns`` (their mean) was taken off its records."""
+
+    index: int
+    pid: int
+    host: str
+    where: str
+    offset_ns: int
+    offset_after_ns: int
+    uncertainty_ns: int  # half the best round trip of the two measurements
+    correction_ns: int
+    start_late_ns: int  # how long after the shared instant the start reached it
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "index": self.index,
+            "pid": self.pid,
+            "host": self.host,
+            "where": self.where,
+            "clock_offset_us": round(self.correction_ns / 1e3, 1),
+            "clock_drift_us": round((self.offset_after_ns - self.offset_ns) / 1e3, 1),
+            "clock_uncertainty_us": round(self.uncertainty_ns / 1e3, 1),
+            "start_late_ms": round(self.start_late_ns / 1e6, 3),
+        }
+
+
 @dataclass
 class LoadResult:
     spec: LoadSpec
@@ -171,6 +200,8 @@ class LoadResult:
     end_ns: int
     window_start_ns: int | None
     window_end_ns: int | None  # when the load was stopped (None: it ran out)
+    # The load agents that made it (empty: one worker in the caller's process).
+    agents: list[AgentInfo] = field(default_factory=list, repr=False)
 
     @property
     def client_cpu_fraction(self) -> float:

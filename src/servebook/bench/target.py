@@ -30,7 +30,7 @@ from servebook.engines import counters_of
 from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
-from servebook.results.schema import Provenance, RoleProvenance
+from servebook.results.schema import LoadOrigin, Provenance, RoleProvenance
 from servebook.verify.checks import block_size, handoff_not_judged, handoff_required_tokens
 
 
@@ -258,7 +258,33 @@ def from_url(
     )
 
 
-def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSource) -> Provenance:
+def load_origin(subject: Subject, agents: int) -> LoadOrigin:
+    """Where the load comes from (this machine: the bench command's process, or ``agents``
+    load agents beside it) and its route: a Kubernetes deployment is reached through the
+    port-forwards its view opened (``backends/kube_view.py``), anything else directly."""
+    import socket
+
+    forwarded = subject.view is not None and subject.view.backend == "kubernetes"
+    return LoadOrigin(
+        agents=agents,
+        where="this machine" if agents == 1 else f"{agents} agents on this machine",
+        host=socket.gethostname(),
+        route="port-forward" if forwarded else "direct",
+        route_detail=(
+            "each role's Pod through a port-forward servebook opened via the API server"
+            if forwarded
+            else None
+        ),
+        target_url=redact.url(subject.target.endpoint.base_url),
+    )
+
+
+def provenance(
+    subject: Subject,
+    settings: ProtocolSettings,
+    prompts: PromptSource,
+    load: LoadOrigin | None = None,
+) -> Provenance:
     """The run's provenance as recorded: redacted (module docstring), with
     ``redacted`` listing where and what (``roles[decode].command --api-key``)."""
     prov = make_provenance(
@@ -273,6 +299,7 @@ def provenance(subject: Subject, settings: ProtocolSettings, prompts: PromptSour
         roles=subject.roles,
         accelerators_used=subject.target.accelerators_used,
     )
+    prov.load = load
     return redacted(prov)
 
 
@@ -309,6 +336,7 @@ __all__ = [
     "check_fits",
     "from_deployment",
     "from_url",
+    "load_origin",
     "pd_min_share",
     "probe",
     "provenance",

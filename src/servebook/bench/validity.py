@@ -165,7 +165,7 @@ CLIENT_LAG = register(
     "c=50), in open loop requests go out late. Judged by what it harms, the time-weighted "
     "mean of requests in flight over the window, not by send lag alone: streams that end "
     "together and restart a few event-loop turns later cost the load almost nothing.",
-    "Run the client with more worker processes (--workers) or on a machine with free "
+    "Run the client with more load agents (--agents) or on a machine with free "
     "cores, away from the server; if the point says requests waited for prompts, use "
     "--prompt-format ids or a local --tokenizer; see benchmarks/client_capacity.py for what "
     "one client core sustains.",
@@ -223,7 +223,7 @@ CLIENT_CPU = register(
     "A client process near 100% of a core cannot read every stream promptly: token "
     "timestamps slip and ITL spreads out, while the server is blameless. The client is "
     "then the limit of the point even when it still keeps its streams open.",
-    "Use more client worker processes (--workers), pin the client away from the server's "
+    "Use more load agents (--agents), pin the client away from the server's "
     "cores, or lower the concurrency per worker.",
 )
 

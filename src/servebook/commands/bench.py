@@ -92,10 +92,16 @@ def bench(
     slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
-    workers: int | None = typer.Option(
+    agents: int | None = typer.Option(
         None,
-        "--workers",
-        help="Client processes (default: one per 256 streams, at most the cores).",
+        "--agents",
+        help="Load agents: processes of their own, each with its share of every point, "
+        "started together at one instant by a coordinator that merges their raw records "
+        "(default: one per 256 streams, at most the cores; 1 runs the load in this "
+        "process). Recorded in the results.",
+    ),
+    workers: int | None = typer.Option(
+        None, "--workers", hidden=True, help="The older name of --agents."
     ),
     request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
     max_client_lag_ms: float = typer.Option(
@@ -124,6 +130,20 @@ def bench(
         help="With --url: a point without server counters (vLLM's or SGLang's /metrics) "
         "is invalid. Always on for servebook's own deployments.",
     ),
+    via: str | None = typer.Option(
+        None,
+        "--via",
+        help="How the load reaches a Kubernetes deployment: port-forward (from this "
+        "machine through a forward to each role's Pod; the latencies include the forward, "
+        "and the results and the report say so). Recorded as the route in the results.",
+    ),
+    save_requests: bool = typer.Option(
+        False,
+        "--save-requests",
+        help="Keep every request's record (agent, sent, first token, each chunk's arrival, "
+        "tokens, status) beside results.json, one DIR/requests/LEVEL-repR.jsonl.gz per "
+        "point; report and compare read only results.json.",
+    ),
     out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for results.json."),
     resume: bool = typer.Option(False, "--resume", help="Continue DIR/results.json."),
     api_key: str | None = ApiKeyOpt,
@@ -134,6 +154,17 @@ def bench(
     # --rate alone runs open loop only; servebook's own deployments always need server counters.
     options["concurrency"] = None if rate and concurrency == "1,4,16" else concurrency
     options["require_server_evidence"] = require_server_evidence or url is None
+    if agents is not None and workers is not None and agents != workers:
+        raise UsageError(f"--agents {agents} and --workers {workers}: give one (they are one)")
+    if via is not None and via != "port-forward":
+        raise UsageError(f"--via {via!r}: choose port-forward")
+    if via is not None and url is not None:
+        raise UsageError(
+            "--via port-forward is for a Kubernetes deployment; --url is reached directly"
+        )
+    n_agents = agents if agents is not None else workers
+    if n_agents is not None and n_agents < 1:
+        raise UsageError(f"--agents {n_agents}: give at least 1 (1: the load in this process)")
     a = _bench_args(options)
     key = auth.resolve(api_key)
     if url is not None:
@@ -158,6 +189,11 @@ def bench(
             backend=backend,
         )
         with owner.open(name, namespace) as view:
+            if via is not None and view.backend != "kubernetes":
+                raise UsageError(
+                    f"--via port-forward: deployment {name} runs on the {view.backend} backend, "
+                    "whose servers are reached directly"
+                )
             subject = tgt.from_deployment(
                 view, api=api, request_timeout_s=request_timeout, api_key=key
             )

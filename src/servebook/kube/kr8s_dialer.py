@@ -119,6 +119,11 @@ class Kr8sDialer:
                 base_url=auth.server,
                 verify=verify,
                 timeout=httpx.Timeout(self._timeout_s),
+                # Every forwarded connection holds one WebSocket, so one of this pool's
+                # connections, for its life: httpx's default of 100 made the 101st dial
+                # wait and time out at a bench level above 100 streams.  The forwards
+                # open as many as the load has streams, no more.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
                 proxy=auth.proxy,
                 headers={"User-Agent": "servebook"},
             )

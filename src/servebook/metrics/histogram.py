@@ -230,7 +230,7 @@ CAUSES: dict[str, str] = {
     "per-token latency from the server's histograms",
     "saturated_client": "the client read tokens later than the server produced them and "
     "its CPU or event loop was busy: the load generator, not the server, set these "
-    "figures. Use more --workers or a bigger client machine",
+    "figures. Use more --agents or a bigger client machine",
     "unexplained": "the client's figure is far from the server's and the client was not "
     "busy: look at the path between them (network, proxy) before trusting either",
 }

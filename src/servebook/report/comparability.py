@@ -29,7 +29,12 @@ output ``compare.CROSS_PROVENANCE``.
 * ``protocol``: every protocol setting except the load levels and the repetition count
   (compare matches the levels both runs have; the intervals account for repetitions);
 * ``workload``: the prompt source (lengths, dataset hash, API), not the tokenizer's path;
-* ``seed``: the run's seed (the prompts and the point order derive from it).
+* ``seed``: the run's seed (the prompts and the point order derive from it);
+* ``route``: how the load reached the server (``provenance.load.route``: directly, through
+  port-forwards, from agents in the cluster).  A forward relays every byte through the
+  API server and the kubelet, which the latencies then include (ai-dynamo/aiperf#850
+  measured ~2 ms per request through one), so no variable allows it: only ``--force``.
+  A run written before routes were recorded has none, which differs from any route.
 
 **Variables** (``--variable NAME``, repeatable) name what the comparison is about; each
 allows the kinds that necessarily change with it (:data:`VARIABLES`).
@@ -59,6 +64,7 @@ KINDS: dict[str, str] = {
     "protocol": "warm-up, window, minimum requests, order, thresholds, ...",
     "workload": "prompt source: lengths, dataset hash, API",
     "seed": "the run's seed",
+    "route": "how the load reached the server (direct, port-forward, in-cluster agents)",
 }
 
 
@@ -220,6 +226,7 @@ def provenance_fields(prov: Provenance) -> dict[str, FieldValue]:
         if k not in _WORKLOAD_FREE:
             put(f"workload.{k}", "workload", v)
     put("seed", "seed", prov.seed)
+    put("load.route", "route", prov.load.route if prov.load is not None else None)
     return f
 
 
@@ -329,8 +336,20 @@ class Comparability:
         return [v for v in self.variables if not kinds & set(VARIABLES[v].kinds)]
 
     def suggestion(self) -> list[str]:
-        """The variables that would cover the unexplained differences."""
-        return sorted({d.kind for d in self.unexplained})
+        """The variables that would cover the unexplained differences (a route has none)."""
+        return sorted({d.kind for d in self.unexplained} & set(VARIABLES))
+
+    def route_reason(self) -> str | None:
+        """Why runs measured through different routes are not compared, or None."""
+        d = next((d for d in self.unexplained if d.kind == "route"), None)
+        if d is None:
+            return None
+        return (
+            f"The load reached the servers by different routes ({show_value(d.a)} (A) vs "
+            f"{show_value(d.b)} (B)): a port-forward relays every byte through the API "
+            "server and the kubelet, and its cost is in the latencies measured through it; "
+            "no --variable covers that. Measure both runs the same way."
+        )
 
 
 def comparability(a: Provenance, b: Provenance, variables: Sequence[str]) -> Comparability:

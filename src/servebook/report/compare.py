@@ -300,6 +300,8 @@ def refusal_message(c: Comparability) -> str:
         "their numbers would mix that variable with the differences below.",
     ]
     lines += [f"  [{d.kind}] {d.describe()}" for d in c.unexplained]
+    if c.route_reason():
+        lines.append(str(c.route_reason()))
     sugg = " ".join(f"--variable {k}" for k in c.suggestion())
     lines.append(
         f"If these differences are what you are testing, declare them ({sugg}); otherwise "

@@ -210,6 +210,12 @@ def run_summary(run: Run) -> str:
         )
     else:
         parts.append("every point valid")
+    load = run.results.provenance.load
+    if load is not None and load.route == "port-forward":
+        parts.append(
+            "its latencies include a port-forward (the load went from the bench machine "
+            "through the API server and the kubelet)"
+        )
     imprecise = imprecise_levels(run)
     if imprecise:
         reached = [

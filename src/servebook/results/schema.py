@@ -61,6 +61,29 @@ class ModelInfo(BaseModel):
     path: str | None = None
 
 
+#: How the load reached the server (``LoadOrigin.route``).
+ROUTES = {
+    "direct": "straight to the server's address (no relay servebook opened)",
+    "port-forward": "through port-forwards servebook opened from the bench machine "
+    "(API server and kubelet relay every byte; latencies include them)",
+    "cluster-service": "from agents in the cluster to the entry Service's cluster address",
+}
+
+
+class LoadOrigin(BaseModel):
+    """Where a run's load came from and how it reached the server (``route``, one of
+    :data:`ROUTES`): ``compare`` refuses runs measured through different routes."""
+
+    model_config = ConfigDict(extra="allow")
+    generator: str = "servebook"
+    agents: int = 1  # load processes (1: the bench command's own)
+    where: str  # "this machine", "2 agents on this machine", "3 agents in namespace X ..."
+    host: str | None = None  # the bench machine
+    route: str
+    route_detail: str | None = None
+    target_url: str | None = None  # the address the load was sent to
+
+
 class Provenance(BaseModel):
     model_config = ConfigDict(extra="allow")
     servebook_version: str
@@ -78,6 +101,7 @@ class Provenance(BaseModel):
     seed: int
     started_at: str
     ended_at: str | None = None
+    load: LoadOrigin | None = None  # absent in files written before it was recorded
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -132,6 +156,11 @@ class ClientEvidence(BaseModel):
     # CPU seconds the prompt producer used during the load (it builds prompts ahead of
     # need in a process of its own; 0 when every prompt was built before the warm-up).
     producer_cpu_s: float = 0.0
+    # The load agents that made the load (``bench/coordinator.py``), each with where it
+    # ran, its clock offset to the coordinator (taken off its records), the offset's
+    # drift over the point and uncertainty, and how late the shared start reached it.
+    # None: one worker in the bench command's own process.
+    agents: list[dict[str, Any]] | None = None
 
 
 #: The figures a precision target judges: throughput, and median TPOT (the per-step figure

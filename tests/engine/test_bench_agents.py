@@ -1,0 +1,78 @@
+"""Load agents against real vLLM (CPU, the tiny model): ``bench --agents 2`` makes one
+load of two agent processes whose saved raw records give exactly the point's
+percentiles, and an agent on another clock has its records corrected onto the server's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servebook.backends import local
+from servebook.bench.client import run_load
+from servebook.bench.control import LoadSpec
+from servebook.bench.coordinator import LocalLauncher
+from servebook.bench.openai_stream import Endpoint
+from servebook.bench.saved_requests import read_requests
+from servebook.bench.workload import RandomPrompts
+from servebook.recipe.resolve import resolve
+from servebook.results.schema import RESULTS_NAME
+from servebook.results.store import load_results
+from tests.engine.conftest import deployed
+from tests.unit.test_bench_agents import assert_union_percentiles, time_namespaces
+
+pytestmark = pytest.mark.engine
+
+
+def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
+    tmp_path: Path,
+) -> None:
+    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-agents"))
+    with deployed(plan, "b-agents") as dep:
+        out = tmp_path / "agents"
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "servebook", "bench", "b-agents", "--agents", "2",
+                "--prompt-format", "ids", "--concurrency", "4", "--repetitions", "1",
+                "--duration", "4s", "--warmup", "1s", "--min-requests", "8",
+                "--input-len", "64", "--output-len", "8", "--min-achieved-concurrency",
+                "0.5", "--save-requests", "-o", str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+        view = local.view(dep)
+        skewed = None
+        if time_namespaces():
+            prompts = RandomPrompts(
+                view.local_model_dir or "", input_len=32, output_len=4, prompt_format="ids"
+            )
+            prompts.pregenerate(range(16))
+            skewed = run_load(
+                Endpoint(view.entry_url, view.served_model_name),
+                LoadSpec(concurrency=2, num_requests=16, workers=2),
+                prompts,
+                launcher=LocalLauncher(
+                    wrap=lambda i: ["unshare", "-rT", "--monotonic", "1000"] if i else []
+                ),
+            )
+    res = load_results(out / RESULTS_NAME)
+    assert res.provenance.load is not None and res.provenance.load.agents == 2
+    (point,) = res.points
+    assert point.requests_ok >= 8 and point.errors == 0
+    _, lines = read_requests(out / "requests" / "c4-rep0.jsonl.gz")
+    counted = [q for q in lines if q["counted"]]
+    assert {q["agent"] for q in counted} == {0, 1} and len(counted) == point.requests_ok
+    assert_union_percentiles(point, counted)
+    if skewed is not None:
+        a0, a1 = sorted(skewed.agents, key=lambda a: a.index)
+        assert abs(a0.correction_ns) < 2_000_000
+        assert abs(a1.correction_ns - 1000 * 10**9) < 2_000_000
+        # Corrected onto this machine's clock: agent 1's requests sit among agent 0's.
+        span = (skewed.start_ns, skewed.end_ns)
+        assert all(span[0] - 10**9 <= r.sent_ns <= span[1] for r in skewed.records)
+        assert all(r.ok for r in skewed.records)
