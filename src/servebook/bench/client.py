@@ -75,7 +75,6 @@ from servebook.bench.control import (
     Progress,
     WindowEdge,
     WindowHook,
-    children_ignore_sigint,
     decide,
 )
 from servebook.bench.openai_stream import (
