@@ -11,14 +11,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from servebook.engines.cmdline import EngineCommand, split_shell
-from servebook.engines.cmdline import _shell_script as shell_script
-from servebook.engines.cmdline import _word as cmdline_word
 from servebook.findings import Finding, Severity, register
 from servebook.lint.docs import curl_has_timeout
 from servebook.lint.loader import Document, KeyPath
 from servebook.lint.rules.objects import (
     Engine,
     PodSpec,
+    container_script,
     engine_command,
     finding_at,
     lookup,
@@ -316,14 +315,7 @@ def check_unbounded_waits(doc: Document) -> Iterator[Finding]:
         if _deadline(doc, pod):
             continue
         for cpath, container in pod.containers():
-            words = [
-                cmdline_word(x)
-                for key in ("command", "args")
-                if isinstance(container.get(key), list)
-                for x in container[key]
-            ]
-            script = shell_script(words)
-            for loop in unbounded_waits(script or ""):
+            for loop in unbounded_waits(container_script(container) or ""):
                 yield finding_at(
                     UNBOUNDED_WAIT,
                     Severity.FAIL,

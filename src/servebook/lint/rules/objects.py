@@ -25,6 +25,8 @@ from servebook.engines.cmdline import (
     parse_container,
     parse_engine_args,
 )
+from servebook.engines.cmdline import _shell_script as shell_script
+from servebook.engines.cmdline import _word as cmdline_word
 from servebook.findings import Check, Finding, Severity
 from servebook.lint.loader import Document, Key, KeyPath, LintSet
 
@@ -227,6 +229,17 @@ class Engine:
         `llama-decode`."""
         text = _CAMEL.sub(r"\1-\2", f"{self.doc.name}/{self.pod.part}").lower()
         return re.sub(r"[-_/.]+", "-", _ROLE_WORD.sub("", text)).strip("-")
+
+
+def container_script(container: Mapping[str, Any]) -> str | None:
+    """The script of a container that runs ``sh -c SCRIPT`` (command and args together)."""
+    words = [
+        cmdline_word(x)
+        for key in ("command", "args")
+        if isinstance(container.get(key), list)
+        for x in container[key]
+    ]
+    return shell_script(words)
 
 
 # A shell variable standing alone as a word: `$SPEC_ARGS`, `${EXTRA_ARGS}`, `${X:-}`.
