@@ -51,7 +51,10 @@ if [ "$engine" = 1 ]; then
   if ! "$venv/bin/python" -c "import vllm_router" >/dev/null 2>&1 && \
      [ ! -x "$venv/bin/vllm-router" ]; then
     echo "setup: installing vllm-router (PD routing)"
-    "${pip[@]}" install vllm-router || echo "setup: vllm-router unavailable; servebook's own PD router is used"
+    if ! "${pip[@]}" install vllm-router; then
+      echo "setup: vllm-router could not be installed; the PD recipes (tiny-pd, which \`make run\` uses) need it as their entry point. Install it (pip install vllm-router) and run setup again." >&2
+      exit 1
+    fi
   fi
 fi
 echo "setup: done ($venv)"

@@ -5,14 +5,18 @@ attaches one command (or command group) to ``app``; ``servebook.cli`` imports th
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from typing import Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperArgument, TyperOption
 
 from servebook import __version__, redact
 from servebook.console import err, out, styled
+from servebook.errors import UsageError
 
 app = typer.Typer(
     name="servebook",
@@ -22,6 +26,70 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "bool": ""}
+
+
+def _plain_type(param: TyperOption | TyperArgument, ctx: typer.Context) -> str | None:
+    """What an option takes in --help, as a word (TEXT, INTEGER, PATH...), never a Python
+    type (typer shows ``<list[str]>``); a flag shows nothing."""
+    if param.metavar is not None:
+        # An argument's metavar is already its name in the column before.
+        return param.metavar if isinstance(param, TyperOption) else None
+    if isinstance(param, TyperOption) and param.is_flag:
+        return None
+    python = re.sub(r"^list\[(.*)\]$", r"\1", param.display_type(ctx).strip("<>"))
+    if param.type_descriptor.is_path:
+        return "PATH"
+    word = _WORDS.get(python, python.upper())
+    return word or None
+
+
+# The one place --help's type column is decided, for every command.
+TyperOption.display_type_rich = _plain_type  # type: ignore[method-assign,assignment]
+TyperArgument.display_type_rich = _plain_type  # type: ignore[method-assign,assignment]
+
+
+def port_number(param: typer.CallbackParam, value: int | None) -> int | None:
+    """A TCP port option: 1-65535, else exit 2 saying so (not a traceback later)."""
+    if value is not None and not 1 <= value <= 65535:
+        flag = param.opts[0] if param.opts else str(param.name)
+        raise UsageError(
+            f"{flag} {value}: a TCP port is 1-65535.", hint=f"Give {flag} a free port."
+        )
+    return value
+
+
+def comma_list(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A comma-separated option (``--concurrency 1,4,16``): an empty item (``1,,4``, a
+    trailing comma) is refused, not dropped."""
+    if value is not None and any(not item.strip() for item in value.split(",")):
+        flag = param.opts[0] if param.opts else str(param.name)
+        raise UsageError(
+            f"{flag} {value!r}: an empty item between commas; write the list without it, "
+            "e.g. 1,4,16."
+        )
+    return value
+
+
+def _use_kubeconfig(value: str | None) -> str | None:
+    """``--kubeconfig FILE``: the kubeconfig every cluster request of this command reads
+    (``servebook.kube.client`` reads ``KUBECONFIG``), as kubectl's flag of the same name."""
+    if value is not None:
+        if not os.path.isfile(os.path.expanduser(value)):
+            raise UsageError(f"--kubeconfig {value}: no such file.")
+        os.environ["KUBECONFIG"] = os.path.expanduser(value)
+    return value
+
+
+KubeconfigOpt: Any = typer.Option(
+    None,
+    "--kubeconfig",
+    help="With --backend kubernetes: the kubeconfig file (default: KUBECONFIG, else "
+    "~/.kube/config).",
+    callback=_use_kubeconfig,
 )
 
 

@@ -11,7 +11,7 @@ import typer
 from servebook import auth
 from servebook.backends import base
 from servebook.bench import target as tgt
-from servebook.commands import app
+from servebook.commands import KubeconfigOpt, app, comma_list
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.console import print_points
 from servebook.errors import UsageError
@@ -58,12 +58,19 @@ def bench(
         help="Tokenizer directory (default: the deployment's model directory when it is on "
         "this machine, else the server's own /tokenize and /detokenize).",
     ),
-    concurrency: str | None = typer.Option("1,4,16", "--concurrency", help="e.g. 1,4,16"),
-    rate: str | None = typer.Option(None, "--rate", help="Open-loop rates (req/s), e.g. 2,8"),
+    concurrency: str | None = typer.Option(
+        "1,4,16", "--concurrency", help="e.g. 1,4,16", callback=comma_list
+    ),
+    rate: str | None = typer.Option(
+        None, "--rate", help="Open-loop rates (req/s), e.g. 2,8", callback=comma_list
+    ),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens (server count)."),
     output_len: int = typer.Option(128, "--output-len", help="Output tokens (ignore_eos)."),
     warmup: str | None = typer.Option(
-        None, "--warmup", help="e.g. 10s, 200r, 10s,200r (default: 10 s and 2 x level)."
+        None,
+        "--warmup",
+        help="e.g. 10s, 200r, 10s,200r (default: 10 s and 2 x level).",
+        callback=comma_list,
     ),
     duration: str = typer.Option("60s", "--duration", help="Window length at least."),
     min_requests: int | None = typer.Option(
@@ -89,7 +96,9 @@ def bench(
     ),
     order: str = typer.Option("shuffled", "--order", help="shuffled or ascending."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompts, arrivals and order."),
-    slo: str | None = typer.Option(None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
+    slo: str | None = typer.Option(
+        None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms", callback=comma_list
+    ),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
     agents: int | None = typer.Option(
@@ -149,6 +158,7 @@ def bench(
     api_key: str | None = ApiKeyOpt,
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
+    kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     options = dict(locals())  # the parameters, before any other name is bound
     # --rate alone runs open loop only; servebook's own deployments always need server counters.

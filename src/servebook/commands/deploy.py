@@ -12,7 +12,7 @@ from servebook import redact
 from servebook.backends import base
 from servebook.backends.base import Backend, Down, Found
 from servebook.backends.state import state_dir_for
-from servebook.commands import app, print_json, say
+from servebook.commands import KubeconfigOpt, app, port_number, print_json, say
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt, options
 from servebook.console import err, out, styled
@@ -59,7 +59,10 @@ def up(
     values: list[Path] = ValuesOpt,
     name: str | None = NameOpt,
     timeout: float | None = TimeoutOpt,
-    port: int | None = typer.Option(None, "--port", help="Port of the entry point (local)."),
+    port: int | None = typer.Option(
+        None, "--port", help="Port of the entry point (local), 1-65535.", callback=port_number
+    ),
+    kubeconfig: str | None = KubeconfigOpt,
     json_out: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
 ) -> None:
     """Bring a recipe up and wait until it is ready.
@@ -78,6 +81,7 @@ def up(
     stop it with `servebook down NAME`.
 
     Example: servebook up tiny-pd
+
     Example: servebook up vllm-pd --backend kubernetes -f values.yaml
     """
     chosen = base.get(backend)
@@ -131,6 +135,7 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
+    kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     """Show a deployment's roles and whether each can serve.
 
@@ -144,6 +149,7 @@ def status(
     Exit 1 when a role is down, 2 when there is no such deployment.
 
     Example: servebook status tiny-pd --json
+
     Example: servebook status --backend kubernetes -n moe-pd
     """
     if backend is not None and name is None:
@@ -182,6 +188,8 @@ def status(
                 ),
                 soft_wrap=True,
             )
+            if r.get("log"):
+                out.print(f"           log: {r['log']}", soft_wrap=True)
     if not all(r["ok"] for r in st["roles"]):
         raise typer.Exit(1)
 
@@ -191,6 +199,7 @@ def down(
     name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
+    kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     """Stop exactly what a deployment started.
 
@@ -202,6 +211,7 @@ def down(
     this machine (on Kubernetes by label; -n names the namespace).
 
     Example: servebook down tiny-pd
+
     Example: servebook down moe --backend kubernetes -n moe-pd
     """
     if backend is not None:
@@ -263,6 +273,7 @@ def run(
     keep: bool = typer.Option(
         False, "--keep", help="Leave the deployment up afterwards (see above for what it costs)."
     ),
+    kubeconfig: str | None = KubeconfigOpt,
     out_dir: Path | None = typer.Option(
         None,
         "-o",

@@ -24,6 +24,7 @@ import typer
 from servebook.check_modules import CHECK_MODULES
 from servebook.commands import app, print_json
 from servebook.console import out, styled
+from servebook.errors import UsageError
 from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
 
 AREAS = (
@@ -85,19 +86,49 @@ def checks_markdown(checks: Iterable[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def select_checks(checks: list[Check], ids: Iterable[str]) -> list[Check]:
+    """The checks named by ``ids`` (an id such as SB302, or a prefix such as SB3), in
+    registry order; an id that names none is a ``UsageError``."""
+    wanted = [i.strip().upper() for i in ids]
+    unknown = [i for i in wanted if not any(c.id.startswith(i) for c in checks)]
+    if unknown or any(not i for i in wanted):
+        raise UsageError(
+            f"no such check: {', '.join(repr(i) for i in unknown) or repr('')}; ids run "
+            f"from {checks[0].id} to {checks[-1].id}.",
+            hint="`servebook checks` lists every check; give ids like SB302, or a prefix "
+            "like SB3 for an area.",
+        )
+    return [c for c in checks if not wanted or any(c.id.startswith(i) for i in wanted)]
+
+
 @app.command("checks")
 def checks_command(
+    ids: list[str] = typer.Argument(
+        None,
+        metavar="ID",
+        help="Check ids to print (default: all), e.g. SB302 SB114; a prefix like SB3 "
+        "prints an area.",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
     markdown: bool = typer.Option(
         False, "--markdown", help="Print docs/checks.md (the generated reference page)."
     ),
 ) -> None:
     """List every check servebook runs (lint, preflight, verify, bench): id, title, why it
-    matters in production, and the fix."""
+    matters in production, and the fix.
+
+    Example: servebook checks SB302 SB114
+
+    Example: servebook checks --json
+    """
     checks = all_checks()
     if markdown:
+        if ids:
+            raise UsageError("--markdown prints the whole reference page; give no check ids.")
         typer.echo(checks_markdown(checks), nl=False)
         return
+    checks = select_checks(checks, ids or [])
     if as_json:
         doc = [
             {"id": c.id, "title": c.title, "rationale": c.rationale, "fix": c.fix} for c in checks
@@ -123,7 +154,15 @@ def lint_command(
     as_json: bool = typer.Option(False, "--json", help="Print findings as JSON."),
 ) -> None:
     """Find the known traps in serving manifests, recipes and docs before they reach a
-    cluster. Exit 0: nothing failing; 1: a failing finding; 2: unreadable input."""
+    cluster. Exit 0: nothing failing; 1: a failing finding; 2: unreadable input.
+
+    A file that cannot be read (YAML that does not parse, an unrendered Helm template) is
+    reported as an SB100 finding beside every other file's findings.
+
+    Example: servebook lint deploy/ docs/
+
+    Example: servebook lint --json rendered/ > findings.json
+    """
     from servebook.lint import docs, loader, rules
 
     lint_set = loader.load_paths(paths)

@@ -16,7 +16,7 @@ from servebook.recipe.resolve import catalog_names, load_source, resolve
 
 recipes_app = typer.Typer(
     help="List the built-in recipes, or show one resolved to exact command lines.\n\n"
-    "Example: [bold]servebook recipes show tiny-pd[/]",
+    "Example: servebook recipes show tiny-pd",
     invoke_without_command=True,
 )
 app.add_typer(recipes_app, name="recipes")
@@ -33,7 +33,10 @@ def _default(ctx: typer.Context) -> None:
 
 @recipes_app.command("list")
 def list_recipes(json_out: bool = typer.Option(False, "--json", help="Machine-readable.")) -> None:
-    """List built-in recipes.  Example: servebook recipes list --json"""
+    """List built-in recipes.
+
+    Example: servebook recipes list --json
+    """
     rows: list[dict[str, Any]] = []
     for name in catalog_names():
         # Listed from the document itself: parameters are not resolved here.

@@ -178,7 +178,7 @@ def render(
     """Render a recipe to Kubernetes manifests that need no editing.
 
     Every parameter is typed and checked; any missing or invalid one (a node name like
-    <NODE>, a relative weights path) stops the render with exit 2, naming each, and nothing
+    `<NODE>`, a relative weights path) stops the render with exit 2, naming each, and nothing
     is written.  Every object is checked against the Kubernetes schema first.
     """
     if output is not None:

@@ -51,7 +51,8 @@ def report(
         "-o",
         "--output",
         help="Output directory, or the report's .html path (its directory gets report.md "
-        "and plots/). Default: DIR itself for one run, ./servebook-report for several.",
+        "and plots/). Default: beside the results of one run (DIR, or the directory of "
+        "DIR/results.json), ./servebook-report for several.",
     ),
 ) -> None:
     """Write report.md, a self-contained report.html and PNG/SVG plots from results files.
@@ -63,7 +64,9 @@ def report(
     bands, and the Pareto view. Provenance of every run and what differs between them.
     """
     if output is None:
-        output = dirs[0] if len(dirs) == 1 and dirs[0].is_dir() else Path("servebook-report")
+        # One run: beside its results (DIR, or the directory of DIR/results.json).
+        one = dirs[0] if len(dirs) == 1 else None
+        output = Path("servebook-report") if one is None else one if one.is_dir() else one.parent
     out_dir, html_name = output_paths(output)
     html_path = write_report(list(dirs), out_dir, html_name)
     out.print(f"report: {html_path}", highlight=False, soft_wrap=True)

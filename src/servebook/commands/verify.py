@@ -6,7 +6,7 @@ import typer
 
 from servebook import auth, redact
 from servebook.backends import base
-from servebook.commands import app, print_json
+from servebook.commands import KubeconfigOpt, app, print_json
 from servebook.console import print_report
 from servebook.deployment import DeploymentView
 from servebook.errors import UsageError
@@ -107,6 +107,7 @@ def verify(
     api_key: str | None = ApiKeyOpt,
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
+    kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish, api_key)
     owner, dep_name = base.locate(name, backend=backend)

@@ -50,9 +50,35 @@ def catalog_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the
+    last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    raise _DuplicateKey(key_node.value, line, seen[key_node.value])
+                seen[key_node.value] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKey as e:
+        raise UsageError(
+            f"{origin}: line {e.line}: key {e.key!r} is given twice (first at line {e.first}); "
+            "YAML would silently keep the last one. Keep one of them."
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -60,6 +86,8 @@ def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
         raise UsageError(
             f"{origin}:{where}: malformed YAML: {problem}. Fix the YAML syntax there."
         ) from None
+    if data is None:
+        raise UsageError(f"{origin}: holds no keys (an empty YAML document).")
     if not isinstance(data, dict):
         raise UsageError(
             f"{origin}: expected a mapping of keys (a recipe), got {type(data).__name__}."
@@ -152,7 +180,13 @@ def parse_set(pairs: Iterable[str]) -> dict[str, str]:
 def load_values_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"values file {path} does not exist. Check the -f path.")
-    data = _parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    text = path.read_text(encoding="utf-8")
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        raise UsageError(
+            f"values file {path} is empty: it should map parameter names to values, e.g. "
+            "`node: gpu-node-1`. Fill it in, or drop -f."
+        )
+    data = _parse_yaml(text, str(path))
     return data
 
 
