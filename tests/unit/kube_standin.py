@@ -183,6 +183,9 @@ class StandIn:
         self.objects[(plural, meta.get("namespace", ""), meta["name"])] = obj
 
     def names(self, plural: str, namespace: str = "") -> list[str]:
+        """The names a list would show now (what the controllers have done since the last
+        request included: a deleted object whose grace has passed is gone)."""
+        _advance(self)
         return sorted(n for (p, ns, n) in self.objects if p == plural and ns == namespace)
 
     def _stamp(self, obj: Obj) -> None:

@@ -165,7 +165,10 @@ def test_a_reup_after_a_change_waits_for_the_new_pod(
 
     t = threading.Thread(target=reup, daemon=True)
     t.start()
-    time.sleep(1.5)  # many polls: each saw the old Ready Pod and an unobserved generation
+    deadline = time.monotonic() + 30  # the apply done (its changed Deployments held) ...
+    while len(server.call(lambda st: st.held)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # ... then many polls: each saw the old Ready Pod, a generation unobserved
     assert t.is_alive() and not done, f"up returned before the new Pod existed: {done}"
     server.release_rollouts()
     t.join(20)

@@ -102,15 +102,16 @@ def wait_settled(
     api: Any,
     namespace: str,
     ns_obj: Obj | None,
-    objects: Sequence[Obj],
+    live: Sequence[Obj],
     *,
     timeout_s: float,
     say: Callable[[str], None],
     poll_s: float = POLL_S,
-) -> Obj | None:
+) -> bool:
     """Before an apply: wait (bounded, saying so) for a Terminating ``namespace`` and for
-    any of ``objects`` that is being deleted to be gone.  The Namespace as it is then (None
-    when it is gone).  ``UsageError`` (exit 2) when they are still there at the bound."""
+    any of ``live`` (the apply's objects as the cluster has them) that is being deleted to
+    be gone.  Whether it waited (what it read before is stale then).  ``UsageError`` (exit
+    2) when they are still there at the bound."""
     refs = []
     if ns_obj is not None and is_terminating(ns_obj):
         say(
@@ -119,18 +120,18 @@ def wait_settled(
         )
         refs.append(Ref("v1", "Namespace", namespace, None))
     else:
-        for o in objects:
-            meta = o["metadata"]
-            got = get(api, o["apiVersion"], o["kind"], meta.get("namespace"), meta["name"])
-            if got is not None and is_terminating(got):
-                refs.append(Ref(o["apiVersion"], o["kind"], meta["name"], meta.get("namespace")))
+        for got in live:
+            meta = meta_of(got)
+            if is_terminating(got):
+                kind, version = str(got.get("kind")), str(got.get("apiVersion"))
+                refs.append(Ref(version, kind, meta["name"], meta.get("namespace")))
         if refs:
             say(
                 "objects of this deployment are still being deleted (an earlier down): "
                 "waiting for them to go before applying: " + ", ".join(r.what for r in refs)
             )
     if not refs:
-        return ns_obj
+        return False
     left = wait_gone(api, refs, timeout_s=timeout_s, say=say, poll_s=poll_s)
     if left:
         raise UsageError(
@@ -138,7 +139,7 @@ def wait_settled(
             f"applied. `kubectl get namespace {namespace} -o yaml` (its status.conditions) "
             "says what holds it; up again once it is gone."
         )
-    return get(api, "v1", "Namespace", None, namespace)
+    return True
 
 
 __all__ = ["Ref", "grace_bound_s", "wait_gone", "wait_settled"]

@@ -99,18 +99,32 @@ def _api(request_timeout_s: float = REQUEST_TIMEOUT_S, connect_timeout_s: float 
     )
 
 
+def live_objects(api: Any, objects: list[Obj]) -> dict[str, Obj | None]:
+    """Each object (by ``what_of``) as the cluster has it, None where it has not."""
+    return {
+        what_of(o): get(
+            api, o["apiVersion"], o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]
+        )
+        for o in objects
+    }
+
+
 def check_ownership(
-    api: Any, objects: list[Obj], name: str, generations: dict[str, int] | None = None
+    api: Any,
+    objects: list[Obj],
+    name: str,
+    generations: dict[str, int] | None = None,
+    live: dict[str, Obj | None] | None = None,
 ) -> dict[str, bool]:
     """Whether each object (by ``what_of``) exists (its ``metadata.generation`` into
-    ``generations``); unusable (exit 2), before anything is applied, when one exists and is
-    not deployment ``name``'s: servebook never adopts an object of another deployment or
-    one it did not make."""
+    ``generations``; ``live``: as ``live_objects`` read them); unusable (exit 2), before
+    anything is applied, when one exists and is not deployment ``name``'s: servebook never
+    adopts an object of another deployment or one it did not make."""
     existed: dict[str, bool] = {}
+    live = live if live is not None else live_objects(api, objects)
     for spec in objects:
-        meta = spec["metadata"]
         what = what_of(spec)
-        got = get(api, spec["apiVersion"], spec["kind"], meta.get("namespace"), meta["name"])
+        got = live.get(what)
         existed[what] = got is not None
         if got is None:
             continue
@@ -144,14 +158,15 @@ def apply_deployment(
             "the rendered objects do not match the Kubernetes schema:\n" + "\n".join(errors)
         )
     k8s = names.settings(plan)
-    ns_obj = wait_settled(
-        api,
-        k8s.namespace,
-        namespace_exists(api, k8s.namespace),
-        [o for o in objects if o["kind"] != "Namespace"],
-        timeout_s=SETTLE_S,
-        say=say,
-    )
+    ns_obj = namespace_exists(api, k8s.namespace)
+    workloads = [o for o in objects if o["kind"] != "Namespace"]
+    # Read even into an absent namespace: a kind the cluster does not serve is refused
+    # here (``NotServed``), before anything is applied.
+    live = live_objects(api, workloads)
+    there = [o for o in live.values() if o is not None]
+    if wait_settled(api, k8s.namespace, ns_obj, there, timeout_s=SETTLE_S, say=say):
+        ns_obj = namespace_exists(api, k8s.namespace)
+        live = live_objects(api, workloads)
     created_ns = any(o["kind"] == "Namespace" for o in objects) and (
         ns_obj is None or annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
     )
@@ -174,7 +189,7 @@ def apply_deployment(
                 }
             )
     before: dict[str, int] = {}
-    existed = check_ownership(api, [o for o in to_apply if o["kind"] != "Namespace"], name, before)
+    existed = check_ownership(api, workloads, name, before, live)
     entry = plan.role(plan.entry_role)
     dep = KubeDeployment(
         name=name,
