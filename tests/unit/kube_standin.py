@@ -26,7 +26,12 @@ set) runs a created Pod: its image pulls for ``pull_s`` (or fails with ``pull_er
 container runs for ``run_s``, and its log is ``logs(pod)``; like the kubelet it fails the
 Pod with ``DeadlineExceeded`` once ``activeDeadlineSeconds`` pass from the Pod's start, pull
 included.  ``pods/NAME/log`` serves that log.  ``selfsubjectaccessreviews`` answer allowed
-except for the (verb, resource, subresource) in ``denied``.  ``dryRun=All`` on an apply or a
+except for the (verb, resource, subresource) in ``denied`` and, once the test ``grant``s a
+Role or ClusterRole, only what its rules allow; every request (port-forward upgrades with
+the verbs a real server checks: ``get``, and ``create`` too from ``minor`` 35) is then
+authorized by those rules.  Names, label values and a Deployment's selector are validated
+(422 Invalid, worded as the API server words it), and a Pod whose ServiceAccount does not
+exist is refused, dry run included (``kube_standin_rules`` holds these rules).  ``dryRun=All`` on an apply or a
 create admits or refuses without storing anything: a namespaced object needs its
 namespace; a Pod with a hostPath volume is refused in a namespace whose
 ``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
@@ -48,7 +53,6 @@ import copy
 import hashlib
 import itertools
 import json
-import re
 import threading
 import time
 import uuid
@@ -60,6 +64,9 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+
+from tests.unit import kube_standin_rules as rules
+from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
 
 Obj = dict[str, Any]
 # plural -> (apiVersion, kind, group for Status details)
@@ -842,265 +849,21 @@ def serve() -> Server:
     return Server(st, loop, thread, box["runner"])
 
 
-# ---------------------------------------------------------------------------------------
-# Validation, as the API server words it (k8s.io/apimachinery pkg/util/validation/
-# validation.go for the rules and their messages, pkg/api/errors NewInvalid for the 422
-# Status): a Service's name is a DNS-1035 label, a Namespace's a DNS-1123 label, other
-# names DNS-1123 subdomains; label values at most 63 characters; a Deployment's
-# spec.selector cannot change.  Written here from those rules, not from servebook's.
-
-_LABEL_RE = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_NAME_RULES: dict[str, tuple[str, int, str, str]] = {
-    "dns1035": (
-        r"[a-z]([-a-z0-9]*[a-z0-9])?",
-        63,
-        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start "
-        "with an alphabetic character, and end with an alphanumeric character",
-        "'my-name',  or 'abc-123'",
-    ),
-    "label": (
-        _LABEL_RE,
-        63,
-        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
-        "'-', and must start and end with an alphanumeric character",
-        "'my-name',  or '123-abc'",
-    ),
-    "subdomain": (
-        rf"{_LABEL_RE}(\.{_LABEL_RE})*",
-        253,
-        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-        "'-' or '.', and must start and end with an alphanumeric character",
-        "'example.com'",
-    ),
-}
-
-
-def _name_errors(name: str, rule: str) -> list[str]:
-    regex, limit, words, example = _NAME_RULES[rule]
-    out = []
-    if len(name) > limit:
-        out.append(f"must be no more than {limit} characters")
-    if not re.fullmatch(regex, name):
-        out.append(f"{words} (e.g. {example}, regex used for validation is '{regex}')")
-    return out
-
-
 def validate(st: StandIn, plural: str, ns: str, body: Obj) -> web.Response | None:
-    """422 Invalid for what the API server's validation refuses; None when it passes."""
+    """422 Invalid for what the API server's validation refuses (kube_standin_rules)."""
     _, kind, group = KINDS.get(plural, ("", plural, ""))
-    meta = body.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    rule = {"services": "dns1035", "namespaces": "label"}.get(plural, "subdomain")
-    causes = [("metadata.name", name, e) for e in _name_errors(name, rule)]
-    labels = dict(meta.get("labels") or {})
-    for v in labels.values():
-        if len(str(v)) > 63:
-            causes.append(("metadata.labels", str(v), "must be no more than 63 characters"))
-    old = st.objects.get((plural, ns, name))
-    if plural == "deployments" and old is not None:
-        before, after = (
-            (old.get("spec") or {}).get("selector"),
-            (body.get("spec") or {}).get("selector"),
-        )
-        if after is not None and before != after:
-            causes.append(("spec.selector", json.dumps(after), "field is immutable"))
-    if not causes:
-        return None
-    what = f"{kind}.{group}" if group else kind
-    errors = [f"{f}: Invalid value: {json.dumps(v)}: {e}" for f, v, e in causes]
-    message = f'{what} "{name}" is invalid: ' + (
-        errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
-    )
-    details = {
-        "name": name,
-        "group": group,
-        "kind": kind,
-        "causes": [
-            {
-                "reason": "FieldValueInvalid",
-                "message": f"Invalid value: {json.dumps(v)}: {e}",
-                "field": f,
-            }
-            for f, v, e in causes
-        ],
-    }
-    return _status(422, "Invalid", message, details)
-
-
-# ---------------------------------------------------------------------------------------
-# Admission of a Pod: the ServiceAccount admission plugin refuses a Pod whose account does
-# not exist (plugin/pkg/admission/serviceaccount: "error looking up service account
-# NS/NAME"); a dry run stores nothing, so an account dry-run in the same set does not
-# count.  The namespace's "default" account is taken as made (its controller makes it).
-# Pod Security Admission's checks (k8s.io/pod-security-admission/policy), baseline and
-# restricted, for what servebook's Pods carry: hostPath volumes and added capabilities
-# (baseline allows only its default set, which has no IPC_LOCK), and restricted's volume
-# types, privilege escalation, dropped capabilities, non-root and seccomp.
-
-BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-}  # fmt: skip
+    refusal = rules.invalid(st.objects, kind, group, plural, ns, body)
+    return None if refusal is None else _status(*refusal)
 
 
 def missing_service_account(st: StandIn, ns: str, pod_spec: Obj) -> str | None:
-    account = str(pod_spec.get("serviceAccountName") or "default")
-    if account == "default" or ("serviceaccounts", ns, account) in st.objects:
-        return None
-    return account
-
-
-def _quote(names: list[str]) -> str:
-    return ", ".join(f'"{n}"' for n in names)
-
-
-def _plural(word: str, n: int) -> str:
-    return word if n == 1 else word + "s"
-
-
-def pod_security_violations(level: str, pod_spec: Obj) -> str:
-    """PSA's forbidden reasons and details for ``pod_spec`` at ``level`` (empty: allowed)."""
-    containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
-    out = []
-    host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
-    if host:
-        out.append(f"hostPath volumes ({_plural('volume', len(host))} {_quote(host)})")
-    caps: dict[str, list[str]] = {}
-    for c in containers:
-        added = ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
-        bad = [a for a in added if a not in BASELINE_CAPABILITIES]
-        if bad:
-            caps[c["name"]] = bad
-    if caps:
-        forbidden = sorted({a for v in caps.values() for a in v})
-        out.append(
-            f"non-default capabilities ({_plural('container', len(caps))} {_quote(list(caps))} "
-            f"must not include {_quote(forbidden)} in securityContext.capabilities.add)"
-        )
-    if level != "restricted":
-        return ", ".join(out)
-    if host:
-        out.append(
-            f"restricted volume types ({_plural('volume', len(host))} {_quote(host)} "
-            f'use{"s" if len(host) == 1 else ""} restricted volume type "hostPath")'
-        )
-    pod_sc = pod_spec.get("securityContext") or {}
-    names = [c["name"] for c in containers]
-    for reason, ok in (
-        (
-            "allowPrivilegeEscalation != false",
-            lambda sc: sc.get("allowPrivilegeEscalation") is False,
-        ),
-        (
-            "unrestricted capabilities",
-            lambda sc: "ALL" in ((sc.get("capabilities") or {}).get("drop") or []),
-        ),
-        (
-            "runAsNonRoot != true",
-            lambda sc: sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True,
-        ),
-    ):
-        bad_names = [
-            n
-            for n, c in zip(names, containers, strict=True)
-            if not ok(c.get("securityContext") or {})
-        ]
-        if bad_names:
-            out.append(f"{reason} ({_plural('container', len(bad_names))} {_quote(bad_names)})")
-    return ", ".join(out)
-
-
-# ---------------------------------------------------------------------------------------
-# Authorization, as the API server's RBAC authorizer decides it (k8s.io/apiserver
-# pkg/endpoints/request/requestinfo.go names the verb of a request; plugin/pkg/auth/
-# authorizer/rbac matches it against the rules).  Only where ``StandIn.rbac`` is set.
-#
-# The verb: GET of a named object (or subresource) is ``get``, of a collection ``list``
-# (``watch`` with ?watch=true); POST ``create``, PATCH ``patch``, PUT ``update``, DELETE
-# ``delete``.  A port-forward's WebSocket upgrade is a GET, so ``get pods/portforward``;
-# from Kubernetes 1.35 the server also checks ``create`` on it (KEP-4006, kubernetes
-# #134577, feature gate AuthorizePodWebsocketUpgradeCreatePermission, on by default).
-# Every authenticated user may create SelfSubjectAccessReviews (system:basic-user) and
-# read /version (system:public-info-viewer).
-
-_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
-
-
-def _rule_allows(rule: Obj, verb: str, group: str, resource: str, name: str) -> bool:
-    def has(key: str, value: str) -> bool:
-        values = rule.get(key) or []
-        return "*" in values or value in values
-
-    sub = resource.partition("/")[2]
-    names = rule.get("resourceNames") or []
-    return (
-        has("verbs", verb)
-        and has("apiGroups", group)
-        and (has("resources", resource) or (bool(sub) and f"*/{sub}" in rule["resources"]))
-        and (not names or name in names)
-    )
-
-
-def rbac_allows(rules: list[Obj] | None, verb: str, group: str, resource: str, name: str) -> bool:
-    """Whether RBAC rules allow ``verb`` on ``resource`` (``pods/portforward`` for a
-    subresource) of ``group``; None: no RBAC arranged, everything allowed."""
-    if rules is None:
-        return True
-    return any(_rule_allows(r, verb, group, resource, name) for r in rules)
-
-
-def request_attributes(method: str, path: str, query: dict[str, str]) -> tuple[str, ...] | None:
-    """(verb, group, resource, name, namespace) of a resource request; None for a
-    non-resource path (/version)."""
-    parts = [p for p in path.split("/") if p]
-    if parts[:2] == ["api", "v1"]:
-        group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"] and len(parts) >= 3:
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    namespace = ""
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        namespace, rest = rest[1], rest[2:]
-    if not rest:
-        return None
-    resource = rest[0]
-    name = rest[1] if len(rest) > 1 else ""
-    if len(rest) > 2:
-        resource += "/" + rest[2]
-    if resource == "namespaces" and namespace and not name:
-        resource, name = "namespaces", namespace
-    if method == "GET":
-        verb = ("watch" if query.get("watch") == "true" else "list") if not name else "get"
-    else:
-        verb = _VERBS.get(method, method.lower())
-    return verb, group, resource, name, namespace
+    return rules.missing_service_account(st.objects, ns, pod_spec)
 
 
 def _authorize(st: StandIn, request: web.Request) -> web.Response | None:
-    """403 as the API server words it when RBAC refuses the request; None otherwise."""
-    if st.rbac is None:
-        return None
-    attrs = request_attributes(request.method, request.path, dict(request.query))
-    if attrs is None or attrs[2] == "selfsubjectaccessreviews":
-        return None
-    verb, group, resource, name, namespace = attrs
-    verbs = [verb]
-    if resource == "pods/portforward" and st.minor >= 35:
-        verbs.append("create")
-    for v in verbs:
-        if not rbac_allows(st.rbac, v, group, resource, name):
-            base = resource.split("/")[0]
-            what = f'{base} "{name}"' if name else base
-            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-            return _status(
-                403,
-                "Forbidden",
-                f'{what} is forbidden: User "tester" cannot {v} resource "{resource}" in API '
-                f'group "{group}"{where}',
-                {"name": name, "group": group, "kind": base},
-            )
-    return None
+    """403 when the RBAC rules granted to the test refuse the request (kube_standin_rules)."""
+    refusal = rules.authorize(st.rbac, st.minor, request.method, request.path, dict(request.query))
+    return None if refusal is None else _status(*refusal)
 
 
 def dump(st: StandIn) -> str:

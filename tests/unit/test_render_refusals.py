@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,7 +141,7 @@ def test_a_tag_or_digest_pins(image: str) -> None:
     render_files("tiny-mixed", [f"image={image}"])
 
 
-def _containers(objects: list[dict]) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+def _containers(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for o in objects:
         spec = o.get("spec") or {}
