@@ -49,7 +49,7 @@ def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
         skewed = None
         if time_namespaces():
             prompts = RandomPrompts(
-                view.local_model_dir or "", input_len=32, output_len=4, prompt_format="ids"
+                view.local_model_dir or "", input_len=32, output_len=4, seed=0, prompt_format="ids"
             )
             prompts.pregenerate(range(16))
             skewed = run_load(

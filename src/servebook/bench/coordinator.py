@@ -224,16 +224,14 @@ class _Link:
                 raise ClientError(
                     f"bench agent {self.index} did not answer the clock sync within 10 s"
                 ) from None
-            rtt = t1 - t0
-            if best is None or rtt < best[1] * 2:
-                best = (ta - (t0 + t1) // 2, rtt // 2)
+            half = (t1 - t0) // 2
+            if best is None or half < best[1]:
+                best = (ta - (t0 + t1) // 2, half)
         assert best is not None
         return best
 
 
-def _accept(
-    server: socket.socket, token: str, deadline: float, procs: Sequence[AgentProcess]
-) -> tuple[socket.socket, Any] | None:
+def _accept(server: socket.socket, token: str, deadline: float) -> tuple[socket.socket, Any] | None:
     """One agent's connection with its hello, or None when nothing came this turn."""
     server.settimeout(0.1)
     try:
@@ -292,7 +290,7 @@ def _barrier(
                 f"bench agent(s) {', '.join(map(str, missing))} did not reach the barrier "
                 f"within {barrier_s:g} s: a late agent is a failure, not a smaller load"
             )
-        got = _accept(server, token, deadline, procs)
+        got = _accept(server, token, deadline)
         if got is None:
             continue
         conn, hello = got
