@@ -31,7 +31,8 @@ Role or ClusterRole, only what its rules allow; every request (port-forward upgr
 the verbs a real server checks: ``get``, and ``create`` too from ``minor`` 35) is then
 authorized by those rules.  Names, label values and a Deployment's selector are validated
 (422 Invalid, worded as the API server words it), and a Pod whose ServiceAccount does not
-exist is refused, dry run included (``kube_standin_rules`` holds these rules).  ``dryRun=All`` on an apply or a
+exist is refused, dry run included (``kube_standin_rules`` holds these rules).
+``dryRun=All`` on an apply or a
 create admits or refuses without storing anything: a namespaced object needs its
 namespace; a Pod with a hostPath volume is refused in a namespace whose
 ``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
