@@ -564,7 +564,15 @@ def test_an_error_on_the_error_channel_is_a_failure_naming_the_role(
         assert e.value.role == "prefill"
 
 
-@pytest.mark.parametrize(("pod_name", "words"), [(FORBIDDEN_POD, "403"), ("deleted-pod", "404")])
+@pytest.mark.parametrize(
+    ("pod_name", "words"),
+    [
+        # The upgrade is a GET: `get` is the verb, and `create` too from 1.35 (KEP-4006).
+        (FORBIDDEN_POD, "403 Forbidden to the port-forward for"),
+        (FORBIDDEN_POD, "needs get on pods/portforward, and create on it too from Kubernetes"),
+        ("deleted-pod", "404"),
+    ],
+)
 def test_a_refused_port_forward_upgrade_is_a_failure_naming_the_role(
     kube_api: Any, apiserver: StandInApiServer, pod_name: str, words: str
 ) -> None:

@@ -27,6 +27,14 @@ from servebook.kube.portforward import (
 
 PORTFORWARD_PROTOCOL = "v4.channel.k8s.io"
 
+# A WebSocket port-forward's upgrade is a GET, authorized as `get pods/portforward`; from
+# Kubernetes 1.35 the API server also checks `create` on it (preflight.admission's
+# portforward_access: KEP-4006, kubernetes#134577).
+PORTFORWARD_403 = (
+    " (RBAC: needs get on pods/portforward, and create on it too from Kubernetes 1.35; "
+    "`servebook preflight` lists what is missing)"
+)
+
 
 class _ChannelStream:
     """One port over the v4.channel.k8s.io protocol: binary frames whose first byte is the
@@ -162,7 +170,7 @@ class Kr8sDialer:
                         continue
                     hint = {
                         401: " (the credentials were refused)",
-                        403: " (RBAC: needs create, or get on older clusters, on pods/portforward)",
+                        403: PORTFORWARD_403,
                         404: " (no such pod)",
                     }.get(status, "")
                     raise StreamBroken(
