@@ -1222,6 +1222,14 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             if ("pods", meta["namespace"], name) in st.objects:
                 continue
             template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
+            # The leader StatefulSet (named after the set) makes the leaders; the pod
+            # controller makes a group's worker StatefulSet (named after its leader) only
+            # once the leader Pod exists.  Pod Security admission refuses them as it would
+            # any Pod, and the StatefulSet controller records the refusal on the
+            # StatefulSet, nowhere else.
+            sts = meta["name"] if w == 0 else f"{meta['name']}-{g}"
+            if _refused_by_pod_security(st, meta["namespace"], sts, name, template["spec"]):
+                break
             labels = {
                 **template["metadata"].get("labels", {}),
                 LWS_NAME: meta["name"],
@@ -1243,6 +1251,41 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             }
             st.put(pod)
             _born(st, pod)
+
+
+def _refused_by_pod_security(st: StandIn, ns: str, sts: str, pod: str, spec: Obj) -> bool:
+    """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, the
+    StatefulSet controller's ``FailedCreate`` Warning on ``sts``, worded as
+    pkg/controller/statefulset/stateful_pod_control.go words it (one event, its count
+    raised on each retry)."""
+    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
+        "labels"
+    ) or {}
+    enforce = labels.get("pod-security.kubernetes.io/enforce")
+    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
+    if not why:
+        return False
+    key = ("events", ns, f"{sts}.failedcreate")
+    stamp = _now_text()
+    old = st.objects.get(key)
+    st.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": key[2], "namespace": ns},
+            "involvedObject": {"kind": "StatefulSet", "name": sts, "namespace": ns,
+                               "apiVersion": "apps/v1"},
+            "reason": "FailedCreate",
+            "message": f"create Pod {pod} in StatefulSet {sts} failed error: pods \"{pod}\" "
+            f'is forbidden: violates PodSecurity "{enforce}:latest": {why}',
+            "type": "Warning",
+            "count": (old or {}).get("count", 0) + 1,
+            "firstTimestamp": (old or {}).get("firstTimestamp", stamp),
+            "lastTimestamp": stamp,
+            "source": {"component": "statefulset-controller"},
+        }
+    )  # fmt: skip
+    return True
 
 
 def _born(st: StandIn, pod: Obj) -> None:

@@ -126,3 +126,17 @@ def test_the_statefulsets_refusal_names_the_reason() -> None:
         "worker refused"
     )
     assert refusal_summary(events[:1], "m-decode-lws", since) is None
+
+
+def test_a_refusal_in_the_same_second_as_the_apply_is_this_deploys() -> None:
+    """An Event's time has whole seconds: a refusal 0.3 s after an apply made at
+    12:00:05.7 reads 12:00:05, and is still this deploy's."""
+    from datetime import UTC, datetime
+
+    from servebook.kube.lws_events import refusal_summary
+
+    event = _event("StatefulSet", "m-decode-lws", "2026-06-01T12:00:05Z", "refused")
+    since = datetime(2026, 6, 1, 12, 0, 5, 700_000, tzinfo=UTC)
+    assert (refusal_summary([event], "m-decode-lws", since) or "").endswith("refused")
+    before = datetime(2026, 6, 1, 12, 0, 6, tzinfo=UTC)
+    assert refusal_summary([event], "m-decode-lws", before) is None

@@ -10,7 +10,7 @@ controller records a ``FailedCreate`` Warning on the StatefulSet, worded
 stateful_pod_control.go), and no event on the LeaderWorkerSet says so.  Pure: the caller
 lists the namespace's events.
 
-To be called by ``kube.rollout.group_state`` where it finds no live Pod (or a group
+Called by ``kube.rollout_groups.group_state`` where it finds no live Pod (or a group
 short of members), before its "is the controller running?" wait: a refusal found here
 fails the role at once with the API server's reason.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from servebook.kube.objects import parse_time
+from servebook.kube.objects import event_since
 
 Obj = dict[str, Any]
 
@@ -43,8 +43,7 @@ def statefulset_refusals(events: Iterable[Obj], lws_name: str, since: datetime) 
             continue
         if not is_statefulset_of(str(inv.get("name", "")), lws_name):
             continue
-        when = parse_time(e.get("lastTimestamp") or e.get("eventTime"))
-        if when is not None and when < since:
+        if not event_since(e, since):
             continue
         out.append(e)
     return sorted(out, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))

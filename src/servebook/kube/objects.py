@@ -78,6 +78,15 @@ def parse_time(text: str | None) -> datetime | None:
         return None
 
 
+def event_since(event: Mapping[str, Any], since: datetime) -> bool:
+    """Whether ``event`` was last seen at or after ``since``.  An Event's
+    ``lastTimestamp`` has whole seconds (metav1.Time is RFC 3339 without a fraction), so
+    an event of the same second as ``since`` but earlier in it reads as before it: compare
+    whole seconds.  An event without a time counts as recent."""
+    when = parse_time(event.get("lastTimestamp") or event.get("eventTime"))
+    return when is None or when >= since.replace(microsecond=0)
+
+
 def as_int(value: Any, default: int = 0) -> int:
     """A counter the API may omit (``status.updatedReplicas`` is absent when 0)."""
     try:

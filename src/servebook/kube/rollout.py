@@ -50,6 +50,7 @@ from servebook.kube.objects import (
     annotation,
     as_int,
     condition,
+    event_since,
     hostpath_absent,
     is_ready,
     is_terminating,
@@ -332,7 +333,7 @@ def role_state(
         if e.get("reason") == "FailedCreate"
         # Events outlive their objects (an hour by default): an earlier deploy's refusal
         # in the same namespace is not this one's.
-        and (parse_time(e.get("lastTimestamp") or e.get("eventTime")) or now) >= started
+        and event_since(e, started)
     ]
     pod = _newest(mine)
     old = old_of(mine, pod)

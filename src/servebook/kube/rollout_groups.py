@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from servebook.kube.lws_events import refusal_summary
 from servebook.kube.objects import as_int, is_ready, is_terminating, labels_of, parse_time, restarts
 from servebook.kube.rollout import RoleState, _age_s, _engine_image, role_state
 
@@ -67,6 +68,18 @@ def group_state(
     groups: dict[str, list[Obj]] = {}
     for p in live:
         groups.setdefault(str(labels_of(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
+    short = not live or any(len(members) < size for members in groups.values())
+    refused = refusal_summary(events, lws_name, started) if short else None
+    if refused is not None:
+        # The API server refused a Pod of the set (Pod Security, a quota, a webhook): no
+        # wait makes it appear, and only the StatefulSets' events say why.
+        return RoleState(
+            role,
+            "failed",
+            refused + " (`kubectl get events --field-selector involvedObject.kind=StatefulSet`)",
+            {"pods": len(live), "pods_expected": replicas * size},
+            old_pods=gone,
+        )
     unsettled = lws_unsettled(lws, started=started, changed=changed) if lws else None
     if unsettled:
         return RoleState(role, "waiting", unsettled, old_pods=gone)
