@@ -65,8 +65,20 @@ def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
     (point,) = res.points
     assert point.requests_ok >= 8 and point.errors == 0
     _, lines = read_requests(out / "requests" / "c4-rep0.jsonl.gz")
-    counted = [q for q in lines if q["counted"]]
-    assert {q["agent"] for q in counted} == {0, 1} and len(counted) == point.requests_ok
+    every = list(lines)
+    counted = [q for q in every if q["counted"]]
+    # Said on failure: each agent's requests (all, counted), the point's verdict and the
+    # bench's own output, so a load one agent did not make explains itself.
+    per_agent = [
+        (a, sum(q["agent"] == a for q in every), sum(q["agent"] == a for q in counted))
+        for a in (0, 1)
+    ]
+    why = (
+        f"per agent (all, counted): {per_agent}; valid={point.valid} {point.invalid_reasons}; "
+        f"client={point.client.model_dump()}\n{proc.stdout[-3000:]}"
+    )
+    assert {q["agent"] for q in counted} == {0, 1}, why
+    assert len(counted) == point.requests_ok, why
     assert_union_percentiles(point, counted)
     if skewed is not None:
         a0, a1 = sorted(skewed.agents, key=lambda a: a.index)

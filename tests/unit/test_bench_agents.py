@@ -255,9 +255,15 @@ def assert_union_percentiles(point: Point, counted: list[dict[str, Any]]) -> Non
         for q in counted
     ]
     itl = np.concatenate(gaps) / 1e6
+    # Where the point's stream burst, its headline ITL is the engine's histogram (issue 24
+    # point 1) and the client's own figure, the one the records give, is kept beside it.
+    client_itl = point.client_latency.get("itl_ms", point.itl_ms)
+    assert ("itl_ms" in point.client_latency) == point.latency_source.get("itl_ms", "").startswith(
+        "server"
+    )
     for q in (50, 90, 99):
         assert getattr(point.ttft_ms, f"p{q}") == pytest.approx(float(np.percentile(ttft, q)))
-        assert getattr(point.itl_ms, f"p{q}") == pytest.approx(float(np.percentile(itl, q)))
+        assert getattr(client_itl, f"p{q}") == pytest.approx(float(np.percentile(itl, q)))
 
 
 def test_bench_agents_2_records_two_agents_and_saves_every_request(
