@@ -306,6 +306,8 @@ def test_a_good_point_is_valid_with_no_reasons() -> None:
         ),
         (dict(output_tokens_mismatch=3), {}, "SB408", "3 successful request(s)"),
         (dict(prompt_tokens_mismatch=2), {}, "SB409", "2 successful request(s) had a server"),
+        # A server that counts no prompt cannot confirm a length: not judged, not a pass.
+        (dict(prompt_tokens_unchecked=5), {}, "SB409", "not judged: 5 of"),
     ],
 )
 def test_each_validity_rule_invalidates_with_its_reason(

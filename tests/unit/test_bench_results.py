@@ -138,6 +138,7 @@ def test_a_server_counting_other_prompt_lengths_is_counted_as_a_mismatch() -> No
         load_of([same, other, unknown]), window_start_ns=0, window_end_ns=1000 * MS, repetition=0
     )
     assert p.prompt_tokens_mismatch == 1
+    assert p.prompt_tokens_unchecked == 1  # the one the server gave no count for
 
 
 def test_goodput_counts_requests_meeting_every_slo() -> None:

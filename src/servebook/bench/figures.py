@@ -208,6 +208,9 @@ def point_from_load(
             and r.prompt_tokens is not None
             and r.prompt_tokens != r.expected_prompt_tokens
         ),
+        prompt_tokens_unchecked=sum(
+            1 for r in ok if r.expected_prompt_tokens is not None and r.prompt_tokens is None
+        ),
         goodput=goodput,
         window=WindowInfo(
             warmup_s=(window_start_ns - load.start_ns) / 1e9,

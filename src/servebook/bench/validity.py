@@ -329,19 +329,28 @@ def _length_check(
     mismatched: Callable[[Point], int],
     failing: str,
     passing: str,
+    unchecked: Callable[[Point], int] = lambda p: 0,
+    unchecked_why: str = "",
 ) -> Check:
     """SB408/SB409: register a check, and its verdict, that fails a point where some
-    successful requests (``mismatched`` counts them) had another length than stated."""
+    successful requests (``mismatched`` counts them) had another length than stated, or
+    where some could not be checked at all (``unchecked``): a check that could not look
+    is not a pass (issue 24 point 2)."""
     check = register(id, title, rationale, fix)
 
     @VERDICTS.add(check)
     def lengths_as_stated(case: Case) -> Verdict:
-        n = mismatched(case.point)
-        return Verdict(
-            n > 0,
-            f"{n} successful request(s) {failing}" if n else passing,
-            dict(mismatched=n),
-        )
+        n, blind = mismatched(case.point), unchecked(case.point)
+        if n:
+            message = f"{n} successful request(s) {failing}"
+        elif blind:
+            message = (
+                f"not judged: {blind} of {case.point.requests_ok} successful request(s) "
+                f"{unchecked_why}"
+            )
+        else:
+            message = passing
+        return Verdict(n > 0 or blind > 0, message, dict(mismatched=n, unchecked=blind))
 
     return check
 
@@ -371,6 +380,11 @@ INPUT_LENGTH = _length_check(
     mismatched=lambda p: p.prompt_tokens_mismatch,
     failing="had a server-counted prompt length different from the workload's",
     passing="every prompt had the stated input length (server's count)",
+    unchecked=lambda p: p.prompt_tokens_unchecked,
+    unchecked_why=(
+        "came back with no server count of their prompt (usage.prompt_tokens), so their "
+        "stated input length was never checked"
+    ),
 )
 
 

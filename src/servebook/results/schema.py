@@ -219,6 +219,9 @@ class Point(BaseModel):
     # Successful requests whose server-counted prompt length (usage.prompt_tokens) differs
     # from the workload's: the tokenizer given is not the deployment's.
     prompt_tokens_mismatch: int = 0
+    # Successful requests with a stated prompt length the server gave no count for: their
+    # length was not checked (SB409 cannot pass on them).
+    prompt_tokens_unchecked: int = 0
     goodput: Goodput | None = None
     window: WindowInfo
     client: ClientEvidence
