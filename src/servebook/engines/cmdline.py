@@ -257,11 +257,11 @@ def parse_engine_args(tokens: Sequence[str], *, positional_model: bool) -> Engin
 
 def _shell_script(argv: Sequence[str]) -> str | None:
     """The script of ``sh -c SCRIPT`` (also ``-ec``, ``-lc``, ``-x -c``), else None."""
-    call = _shell_call(argv)
+    call = shell_call(argv)
     return call[0] if call else None
 
 
-def _shell_call(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+def shell_call(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     """``(SCRIPT, positional parameters)`` of ``sh -c SCRIPT [NAME [ARG ...]]``, else
     None; the parameters are what ``$@`` expands to."""
     if not argv or posixpath.basename(argv[0]) not in SHELLS:
@@ -374,7 +374,7 @@ def parse_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
     ``${NAME}`` and ``$@`` are expanded as the shell would (``expand_words``): KServe's
     ``exec vllm serve ... ${VLLM_ADDITIONAL_ARGS} $@`` reads its flags from the
     environment and the container's args.  Without it they stay as written."""
-    shell = _shell_call(argv)
+    shell = shell_call(argv)
     if shell is not None:
         script, params = shell
         commands = split_shell(script)
@@ -526,6 +526,7 @@ __all__ = [
     "parse_argv",
     "parse_container",
     "parse_engine_args",
+    "shell_call",
     "speculative_config",
     "split_shell",
 ]

@@ -19,7 +19,6 @@ guessed.  Pure: plain data in, plain data out.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -68,21 +67,6 @@ def env_values(container: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]
 
 def _words(items: Any) -> list[str]:
     return [str(x) for x in items] if isinstance(items, list) else []
-
-
-def _script_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
-    """``(script, positional args)`` of ``sh -c SCRIPT [$0 [ARGS...]]``, else None."""
-    if not argv or posixpath.basename(argv[0]) not in cmdline.SHELLS:
-        return None
-    for i, tok in enumerate(argv[1:], start=1):
-        if tok.startswith("-") and not tok.startswith("--") and "c" in tok[1:]:
-            if i + 1 >= len(argv):
-                return None
-            # The shell's first word after the script is $0; the rest are $1... ($@).
-            return argv[i + 1], list(argv[i + 3 :])
-        if not tok.startswith("-"):
-            return None
-    return None
 
 
 def _quote_states(script: str) -> list[str]:
@@ -208,7 +192,7 @@ def resolve(container: Mapping[str, Any]) -> Resolved:
     args = [kube_expand(w, env) for w in _words(container.get("args"))]
     argv = command + args
     container = {**container, "command": command, "args": args}
-    shell = _script_of(argv)
+    shell = cmdline.shell_call(argv)
     if shell is None:
         engine = cmdline.parse_container(container)
         return Resolved(argv=argv, engine=engine)
