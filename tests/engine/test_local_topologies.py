@@ -4,6 +4,8 @@ running after down."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import time
@@ -66,6 +68,17 @@ def test_tiny_pd_hands_the_prompt_kv_to_decode_through_the_router() -> None:
         assert hits.value is not None and hits.value >= 128, hits
         assert by_transfer.value == hits.value
         assert Path(dep.kv_storage[0]).is_dir() and any(Path(dep.kv_storage[0]).iterdir())
+        # Two engines on one machine: each bound its OpenMP threads to cores of its own
+        # (vLLM's own log line), none to the other's.
+        if len(os.sched_getaffinity(0)) >= 2:
+            bound = {}
+            for role in ("prefill", "decode"):
+                log = Path(dep.role(role).log).read_text(errors="replace")
+                found = re.findall(r"local_rank=0, core ids=\[([0-9, ]+)\]", log)
+                assert found, f"{role}: no OpenMP binding line in its log"
+                bound[role] = {int(c) for c in found[-1].split(",")}
+            assert bound["prefill"] and bound["decode"]
+            assert not bound["prefill"] & bound["decode"], bound
 
 
 @pytest.mark.parametrize(

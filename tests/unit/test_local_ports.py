@@ -61,3 +61,23 @@ def test_a_port_clash_is_recognised_in_a_role_log(line: str) -> None:
 
 def test_other_deaths_are_not_port_clashes() -> None:
     assert not port_clash("RuntimeError: CUDA out of memory\nKilled")
+
+
+def test_engines_on_one_machine_get_cores_of_their_own() -> None:
+    from servebook.backends.local import engine_cores
+
+    none: dict[str, str] = {}
+    assert engine_cores(["prefill", "decode"], lambda n: none, [0, 1]) == {
+        "prefill": "0",
+        "decode": "1",
+    }
+    assert engine_cores(["prefill", "decode"], lambda n: none, [0, 1, 2, 3, 4]) == {
+        "prefill": "0,1",
+        "decode": "2,3,4",
+    }
+    assert engine_cores(["mixed"], lambda n: none, [0, 1]) == {}  # one engine: vLLM's auto
+    assert engine_cores(["prefill", "decode"], lambda n: none, [3]) == {}  # too few cores
+    own = {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert (
+        engine_cores(["prefill", "decode"], lambda n: own if n == "decode" else none, [0, 1]) == {}
+    )
