@@ -416,3 +416,20 @@ def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why()
     (reason,) = p.invalid_reasons
     assert reason.startswith("SB407: handoff not judged at this length: needs >= 258")
     assert verdict_of(point, pd=True, thresholds=Thresholds(min_handoff_share=long.share)).valid
+
+
+def test_prompts_are_built_for_what_the_level_sent_before() -> None:
+    """A point builds its prompts before the warm-up: the minimum and some spare with no
+    history, else 1.5 times what the level's earlier points sent over a warm-up and a
+    window (the producer fell behind on a busy 2-core machine: SB404)."""
+    s = ProtocolSettings(concurrencies=(1,), warmup=parse_warmup("3s"), min_requests=4)
+    level = protocol.Level(concurrency=1)
+    assert protocol.prompts_needed(s, level) == 4 + 2 + protocol.PROMPTS_SPARE
+    seen = make_point(
+        concurrency=1,
+        requests_per_s=2.0,
+        window=WindowInfo(warmup_s=3, duration_s=6, requests_scheduled=12, requests_unfinished=0),
+    )
+    assert protocol.prompts_needed(s, level, [seen]) == 27 + 2  # ceil(1.5 * 2/s * 9 s) + 2
+    slow = seen.model_copy(update={"requests_per_s": 0.1})
+    assert protocol.prompts_needed(s, level, [slow]) == 4 + 2 + protocol.PROMPTS_SPARE

@@ -498,6 +498,32 @@ def _pregenerate(prompts: PromptSource, first: int, count: int) -> None:
         prompts.pregenerate(range(first, first + n))
 
 
+#: Prompts built before a point beyond its minimum: a few seconds of a small fast server,
+#: so that a first point with no history does not wait on the producer for them.
+PROMPTS_SPARE = 16
+
+
+def prompts_needed(settings: ProtocolSettings, level: Level, history: Sequence[Point] = ()) -> int:
+    """How many prompts to build before a point's warm-up.  The minimum the protocol
+    needs (warm-up requests, the window's minimum, two per slot) and some spare, or, where
+    an earlier point measured the server's request rate, 1.5 times what that rate sends
+    over a warm-up and a window.  The producer builds the rest during the load, in a
+    process of its own; on a machine whose cores the engines fill (tiny-pd on 2 cores) it
+    fell behind, requests waited for their prompts (SB404), and the point was invalid."""
+    warm = settings.warmup_for(level)
+    count = (warm.requests or 0) + settings.min_requests_for(level) + 2 * level.size
+    count += PROMPTS_SPARE
+    rates = [p.requests_per_s for p in history if p.requests_per_s]
+    spans = [
+        (p.window.warmup_s or 0.0) + (p.window.duration_s or 0.0)
+        for p in history
+        if p.window.duration_s
+    ]
+    if rates and spans:
+        count = max(count, math.ceil(1.5 * max(rates) * max(spans)) + 2 * level.size)
+    return count
+
+
 def run_point(
     target: Target,
     spec: PointSpec,
@@ -510,6 +536,7 @@ def run_point(
     slo_ms: Mapping[str, float] | None = None,
     scrape_fn: Scrape = scrape_roles,
     on_progress: Callable[[Progress], None] | None = None,
+    history: Sequence[Point] = (),
 ) -> PointOutcome:
     """Run one point (warm-up, window, verdict).  ``position`` is the point's place in
     the sweep's full order: it seeds the point's arrivals and picks its prompts
@@ -517,12 +544,9 @@ def run_point(
     would have."""
     level = spec.level
     controller = controller_for(settings, level)
-    warm = settings.warmup_for(level)
     offset = position * 10_000_000
     t_build = time.monotonic()
-    _pregenerate(
-        prompts, offset, (warm.requests or 0) + settings.min_requests_for(level) + 2 * level.size
-    )
+    _pregenerate(prompts, offset, prompts_needed(settings, level, history))
     build_s = time.monotonic() - t_build
     load_spec = LoadSpec(
         concurrency=level.concurrency,
@@ -638,6 +662,11 @@ def run_sweep(
                 slo_ms=slo_ms,
                 scrape_fn=scrape_fn,
                 on_progress=on_progress,
+                history=[
+                    p
+                    for p in writer.results.points
+                    if (p.concurrency, p.rate) == (level.concurrency, level.rate)
+                ],
             )
             writer.add(outcome.point)
             if on_point is not None:
