@@ -18,13 +18,13 @@ fails the role at once with the API server's reason.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from servebook.kube.objects import event_since
 
-Obj = dict[str, Any]
+Obj = Mapping[str, Any]
 
 
 def is_statefulset_of(name: str, lws_name: str) -> bool:

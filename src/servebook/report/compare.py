@@ -37,6 +37,7 @@ from servebook.report.tables import (
     Table,
     fmt_interval,
     levels,
+    same_source,
 )
 from servebook.results import stats
 
@@ -214,8 +215,9 @@ def compare(a: Run, b: Run, variables: Sequence[str] = (), *, force: bool = Fals
     lb = {(lv.mode, lv.value): lv for lv in levels(b)}
     rows = []
     for key in [k for k in la if k in lb]:
+        level_a, level_b = same_source(la[key], lb[key])
         for metric in COMPARED:
-            row = compare_level(la[key], lb[key], metric)
+            row = compare_level(level_a, level_b, metric)
             if row is not None:
                 rows.append(row)
     return Comparison(

@@ -29,7 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servebook.errors import UsageError
-from servebook.report.tables import METRICS, NA, Column, Level, Run, Table, fmt_num, levels
+from servebook.report.tables import (
+    METRICS,
+    NA,
+    Column,
+    Level,
+    Run,
+    Table,
+    fmt_num,
+    levels,
+    same_source,
+)
 from servebook.results import stats
 from servebook.values import parse_share
 
@@ -137,6 +147,7 @@ def check_metric(la: Level, lb: Level, metric: str, tolerance: float) -> MetricC
 
 
 def check_level(la: Level, lb: Level, tolerance: float) -> PointCheck:
+    la, lb = same_source(la, lb)
     checks = [check_metric(la, lb, m, tolerance) for m in REPRODUCE_METRICS]
     if not la.valid or not lb.valid:
         side = "A" if not la.valid else "B"

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from servebook import redact
 from servebook.errors import UsageError
 from servebook.results import stats
+from servebook.results.evidence import one_source
 from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
 from servebook.results.store import load_results
 
@@ -329,6 +330,14 @@ class Level:
 
 def level_key(p: Point) -> tuple[int, float]:
     return (0, float(p.concurrency)) if p.concurrency is not None else (1, float(p.rate or 0.0))
+
+
+def same_source(la: Level, lb: Level) -> tuple[Level, Level]:
+    """Both runs' points of a level with TPOT and ITL from one source
+    (``evidence.one_source``): where either run's engine histogram led, both read it, so
+    a median is never set against another kind of measurement."""
+    both = one_source([*la.points, *lb.points])
+    return replace(la, points=both[: len(la.points)]), replace(lb, points=both[len(la.points) :])
 
 
 def levels(run: Run) -> list[Level]:

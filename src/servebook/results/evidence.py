@@ -320,6 +320,69 @@ def server_led(
     return {**update, "latency_source": source, "client_latency": client}
 
 
+def stored_figure(window: Mapping[str, Any] | None) -> Latency | None:
+    """``server_figure`` of a histogram as a results file stores it (``server_latency``,
+    ms); ``None`` when it was not usable or saw nothing."""
+    if not window or window.get("status") != "ok" or not window.get("count"):
+        return None
+
+    def q(name: str) -> float | None:
+        e = window.get(name)
+        return None if not isinstance(e, Mapping) or e.get("above_range") else e.get("value")
+
+    return Latency(
+        p50=q("p50"), p90=q("p90"), p99=q("p99"), mean=window.get("mean"), n=int(window["count"])
+    )
+
+
+def lead_from_server(point: Point, name: str, role: str) -> Point:
+    """``point`` with figure ``name`` (``tpot_ms``/``itl_ms``) read from its own stored
+    histograms of ``role``, as ``server_led`` makes it at measurement; unchanged where it
+    already is, or where that histogram saw nothing."""
+    source = f"server:{role}"
+    if point.latency_source.get(name) == source:
+        return point
+    fig = stored_figure(((point.server_latency or {}).get(role) or {}).get(_HISTOGRAM_OF[name]))
+    if fig is None:
+        return point
+    return point.model_copy(
+        update={
+            name: fig,
+            "latency_source": {**point.latency_source, name: source},
+            "client_latency": {**point.client_latency, name: getattr(point, name)},
+        }
+    )
+
+
+def one_source(points: Sequence[Point]) -> list[Point]:
+    """The points of one load level (of one run, or of two runs compared) with each of
+    TPOT and ITL from one source: where any repetition's diagnosis made the engine's
+    histogram lead, every repetition reads it (its client figure kept beside).  A level
+    whose repetitions mixed the client's and the engine's estimates had medians and
+    intervals over two different measurements: measured on tiny-pd (2 cores), TPOT p50
+    came from the engine on 5 of 12 points and from the client on 7, and after six
+    repetitions its 95% interval at c=4 was still +-73%."""
+    out = list(points)
+    led = sorted({(n, src) for p in out for n, src in p.latency_source.items()})
+    for name, src in led:
+        role = src.split(":", 1)[1] if src.startswith("server:") else None
+        if role is not None and name in _HISTOGRAM_OF:
+            out = [lead_from_server(p, name, role) for p in out]
+    return out
+
+
+def one_source_per_level(points: Sequence[Point]) -> list[Point]:
+    """``one_source`` over each load level of a run; the order is kept."""
+    levels: dict[tuple[int | None, float | None], list[int]] = {}
+    for i, p in enumerate(points):
+        levels.setdefault((p.concurrency, p.rate), []).append(i)
+    out = list(points)
+    for idx in levels.values():
+        for i, p in zip(idx, one_source([out[i] for i in idx]), strict=True):
+            out[i] = p
+    return out
+
+
 def with_server_latency(
     point: Point,
     before: Mapping[str, Snapshot | str],

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from servebook.errors import UsageError
 from servebook.files import write_atomic
 from servebook.results.aggregate import PrecisionTarget, aggregate, mark_precision
+from servebook.results.evidence import one_source_per_level
 from servebook.results.provenance import resume_mismatches, utc_now
 from servebook.results.schema import RESULTS_NAME, SCHEMA, Point, PointKey, Provenance, Results
 
@@ -82,7 +83,9 @@ class ResultsWriter:
             (old if p.key == point.key else kept).append(p)
         self.results.superseded_points.extend(old)
         precision = PrecisionTarget.from_protocol(self.results.provenance.protocol)
-        self.results.points = mark_precision([*kept, point], precision)
+        # One source per level for TPOT and ITL (``evidence.one_source``): a repetition
+        # that made the engine's histogram lead makes it lead on the level's others too.
+        self.results.points = mark_precision(one_source_per_level([*kept, point]), precision)
         self.results.aggregates = aggregate(self.results.points, precision)
         self.results.provenance.ended_at = utc_now()
         self.write()

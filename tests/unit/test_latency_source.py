@@ -1,0 +1,90 @@
+"""One source per load level for TPOT and ITL: where a repetition's diagnosis made the
+engine's histogram lead (issue 24 point 1), the level's other repetitions, and the other
+run's in ``compare``, read the engine's too, so no median or interval mixes the client's
+estimate with the engine's (tiny-pd on 2 cores: 5 of 12 points engine-led, 7 client-led,
+TPOT p50's interval still +-73% after six repetitions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servebook.report.tables import Level, same_source
+from servebook.results.evidence import one_source, one_source_per_level, stored_figure
+from servebook.results.schema import Latency, Point
+from tests.unit.test_bench_protocol import make_point
+
+
+def histogram(mean: float, p50: float, count: float = 40) -> dict[str, Any]:
+    """A window's histogram as results.json stores it (``HistogramWindow.to_dict(1000)``:
+    vLLM's TPOT buckets, 0-10 ms holding the median)."""
+
+    def est(v: float) -> dict[str, Any]:
+        return {"value": v, "bucket": [0.0, 10.0], "above_range": False}
+
+    return {
+        "metric": "vllm:request_time_per_output_token_seconds",
+        "status": "ok",
+        "count": count,
+        "mean": mean,
+        "p50": est(p50),
+        "p90": est(9.0),
+        "p99": est(9.9),
+    }
+
+
+def point(rep: int, client_p50: float, *, led: bool, concurrency: int = 1) -> Point:
+    client = Latency(p50=client_p50, p90=client_p50, p99=client_p50, mean=client_p50, n=40)
+    server = Latency(p50=5.0, p90=9.0, p99=9.9, mean=5.2, n=40)
+    stored = {"decode": {"tpot": histogram(5.2, 5.0), "itl": histogram(5.1, 5.0)}}
+    return make_point(
+        concurrency=concurrency,
+        repetition=rep,
+        tpot_ms=server if led else client,
+        server_latency=stored,
+        latency_source={"tpot_ms": "server:decode"} if led else {},
+        client_latency={"tpot_ms": client} if led else {},
+    )
+
+
+def test_a_level_with_one_engine_led_repetition_reads_the_engine_on_every_one() -> None:
+    led, plain = point(0, 2.0, led=True), point(1, 3.0, led=False)
+    a, b = one_source([led, plain])
+    assert a == led  # already the engine's
+    assert b.tpot_ms.p50 == 5.0 and b.latency_source == {"tpot_ms": "server:decode"}
+    assert b.client_latency["tpot_ms"].p50 == 3.0  # the client's own figure, kept
+    assert b.itl_ms == plain.itl_ms  # only what some repetition's diagnosis led
+
+
+def test_no_engine_led_repetition_leaves_the_clients_figures() -> None:
+    pts = [point(0, 2.0, led=False), point(1, 3.0, led=False)]
+    assert one_source(pts) == pts
+
+
+def test_a_repetition_whose_histogram_saw_nothing_keeps_the_client_figure() -> None:
+    empty = point(1, 3.0, led=False)
+    empty = empty.model_copy(
+        update={"server_latency": {"decode": {"tpot": {"status": "empty", "count": 0}}}}
+    )
+    assert stored_figure({"status": "empty", "count": 0}) is None
+    _, kept = one_source([point(0, 2.0, led=True), empty])
+    assert kept == empty
+
+
+def test_levels_are_unified_each_on_its_own() -> None:
+    pts = [
+        point(0, 2.0, led=True, concurrency=1),
+        point(0, 3.0, led=False, concurrency=4),
+        point(1, 3.0, led=False, concurrency=1),
+    ]
+    out = one_source_per_level(pts)
+    assert [p.concurrency for p in out] == [1, 4, 1]
+    assert out[1] == pts[1]  # c=4 had no engine-led repetition
+    assert out[2].latency_source == {"tpot_ms": "server:decode"}
+
+
+def test_compare_reads_both_runs_from_the_same_source() -> None:
+    run_a = Level(run=None, mode="concurrency", value=1, points=[point(0, 2.0, led=True)])  # type: ignore[arg-type]
+    run_b = Level(run=None, mode="concurrency", value=1, points=[point(0, 3.0, led=False)])  # type: ignore[arg-type]
+    a, b = same_source(run_a, run_b)
+    assert a.points[0].tpot_ms.p50 == b.points[0].tpot_ms.p50 == 5.0
+    assert b.points[0].client_latency["tpot_ms"].p50 == 3.0
