@@ -39,9 +39,10 @@ The machine's other load during each run is printed too (CPU used by processes o
 than the server and the client under test): on a shared machine a row with other load is
 not a clean measurement, and says so.
 
-``--agents 1,2`` instead prints only the capacity of ``servebook bench --agents N`` for
-each N, side by side on the same workload (one agent pinned to the client's core, more
-unpinned): the load agents' scaling with the cores.
+``--agents 1,2`` instead prints only ``servebook bench --agents N`` for each N, side by
+side on the same workload (one agent pinned to the client's core, more unpinned): the
+capacity per level (the load agents' scaling with the cores), then the timing error at
+c=64 against the scripted TTFT/ITL, ``--timing-runs`` times each (``agents_timing``).
 
 Run: ``.venv/bin/python benchmarks/client_capacity.py`` (about 8 minutes on 2 cores;
 ``--no-vllm`` skips the comparison; ``--quick`` runs loads too small for the CPU figures,
@@ -562,8 +563,9 @@ def main() -> None:
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument(
         "--agents",
-        help="e.g. 1,2: only the capacity of servebook bench with that many load agents, "
-        "side by side on the same workload (no vllm comparison, no timing runs)",
+        help="e.g. 1,2: only servebook bench with that many load agents, side by side on "
+        "the same workload: capacity per level, then the timing error at c=64 "
+        "(--timing-runs runs each; no vllm comparison)",
     )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument(
@@ -620,6 +622,11 @@ def main() -> None:
             b.configure(0, 0, record=False)
             by = {n: b.cli_sweep(levels, lengths[0], out_len, agents=n) for n in counts}
             print_agents(by, levels, f"{lengths[0]}/{out_len}")
+            timing = {
+                n: [agents_timing(b, n, 64, lengths[0], out_len) for _ in range(args.timing_runs)]
+                for n in counts
+            }
+            print_agents_timing(timing, 64, f"{lengths[0]}/{out_len}")
             return
         for input_len in lengths:
             b.configure(0, 0, record=False)
@@ -670,6 +677,67 @@ def main() -> None:
         server.terminate()
         server.wait(10)
     print_table(rows, sweeps, levels, out_len, time.monotonic() - t_start)
+
+
+def agents_timing(b: Bench, n: int, c: int, input_len: int, out_len: int) -> dict[str, Any]:
+    """``servebook bench --url --agents n --concurrency c --save-requests`` against the
+    server scripted to 100 ms to the first token and 20 ms between tokens: the point's
+    TTFT/ITL p50 minus the server's truth over the same requests (the point's counted
+    ones, matched by request id), and how many agents the results say made the load."""
+    b.configure(100, 20, record=True)
+    out_dir = b.tmp / f"timing-{n}-{c}-{now_ns()}"
+    argv = [
+        sys.executable, "-m", "servebook", "bench", "--url", b.url, "--model", "ref",
+        "--tokenizer", str(b.args.tokenizer), "--input-len", str(input_len),
+        "--output-len", str(out_len), "--concurrency", str(c), "--repetitions", "1",
+        "--agents", str(n), "--warmup", b.args.warmup, "--duration", b.args.duration,
+        "--min-requests", "1", "--save-requests", "-o", str(out_dir),
+    ]  # fmt: skip
+    run_child(argv, b.args.client_cpu if n == 1 else None, 900, b.server_pid, ok=(0, 1))
+    truth = {r["id"]: r for r in http_json(b.url + "/truth")["requests"]}
+    doc = json.loads((out_dir / "results.json").read_text())
+    (point,) = doc["points"]
+    from servebook.bench.openai_stream import Endpoint
+    from servebook.bench.saved_requests import read_requests
+
+    _, lines = read_requests(out_dir / "requests" / f"c{c}-rep0.jsonl.gz")
+    counted = [q for q in lines if q["counted"]]
+    prefix = Endpoint(b.url, "ref").request_id_prefix  # the X-Request-Id the truth keeps
+    ttft, itl = [], []
+    for q in counted:
+        t = truth.get(f"{prefix}{q['index']}")
+        if t and t["token_ns"]:
+            ttft.append((t["token_ns"][0] - t["recv_ns"]) / 1e6)
+            itl.extend((np.diff(t["token_ns"]) / 1e6).tolist())
+    load = doc["provenance"].get("load") or {}
+    return {
+        "agents": load.get("agents"),
+        "where": load.get("where"),
+        "requests": len(counted),
+        "matched": len(ttft),
+        "ttft_err": point["ttft_ms"]["p50"] - pct(ttft, 50),
+        "itl_err": point["itl_ms"]["p50"] - pct(itl, 50),
+        "reasons": [r.split(":")[0] for r in point["invalid_reasons"]],
+    }
+
+
+def print_agents_timing(rows: dict[int, list[dict[str, Any]]], c: int, workload: str) -> None:
+    print()
+    print(
+        f"servebook bench --agents N timing at c={c}, workload {workload} (prompt/output "
+        "tokens), server scripted to TTFT 100 ms, ITL 20 ms; error = the point's p50 minus "
+        "the server's truth over the point's counted requests (target: TTFT within 3 ms, "
+        "ITL within 1 ms)"
+    )
+    print(f"{'agents':>6} {'run':>3} {'said':>22} {'requests':>8} {'TTFT p50 err ms':>15} "
+          f"{'ITL p50 err ms':>14} {'invalid':>8}")  # fmt: skip
+    for n, runs in rows.items():
+        for i, r in enumerate(runs):
+            said = f"{r['agents']} ({r['where']})"
+            print(
+                f"{n:>6} {i:>3} {said:>22} {r['requests']:>8} {r['ttft_err']:>15.2f} "
+                f"{r['itl_err']:>14.2f} {','.join(r['reasons']) or '-':>8}"
+            )
 
 
 def print_agents(by: dict[int, dict[int, Any]], levels: list[int], workload: str) -> None:
