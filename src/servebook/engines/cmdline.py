@@ -421,6 +421,10 @@ def parse_container(container: Mapping[str, Any]) -> EngineCommand | None:
     found = parse_argv(arg_list) if arg_list else None
     if found:
         return found
+    if len(arg_list) > 1 and arg_list[0] == "-m":
+        # `args: [-m, MODULE, ...]` on a Python entrypoint (Dynamo's runtime images): the
+        # module decides; `-m dynamo.frontend` beside the worker is no engine.
+        return parse_argv(["python", *arg_list])
     image = container.get("image")
     if arg_list and _looks_like_engine_image(image if isinstance(image, str) else None):
         cmd = parse_engine_args(arg_list, positional_model=False)

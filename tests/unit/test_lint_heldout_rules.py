@@ -1,0 +1,115 @@
+"""Rule changes the held-out corpus (tests/unit/fixtures/lint/heldout, judged independently
+of the rules' author) asked for, each with the true case it must keep: KV over multi-node
+NVLink is not TCP (SB112), Dynamo's --disaggregation-mode and v1beta1 component types name
+the PD roles, a Pod that downloads its own weights into a hostPath (SB103/SB104), a doc's
+image beside a placeholder image field (SB110), and an engine started through
+`eval "exec vllm serve ..."` (SB117)."""
+
+from __future__ import annotations
+
+from servebook.findings import Finding
+from servebook.lint import rules
+from servebook.lint.loader import LintSet, MarkdownFile, parse_yaml
+
+
+def lint(*files: tuple[str, str], md: tuple[str, str] | None = None) -> list[Finding]:
+    docs = [MarkdownFile(md[0], md[1])] if md else []
+    return rules.check(LintSet([parse_yaml(text, path) for path, text in files], docs))
+
+
+def checks(findings: list[Finding]) -> list[tuple[str, str]]:
+    return sorted((f.check, f.severity.value) for f in findings)
+
+
+NIXL = '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\''
+
+
+def deployment(name: str, args: str, env: str = "") -> str:
+    return (
+        f"apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n"
+        f"  template:\n    spec:\n      containers:\n        - name: vllm\n"
+        f"          image: vllm/vllm-openai:v0.22.1\n          command: [vllm, serve]\n"
+        f"          args: {args}\n{env}"
+    )
+
+
+def ucx_env(tls: str, mnnvl: str | None) -> str:
+    env = f"          env:\n            - {{name: UCX_TLS, value: '{tls}'}}\n"
+    if mnnvl is not None:
+        env += f"            - {{name: UCX_CUDA_IPC_ENABLE_MNNVL, value: '{mnnvl}'}}\n"
+    return env
+
+
+# --- SB112 --------------------------------------------------------------------------------
+
+
+def test_kv_over_multi_node_nvlink_is_not_tcp() -> None:
+    """llm-d's wide-EP GB200 guides: UCX_TLS=cuda_copy,cuda_ipc,tcp with MNNVL enabled moves
+    KV over NVLink between nodes; tcp only bootstraps."""
+    env = ucx_env("cuda_copy,cuda_ipc,tcp", "y")
+    found = lint(
+        ("p.yaml", deployment("m-prefill", f"[m, --kv-transfer-config, {NIXL}]", env)),
+        ("d.yaml", deployment("m-decode", f"[m, --kv-transfer-config, {NIXL}]", env)),
+    )
+    assert "SB112" not in [c for c, _ in checks(found)]
+
+
+def test_cuda_ipc_without_mnnvl_still_crosses_nodes_by_tcp() -> None:
+    for mnnvl in (None, "n"):
+        env = ucx_env("cuda_copy,cuda_ipc,tcp", mnnvl)
+        found = lint(
+            ("p.yaml", deployment("m-prefill", f"[m, --kv-transfer-config, {NIXL}]", env)),
+            ("d.yaml", deployment("m-decode", f"[m, --kv-transfer-config, {NIXL}]", env)),
+        )
+        assert ("SB112", "warn") in checks(found), mnnvl
+
+
+# --- Dynamo roles (SB112 and every PD rule) -------------------------------------------------
+
+
+def dgd_v1beta1(
+    tls: str, names: tuple[str, str] = ("VllmDecodeWorker", "VllmPrefillWorker")
+) -> str:
+    def component(name: str, mode: str) -> str:
+        return (
+            f"  - name: {name}\n    type: {mode}\n    frontendSidecar: sidecar-frontend\n"
+            "    podTemplate:\n      spec:\n        containers:\n        - name: main\n"
+            "          image: nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.0.0\n"
+            "          command: [/bin/sh, -c]\n"
+            "          args:\n            - |\n"
+            f"              python3 -m dynamo.vllm --model Qwen/Qwen3-0.6B \\\n"
+            f"              --disaggregation-mode {mode} --kv-transfer-config {NIXL}\n"
+            f"          env: [{{name: UCX_TLS, value: '{tls}'}}]\n"
+            "        - name: sidecar-frontend\n"
+            "          image: nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.0.0\n"
+            "          args: [-m, dynamo.frontend, --router-mode, direct]\n"
+        )
+
+    return (
+        "apiVersion: nvidia.com/v1beta1\nkind: DynamoGraphDeployment\n"
+        "metadata: {name: qwen}\nspec:\n  components:\n"
+        + component(names[0], "decode")
+        + component(names[1], "prefill")
+    )
+
+
+def test_dynamo_disaggregation_mode_names_the_pd_roles() -> None:
+    """ai-dynamo/dynamo examples/backends/vllm/deploy/gaie/v1beta1/disagg.yaml: kv_both on
+    both workers, the role only in --disaggregation-mode; TCP must be seen on that pair."""
+    found = [f for f in lint(("dgd.yaml", dgd_v1beta1("tcp,self"))) if f.check == "SB112"]
+    assert len(found) == 1, found
+    assert "VllmPrefillWorker -> " in found[0].subject
+    assert "VllmDecodeWorker" in found[0].subject
+    assert lint(("dgd.yaml", dgd_v1beta1("rc,cuda_copy,cuda_ipc"))) == []
+    # Components named for nothing: the flag alone says which worker is which.
+    neutral = lint(("dgd.yaml", dgd_v1beta1("tcp,self", ("worker-a", "worker-b"))))
+    assert [f.check for f in neutral] == ["SB112"]
+
+
+def test_a_frontend_sidecar_on_the_runtime_image_is_not_an_engine() -> None:
+    from servebook.engines.cmdline import parse_container
+
+    image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.0.0"
+    assert parse_container({"image": image, "args": ["-m", "dynamo.frontend"]}) is None
+    worker = parse_container({"image": image, "args": ["-m", "dynamo.vllm", "--model", "Q"]})
+    assert worker is not None and worker.value("--model") == "Q"
