@@ -113,3 +113,75 @@ def test_a_frontend_sidecar_on_the_runtime_image_is_not_an_engine() -> None:
     assert parse_container({"image": image, "args": ["-m", "dynamo.frontend"]}) is None
     worker = parse_container({"image": image, "args": ["-m", "dynamo.vllm", "--model", "Q"]})
     assert worker is not None and worker.value("--model") == "Q"
+
+
+# --- SB110 ----------------------------------------------------------------------------------
+
+
+def pod_with_image(image: str) -> str:
+    return (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: fe}\nspec:\n  containers:\n"
+        f"    - name: fe\n      image: {image}\n"
+    )
+
+
+README = (
+    "Replace `nvcr.io/nvidia/ai-dynamo/vllm-runtime:my-tag` with your image.\n\n"
+    "> Validated against `nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.2.0-cuda13-dev.3`.\n"
+)
+
+
+def test_a_doc_beside_a_placeholder_image_field_is_not_stale() -> None:
+    """ai-dynamo/dynamo's guides: the manifest keeps `my-tag` (SB101 reports it) and the
+    doc names the validated image; that doc is not a stale reference."""
+    found = lint(
+        ("d/agg.yaml", pod_with_image("nvcr.io/nvidia/ai-dynamo/vllm-runtime:my-tag")),
+        md=("d/README.md", README),
+    )
+    assert checks(found) == [("SB101", "fail")]
+
+
+def test_a_doc_naming_another_real_tag_is_still_stale() -> None:
+    found = lint(
+        ("d/agg.yaml", pod_with_image("nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.1.0")),
+        md=("d/README.md", README),
+    )
+    assert ("SB110", "fail") in checks(found)
+
+
+# --- SB103 / SB104 --------------------------------------------------------------------------
+
+
+def downloading_pod(init_cmd: str, read_only: bool = False) -> str:
+    """Shaped like vllm-project/aibrix samples/kvcache/l1cache/vllm.yaml: weights downloaded
+    by an init container into a DirectoryOrCreate hostPath the engine serves from."""
+    ro = "\n              readOnly: true" if read_only else ""
+    return (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: r1}\nspec:\n  template:\n"
+        "    spec:\n      initContainers:\n        - name: init-model\n"
+        "          image: aibrix/runtime:v0.3.0\n"
+        f"          command: {init_cmd}\n"
+        "          volumeMounts:\n            - mountPath: /models\n"
+        f"              name: model-hostpath{ro}\n"
+        "      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.10.2\n"
+        "          command: [vllm, serve, --model, /models/R1-Distill-Llama-8B/]\n"
+        "          volumeMounts:\n            - {mountPath: /models, name: model-hostpath}\n"
+        "      volumes:\n        - name: model-hostpath\n          hostPath:\n"
+        "            path: /root/models\n            type: DirectoryOrCreate\n"
+    )
+
+
+def test_weights_an_init_container_downloads_into_a_hostpath_are_not_a_trap() -> None:
+    for init in (
+        "[aibrix_download, --model-uri, 'tos://bucket/R1/', --local-dir, /models/]",
+        "[sh, -c, 'hf download deepseek-ai/R1-Distill-Llama-8B --local-dir /models/R1']",
+    ):
+        assert lint(("d.yaml", downloading_pod(init))) == [], init
+
+
+def test_an_init_container_that_only_reads_the_weights_fills_nothing() -> None:
+    for pod in (
+        downloading_pod("[ls, /models]"),
+        downloading_pod("[aibrix_download, --local-dir, /models/]", read_only=True),
+    ):
+        assert checks(lint(("d.yaml", pod))) == [("SB103", "fail"), ("SB104", "fail")]

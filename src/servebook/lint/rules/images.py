@@ -10,6 +10,7 @@ from pathlib import PurePath
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import Document, KeyPath, LintSet
 from servebook.lint.rules.objects import keypath_str, walk
+from servebook.lint.rules.placeholders import find_placeholders
 from servebook.lint.rules.registry import SET_RULES
 
 _IMAGE_TOKEN = re.compile(
@@ -113,7 +114,9 @@ IMAGE_MISMATCH = register(
     "image is authoritative; benchmark numbers get attributed to the wrong engine "
     "version, and ratios across images are invalid even when both numbers are true. "
     "The image a doc's optional build writes (`docker build -t NAME:TAG`, `docker push`, "
-    "the `FROM` of a Dockerfile it shows) is not a reference and is not compared.",
+    "the `FROM` of a Dockerfile it shows) is not a reference and is not compared, and "
+    "neither is an image field that is itself a placeholder (`:my-tag`, `${VERSION}`, "
+    "reported by SB101): a doc naming the image to put there is not stale.",
     "Update (or delete) the stale reference so every mention of the image repository names "
     "the tag the manifest actually runs.",
 )
@@ -129,7 +132,7 @@ def check_images(lint_set: LintSet) -> list[Finding]:
         for doc in yf.documents:
             for keypath, ref in image_fields(doc):
                 norm = normalize_image(ref)
-                if not norm:
+                if not norm or find_placeholders(ref):
                     continue
                 repo, tag = norm
                 at = doc.where(keypath)
