@@ -185,3 +185,40 @@ def test_an_init_container_that_only_reads_the_weights_fills_nothing() -> None:
         downloading_pod("[aibrix_download, --local-dir, /models/]", read_only=True),
     ):
         assert checks(lint(("d.yaml", pod))) == [("SB103", "fail"), ("SB104", "fail")]
+
+
+# --- eval "exec vllm serve ..." (SB117 and every engine rule) -------------------------------
+
+
+EVAL_SCRIPT = (
+    'KV_ARGS=""\nif [ "$V" = new ]; then KV_ARGS="--kv-transfer-config {}"; fi\n'
+    'eval "exec vllm serve \\\n  /mnt/models \\\n  --served-model-name "Qwen/Qwen3-8B" \\\n'
+    '  --port 8000 \\\n  ${KV_ARGS} \\\n  $@"'
+)
+
+
+def test_an_engine_started_through_eval_is_read() -> None:
+    """KServe's rendered LLMInferenceService Pods start vLLM as `eval "exec vllm serve ...
+    ${KV_TRANSFER_ARGS} $@"`; before, lint saw no engine there at all."""
+    from servebook.engines.cmdline import parse_container
+
+    cmd = parse_container({"command": ["/bin/bash", "-c", EVAL_SCRIPT, "--"]})
+    assert cmd is not None and cmd.entrypoint == "vllm serve"
+    assert cmd.positional_model == "/mnt/models" and cmd.value("--port") == "8000"
+    pod = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
+        "    - name: main\n      image: ghcr.io/llm-d/llm-d-cuda:v0.6.0\n"
+        "      command:\n        - /bin/bash\n        - -c\n        - |-\n"
+        + "".join(f"          {line}\n" for line in EVAL_SCRIPT.splitlines())
+        + "        - --\n"
+    )
+    found = lint(("p.yaml", pod))
+    assert checks(found) == [("SB117", "warn")]
+    assert "${KV_ARGS}" in found[0].message
+
+
+def test_eval_of_something_else_is_no_engine() -> None:
+    from servebook.engines.cmdline import parse_container
+
+    script = 'eval "$(ssh-agent -s)"\nexec python -m http.server'
+    assert parse_container({"command": ["sh", "-c", script]}) is None
