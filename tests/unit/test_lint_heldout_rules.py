@@ -222,3 +222,65 @@ def test_eval_of_something_else_is_no_engine() -> None:
 
     script = 'eval "$(ssh-agent -s)"\nexec python -m http.server'
     assert parse_container({"command": ["sh", "-c", script]}) is None
+
+
+# --- second batch: SB102, SB104 for a download Pod, SB110 for a doc that names its manifest --
+
+
+WARMUP = """apiVersion: model.aibrix.ai/v1alpha1
+kind: ModelWarmup
+metadata: {name: warm}
+spec:
+  targets:
+  - nodeSelector:
+      matchLabels:
+        resource-pool.aibrix.ai/name: POOL
+  custom:
+    volumes:
+    - name: model-cache
+      hostPath: {path: /var/lib/aibrix/models, type: DirectoryOrCreate}
+    containers:
+    - name: download
+      image: aibrix/runtime:v0.8.0
+      command: [CMD]
+      args: [--model-uri, sshleifer/tiny-gpt2, --local-dir, /models/tiny-gpt2]
+      volumeMounts:
+      - {name: model-cache, mountPath: /models}
+"""
+
+
+def test_a_label_selector_under_node_selector_is_checked_as_one() -> None:
+    """vllm-project/aibrix samples/modelwarmup/model-download.yaml: `nodeSelector:
+    {matchLabels: {...}}` is a LabelSelector; its values are label values, the map is not."""
+    ok = WARMUP.replace("POOL", "latency-pool").replace("CMD", "aibrix_download")
+    assert lint(("w.yaml", ok)) == []
+    bad = WARMUP.replace("POOL", "latency pool!").replace("CMD", "aibrix_download")
+    found = lint(("w.yaml", bad))
+    assert checks(found) == [("SB102", "fail")]
+    assert "matchLabels.resource-pool.aibrix.ai/name" in found[0].message
+
+
+def test_a_pod_whose_job_is_the_download_fills_its_hostpath() -> None:
+    warm = WARMUP.replace("POOL", "latency-pool")
+    assert lint(("w.yaml", warm.replace("CMD", "aibrix_download"))) == []
+    # The same volume written by something that downloads nothing: weights created empty.
+    assert checks(lint(("w.yaml", warm.replace("CMD", "touch")))) == [("SB104", "fail")]
+
+
+def test_a_doc_naming_its_manifest_is_compared_with_that_manifest_only() -> None:
+    doc = (
+        "Edit `disagg.yaml`: replace `nvcr.io/nvidia/ai-dynamo/vllm-runtime:my-tag` with "
+        "your image.\n\nValidated against `nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.2.0`.\n"
+    )
+    runtime = "nvcr.io/nvidia/ai-dynamo/vllm-runtime"
+    beside = ("d/agg.yaml", pod_with_image(f"{runtime}:1.3.1"))
+    found = lint(
+        ("d/disagg.yaml", pod_with_image(f"{runtime}:my-tag")), beside, md=("d/README.md", doc)
+    )
+    assert checks(found) == [("SB101", "fail")]
+    # Naming the manifest it describes, a stale tag for that manifest is still reported.
+    found = lint(
+        ("d/disagg.yaml", pod_with_image(f"{runtime}:1.1.0")), beside, md=("d/README.md", doc)
+    )
+    assert [f.evidence["line"] for f in found if f.check == "SB110"] == [3]
+    assert "disagg.yaml" in next(f.message for f in found if f.check == "SB110")

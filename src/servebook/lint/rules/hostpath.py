@@ -137,8 +137,8 @@ def _cache_mounts(container: Mapping[str, Any]) -> list[str]:
     return paths
 
 
-# An init container that fetches a model (AIBrix's aibrix_download, KServe's storage
-# initializer, `hf download`, an object-store copy): it fills the volume before the engine.
+# A container that fetches a model (AIBrix's aibrix_download, KServe's storage initializer,
+# `hf download`, an object-store copy): it fills the volume it writes.
 _DOWNLOAD_WORD = re.compile(
     r"(?i)(?:^|[\s/'\"=])(?:\w*download\w*|storage[-_]initializer|huggingface-cli|hf|s5cmd|"
     r"gsutil|aws|rclone|azcopy|modelscope)(?:$|[\s'\"])"
@@ -146,13 +146,12 @@ _DOWNLOAD_WORD = re.compile(
 
 
 def filled_before_start(pod: PodSpec, vol: Mapping[str, Any]) -> bool:
-    """Whether an init container of the Pod downloads into the volume (mounts it writable
-    and runs a downloader): the Pod fills the directory itself on whatever node it lands,
-    so an empty or fresh directory there is a cold start, never a missing model."""
+    """Whether a container of the Pod downloads into the volume (mounts it writable and
+    runs a downloader): an init container before the engine, or a Pod whose job is the
+    download (AIBrix's ModelWarmup). The Pod fills the directory itself on whatever node it
+    lands, so an empty or fresh directory there is a cold start, never a missing model."""
     name = str(vol.get("name", ""))
-    for c in pod.spec.get("initContainers") or []:
-        if not isinstance(c, dict):
-            continue
+    for _, c in pod.containers():
         writes = any(
             isinstance(m, dict) and m.get("name") == name and not m.get("readOnly")
             for m in c.get("volumeMounts") or []
@@ -208,8 +207,9 @@ HOSTPATH_UNPINNED = register(
     "labels (one Pod per listed node). DaemonSets, system paths (/dev, /sys, /proc, "
     "/run, /etc, ...) and caches the engine fills itself (a Hugging Face cache, a compile "
     "cache, a KV-offload directory, that no engine reads its model from: the same test "
-    "SB104 applies), and a directory an init container of the Pod downloads the model "
-    "into, are exempt: on another node they start cold, not wrong.",
+    "SB104 applies), and a directory a container of the Pod (an init container, a "
+    "download job) downloads the model into, are exempt: on another node they start cold, "
+    "not wrong.",
 )
 
 
@@ -270,8 +270,8 @@ HOSTPATH_CREATES_WEIGHTS = register(
     "checked.",
     "Use `type: Directory` (or `File`) for weights, so a missing path fails at mount time "
     "with the path in the event. Keep `DirectoryOrCreate` for caches that are meant to be "
-    "filled at startup, and for a directory an init container of the Pod downloads the "
-    "weights into (that Pod fills it on any node).",
+    "filled at startup, and for a directory a container of the Pod downloads the weights "
+    "into (that Pod fills it on any node).",
 )
 
 
