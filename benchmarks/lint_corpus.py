@@ -12,9 +12,15 @@ Lint runs through the command line (``servebook lint --json``, in process): once
 and once per project directory (directory runs pair objects across files and compare docs
 with the manifests around them).  A finding is matched by (file, check id, line).
 
-Run: ``.venv/bin/python benchmarks/lint_corpus.py [--json] [--write-table]`` (the last
-renders ``VERDICTS.md`` from ``verdicts.yaml``).  Exit 1 when precision is
-under 95% or a miss class is not caught.
+A second corpus, ``heldout/``, was assembled independently from the same projects (other
+guides, releases, values files, overlays) and judged before lint was run on it, so that the
+rules are not only scored on the files their author tuned them on (issue 22's Done-when).
+Both are scored the same way and printed side by side; ``--corpus DIR`` scores only the
+given corpus directories (repeatable).
+
+Run: ``.venv/bin/python benchmarks/lint_corpus.py [--corpus DIR] [--json] [--write-table]``
+(the last renders each corpus's ``VERDICTS.md`` from its ``verdicts.yaml``).  Exit 1 when a
+corpus's precision is under 95%, a miss class is not caught or an expected finding is missed.
 """
 
 from __future__ import annotations
@@ -29,9 +35,13 @@ from typing import Any
 
 import yaml
 
-CORPUS = Path(__file__).resolve().parents[1] / "tests" / "unit" / "fixtures" / "lint" / "corpus"
-VERDICTS = CORPUS / "verdicts.yaml"
-TABLE = CORPUS / "VERDICTS.md"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "unit" / "fixtures" / "lint"
+CORPUS = FIXTURES / "corpus"
+HELDOUT = FIXTURES / "heldout"
+VERDICTS_NAME = "verdicts.yaml"
+TABLE_NAME = "VERDICTS.md"
+VERDICTS = CORPUS / VERDICTS_NAME
+TABLE = CORPUS / TABLE_NAME
 PRECISION_TARGET = 0.95
 Key = tuple[str, str, int]  # (file relative to the corpus, check id, line)
 
@@ -56,7 +66,7 @@ def load_verdicts(path: Path = VERDICTS) -> dict[str, Any]:
 
 
 def corpus_files(root: Path = CORPUS) -> list[str]:
-    skip = {VERDICTS.name, TABLE.name}
+    skip = {VERDICTS_NAME, TABLE_NAME}
     return sorted(
         str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name not in skip
     )
@@ -125,7 +135,7 @@ def score_run(
 
 
 def score(verdicts: dict[str, Any] | None = None, root: Path = CORPUS) -> list[Run]:
-    verdicts = verdicts or load_verdicts()
+    verdicts = verdicts or load_verdicts(root / VERDICTS_NAME)
     files = corpus_files(root)
     runs = [score_run(name, "file", [name], verdicts, root) for name in files]
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -219,26 +229,19 @@ def render_table(verdicts: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument(
-        "--write-table", action="store_true", help=f"write {TABLE.name} from {VERDICTS.name}"
+def passes(s: dict[str, Any]) -> bool:
+    """The bar each corpus is held to: precision, every miss class caught, nothing missed."""
+    return (
+        s["precision"] >= PRECISION_TARGET
+        and not s["missed"]
+        and all(v["expected"] and not v["missed"] for v in s["miss_classes"].values())
     )
-    args = parser.parse_args(argv)
-    verdicts = load_verdicts()
-    if args.write_table:
-        TABLE.write_text(render_table(verdicts), encoding="utf-8")
-    runs = score(verdicts)
-    s = summary(runs, verdicts)
-    ok = s["precision"] >= PRECISION_TARGET and all(
-        v["expected"] and not v["missed"] for v in s["miss_classes"].values()
-    )
-    if args.json:
-        print(json.dumps(s, indent=2))
-        return 0 if ok else 1
+
+
+def _report(root: Path, runs: list[Run], s: dict[str, Any], verdicts: dict[str, Any]) -> None:
     print(
-        f"corpus: {len(corpus_files())} files, {s['runs']} lint runs (each file, each project dir)"
+        f"{root.name}: {len(corpus_files(root))} files, {s['runs']} lint runs "
+        "(each file, each project dir)"
     )
     for r in runs:
         for (file, check, line), cls in r.false_hits:
@@ -258,6 +261,61 @@ def main(argv: list[str] | None = None) -> int:
         title = verdicts["classes"]["misses"][cls]
         status = "caught" if v["expected"] and not v["missed"] else f"missed {v['missed']}"
         print(f"  miss class {cls}: {status} (of {v['expected']})  {title}")
+    print()
+
+
+def _side_by_side(results: dict[str, tuple[int, dict[str, Any]]]) -> None:
+    names = list(results)
+    rows = [
+        ("files", lambda n, s: str(n)),
+        ("lint runs", lambda n, s: str(s["runs"])),
+        ("precision", lambda n, s: f"{s['precision']:.1%}"),
+        ("recall", lambda n, s: f"{s['recall']:.1%}"),
+        ("true findings", lambda n, s: str(s["true_findings"])),
+        ("false findings", lambda n, s: str(s["false_findings"])),
+        ("missed", lambda n, s: str(s["missed"])),
+        ("passes", lambda n, s: "yes" if passes(s) else "NO"),
+    ]
+    width = max(12, *(len(n) for n in names))
+    print(f"{'':16}" + "".join(f"{n:>{width + 2}}" for n in names))
+    for label, cell in rows:
+        print(f"{label:16}" + "".join(f"{cell(*results[n]):>{width + 2}}" for n in names))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON")
+    parser.add_argument(
+        "--write-table", action="store_true", help=f"write {TABLE_NAME} from {VERDICTS_NAME}"
+    )
+    parser.add_argument(
+        "--corpus",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help=f"a corpus directory holding {VERDICTS_NAME} (repeatable; default: "
+        f"{CORPUS.name}/ and {HELDOUT.name}/)",
+    )
+    args = parser.parse_args(argv)
+    roots = args.corpus or [CORPUS, HELDOUT]
+    results: dict[str, tuple[int, dict[str, Any]]] = {}
+    ok = True
+    for root in roots:
+        if not (root / VERDICTS_NAME).is_file():
+            parser.error(f"{root}: no {VERDICTS_NAME} (give a corpus directory)")
+        verdicts = load_verdicts(root / VERDICTS_NAME)
+        if args.write_table:
+            (root / TABLE_NAME).write_text(render_table(verdicts), encoding="utf-8")
+        runs = score(verdicts, root)
+        s = summary(runs, verdicts)
+        ok = ok and passes(s)
+        results[root.name] = (len(corpus_files(root)), s)
+        if not args.json:
+            _report(root, runs, s, verdicts)
+    if args.json:
+        print(json.dumps({name: s for name, (_, s) in results.items()}, indent=2))
+    else:
+        _side_by_side(results)
     return 0 if ok else 1
 
 

@@ -99,3 +99,43 @@ def test_unreadable_files_are_the_ones_the_verdicts_name(runs: list) -> None:
     unreadable = {n for n, v in VERDICTS["files"].items() if v.get("unreadable")}
     got = {r.target for r in runs if r.mode == "file" and (r.unreadable or r.exit_code == 2)}
     assert got == unreadable
+
+
+# --- the held-out corpus: assembled and judged independently of the rules' author ---------
+
+HELDOUT_VERDICTS = bench.load_verdicts(bench.HELDOUT / bench.VERDICTS_NAME)
+
+
+@pytest.fixture(scope="module")
+def heldout_runs() -> list:
+    return bench.score(HELDOUT_VERDICTS, bench.HELDOUT)
+
+
+def test_heldout_corpus_is_from_many_projects_and_fully_judged() -> None:
+    files = bench.corpus_files(bench.HELDOUT)
+    assert len(files) >= 25
+    assert len({f.split("/")[0] for f in files}) >= 6
+    assert set(files) == set(HELDOUT_VERDICTS["files"]), "every held-out file has a verdict"
+    for name, v in HELDOUT_VERDICTS["files"].items():
+        assert v.get("source"), f"{name} names the original it is shaped like"
+        text = (bench.HELDOUT / name).read_text(encoding="utf-8")
+        assert "Held-out lint fixture" in text, f"{name} says what it is and where from"
+    table = (bench.HELDOUT / bench.TABLE_NAME).read_text(encoding="utf-8")
+    assert table == bench.render_table(HELDOUT_VERDICTS), (
+        "heldout VERDICTS.md is stale: run `python benchmarks/lint_corpus.py --write-table`"
+    )
+
+
+def test_heldout_precision_and_every_expected_finding(heldout_runs: list) -> None:
+    s = bench.summary(heldout_runs, HELDOUT_VERDICTS)
+    assert s["precision"] >= bench.PRECISION_TARGET, s
+    assert s["missed"] == 0, [(r.target, r.misses) for r in heldout_runs if r.misses]
+    assert bench.passes(s)
+
+
+def test_heldout_directory_with_a_helm_template_keeps_every_other_finding(
+    heldout_runs: list,
+) -> None:
+    run = {(r.mode, r.target): r for r in heldout_runs}[("dir", "prodstack")]
+    assert not run.unreadable and run.exit_code == 2
+    assert {c for _, c, _ in run.reported} == {"SB100", "SB101", "SB114"}

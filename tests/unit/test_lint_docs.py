@@ -77,6 +77,18 @@ def test_console_blocks_check_prompt_lines_only() -> None:
     assert lint_md(text) == [("SB122", 4)]
 
 
+def test_console_blocks_without_prompts_are_commands() -> None:
+    """vLLM's docs (docs/deployment/k8s.md) write console blocks as bare commands, no `$`:
+    their test curl is a command someone pastes (held-out corpus, vllm/k8s.md)."""
+    text = (
+        "```console\nkubectl apply -f deployment.yaml\ncurl http://x/v1/completions \\\n"
+        "  -H 'Content-Type: application/json'\n```\n"
+    )
+    assert lint_md(text) == [("SB122", 3)]
+    bounded = "```console\nkubectl apply -f d.yaml\ncurl -m 10 http://x\n```\n"
+    assert lint_md(bounded) == []
+
+
 def test_heredoc_bodies_are_data() -> None:
     text = "```bash\ncat <<EOF > run.sh\ncurl http://x\nEOF\ncurl http://y\n```\n"
     assert lint_md(text) == [("SB122", 5)]

@@ -343,6 +343,18 @@ def split_shell(script: str) -> list[list[str]] | None:
     return commands
 
 
+def _with_evals(commands: list[list[str]]) -> list[list[str]]:
+    """The commands, each ``eval WORDS...`` followed by the commands its words make once
+    joined (the shell's own reading of eval): KServe's LLMInferenceServiceConfig templates
+    start the engine as ``eval "exec vllm serve ... ${KV_TRANSFER_ARGS} $@"``."""
+    out: list[list[str]] = []
+    for words in commands:
+        out.append(words)
+        if len(words) > 1 and words[0] == "eval":
+            out += _with_evals(split_shell(" ".join(words[1:])) or [])
+    return out
+
+
 def _find_invocation(words: Sequence[str]) -> tuple[str, list[str], bool] | None:
     """``(entrypoint, engine args, model-is-positional)`` if ``words`` runs the engine."""
     for i, w in enumerate(words):
@@ -377,8 +389,8 @@ def parse_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
     shell = shell_call(argv)
     if shell is not None:
         script, params = shell
-        commands = split_shell(script)
-        for words in commands or []:
+        commands = _with_evals(split_shell(script) or [])
+        for words in commands:
             if env is not None:
                 words = expand_words(words, env, params)
             found = _find_invocation(words)
@@ -421,6 +433,10 @@ def parse_container(container: Mapping[str, Any]) -> EngineCommand | None:
     found = parse_argv(arg_list) if arg_list else None
     if found:
         return found
+    if len(arg_list) > 1 and arg_list[0] == "-m":
+        # `args: [-m, MODULE, ...]` on a Python entrypoint (Dynamo's runtime images): the
+        # module decides; `-m dynamo.frontend` beside the worker is no engine.
+        return parse_argv(["python", *arg_list])
     image = container.get("image")
     if arg_list and _looks_like_engine_image(image if isinstance(image, str) else None):
         cmd = parse_engine_args(arg_list, positional_model=False)

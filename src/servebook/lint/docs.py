@@ -2,8 +2,10 @@
 
 Docs are where people copy commands from; a broken fence or a command that hangs is a
 production failure one paste away.  Shell blocks are fenced blocks whose info string names
-a shell (``sh``, ``bash``, ``shell``, ``zsh``, ``console``, ...).  In ``console`` blocks only
-prompt lines (``$ ...``) are commands; everything else is output.
+a shell (``sh``, ``bash``, ``shell``, ``zsh``, ``console``, ...).  In ``console`` blocks that
+mark commands with a prompt (``$ ...``) only prompt lines are commands and everything else is
+output; a ``console`` block with no prompt at all is commands, as vLLM's docs write them
+(``kubectl apply ...`` then ``curl ...``, no ``$``).
 """
 
 from __future__ import annotations
@@ -105,10 +107,16 @@ def _unquoted(line: str) -> str:
     return "".join(out)
 
 
+def _is_prompt(stripped: str) -> bool:
+    return stripped.startswith("$ ") or stripped == "$"
+
+
 def shell_commands(block: CodeBlock) -> Iterator[tuple[int, str]]:
     """Logical command lines of a shell block: continuations joined, comments, heredoc
     bodies and (in console blocks) output lines dropped."""
-    prompt_only = block.language in _PROMPT_LANGUAGES
+    prompt_only = block.language in _PROMPT_LANGUAGES and any(
+        _is_prompt(raw.lstrip()) for _, raw in block.lines
+    )
     pending: tuple[int, str] | None = None
     heredoc_end: str | None = None
     in_command = False
@@ -120,7 +128,7 @@ def shell_commands(block: CodeBlock) -> Iterator[tuple[int, str]]:
         line = raw
         if prompt_only and pending is None:
             stripped = line.lstrip()
-            if stripped.startswith("$ ") or stripped == "$":
+            if _is_prompt(stripped):
                 line = stripped[1:]
                 in_command = True
             elif not in_command:

@@ -137,6 +137,32 @@ def _cache_mounts(container: Mapping[str, Any]) -> list[str]:
     return paths
 
 
+# A container that fetches a model (AIBrix's aibrix_download, KServe's storage initializer,
+# `hf download`, an object-store copy): it fills the volume it writes.
+_DOWNLOAD_WORD = re.compile(
+    r"(?i)(?:^|[\s/'\"=])(?:\w*download\w*|storage[-_]initializer|huggingface-cli|hf|s5cmd|"
+    r"gsutil|aws|rclone|azcopy|modelscope)(?:$|[\s'\"])"
+)
+
+
+def filled_before_start(pod: PodSpec, vol: Mapping[str, Any]) -> bool:
+    """Whether a container of the Pod downloads into the volume (mounts it writable and
+    runs a downloader): an init container before the engine, or a Pod whose job is the
+    download (AIBrix's ModelWarmup). The Pod fills the directory itself on whatever node it
+    lands, so an empty or fresh directory there is a cold start, never a missing model."""
+    name = str(vol.get("name", ""))
+    for _, c in pod.containers():
+        writes = any(
+            isinstance(m, dict) and m.get("name") == name and not m.get("readOnly")
+            for m in c.get("volumeMounts") or []
+        )
+        words = [str(x) for k in ("command", "args") for x in c.get(k) or []]
+        words.append(str(c.get("image", "")))
+        if writes and any(_DOWNLOAD_WORD.search(w) for w in words):
+            return True
+    return False
+
+
 def fills_itself(pod: PodSpec, vol: Mapping[str, Any]) -> bool:
     """Whether a hostPath volume is a cache that the engine fills at start (a Hugging Face
     cache beside `vllm serve Qwen/Qwen3-8B`, a compile cache, a KV-offload directory),
@@ -153,6 +179,8 @@ def fills_itself(pod: PodSpec, vol: Mapping[str, Any]) -> bool:
     ]
     if not isinstance(path, str) or not mounts:
         return False
+    if filled_before_start(pod, vol):
+        return True
     for mount, c in mounts:
         cmd = parse_container(c)
         if cmd is not None and any(_under(p, mount) for p in _local_model_paths(cmd)):
@@ -179,7 +207,9 @@ HOSTPATH_UNPINNED = register(
     "labels (one Pod per listed node). DaemonSets, system paths (/dev, /sys, /proc, "
     "/run, /etc, ...) and caches the engine fills itself (a Hugging Face cache, a compile "
     "cache, a KV-offload directory, that no engine reads its model from: the same test "
-    "SB104 applies) are exempt: on another node they start cold, not wrong.",
+    "SB104 applies), and a directory a container of the Pod (an init container, a "
+    "download job) downloads the model into, are exempt: on another node they start cold, "
+    "not wrong.",
 )
 
 
@@ -240,7 +270,8 @@ HOSTPATH_CREATES_WEIGHTS = register(
     "checked.",
     "Use `type: Directory` (or `File`) for weights, so a missing path fails at mount time "
     "with the path in the event. Keep `DirectoryOrCreate` for caches that are meant to be "
-    "filled at startup.",
+    "filled at startup, and for a directory a container of the Pod downloads the weights "
+    "into (that Pod fills it on any node).",
 )
 
 
@@ -278,7 +309,7 @@ def check_hostpath_create(doc: Document) -> Iterator[Finding]:
             cache = any(cmd is not None for _m, cmd in used) and any(
                 _CACHE_WORD.search(s) for s in named
             )
-            if not holds and (not named or cache):
+            if (not holds and (not named or cache)) or filled_before_start(pod, vol):
                 continue
             if not htype:
                 severity = Severity.WARN

@@ -10,6 +10,7 @@ from pathlib import PurePath
 from servebook.findings import Finding, Severity, register
 from servebook.lint.loader import Document, KeyPath, LintSet
 from servebook.lint.rules.objects import keypath_str, walk
+from servebook.lint.rules.placeholders import find_placeholders
 from servebook.lint.rules.registry import SET_RULES
 
 _IMAGE_TOKEN = re.compile(
@@ -113,7 +114,10 @@ IMAGE_MISMATCH = register(
     "image is authoritative; benchmark numbers get attributed to the wrong engine "
     "version, and ratios across images are invalid even when both numbers are true. "
     "The image a doc's optional build writes (`docker build -t NAME:TAG`, `docker push`, "
-    "the `FROM` of a Dockerfile it shows) is not a reference and is not compared.",
+    "the `FROM` of a Dockerfile it shows) is not a reference and is not compared, and "
+    "neither is an image field that is itself a placeholder (`:my-tag`, `${VERSION}`, "
+    "reported by SB101): a doc naming the image to put there is not stale. A doc that names "
+    "the manifest files it describes is compared with those files only.",
     "Update (or delete) the stale reference so every mention of the image repository names "
     "the tag the manifest actually runs.",
 )
@@ -125,11 +129,13 @@ def check_images(lint_set: LintSet) -> list[Finding]:
     # repo -> {tag: [(file:line)]} per file, and per directory for the docs beside it.
     by_file: dict[str, dict[str, dict[str, list[str]]]] = {}
     by_dir: dict[PurePath, dict[str, dict[str, list[str]]]] = {}
+    imaged: set[str] = set()  # files with an image field, a placeholder one included
     for yf in lint_set.yaml_files:
         for doc in yf.documents:
             for keypath, ref in image_fields(doc):
+                imaged.add(yf.path)
                 norm = normalize_image(ref)
-                if not norm:
+                if not norm or find_placeholders(ref):
                     continue
                 repo, tag = norm
                 at = doc.where(keypath)
@@ -146,8 +152,8 @@ def check_images(lint_set: LintSet) -> list[Finding]:
     ) -> None:
         for offset, written, repo, tag in image_mentions(text):
             tags = fields.get(repo)
-            if not tags or tag in tags:
-                continue
+            if not tags or tag in tags or find_placeholders(written):
+                continue  # a doc naming the placeholder to replace (`:my-tag`) is not stale
             field_refs = "; ".join(f"{repo}:{t} at {', '.join(ats)}" for t, ats in tags.items())
             findings.append(
                 IMAGE_MISMATCH.finding(
@@ -177,6 +183,22 @@ def check_images(lint_set: LintSet) -> list[Finding]:
         # build/), the manifests one directory up.
         here = PurePath(md.path).parent
         fields = by_dir.get(here) or by_dir.get(here.parent)
+        # A doc that names the manifests it describes (`kubectl apply -f disagg.yaml`) is
+        # compared with those, not with every other manifest of its directory.
+        named = [
+            f
+            for yf in lint_set.yaml_files
+            if yf.path in imaged
+            and PurePath(yf.path).parent in (here, here.parent)
+            and re.search(rf"(?<![\w.-]){re.escape(PurePath(yf.path).name)}(?![\w-])", md.text)
+            for f in [by_file.get(yf.path, {})]
+        ]
+        if named:
+            fields = {}
+            for f in named:
+                for repo, tags in f.items():
+                    for tag, ats in tags.items():
+                        fields.setdefault(repo, {}).setdefault(tag, []).extend(ats)
         if fields:
             compare(fields, _without_build_files(md.text), md.path, 1, "doc")
     return findings

@@ -12,11 +12,19 @@ from servebook.lint.rules.placeholders import find_placeholders
 from servebook.lint.rules.registry import DOCUMENT_RULES
 
 
+def _is_label_selector(node: dict[str, Any]) -> bool:
+    """A `nodeSelector:` that holds a LabelSelector (`matchLabels` / `matchExpressions`, as
+    AIBrix's ModelWarmup targets write it) rather than a Pod's map of node labels."""
+    return bool(node) and set(node) <= {"matchLabels", "matchExpressions"}
+
+
 def _label_maps(doc: Document) -> Iterator[tuple[KeyPath, dict[str, Any]]]:
     for keypath, node in walk(doc.data):
         if not isinstance(node, dict) or not keypath:
             continue
         last = keypath[-1]
+        if last == "nodeSelector" and _is_label_selector(node):
+            continue  # its matchLabels are visited (and checked) on their own
         if (
             (len(keypath) >= 2 and keypath[-2:] == ("metadata", "labels"))
             or last in ("matchLabels", "nodeSelector")

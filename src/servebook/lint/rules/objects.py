@@ -136,6 +136,19 @@ _STRUCTURAL = {
 }
 
 
+def _part_words(data: Any, path: KeyPath) -> Iterator[str]:
+    """What names a pod spec inside its object: the keys on its path, and the `name` of a
+    Dynamo v1beta1 component (``spec.components[i]``), which has no key of its own."""
+    for i, k in enumerate(path):
+        if isinstance(k, str):
+            if k not in _STRUCTURAL:
+                yield k
+        elif i and path[i - 1] == "components":
+            item = lookup(data, *path[: i + 1])
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                yield item["name"]
+
+
 def pod_specs(doc: Document) -> list[PodSpec]:
     """Every pod spec in a Kubernetes object (see the module docstring for the shapes)."""
     if not doc.is_kubernetes:
@@ -155,7 +168,7 @@ def pod_specs(doc: Document) -> list[PodSpec]:
                     labels = lookup(parent, "metadata", "labels")
                 if labels is None and path == ("spec",):
                     labels = doc.metadata.get("labels")
-                part = "/".join(str(k) for k in path if isinstance(k, str) and k not in _STRUCTURAL)
+                part = "/".join(_part_words(doc.data, path))
                 found.append(
                     PodSpec(doc, path, node, labels if isinstance(labels, dict) else {}, part)
                 )
@@ -212,6 +225,11 @@ class Engine:
             return KV_PRODUCER_ROLES[self.kv_role]
         if self.cmd.has("--is-prefill-worker"):
             return "prefill"
+        # Dynamo's newer workers (v1beta1 components): `--disaggregation-mode prefill|decode`
+        # is what the engine runs as (a decode worker without it runs aggregated).
+        mode = (self.cmd.value("--disaggregation-mode") or "").lower()
+        if mode in ("prefill", "decode"):
+            return mode
         return None
 
     @property

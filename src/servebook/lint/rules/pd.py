@@ -323,8 +323,12 @@ def check_pd_settings(p: Engine, d: Engine) -> list[Finding]:
 
 
 # SB112: UCX transports that move KV by RDMA (UCX_TLS names; "ib" is UCX's alias for all
-# of them); everything else (tcp, shared memory, cuda_copy/cuda_ipc) crosses no node by RDMA.
+# of them); everything else (tcp, shared memory, cuda_copy/cuda_ipc) crosses no node by RDMA,
+# except cuda_ipc with UCX_CUDA_IPC_ENABLE_MNNVL: on a multi-node NVLink domain (GB200 NVL72)
+# UCX moves GPU buffers between nodes over NVLink (NVIDIA's MNNVL tuning guide, UCX), and the
+# tcp beside it only bootstraps the connection (llm-d's wide-EP GB200 guides).
 _UCX_RDMA = re.compile(r"^\^?(rc|dc|ud|ib|gga|srd)(_[a-z0-9]+)?$")
+_UCX_ON = frozenset({"y", "yes", "1", "on", "true"})
 
 
 def _env_value(e: Engine, name: str) -> str | None:
@@ -346,6 +350,9 @@ def _tcp_transport(e: Engine) -> str | None:
     tls = _env_value(e, "UCX_TLS")
     if tls and not tls.startswith("^"):
         names = [t.strip() for t in tls.split(",") if t.strip()]
+        mnnvl = (_env_value(e, "UCX_CUDA_IPC_ENABLE_MNNVL") or "").strip().lower() in _UCX_ON
+        if mnnvl and "cuda_ipc" in names:
+            return None
         if "tcp" in names and not any(_UCX_RDMA.match(t) for t in names) and "all" not in names:
             return f"UCX_TLS={tls}"
     return None
@@ -354,8 +361,9 @@ def _tcp_transport(e: Engine) -> str | None:
 KV_OVER_TCP = register(
     "SB112",
     "Prefill/decode KV cache handed over by TCP",
-    "A PD pair whose KV connector is told to use TCP (UCX_TLS without an RDMA transport, "
-    "libfabric's tcp or sockets provider, Mooncake's tcp protocol) moves every prompt's KV "
+    "A PD pair whose KV connector is told to use TCP (UCX_TLS without an RDMA transport "
+    "or multi-node NVLink (cuda_ipc with UCX_CUDA_IPC_ENABLE_MNNVL), libfabric's tcp or "
+    "sockets provider, Mooncake's tcp protocol) moves every prompt's KV "
     "cache through host memory and sockets: the deployment works, and its time to first "
     "token is up to hundreds of times worse than over RDMA (NVIDIA Dynamo's guide measured "
     "~98 s against a few hundred ms). Fine on purpose (a test cluster); a warning so that "
