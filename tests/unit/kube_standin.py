@@ -1131,9 +1131,11 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         status.update(phase="Pending", conditions=conditions("Initialized", "PodScheduled"))
     elif stage == 2:
         state = {"running": {"startedAt": stamp}}
+        pod_ip(pod)
         status.update(phase="Running", conditions=conditions("Initialized", "PodScheduled"))
     else:
         state = {"running": {"startedAt": stamp}}
+        pod_ip(pod)
         ready = conditions("Initialized", "PodScheduled", "ContainersReady", "Ready")
         status.update(phase="Running", conditions=ready)
     for c in status["conditions"]:  # a condition keeps its time while it holds
@@ -1154,6 +1156,17 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         }
         for c in containers
     ]
+
+
+def pod_ip(pod: Obj) -> str:
+    """The Pod's address on the cluster network, as the kubelet reports it once the Pod's
+    sandbox runs (``status.podIP``, ``status.podIPs``): one per Pod, from 10.244.0.0/16."""
+    status = pod.setdefault("status", {})
+    if not status.get("podIP"):
+        h = int(hashlib.sha256(pod["metadata"]["uid"].encode()).hexdigest()[:8], 16)
+        ip = f"10.244.{h % 250}.{(h >> 8) % 250 + 2}"
+        status["podIP"], status["podIPs"] = ip, [{"ip": ip}]
+    return str(status["podIP"])
 
 
 def _advance(st: StandIn) -> None:
