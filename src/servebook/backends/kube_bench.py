@@ -49,6 +49,7 @@ Obj = dict[str, Any]
 Say = Callable[[str], None]
 START_S = 600.0  # every Pod Running within this (an image pull of a vLLM image included)
 POLL_S = 1.0
+END_S = 15.0  # after the results were read: the Pods end on their own within this
 # Waiting reasons the kubelet does not recover from by waiting.
 _STUCK = {"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"}
 
@@ -444,6 +445,17 @@ def _finish(fetched: Path, out_dir: Path, nodes: list[str]) -> tuple[Results, Pa
     return results, path
 
 
+def _let_end(api: Any, p: Prepared, wait_s: float = END_S, poll_s: float = 0.25) -> None:
+    """Give the Pods a moment to end on their own once their results were read (the Job
+    then completes, as a Job should) before they are deleted."""
+    t = time.monotonic() + wait_s
+    while time.monotonic() < t:
+        phases = [(q.get("status") or {}).get("phase") for q in _pods(api, p).values()]
+        if all(ph in ("Succeeded", "Failed") for ph in phases):
+            return
+        time.sleep(poll_s)
+
+
 def run_in_cluster(
     name: str,
     namespace: str | None,
@@ -471,6 +483,7 @@ def run_in_cluster(
         with tempfile.TemporaryDirectory(prefix="servebook-bench-") as tmp:
             status = fetch_results(api, p, str(pods[0]["metadata"]["name"]), Path(tmp))
             done = _finish(Path(tmp), out_dir, nodes)
+        _let_end(api, p)
         if not status.get("ok"):
             saved = f" Finished points are in {done[1]}." if done and done[0].points else ""
             err = BenchFailed(

@@ -53,6 +53,7 @@ OUT_ENV = "SERVEBOOK_OUT"
 STATUS_NAME = "status.json"
 SERVE_S = 900.0  # how long Pod 0 waits for the bench machine to read its results
 DIAL_PAUSE_S = 0.1
+TELL_S = 10.0  # after the results were read: how long the other agents may take to hear
 
 
 def parse_resolve(text: str) -> dict[str, tuple[str, int]]:
@@ -216,13 +217,18 @@ def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int
         traceback.print_exc()
     _write_status(out, status)
     done = threading.Event()
+    told: set[int] = set()
     turn_away = threading.Thread(
         target=_turn_agents_away,
-        args=(net.own_port(settings["agent_port"]), token, done),
+        args=(net.own_port(settings["agent_port"]), token, done, told),
         daemon=True,
     )
     turn_away.start()
     served = serve_results(out, net.own_port(settings["results_port"]), SERVE_S)
+    others = set(range(1, int(settings["agents"])))
+    t = time.monotonic() + TELL_S
+    while not others <= told and time.monotonic() < t:  # every agent hears it is over
+        time.sleep(0.05)
     done.set()
     if not served:
         print(
@@ -232,9 +238,9 @@ def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int
     return 0 if status["ok"] else 1
 
 
-def _turn_agents_away(port: int, token: str, done: threading.Event) -> None:
+def _turn_agents_away(port: int, token: str, done: threading.Event, told: set[int]) -> None:
     """After the sweep: answer every agent that dials ``("done",)``, so the Job's other
-    Pods end with exit 0."""
+    Pods end with exit 0; ``told`` collects their indexes."""
     try:
         server = socket.create_server(("0.0.0.0", port), backlog=64)
     except OSError:
@@ -249,8 +255,9 @@ def _turn_agents_away(port: int, token: str, done: threading.Event) -> None:
             with conn, contextlib.suppress(OSError, EOFError):
                 conn.settimeout(5)
                 if recv_exactly(conn, TOKEN_BYTES) == token.encode("ascii"):
-                    recv_message(conn)  # its hello
+                    hello = recv_message(conn)
                     conn.sendall(frame(("done",)))
+                    told.add(int(hello[1]))
 
 
 def serve_results(out: Path, port: int, timeout_s: float) -> bool:

@@ -160,6 +160,13 @@ def bench(
         help="On Kubernetes, in the cluster: the image the load agents run in (default: "
         "the deployment's engine image; any with Python 3.11+, numpy and pydantic).",
     ),
+    load_start_timeout: float = typer.Option(
+        600.0,
+        "--load-start-timeout",
+        help="On Kubernetes, in the cluster: seconds for every load agent's Pod to be "
+        "running (its image pulled); past it the bench ends with the scheduler's or the "
+        "kubelet's reasons.",
+    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -277,7 +284,14 @@ def _in_cluster(
         err.print(line, highlight=False, markup=False)
 
     results, path = kube_bench.run_in_cluster(
-        name, namespace, a, out_dir, agents=agents, image=image, say=say
+        name,
+        namespace,
+        a,
+        out_dir,
+        agents=agents,
+        image=image,
+        say=say,
+        start_s=options["load_start_timeout"],
     )
     print_points(results, path)
     if not all(p.valid for p in results.points):
