@@ -105,9 +105,21 @@ class TokenizingEngine(Engine):
 class Kubelet:
     """Runs the Job's Pods as local processes (the module docstring says how)."""
 
-    def __init__(self, server: Server, root: Path, *, missing: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        server: Server,
+        root: Path,
+        *,
+        missing: tuple[str, ...] = (),
+        oom_kill: tuple[int, float] | None = None,
+    ) -> None:
         self.server, self.root = server, root
         self.missing = missing  # modules the image lacks (an image without numpy)
+        # (index, seconds): that Pod's container is killed for memory that long after it
+        # started, as the kernel's OOM killer ends a container over its limit.
+        self.oom_kill = oom_kill
+        self.started: dict[tuple[str, str], float] = {}
+        self.oom: set[tuple[str, str]] = set()
         self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.logs: dict[tuple[str, str], Path] = {}
         self.index: dict[tuple[str, str], int] = {}
@@ -243,6 +255,7 @@ class Kubelet:
                 stdin=subprocess.DEVNULL,
             )
         self.procs[(ns, name)] = proc
+        self.started[(ns, name)] = time.monotonic()
         self.index[(ns, name)] = index
         self.logs[(ns, name)] = log
         if index == 0:  # the port-forward to its results port reaches this process
@@ -295,13 +308,20 @@ class Kubelet:
         log = self.logs[key].read_text(errors="replace")
         self.server.call(lambda st: st.pod_logs.__setitem__(key, log))
         index = int(pod["metadata"]["annotations"][lj.INDEX_ANNOTATION])
+        kill = self.oom_kill
+        if kill and kill[0] == index and proc.poll() is None:
+            if time.monotonic() - self.started[key] > kill[1]:
+                proc.kill()
+                proc.wait(5)
+                self.oom.add(key)
         code = proc.poll()
         phase = (pod.get("status") or {}).get("phase")
         if code is not None and phase == "Running":
             self.ended[index] = code
-            state = {
-                "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
-            }
+            reason = "Completed" if code == 0 else "Error"
+            if key in self.oom:  # what the kubelet reports for a container the OOM killer ended
+                code, reason = 137, "OOMKilled"
+            state = {"terminated": {"exitCode": code, "reason": reason}}
             status = {
                 "phase": "Succeeded" if code == 0 else "Failed",
                 "conditions": _conditions(ready=False),
@@ -471,6 +491,24 @@ def test_a_failed_agent_pod_ends_the_bench_with_exit_1_and_its_log_lines(
         done.stderr
     ), done.stderr
     assert took < 60 and not (out / RESULTS_NAME).exists()
+
+
+def test_an_agent_pod_killed_mid_sweep_ends_the_bench_with_exit_1_naming_it(
+    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+) -> None:
+    server, env = cluster
+    assert cli(*UP, env=env).returncode == 0
+    long = [a if a != "2s" else "30s" for a in SWEEP]
+    with Kubelet(server, tmp_path / "kubelet", oom_kill=(1, 6.0)):
+        done = _bench(env, *long, "--agents", "2", "-o", str(tmp_path / "o"))
+        deadline = time.monotonic() + 20
+        while _left(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _left(server) == []
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "a load agent's Pod failed: load agent 1" in done.stderr, done.stderr
+    assert "terminated: OOMKilled, exit code 137" in done.stderr, done.stderr
+    assert not (tmp_path / "o" / RESULTS_NAME).exists()
 
 
 def test_pods_the_scheduler_cannot_place_end_the_bench_in_its_bound_with_its_words(
