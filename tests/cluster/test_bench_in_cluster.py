@@ -20,17 +20,17 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.cluster.test_kube_chain import UP_S, _mixed, _sb, image, where  # noqa: F401
 
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
 from servebook.kube.resources import list_objects
-from tests.cluster.test_kube_chain import UP_S, _mixed, _sb, image, where  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
 
-def _namespace(where: list[str]) -> str:
-    return next(s.split("=", 1)[1] for s in where if s.startswith("namespace="))
+def _namespace(sets: list[str]) -> str:
+    return next(s.split("=", 1)[1] for s in sets if s.startswith("namespace="))
 
 
 def test_bench_runs_its_load_in_the_cluster_and_leaves_nothing(

@@ -309,11 +309,11 @@ class Kubelet:
         self.server.call(lambda st: st.pod_logs.__setitem__(key, log))
         index = int(pod["metadata"]["annotations"][lj.INDEX_ANNOTATION])
         kill = self.oom_kill
-        if kill and kill[0] == index and proc.poll() is None:
-            if time.monotonic() - self.started[key] > kill[1]:
-                proc.kill()
-                proc.wait(5)
-                self.oom.add(key)
+        due = kill is not None and time.monotonic() - self.started[key] > kill[1]
+        if kill and kill[0] == index and proc.poll() is None and due:
+            proc.kill()
+            proc.wait(5)
+            self.oom.add(key)
         code = proc.poll()
         phase = (pod.get("status") or {}).get("phase")
         if code is not None and phase == "Running":
