@@ -39,6 +39,13 @@ namespace; a Pod with a hostPath volume is refused in a namespace whose
 template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
 ``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
 
+Jobs: an Indexed Job applied gets its Pods from a Job controller one request later
+(``_run_job``: names, index annotation and label, hostname under the subdomain, owner
+reference), bound to node-1 by the scheduler (or left Unschedulable with
+``unschedulable`` as its words); their phases are then their kubelet's, which a test plays
+through ``set_pod_status`` and ``pod_logs``.  A Secret's ``stringData`` is stored as
+``data``, as the API server does.
+
 Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods,
 finalizers and Terminating namespaces, creates refused into absent or Terminating
 namespaces, Pods that come up through their phases after the apply, paged lists, the

@@ -426,7 +426,7 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     assert cli(*UP, env=env).returncode == 0
     out = tmp_path / "in-cluster"
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
-        done = _bench(env, *SWEEP, "--agents", "2", "-o", str(out))
+        done = _bench(env, *SWEEP, "--agents", "2", "--save-requests", "-o", str(out))
         # Every object it made is deleted, its Pods with them (their processes stopped or
         # ended), whether or not the points were valid.
         deadline = time.monotonic() + 20
@@ -449,6 +449,9 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     assert load.target_url == "http://vllm-pd-router.moe-pd.svc:8000"
     (point,) = res.points
     assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
+    # --save-requests: the raw records came back as files too, beside results.json.
+    saved = list((out / "requests").glob("*.jsonl.gz"))
+    assert len(saved) == 1 and saved[0].stat().st_size > 0
     # Two agents made the load, each in its own Pod (the hostname an Indexed Job gives).
     agents = point.client.agents or []
     assert len(agents) == 2 and all(a["where"].startswith("Job vllm-pd-bench-") for a in agents)
