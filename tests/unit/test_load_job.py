@@ -205,3 +205,46 @@ def test_the_pods_entry_imports_only_what_vllms_image_has() -> None:
     # orjson and uvloop each have a standard-library fallback (test_bench_agents.py runs
     # agents without them); everything else must be vLLM's.
     assert imported - provided <= AGENT_MAY_USE, imported - provided
+
+
+def test_pod_zeros_results_endpoint_serves_only_the_jobs_token_holder(tmp_path: Path) -> None:
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from servebook.bench.in_cluster import READY_PATH, serve_results
+    from tests.unit.test_kube_bench_job import _free_port
+
+    (tmp_path / "results.json").write_text("{}")
+    port, token = _free_port(), "t" * 32
+    got: dict[str, bool] = {}
+    t = threading.Thread(
+        target=lambda: got.update(done=serve_results(tmp_path, port, 30, token)), daemon=True
+    )
+    t.start()
+    base = f"http://127.0.0.1:{port}"
+
+    def ask(path: str, key: str | None, method: str = "GET") -> int:
+        req = urllib.request.Request(
+            base + path, method=method, data=b"" if method == "POST" else None
+        )
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        for _ in range(50):
+            try:
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as e:
+                return int(e.code)
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("nothing answered")
+
+    assert ask(READY_PATH, None) == 200  # the readiness probe needs no token
+    assert ask("/files", None) == 401 and ask("/f/results.json", "x" * 32) == 401
+    assert ask("/done", None, "POST") == 401 and t.is_alive()
+    assert ask("/f/results.json", token) == 200 and ask("/f/../../etc/passwd", token) == 404
+    assert ask("/done", token, "POST") == 200
+    t.join(10)
+    assert got == {"done": True}

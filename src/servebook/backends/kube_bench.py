@@ -386,16 +386,19 @@ def fetch_results(api: Any, p: Prepared, pod: str, into: Path) -> Obj:
         base = fw.open(
             role="load-agents", pod=pod, namespace=p.namespace, remote_port=lj.RESULTS_PORT
         )
-        listed = http.get(f"{base}/files", timeout=30).json()
-        for rel in listed:
-            r = http.get(f"{base}/f/{rel}", timeout=120)
+        auth = {"Authorization": f"Bearer {p.job.token}"}
+        got = http.get(f"{base}/files", timeout=30, headers=auth)
+        if got.status != 200:
+            raise BenchFailed(f"Pod {pod} did not list its results (HTTP {got.status})")
+        for rel in got.json():
+            r = http.get(f"{base}/f/{rel}", timeout=120, headers=auth)
             if r.status != 200:
                 raise BenchFailed(f"Pod {pod} did not serve {rel} (HTTP {r.status})")
             dest = into / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(r.body)
         with contextlib.suppress(http.HTTPError):
-            http.post_json(f"{base}/done", {}, timeout=10)
+            http.post_json(f"{base}/done", {}, timeout=10, headers=auth)
     status_path = into / "status.json"
     if not status_path.is_file():
         raise BenchFailed(f"Pod {pod} served no status.json: its sweep did not end cleanly")
@@ -403,10 +406,12 @@ def fetch_results(api: Any, p: Prepared, pod: str, into: Path) -> Obj:
 
 
 def delete(api: Any, p: Prepared, say: Say) -> None:
-    """Delete every object of the bench (the Job's Pods with it), missing ones too."""
+    """Delete every object of the bench (the Job's Pods with it), missing ones too; say
+    what could not be deleted, and how to, rather than claim it was."""
+    left = []
     for obj in reversed(p.objects):
         meta = obj["metadata"]
-        with contextlib.suppress(ServebookError):
+        try:
             request(
                 api,
                 "DELETE",
@@ -419,6 +424,16 @@ def delete(api: Any, p: Prepared, say: Say) -> None:
                 },
                 missing_ok=True,
             )
+        except ServebookError as e:
+            left.append(f"{obj['kind']}/{meta['name']} ({e})")
+    if left:
+        say(
+            f"could not delete {'; '.join(left)} in namespace {p.namespace}: delete them with "
+            f"`kubectl delete job,secret,configmap,service -n {p.namespace} -l "
+            f"{lj.RUN_LABEL}={p.job.run}` (the Job also ends itself within "
+            f"{lj.ACTIVE_DEADLINE_S // 3600} h)"
+        )
+        return
     say(f"deleted Job/{p.job.name} and its objects in namespace {p.namespace}")
 
 

@@ -8,8 +8,9 @@ runs in the cluster): ``python3 -m servebook.bench.in_cluster --settings bench.j
   ``bench.json`` by the bench machine.  Its agents are agent 0, a process beside it, and
   the Pods 1..N-1, which dial it; it listens on ``AGENT_PORT``.  When the sweep ends (or
   fails) it writes ``status.json`` beside the results and serves that directory on
-  ``RESULTS_PORT`` (``GET /files``, ``GET /f/PATH``, ``POST /done``) until the bench
-  machine has read it, then ends: exit 0 when the sweep ran to its end, else 1.
+  ``RESULTS_PORT`` (``GET /files``, ``GET /f/PATH``, ``POST /done``, with the Job's token;
+  ``GET /ready`` for the readiness probe) until the bench machine has read it, then ends:
+  exit 0 when the sweep ran to its end, else 1.
 * **Index i > 0** is an agent (``bench/agent.py``'s conversation) that dials Pod 0 at
   ``JOB-0.SERVICE:AGENT_PORT`` for each point it takes part in, until Pod 0 answers
   ``("done",)``: then it ends with exit 0.  A point with fewer agents than the Job has
@@ -33,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -51,6 +53,7 @@ RESOLVE_ENV = "SERVEBOOK_RESOLVE"
 INDEX_ENV = "SERVEBOOK_AGENT_INDEX"
 OUT_ENV = "SERVEBOOK_OUT"
 STATUS_NAME = "status.json"
+READY_PATH = "/ready"
 SERVE_S = 900.0  # how long Pod 0 waits for the bench machine to read its results
 DIAL_PAUSE_S = 0.1
 TELL_S = 10.0  # after the results were read: how long the other agents may take to hear
@@ -111,7 +114,7 @@ class RemoteAgent:
         pass
 
     def describe_end(self) -> str:
-        return f"the agent in Pod {self.pod} (its log: `kubectl logs {self.pod}`)"
+        return f"the agent in the Job's Pod of index {self.index} (hostname {self.pod})"
 
 
 @dataclass
@@ -224,7 +227,7 @@ def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int
         daemon=True,
     )
     turn_away.start()
-    served = serve_results(out, net.own_port(settings["results_port"]), SERVE_S)
+    served = serve_results(out, net.own_port(settings["results_port"]), SERVE_S, token)
     others = set(range(1, int(settings["agents"])))
     t = time.monotonic() + TELL_S
     while not others <= told and time.monotonic() < t:  # every agent hears it is over
@@ -260,10 +263,13 @@ def _turn_agents_away(port: int, token: str, done: threading.Event, told: set[in
                     told.add(int(hello[1]))
 
 
-def serve_results(out: Path, port: int, timeout_s: float) -> bool:
-    """Serve ``out``'s files until ``POST /done`` (True) or ``timeout_s`` (False)."""
+def serve_results(out: Path, port: int, timeout_s: float, token: str) -> bool:
+    """Serve ``out``'s files until ``POST /done`` (True) or ``timeout_s`` (False); every
+    request but the readiness probe's needs ``Authorization: Bearer TOKEN`` (the Job's
+    token: another Pod of the cluster reads nothing and ends nothing)."""
     finished = threading.Event()
     root = out.resolve()
+    want = f"Bearer {token}"
 
     class Files(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -276,7 +282,18 @@ def serve_results(out: Path, port: int, timeout_s: float) -> bool:
             self.end_headers()
             self.wfile.write(body)
 
+        def _allowed(self) -> bool:
+            if secrets.compare_digest(self.headers.get("Authorization", ""), want):
+                return True
+            self._send(401, b'{"error": "the Job\'s token is required"}')
+            return False
+
         def do_GET(self) -> None:
+            if self.path == READY_PATH:  # the readiness probe: the results are served
+                self._send(200, b"{}")
+                return
+            if not self._allowed():
+                return
             if self.path == "/files":
                 listed = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
                 self._send(200, json.dumps(listed).encode())
@@ -289,6 +306,8 @@ def serve_results(out: Path, port: int, timeout_s: float) -> bool:
             self._send(404, b'{"error": "no such file"}')
 
         def do_POST(self) -> None:
+            if not self._allowed():
+                return
             if self.path == "/done":
                 self._send(200, b"{}")
                 finished.set()

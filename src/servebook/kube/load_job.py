@@ -220,7 +220,7 @@ def _job(job: LoadJob, digest: str) -> Obj:
         # Ready means "the results are served": only Pod 0 ever is (the others are agents,
         # which serve nothing); the bench machine waits for exactly that.
         "readinessProbe": {
-            "httpGet": {"path": "/files", "port": "results"},
+            "httpGet": {"path": "/ready", "port": "results"},
             "periodSeconds": 2,
             "timeoutSeconds": 5,
         },
