@@ -568,4 +568,5 @@ def test_ctrl_c_deletes_the_job_and_its_objects(
         assert _left(server) == []
         time.sleep(0.5)
         assert kubelet.stopped, "the Pod's process was not stopped by its deletion"
-    assert proc.returncode != 0 and "deleted Job/vllm-pd-bench-" in stderr, stderr
+    assert proc.returncode == 130 and "deleted Job/vllm-pd-bench-" in stderr, stderr
+    assert "stopped the in-cluster bench of vllm-pd" in stderr, stderr

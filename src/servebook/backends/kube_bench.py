@@ -490,6 +490,20 @@ def run_in_cluster(
         )
     api, p = prepare(name, namespace, a, agents=agents, image=image)
     try:
+        return _run(api, p, out_dir, say, start_s)
+    except KeyboardInterrupt:
+        from servebook.sweep import Interrupted
+
+        raise Interrupted(
+            f"stopped the in-cluster bench of {name} (the Job's Pods were deleted with it, "
+            "their sweep with them); nothing was written.",
+            path=None,
+            points=0,
+        ) from None
+
+
+def _run(api: Any, p: Prepared, out_dir: Path, say: Say, start_s: float) -> tuple[Results, Path]:
+    try:
         apply(api, p.objects, say)
         pods = wait_for_results(api, p, say, start_s=start_s)
         nodes = sorted(
