@@ -442,6 +442,9 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     created = {(s.method, s.path.rsplit("/", 2)[-2]) for s in server.standin.requests}
     assert ("PATCH", "jobs") in created and ("DELETE", "jobs") in created
     res = load_results(out / RESULTS_NAME)
+    import servebook
+
+    assert res.provenance.servebook_version == servebook.__version__
     load = res.provenance.load
     assert load is not None and load.route == "cluster-service"
     assert load.agents == 2 and load.namespace == NS and load.nodes == ["node-1"]

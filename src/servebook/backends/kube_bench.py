@@ -188,7 +188,11 @@ def prepare(
     bench["agents"] = agents
     bench["workers"] = None
     run = secrets.token_hex(3)[:5]
+    import servebook
+
     settings = {
+        # The Pod imports servebook from a zip, which carries no version of its own.
+        "servebook_version": servebook.__version__,
         "deployment": name,
         "namespace": dep.namespace,
         "job": "",

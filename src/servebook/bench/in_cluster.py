@@ -184,11 +184,15 @@ def _write_status(out: Path, status: dict[str, Any]) -> None:
 
 def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int:
     """Pod 0: the sweep, then its files served until read (module docstring)."""
+    import servebook
     from servebook import auth
     from servebook.bench import target as tgt
     from servebook.errors import ServebookError
     from servebook.sweep import BenchArgs, run_bench
 
+    # The zip on PYTHONPATH has no distribution metadata: the results name the version
+    # of the servebook that made the Job (and the zip).
+    servebook.__version__ = settings.get("servebook_version") or servebook.__version__
     status: dict[str, Any] = {"ok": False, "exit_code": 2, "message": ""}
     try:
         view = _view(settings["view"], net)
