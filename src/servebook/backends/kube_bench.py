@@ -31,7 +31,7 @@ from typing import Any
 
 from servebook import http
 from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
-from servebook.backends.kube_view import _container, _ready_pods
+from servebook.backends.kube_view import container_named, ready_pods
 from servebook.errors import ServebookError, UsageError
 from servebook.files import write_atomic
 from servebook.kube import client as kube_client
@@ -99,9 +99,9 @@ def cluster_view(api: Any, dep: KubeDeployment, plan: Plan) -> Obj:
     """The deployment as the cluster reaches it (``bench/in_cluster``'s ``view``)."""
     roles = []
     for r in plan.roles:
-        pod, *others = _ready_pods(api, dep, r)
+        pod, *others = ready_pods(api, dep, r)
         router = r.kind == "router"
-        container = _container(pod, "router" if router else "engine")
+        container = container_named(pod, "router" if router else "engine")
         api_port = names.ROUTER_PORT if router else names.ENGINE_PORT
         roles.append(
             {

@@ -197,6 +197,11 @@ def bench(
         raise UsageError(f"--via {via!r}: choose cluster or port-forward")
     if via is not None and url is not None:
         raise UsageError(f"--via {via} is for a Kubernetes deployment; --url is reached directly")
+    if load_image is not None and (url is not None or via == "port-forward"):
+        raise UsageError(
+            "--load-image names the image of in-cluster load agents; with --url or --via "
+            "port-forward the load runs on this machine"
+        )
     if dry_run and (url is not None or via == "port-forward"):
         raise UsageError(
             "--dry-run writes the in-cluster load of a Kubernetes deployment; it has none "
