@@ -17,8 +17,11 @@ runs in the cluster): ``python3 -m servebook.bench.in_cluster --settings bench.j
   (``--agents 4`` at concurrency 2) leaves the others dialing: they are turned away at the
   barrier and dial again for the next point.
 
-It imports only what vLLM's image has (``tests/unit/test_load_job.py`` checks the modules
-against vLLM's declared requirements) and never the Kubernetes API.
+It imports only what vLLM's image has and never the Kubernetes API: numpy, pydantic,
+prometheus_client and rich (all in vLLM's declared requirements; rich through typer and
+transformers), orjson and uvloop when present.  ``tests/unit/test_load_job.py`` checks
+this process's imports against vLLM's requirements, and ``tests/unit/test_kube_bench_job.py``
+every module each process of a whole in-cluster run imported.
 
 **Addresses.**  ``SERVEBOOK_RESOLVE`` (``HOST:PORT=ADDR:PORT,...``, as curl's ``--resolve``)
 maps an address this Pod dials or binds (``localhost:PORT`` for its own ports) to another.

@@ -23,8 +23,9 @@ endpoint of its own (``RESULTS_PORT``); the bench machine reads it through one
 port-forward to that port, then tells it to end.  Logs are read only to explain a failure.
 
 **What reaches the Pods.**  The image is the deployment's own engine image (it has Python
-and every library the protocol needs: ``tests/unit/test_load_job.py`` proves that against
-vLLM's declared requirements) or ``--load-image``.  servebook's code travels as one zip
+and every library the protocol needs: ``tests/unit/test_load_job.py`` and
+``test_kube_bench_job.py`` prove that against vLLM's declared requirements) or
+``--load-image``.  servebook's code travels as one zip
 archive in a ConfigMap (``binaryData``), mounted read-only and put on ``PYTHONPATH``
 (Python imports from a zip; the whole package is 4x smaller zipped and fits the 1 MiB an
 object may hold), beside the run's settings (``bench.json``: the deployment's roles with
