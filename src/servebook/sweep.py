@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -168,13 +169,23 @@ def run_bench(
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None = None,
     resumable: bool = True,
+    launcher: Any = None,
 ) -> tuple[Results, Path]:
     """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
     the names of dead roles (a deployment) so the sweep stops instead of measuring errors.
     ``resumable``: the caller can continue the results file (``bench --resume``), and a
-    failed load generator's message says so."""
+    failed load generator's message says so.  ``launcher`` starts the load agents
+    (``bench.coordinator.Launcher``; default: processes on this machine)."""
     try:
-        return _run(subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=alive)
+        return _run(
+            subject,
+            a,
+            out_dir,
+            resume=resume,
+            tokenizer=tokenizer,
+            alive=alive,
+            launcher=launcher,
+        )
     except ClientError as e:
         raise LoadFailed(
             f"{e}. Points finished before it are in {out_dir / RESULTS_NAME}"
@@ -218,6 +229,7 @@ def _run(
     resume: bool,
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None,
+    launcher: Any = None,
 ) -> tuple[Results, Path]:
     if a.dataset is None:
         tgt.check_fits(
@@ -316,6 +328,7 @@ def _run(
                 slo_ms=slo,
                 on_point=on_point,
                 on_progress=on_progress,
+                launcher=launcher,
             )
         except KeyboardInterrupt:
             where = f"at {current['label']}" if current["label"] else "between two points"

@@ -39,6 +39,13 @@ namespace; a Pod with a hostPath volume is refused in a namespace whose
 template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
 ``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
 
+Jobs: an Indexed Job applied gets its Pods from a Job controller one request later
+(``_run_job``: names, index annotation and label, hostname under the subdomain, owner
+reference), bound to node-1 by the scheduler (or left Unschedulable with
+``unschedulable`` as its words); their phases are then their kubelet's, which a test plays
+through ``set_pod_status`` and ``pod_logs``.  A Secret's ``stringData`` is stored as
+``data``, as the API server does.
+
 Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods,
 finalizers and Terminating namespaces, creates refused into absent or Terminating
 namespaces, Pods that come up through their phases after the apply, paged lists, the
@@ -87,6 +94,8 @@ KINDS = {
         "LeaderWorkerSet",
         "leaderworkerset.x-k8s.io",
     ),
+    "secrets": ("v1", "Secret", ""),
+    "jobs": ("batch/v1", "Job", "batch"),
     "nodes": ("v1", "Node", ""),
     "customresourcedefinitions": (
         "apiextensions.k8s.io/v1",
@@ -153,6 +162,11 @@ class StandIn:
     # The server's minor version (``/version``); from 35 a port-forward's WebSocket upgrade
     # is also authorized as ``create``.
     minor: int = 31
+    # Jobs (the Job controller of the Lifecycle section): the scheduler's message for a
+    # Job's Pods it cannot place ("" places them on node-1); each Pod's log as its kubelet
+    # wrote it (``pods/NAME/log``), keyed by (namespace, name).
+    unschedulable: str = ""
+    pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
@@ -181,6 +195,16 @@ class StandIn:
             and any(r["uid"] == o["metadata"]["uid"] for r in meta["ownerReferences"])
         )
         return _start_pod(self, rs, suffix="new")
+
+    def set_pod_status(self, namespace: str, name: str, status: Obj) -> bool:
+        """A kubelet's status update of its Pod (``PATCH pods/NAME/status``); False when
+        the Pod is gone."""
+        pod = self.objects.get(("pods", namespace, name))
+        if pod is None:
+            return False
+        pod["status"] = {**pod.get("status", {}), **copy.deepcopy(status)}
+        self._stamp(pod)
+        return True
 
     def put(self, obj: Obj) -> None:
         """Put an object as if someone else had made it."""
@@ -396,6 +420,10 @@ def _app(st: StandIn) -> web.Application:
                 },
             )
         obj = copy.deepcopy(body)
+        if plural == "secrets" and "stringData" in obj:  # the API server stores only data
+            data = obj.setdefault("data", {})
+            for k, v in obj.pop("stringData").items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
         meta = obj["metadata"]
         if ns:
             meta["namespace"] = ns
@@ -548,7 +576,13 @@ def _app(st: StandIn) -> web.Application:
         pod = st.objects.get(("pods", ns, name))
         if pod is None:
             return not_found("pods", name)
-        text = st.kubelet.logs(pod) if st.kubelet is not None else ""
+        if (ns, name) in st.pod_logs:
+            text = st.pod_logs[(ns, name)]
+            tail = request.query.get("tailLines")
+            if tail and tail.isdigit():
+                text = "".join(text.splitlines(keepends=True)[-int(tail) :])
+        else:
+            text = st.kubelet.logs(pod) if st.kubelet is not None else ""
         return web.Response(text=text, content_type="text/plain")
 
     async def access_review(request: web.Request) -> web.Response:
@@ -583,6 +617,7 @@ def _app(st: StandIn) -> web.Application:
         "/apis/apps/v1",
         "/apis/rbac.authorization.k8s.io/v1",
         "/apis/leaderworkerset.x-k8s.io/v1",
+        "/apis/batch/v1",
     ):
         app.router.add_get(prefix + "/namespaces/{ns}/{plural}", list_)
         app.router.add_get(prefix + "/namespaces/{ns}/{plural}/{name}", get)
@@ -1131,9 +1166,11 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         status.update(phase="Pending", conditions=conditions("Initialized", "PodScheduled"))
     elif stage == 2:
         state = {"running": {"startedAt": stamp}}
+        pod_ip(pod)
         status.update(phase="Running", conditions=conditions("Initialized", "PodScheduled"))
     else:
         state = {"running": {"startedAt": stamp}}
+        pod_ip(pod)
         ready = conditions("Initialized", "PodScheduled", "ContainersReady", "Ready")
         status.update(phase="Running", conditions=ready)
     for c in status["conditions"]:  # a condition keeps its time while it holds
@@ -1156,6 +1193,17 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
     ]
 
 
+def pod_ip(pod: Obj) -> str:
+    """The Pod's address on the cluster network, as the kubelet reports it once the Pod's
+    sandbox runs (``status.podIP``, ``status.podIPs``): one per Pod, from 10.244.0.0/16."""
+    status = pod.setdefault("status", {})
+    if not status.get("podIP"):
+        h = int(hashlib.sha256(pod["metadata"]["uid"].encode()).hexdigest()[:8], 16)
+        ip = f"10.244.{h % 250}.{(h >> 8) % 250 + 2}"
+        status["podIP"], status["podIPs"] = ip, [{"ip": ip}]
+    return str(status["podIP"])
+
+
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
     now = time.monotonic()
@@ -1171,12 +1219,133 @@ def _advance(st: StandIn) -> None:
                 changed = True
         if not changed:
             break
+    for key, obj in list(st.objects.items()):
+        if key[0] == "jobs" and key in st.objects:
+            _run_job(st, obj)
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj, now)
     for key, obj in st.objects.items():
         if key in st.life.rolled:
             _lws_status(st, obj)
+
+
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _run_job(st: StandIn, job: Obj) -> None:
+    """One pass of the Job controller and the scheduler over an Indexed Job (kubernetes
+    pkg/controller/job, as of 1.31): a Pod per index not yet made, created one request
+    after the Job (the controller acts after the create, never inside it), named
+    ``JOB-INDEX-RANDOM`` with its index in an annotation and a label, hostname
+    ``JOB-INDEX`` under the template's subdomain; the scheduler then binds each to node-1
+    (or leaves it Pending, ``PodScheduled`` False, ``Unschedulable``, with
+    ``unschedulable`` as its message).  Their phases after that are their kubelet's (the
+    test's: ``set_pod_status``).  The Job's status counts its Pods; with ``backoffLimit``
+    failures exceeded it is Failed (``BackoffLimitExceeded``) and its running Pods are
+    deleted; with every index succeeded it is Complete."""
+    meta = job["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    spec = job["spec"]
+    ns, uid = meta["namespace"], meta["uid"]
+    status = job.setdefault("status", {})
+    pods = [
+        o
+        for (p, n, _), o in list(st.objects.items())
+        if p == "pods" and n == ns and _owned_by(o, job)
+    ]
+    done = any(c.get("status") == "True" for c in status.get("conditions") or ())
+    if "startTime" not in status:
+        status["startTime"] = _now_text()  # this pass is the controller's first look
+        st._stamp(job)
+        return
+    have = {int(o["metadata"]["annotations"][JOB_INDEX]) for o in pods}
+    template = spec["template"]
+    for i in range(int(spec.get("completions", 1))):
+        if i in have or done:
+            continue
+        labels = {
+            **(template.get("metadata", {}).get("labels") or {}),
+            "batch.kubernetes.io/controller-uid": uid,
+            "batch.kubernetes.io/job-name": meta["name"],
+            "controller-uid": uid,
+            "job-name": meta["name"],
+            JOB_INDEX: str(i),
+        }
+        pod_spec = copy.deepcopy(template["spec"])
+        pod_spec["hostname"] = f"{meta['name']}-{i}"
+        pod: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{meta['name']}-{i}-{uuid.uuid4().hex[:5]}",
+                "namespace": ns,
+                "labels": labels,
+                "annotations": {
+                    **(template.get("metadata", {}).get("annotations") or {}),
+                    JOB_INDEX: str(i),
+                },
+                "ownerReferences": [_owner(job)],
+            },
+            "spec": pod_spec,
+            "status": {"phase": "Pending", "qosClass": "Burstable"},
+        }
+        st.put(pod)
+        st.created_pods.append((ns, pod["metadata"]["name"]))
+    for pod in pods:  # the scheduler
+        if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+            continue
+        stamp = _now_text()
+        if st.unschedulable:
+            cond = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": st.unschedulable,
+                "lastTransitionTime": stamp,
+            }
+        else:
+            pod["spec"]["nodeName"] = "node-1"
+            cond = {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}
+        pod["status"]["conditions"] = [cond]
+        st._stamp(pod)
+    phases = [o.get("status", {}).get("phase") for o in pods]
+    failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
+    status.update(
+        active=sum(1 for ph in phases if ph in ("Pending", "Running")),
+        failed=failed,
+        succeeded=succeeded,
+        ready=sum(1 for o in pods if _pod_ready(o)),
+        completedIndexes=",".join(
+            o["metadata"]["annotations"][JOB_INDEX]
+            for o in sorted(pods, key=lambda o: int(o["metadata"]["annotations"][JOB_INDEX]))
+            if o.get("status", {}).get("phase") == "Succeeded"
+        ),
+    )
+    if done:
+        return
+    stamp = _now_text()
+    if failed > int(spec.get("backoffLimit", 6)):
+        why = {
+            "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+        }
+        status["conditions"] = [
+            {"type": "FailureTarget", "status": "True", "lastTransitionTime": stamp, **why},
+            {"type": "Failed", "status": "True", "lastTransitionTime": stamp, **why},
+        ]
+        for o in pods:
+            if o.get("status", {}).get("phase") in ("Pending", "Running"):
+                m = o["metadata"]
+                _delete(st, ("pods", m["namespace"], m["name"]))
+    elif succeeded == int(spec.get("completions", 1)):
+        status["completionTime"] = stamp
+        status["conditions"] = [
+            {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
+            {"type": "Complete", "status": "True", "lastTransitionTime": stamp},
+        ]
+    st._stamp(job)
 
 
 def _ready_to_roll(st: StandIn, obj: Obj) -> bool:

@@ -123,6 +123,12 @@ class _Killer:
     def bind_host(self) -> str:
         return "127.0.0.1"
 
+    def bind_address(self) -> tuple[str, int]:
+        return self.launcher.bind_address()
+
+    def token(self) -> str:
+        return self.launcher.token()
+
     def __call__(self, index: int, address: tuple[str, int], token: str) -> Any:
         self.procs[index] = self.launcher(index, address, token)
         return self.procs[index]

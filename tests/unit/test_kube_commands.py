@@ -211,7 +211,8 @@ def test_bench_stops_naming_the_role_whose_pod_was_replaced(
     make_tiny_model(tok)
     out = tmp_path / "sweep"
     args = [
-        *("--tokenizer", str(tok), "--concurrency", "1,2", "--repetitions", "3"),
+        *("--via", "port-forward", "--tokenizer", str(tok), "--concurrency", "1,2"),
+        *("--repetitions", "3"),
         *("--duration", "2s", "--warmup", "0s", "--min-requests", "1", "--input-len", "8"),
         *("--output-len", "4", "--order", "ascending", "--max-client-lag-ms", "1000"),
     ]

@@ -81,8 +81,10 @@ def test_the_summary_says_when_latencies_include_a_port_forward(
     [
         (["--agents", "0"], "--agents 0: give at least 1"),
         (["--agents", "2", "--workers", "3"], "--agents 2 and --workers 3: give one"),
-        (["--via", "tunnel"], "--via 'tunnel': choose port-forward"),
+        (["--via", "tunnel"], "--via 'tunnel': choose cluster or port-forward"),
         (["--via", "port-forward"], "--via port-forward is for a Kubernetes deployment"),
+        (["--load-image", "python:3.12.8"], "--load-image names the image of in-cluster"),
+        (["--dry-run"], "--dry-run writes the in-cluster load of a Kubernetes deployment"),
     ],
 )
 def test_bad_agents_and_via_are_bad_input_and_write_nothing(

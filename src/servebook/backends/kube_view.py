@@ -20,7 +20,7 @@ from servebook.kube.resources import list_objects
 from servebook.recipe.plan import Plan, RolePlan
 
 
-def _ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str, Any]]:
+def ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str, Any]]:
     """The role's Ready Pods that serve its API (for a role spanning nodes, the group
     leaders, never a headless worker), newest first, one per replica; unusable (exit 2)
     while fewer are Ready: the counters of a role are those of all its replicas."""
@@ -37,7 +37,7 @@ def _ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str,
     return ready[:want]
 
 
-def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+def container_named(pod: dict[str, Any], name: str) -> dict[str, Any]:
     for c in pod.get("spec", {}).get("containers", []):
         if c.get("name") == name:
             return dict(c)
@@ -83,7 +83,7 @@ def open_view(
         )
     plan = Plan.model_validate(dep.plan)
     api = api or kube_client.connect()
-    pods = {r.name: _ready_pods(api, dep, r) for r in plan.roles}
+    pods = {r.name: ready_pods(api, dep, r) for r in plan.roles}
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
     ) as fw:
@@ -92,7 +92,7 @@ def open_view(
             pod, *others = pods[r.name]
             pod_name = str(pod["metadata"]["name"])
             node = pod.get("spec", {}).get("nodeName", "?")
-            container = _container(pod, "router" if r.kind == "router" else "engine")
+            container = container_named(pod, "router" if r.kind == "router" else "engine")
             api_url = fw.open(
                 role=r.name,
                 pod=pod_name,

@@ -26,6 +26,9 @@ first sends the token, so the coordinator unpickles nothing from a stranger):
    ``("error", message)``; it then answers ``sync`` until ``("bye",)`` or the end of the
    connection.
 
+An in-cluster coordinator whose sweep has ended answers a hello with ``("done",)``
+(``bench/in_cluster.py``): the agent then ends.
+
 The coordinator corrects the records into its clock with the offset; a duration measured
 within one agent (TTFT, ITL, E2E) does not depend on it.
 """
@@ -126,7 +129,9 @@ class _Agent:
             await asyncio.sleep(PROGRESS_S)
 
 
-async def run_agent(host: str, port: int, index: int, token: str) -> None:
+async def run_agent(host: str, port: int, index: int, token: str) -> str | None:
+    """One point's conversation; ``"done"`` when the coordinator answers the hello with
+    ``("done",)`` (an in-cluster sweep that ended: ``bench/in_cluster.py``)."""
     reader, writer = await asyncio.open_connection(host, port)
     agent = _Agent(index, writer)
     writer.write(token.encode("ascii"))
@@ -135,6 +140,9 @@ async def run_agent(host: str, port: int, index: int, token: str) -> None:
         msg = await _read(reader)
         if msg[0] == "assign":
             break
+        if msg[0] == "done":
+            writer.close()
+            return "done"
         agent.on_message(msg)
     _, endpoint, spec, prompts, agent.offset = msg
     pin(spec, index)
@@ -169,6 +177,7 @@ async def run_agent(host: str, port: int, index: int, token: str) -> None:
         if producer is not None:
             producer.stop()
         writer.close()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

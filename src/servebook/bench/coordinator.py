@@ -74,7 +74,10 @@ STARTED_WITHIN_S = 5.0  # ...and one that has not said it started by then, too
 
 
 class AgentProcess(Protocol):
-    """A started agent, as its launcher knows it."""
+    """A started agent, as its launcher knows it.  ``wait_s``: how long to wait for it to
+    end after the point before it is stopped (0 for one this machine does not run)."""
+
+    wait_s: float
 
     def poll(self) -> int | None: ...  # its exit code, None while it runs
 
@@ -84,11 +87,17 @@ class AgentProcess(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts agent ``index`` so that it dials ``address`` with ``token``."""
+    """Starts agent ``index`` so that it dials ``address`` with ``token``.  The coordinator
+    listens on ``bind_address()`` (port 0: any free one) and hands its agents ``token()``
+    (fresh for each point on this machine; the Secret's in a Job, whose agents already run)."""
 
     where: str  # where its agents run, as the results record it
 
     def bind_host(self) -> str: ...
+
+    def bind_address(self) -> tuple[str, int]: ...
+
+    def token(self) -> str: ...
 
     def __call__(self, index: int, address: tuple[str, int], token: str) -> AgentProcess: ...
 
@@ -106,6 +115,8 @@ def agent_command(index: int, address: tuple[str, int]) -> list[str]:
 
 
 class LocalProcess:
+    wait_s = 10.0
+
     def __init__(self, popen: subprocess.Popen[bytes], log: Any) -> None:
         self.popen = popen
         self.log = log
@@ -150,6 +161,12 @@ class LocalLauncher:
 
     def bind_host(self) -> str:
         return "127.0.0.1"
+
+    def bind_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", 0)
+
+    def token(self) -> str:
+        return secrets.token_hex(TOKEN_BYTES // 2)
 
     def __call__(self, index: int, address: tuple[str, int], token: str) -> AgentProcess:
         argv = agent_command(index, address)
@@ -320,9 +337,9 @@ def run_agents(
     """``spec.workers`` agents make the load; the controller is polled here (module
     docstring)."""
     launch = launcher or LocalLauncher()
-    token = secrets.token_hex(TOKEN_BYTES // 2)
+    token = launch.token()
     control = Control(spec.workers, array("q", bytes(8 * (G_N + W_N * spec.workers))))
-    server = socket.create_server((launch.bind_host(), 0), backlog=max(16, spec.workers))
+    server = socket.create_server(launch.bind_address(), backlog=max(16, spec.workers))
     address = (launch.bind_host(), server.getsockname()[1])
     procs: list[AgentProcess] = []
     links: list[_Link] = []
@@ -360,7 +377,7 @@ def run_agents(
                 link.send(("bye",))
         server.close()
         for p in procs:
-            _wait_or_stop(p)
+            _wait_or_stop(p, p.wait_s)
         for link in links:
             link.sock.close()
     records: list[RequestRecord] = []

@@ -537,6 +537,7 @@ def run_point(
     scrape_fn: Scrape = scrape_roles,
     on_progress: Callable[[Progress], None] | None = None,
     history: Sequence[Point] = (),
+    launcher: Any = None,
 ) -> PointOutcome:
     """Run one point (warm-up, window, verdict).  ``position`` is the point's place in
     the sweep's full order: it seeds the point's arrivals and picks its prompts
@@ -567,7 +568,13 @@ def run_point(
 
     started = utc_now()
     load = run_load(
-        target.endpoint, load_spec, prompts, controller, on_progress, on_window=on_window
+        target.endpoint,
+        load_spec,
+        prompts,
+        controller,
+        on_progress,
+        on_window=on_window,
+        launcher=launcher,
     )
     ws = load.window_start_ns or load.end_ns
     we = load.window_end_ns or load.end_ns
@@ -629,6 +636,7 @@ def run_sweep(
     scrape_fn: Scrape = scrape_roles,
     on_point: Callable[[PointSpec, PointOutcome | None], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    launcher: Any = None,
 ) -> Results:
     """Every point in protocol order, round by round (:func:`needs_round` says which levels
     a round runs), skipping those the writer already holds as valid (``--resume``); the
@@ -667,6 +675,7 @@ def run_sweep(
                     for p in writer.results.points
                     if (p.concurrency, p.rate) == (level.concurrency, level.rate)
                 ],
+                launcher=launcher,
             )
             writer.add(outcome.point)
             if on_point is not None:

@@ -34,6 +34,17 @@ from servebook.results.schema import LoadOrigin, Provenance, RoleProvenance
 from servebook.verify.checks import block_size, handoff_not_judged, handoff_required_tokens
 
 
+@dataclass(frozen=True)
+class InCluster:
+    """Where in-cluster load agents run (``kube/load_job.py``): the Job, its namespace, and
+    the entry Service's cluster address the load is sent to."""
+
+    namespace: str
+    job: str
+    entry_url: str  # http://SERVICE.NAMESPACE.svc:PORT, as the Pods dial it
+    nodes: tuple[str, ...] = ()  # filled in by the bench machine once it knows them
+
+
 @dataclass
 class Subject:
     """A benchmark subject: the Target plus what provenance needs to know about it."""
@@ -46,6 +57,7 @@ class Subject:
     view: DeploymentView | None = None  # None: a server given by --url
     tokenize_url: str = ""  # an engine's base URL for /tokenize (not a router's)
     max_model_len: int | None = None  # the served model's context (/v1/models), if known
+    cluster: InCluster | None = None  # the load runs in the cluster (``bench/in_cluster``)
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,8 @@ def load_origin(subject: Subject, agents: int) -> LoadOrigin:
     port-forwards its view opened (``backends/kube_view.py``), anything else directly."""
     import socket
 
+    if subject.cluster is not None:
+        return cluster_origin(subject.cluster, agents, socket.gethostname())
     forwarded = subject.view is not None and subject.view.backend == "kubernetes"
     return LoadOrigin(
         agents=agents,
@@ -276,6 +290,24 @@ def load_origin(subject: Subject, agents: int) -> LoadOrigin:
             else None
         ),
         target_url=redact.url(subject.target.endpoint.base_url),
+    )
+
+
+def cluster_origin(c: InCluster, agents: int, host: str) -> LoadOrigin:
+    """The load of ``agents`` in-cluster agents: from the Job's Pods to the entry Service's
+    cluster address (route ``cluster-service``), no relay between them and the servers."""
+    nodes = f" on node(s) {', '.join(c.nodes)}" if c.nodes else ""
+    return LoadOrigin(
+        agents=agents,
+        where=f"{agents} agent(s) in namespace {c.namespace}{nodes} (Job {c.job})",
+        host=host,
+        route="cluster-service",
+        route_detail=f"from the Job's Pods to {c.entry_url}, the entry Service's cluster "
+        "address; each engine's counters read at its Pod IP",
+        target_url=redact.url(c.entry_url),
+        nodes=list(c.nodes),
+        namespace=c.namespace,
+        job=c.job,
     )
 
 
@@ -332,8 +364,10 @@ def _has_tokenizer(d: str) -> bool:
 
 __all__ = [
     "HandoffThreshold",
+    "InCluster",
     "Subject",
     "check_fits",
+    "cluster_origin",
     "from_deployment",
     "from_url",
     "load_origin",

@@ -31,8 +31,14 @@ HELP = (
     "the engine's own latency histograms are recorded beside the client's figures, with the "
     "likely cause when they disagree; and DIR/results.json is rewritten atomically after "
     "each point (--resume continues it)."
-    "\n\nOn Kubernetes every role is reached through a port-forward servebook opens to its "
-    "Ready Pod; a forward that breaks or a Pod replaced during a point makes that point "
+    "\n\nOn Kubernetes the load runs in the cluster by default: an Indexed Job of --agents "
+    "Pods (default 1) in the deployment's namespace, in the engine image (or --load-image), "
+    "sends it to the entry Service's cluster address; the sweep runs in the Job's Pod 0, "
+    "which reads each engine's counters at its Pod IP; the results are fetched through one "
+    "port-forward and the Job is deleted afterwards. --dry-run -o DIR writes those objects "
+    "and applies nothing. With --via port-forward every role is reached through a "
+    "port-forward servebook opens to its Ready Pod instead (the latencies include the "
+    "forward); a forward that breaks or a Pod replaced during a point makes that point "
     "invalid (SB410) and stops the sweep, naming the role. Without --tokenizer and without "
     "the model on this machine, prompts are built with the server's own /tokenize."
     "\n\nExit 0 when every point is valid (an imprecise level is reported, not an error), 1 "
@@ -142,9 +148,30 @@ def bench(
     via: str | None = typer.Option(
         None,
         "--via",
-        help="How the load reaches a Kubernetes deployment: port-forward (from this "
-        "machine through a forward to each role's Pod; the latencies include the forward, "
-        "and the results and the report say so). Recorded as the route in the results.",
+        help="How the load reaches a Kubernetes deployment: cluster (the default: load "
+        "agents in a Job next to the engines, to the entry Service's cluster address) or "
+        "port-forward (from this machine through a forward to each role's Pod; the "
+        "latencies include the forward, and the results and the report say so). Recorded "
+        "as the route in the results.",
+    ),
+    load_image: str | None = typer.Option(
+        None,
+        "--load-image",
+        help="On Kubernetes, in the cluster: the image the load agents run in (default: "
+        "the deployment's engine image; any with Python 3.11+, numpy and pydantic).",
+    ),
+    load_start_timeout: float = typer.Option(
+        600.0,
+        "--load-start-timeout",
+        help="On Kubernetes, in the cluster: seconds for every load agent's Pod to be "
+        "running (its image pulled); past it the bench ends with the scheduler's or the "
+        "kubelet's reasons.",
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="On Kubernetes: write the in-cluster load's objects (the Job, its ConfigMap, "
+        "Secret and Service) to -o DIR, schema-checked and lint-clean, and apply nothing.",
     ),
     save_requests: bool = typer.Option(
         False,
@@ -166,11 +193,19 @@ def bench(
     options["require_server_evidence"] = require_server_evidence or url is None
     if agents is not None and workers is not None and agents != workers:
         raise UsageError(f"--agents {agents} and --workers {workers}: give one (they are one)")
-    if via is not None and via != "port-forward":
-        raise UsageError(f"--via {via!r}: choose port-forward")
+    if via is not None and via not in ("port-forward", "cluster"):
+        raise UsageError(f"--via {via!r}: choose cluster or port-forward")
     if via is not None and url is not None:
+        raise UsageError(f"--via {via} is for a Kubernetes deployment; --url is reached directly")
+    if load_image is not None and (url is not None or via == "port-forward"):
         raise UsageError(
-            "--via port-forward is for a Kubernetes deployment; --url is reached directly"
+            "--load-image names the image of in-cluster load agents; with --url or --via "
+            "port-forward the load runs on this machine"
+        )
+    if dry_run and (url is not None or via == "port-forward"):
+        raise UsageError(
+            "--dry-run writes the in-cluster load of a Kubernetes deployment; it has none "
+            "with --url or --via port-forward"
         )
     n_agents = agents if agents is not None else workers
     if n_agents is not None and n_agents < 1:
@@ -198,6 +233,15 @@ def bench(
             "--url URL --model NAME.",
             backend=backend,
         )
+        if owner.name == "kubernetes" and via != "port-forward":
+            _in_cluster(name, namespace, a, out_dir, n_agents or 1, load_image, dry_run, options)
+            return
+        if dry_run or via == "cluster" or load_image is not None:
+            flag = "--dry-run" if dry_run else "--via cluster" if via else "--load-image"
+            raise UsageError(
+                f"{flag}: deployment {name} runs on the {owner.name} backend; only a "
+                "Kubernetes deployment has an in-cluster load"
+            )
         with owner.open(name, namespace) as view:
             if via is not None and view.backend != "kubernetes":
                 raise UsageError(
@@ -210,6 +254,50 @@ def bench(
             results, path = run_bench(
                 subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=view.dead_roles
             )
+    print_points(results, path)
+    if not all(p.valid for p in results.points):
+        raise typer.Exit(1)
+
+
+def _in_cluster(
+    name: str,
+    namespace: str | None,
+    a: BenchArgs,
+    out_dir: Path,
+    agents: int,
+    image: str | None,
+    dry_run: bool,
+    options: dict[str, Any],
+) -> None:
+    """The default on Kubernetes: the load agents run in the cluster
+    (``backends/kube_bench``)."""
+    from servebook.backends import kube_bench
+    from servebook.commands.render import refuse_what_lint_fails, write_atomically
+    from servebook.console import err
+
+    kube_bench.refuse_unsupported(a, tokenizer=options["tokenizer"], resume=options["resume"])
+    if dry_run:
+        _, prepared = kube_bench.prepare(name, namespace, a, agents=agents, image=image)
+        files = kube_bench.dry_run_files(prepared)
+        refuse_what_lint_fails(files)
+        write_atomically(out_dir, files, check=kube_bench.check_dry_run_dir)
+        for f in files:
+            print(out_dir / f)
+        return
+
+    def say(line: str) -> None:
+        err.print(line, highlight=False, markup=False)
+
+    results, path = kube_bench.run_in_cluster(
+        name,
+        namespace,
+        a,
+        out_dir,
+        agents=agents,
+        image=image,
+        say=say,
+        start_s=options["load_start_timeout"],
+    )
     print_points(results, path)
     if not all(p.valid for p in results.points):
         raise typer.Exit(1)

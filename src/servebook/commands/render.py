@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +75,13 @@ def check_output_dir(path: Path) -> None:
         )
 
 
-def write_atomically(path: Path, files: Mapping[str, str]) -> None:
+def write_atomically(
+    path: Path, files: Mapping[str, str], check: Callable[[Path], None] | None = None
+) -> None:
     """Write ``files`` as the whole content of directory ``path``: all of them or, on any
-    failure, nothing (a previous render there stays as it was)."""
-    check_output_dir(path)
+    failure, nothing (a previous render there stays as it was).  ``check`` refuses a
+    ``path`` that must not be replaced (default: anything but a previous render)."""
+    (check or check_output_dir)(path)
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))

@@ -33,6 +33,8 @@ KINDS = (
     "Role",
     "RoleBinding",
     "LeaderWorkerSet",
+    "Secret",
+    "Job",
 )
 PLURALS = {kind: kind.lower() + "s" for kind in KINDS}
 API_VERSIONS = {
@@ -41,6 +43,7 @@ API_VERSIONS = {
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
     "LeaderWorkerSet": LWS_API_VERSION,
+    "Job": "batch/v1",
 }
 
 

@@ -82,6 +82,10 @@ class LoadOrigin(BaseModel):
     route: str
     route_detail: str | None = None
     target_url: str | None = None  # the address the load was sent to
+    # In the cluster (route cluster-service): the Job's namespace, its name, its Pods' nodes.
+    namespace: str | None = None
+    job: str | None = None
+    nodes: list[str] = Field(default_factory=list)
 
 
 class Provenance(BaseModel):

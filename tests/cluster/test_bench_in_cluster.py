@@ -1,0 +1,68 @@
+"""`servebook bench NAME` in the cluster, on a real one (skipped without one, and without an
+image to run; see test_kube_chain.py for what they need: a CPU cluster such as kind or k3s
+in KUBECONFIG, vLLM's CPU image in SERVEBOOK_TEST_IMAGE).
+
+The tiny mixed recipe comes up in a namespace of its own; `bench NAME --agents 2` then
+runs its load as an Indexed Job next to the engine, in the engine's own image, and:
+
+* the results say two agents in that namespace on the cluster's node(s) made the load,
+  over the route cluster-service to the entry Service's cluster address;
+* the per-point server evidence was read in the cluster;
+* no object of the bench is left in the namespace afterwards.
+
+This has not yet been run against a real cluster (README says so): the unit tests
+(tests/unit/test_kube_bench_job.py) run the Pods' own commands under a stand-in kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.cluster.test_kube_chain import UP_S, _mixed, _sb, image, where  # noqa: F401
+
+from servebook.kube import client as kube_client
+from servebook.kube import load_job as lj
+from servebook.kube.resources import list_objects
+
+pytestmark = pytest.mark.cluster
+
+
+def _namespace(sets: list[str]) -> str:
+    return next(s.split("=", 1)[1] for s in sets if s.startswith("namespace="))
+
+
+def test_bench_runs_its_load_in_the_cluster_and_leaves_nothing(
+    where: list[str],  # noqa: F811  (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    up = ["up", "tiny-mixed", "--backend", "kubernetes", *_mixed(where), "--name", "incluster"]
+    r = _sb(*up, timeout=UP_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ns = _namespace(where)
+    dry = tmp_path / "dry"
+    r = _sb("bench", "incluster", "--agents", "2", "--dry-run", "-o", str(dry), timeout=300)
+    assert r.returncode == 0, r.stderr
+    lint = _sb("lint", str(dry), timeout=300)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    out = tmp_path / "bench"
+    args = [
+        *("--agents", "2", "--concurrency", "2", "--repetitions", "1", "--duration", "10s"),
+        *("--warmup", "2s", "--input-len", "32", "--output-len", "16"),
+        # A CPU engine on a laptop node: the verdicts are not what this test is about.
+        *("--min-achieved-concurrency", "0.3", "--max-client-lag-ms", "5000"),
+    ]
+    r = _sb("bench", "incluster", *args, "-o", str(out), timeout=UP_S + 900)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    results = json.loads((out / "results.json").read_text())
+    load = results["provenance"]["load"]
+    assert load["route"] == "cluster-service" and load["agents"] == 2, load
+    assert load["namespace"] == ns and load["nodes"], load
+    assert load["target_url"].endswith(f".{ns}.svc:8000"), load
+    (point,) = results["points"]
+    assert point["requests_ok"] > 0 and point["server"].get("evidence") != "none", point
+    api = kube_client.connect()
+    for kind in ("Job", "Pod", "ConfigMap", "Secret", "Service"):
+        left = list_objects(api, kind, ns, lj.RUN_LABEL)
+        assert not [o for o in left if not o["metadata"].get("deletionTimestamp")], (kind, left)
