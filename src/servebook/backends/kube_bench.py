@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from servebook import http
-from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
-from servebook.backends.kube_view import container_named, ready_pods
+from servebook.backends.kube_record import KubeDeployment
+from servebook.backends.kube_view import container_named, ready_pods, recorded_deployment
 from servebook.errors import ServebookError, UsageError
 from servebook.files import write_atomic
 from servebook.kube import client as kube_client
@@ -66,22 +66,6 @@ class Prepared:
     job: lj.LoadJob
     objects: list[Obj]
     namespace: str
-
-
-def _deployment(name: str, namespace: str | None) -> tuple[Any, KubeDeployment, Plan]:
-    api = None
-    dep = read_state(name)
-    if dep is None or (namespace is not None and dep.namespace != namespace):
-        api = kube_client.connect()  # not recorded here: as the cluster has it
-        dep = find_deployment(api, name, namespace)
-        if dep is None:
-            raise not_found(name, namespace)
-    if not dep.plan:
-        raise UsageError(
-            f"deployment {name} was recorded by an older servebook without its plan: "
-            f"`servebook down {name}`, then up again."
-        )
-    return api or kube_client.connect(), dep, Plan.model_validate(dep.plan)
 
 
 def _pod_url(pod: Obj, port: int, role: str) -> str:
@@ -174,7 +158,7 @@ def prepare(
     size), not created."""
     from servebook.kube.validate import check_schema
 
-    conn, dep, plan = _deployment(name, namespace)
+    conn, dep, plan = recorded_deployment(name, namespace)
     view = cluster_view(conn, dep, plan)
     engine_image = next((r.image for r in plan.engine_roles if r.image), None)
     chosen = image or engine_image

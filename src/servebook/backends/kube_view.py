@@ -57,18 +57,9 @@ def _pod_log(api: Any, namespace: str, pod: str, container: str) -> Callable[[],
     return read
 
 
-@contextlib.contextmanager
-def open_view(
-    name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
-) -> Iterator[DeploymentView]:
-    """The deployment as a command reaches it: a port-forward servebook holds to each
-    role's Ready Pod (engine API and metrics; router API and metrics; the metrics of every
-    other replica of a role that runs several) for the body of the with-block.  A forward
-    that dies or a Pod replaced meanwhile makes that role not alive, with the reason in
-    its description; the view's users fail naming the role."""
-    from servebook.kube.kr8s_dialer import Kr8sDialer, kr8s_pod_identity
-    from servebook.kube.portforward import Forwards
-
+def recorded_deployment(name: str, namespace: str | None) -> tuple[Any, KubeDeployment, Plan]:
+    """(a client, the deployment, its plan): as recorded on this machine, or as the
+    cluster has it when it is not recorded here (or in another namespace)."""
     api = None
     dep = read_state(name)
     if dep is None or (namespace is not None and dep.namespace != namespace):
@@ -81,8 +72,22 @@ def open_view(
             f"deployment {name} was recorded by an older servebook without its plan: "
             f"`servebook down {name}`, then up again."
         )
-    plan = Plan.model_validate(dep.plan)
-    api = api or kube_client.connect()
+    return api or kube_client.connect(), dep, Plan.model_validate(dep.plan)
+
+
+@contextlib.contextmanager
+def open_view(
+    name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
+) -> Iterator[DeploymentView]:
+    """The deployment as a command reaches it: a port-forward servebook holds to each
+    role's Ready Pod (engine API and metrics; router API and metrics; the metrics of every
+    other replica of a role that runs several) for the body of the with-block.  A forward
+    that dies or a Pod replaced meanwhile makes that role not alive, with the reason in
+    its description; the view's users fail naming the role."""
+    from servebook.kube.kr8s_dialer import Kr8sDialer, kr8s_pod_identity
+    from servebook.kube.portforward import Forwards
+
+    api, dep, plan = recorded_deployment(name, namespace)
     pods = {r.name: ready_pods(api, dep, r) for r in plan.roles}
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
