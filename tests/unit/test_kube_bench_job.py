@@ -73,6 +73,10 @@ class TokenizingEngine(Engine):
 
     tokenizer: Any = None
 
+    def __init__(self, role: str) -> None:
+        super().__init__(role)
+        self.authorizations: set[str] = set()  # what each completion request carried
+
     async def _start(self) -> None:  # the parent's routes, and these two
         from tokenizers import Tokenizer
 
@@ -92,6 +96,10 @@ class TokenizingEngine(Engine):
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.add(request.headers.get("Authorization", ""))
+        return await super().complete(request)
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -128,6 +136,8 @@ class Kubelet:
         self.index: dict[tuple[str, str], int] = {}
         self.ended: dict[int, int] = {}  # completion index -> exit code
         self.stopped: list[str] = []  # Pods whose process was ended by their deletion
+        self.images: dict[int, str] = {}  # completion index -> the image the Pod names
+        self.envs: dict[int, dict[str, str]] = {}  # completion index -> its environment
         self.agent_port, self.results_port = _free_port(), _free_port()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -260,6 +270,7 @@ class Kubelet:
         )
         env["PYTHONPATH"] = f"{probe}{os.pathsep}{env['PYTHONPATH']}"
         env["SERVEBOOK_RESOLVE"] = self._network(pod, objects, fw)
+        self.images[index], self.envs[index] = c["image"], dict(env)
         argv = [sub(a) for a in [*c["command"], *(c.get("args") or [])]]
         argv[0] = sys.executable if argv[0] == "python3" else argv[0]
         log = home / "log"
@@ -312,12 +323,28 @@ class Kubelet:
                 for port in (8000, 29000):
                     if f"{role}:{port}" in fw:
                         table[f"{o['status']['podIP']}:{port}"] = fw[f"{role}:{port}"]
+            ip = (o.get("status") or {}).get("podIP")
+            for key in fw if plural == "pods" and ip else ():  # any Pod: by its name
+                if key.startswith(f"pod/{name}:"):
+                    table[f"{ip}:{key.rsplit(':', 1)[1]}"] = fw[key]
             if plural == "services":
                 selected = (o.get("spec") or {}).get("selector") or {}
                 role = selected.get("app.kubernetes.io/component", "")
+                behind = [
+                    n
+                    for (kind, pns, n), q in objects.items()
+                    if kind == "pods"
+                    and pns == ns
+                    and selected
+                    and selected.items() <= (q["metadata"].get("labels") or {}).items()
+                ]
                 for p in (o.get("spec") or {}).get("ports") or ():
-                    if f"{role}:{p['port']}" in fw:
-                        table[f"{name}.{ns}.svc:{p['port']}"] = fw[f"{role}:{p['port']}"]
+                    to = next(
+                        (fw[k] for b in behind if (k := f"pod/{b}:{p.get('targetPort')}") in fw),
+                        fw.get(f"{role}:{p['port']}"),
+                    )
+                    if to is not None:
+                        table[f"{name}.{ns}.svc:{p['port']}"] = to
         return ",".join(f"{k}={h}:{p}" for k, (h, p) in table.items())
 
     def _report(self, key: tuple[str, str], pod: Obj, proc: subprocess.Popen[bytes]) -> None:
@@ -409,14 +436,14 @@ def cluster(
         server.stop()
 
 
-def _left(server: Server) -> list[str]:
+def _left(server: Server, ns: str = NS) -> list[str]:
     """The bench's objects still in the namespace (after the controllers' passes)."""
 
     def read(st: Any) -> list[str]:
         out = []
         for plural in ("jobs", "secrets", "configmaps", "services", "pods"):
-            for n in st.names(plural, NS):
-                labels = st.objects[(plural, NS, n)]["metadata"].get("labels") or {}
+            for n in st.names(plural, ns):
+                labels = st.objects[(plural, ns, n)]["metadata"].get("labels") or {}
                 if lj.RUN_LABEL in labels:
                     out.append(f"{plural}/{n}")
         return out
@@ -426,10 +453,10 @@ def _left(server: Server) -> list[str]:
 
 
 def _bench(
-    env: dict[str, str], *args: str, timeout: float = 240
+    env: dict[str, str], *args: str, timeout: float = 240, name: str = "vllm-pd"
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "servebook", "bench", "vllm-pd", *args],
+        [sys.executable, "-m", "servebook", "bench", name, *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -613,3 +640,121 @@ def test_ctrl_c_deletes_the_job_and_its_objects(
         assert kubelet.stopped, "the Pod's process was not stopped by its deletion"
     assert proc.returncode == 130 and "deleted Job/vllm-pd-bench-" in stderr, stderr
     assert "stopped the in-cluster bench of vllm-pd" in stderr, stderr
+
+
+LLMD = "llm-d"
+LLMD_ENTRY = "infra-sim-inference-gateway-istio"
+
+
+@pytest.fixture
+def llm_d(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Server, dict[str, str], dict[str, TokenizingEngine]]]:
+    """An llm-d P/D deployment servebook did not make (tests/unit/fixtures/attach/llm-d.yaml:
+    a prefill Pod, two decode Pods behind their routing sidecar, the gateway behind the entry
+    Service), each Pod with the address its kubelet reports once it runs, each engine port
+    (and the gateway's) a stand-in engine of its own."""
+    from tests.unit.kube_standin import pod_ip
+    from tests.unit.test_attach_stacks import objects
+
+    server = serve()
+    objs = objects(LLMD)
+    engines: dict[str, TokenizingEngine] = {}
+    for pod in objs.pods:
+        name = pod["metadata"]["name"]
+        role = (pod["metadata"].get("labels") or {}).get("llm-d.ai/role")
+        port = {"prefill": 8000, "decode": 8200}.get(str(role), 80)
+        if role is None and not name.startswith(LLMD_ENTRY):
+            continue  # the endpoint picker: nothing of the load reaches it
+        engines[name] = TokenizingEngine(str(role or "router")).start()
+        server.standin.forward_to[f"pod/{name}:{port}"] = ("127.0.0.1", engines[name].port)
+
+    def load(st: Any) -> None:
+        # The namespace the operator's Pods live in (a real cluster has it: they are there).
+        st.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LLMD}})
+        for item in [*objs.pods, *objs.services, *objs.deployments]:
+            st.put(copy.deepcopy(item))
+        for pod in objs.pods:
+            pod_ip(st.objects[("pods", LLMD, pod["metadata"]["name"])])
+
+    server.call(load)
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    try:
+        yield server, {"KUBECONFIG": str(cfg)}, engines
+    finally:
+        for e in engines.values():
+            e.stop()
+        server.stop()
+
+
+def test_an_attached_deployment_is_benchmarked_in_the_cluster_with_the_key_given_here(
+    cli: Cli,
+    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
+    tmp_path: Path,
+) -> None:
+    """`bench NAME` on a deployment attached on Kubernetes runs in the cluster too: its load
+    goes to the entry Service by its cluster name, every recorded engine Pod is scraped at
+    its Pod IP and port (decode's 8200 behind llm-d's sidecar, never the sidecar's 8000),
+    the agents run in the engines' own image, and an --api-key given here reaches the
+    engines through the Job's Secret (never a file)."""
+    server, env, engines = llm_d
+    attached = cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env)
+    assert attached.returncode == 0, attached.stderr
+    out = tmp_path / "attached"
+    key = "sk-attached-test-key"
+    with Kubelet(server, tmp_path / "kubelet") as kubelet:
+        done = _bench(env, *SWEEP, "--agents", "2", "--api-key", key, "-o", str(out), name="llmd")
+        deadline = time.monotonic() + 20
+        while _left(server, LLMD) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _left(server, LLMD) == []
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert kubelet.ended == {0: 0, 1: 0}, (kubelet.ended, done.stderr[-2000:])
+    assert kubelet.images == {0: "ghcr.io/llm-d/llm-d-cuda:v0.6.0"} | {
+        1: "ghcr.io/llm-d/llm-d-cuda:v0.6.0"
+    }
+    assert kubelet.envs[0]["VLLM_API_KEY"] == key and kubelet.envs[1]["VLLM_API_KEY"] == key
+    res = load_results(out / RESULTS_NAME)
+    load = res.provenance.load
+    assert load is not None and load.route == "cluster-service" and load.agents == 2
+    assert load.namespace == LLMD
+    assert load.target_url == f"http://{LLMD_ENTRY}.{LLMD}.svc:80"
+    (point,) = res.points
+    assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
+    # The load reached the gateway (the entry), with the key given here.
+    gateway = next(e for n, e in engines.items() if n.startswith(LLMD_ENTRY))
+    assert gateway.authorizations == {f"Bearer {key}"}
+    # Each role's counters were read in the cluster: decode at its two Pods' 8200.
+    roles = point.server["roles"]
+    assert {"prefill", "decode"} <= set(roles), roles
+    assert all(r["scraped"] for r in roles.values()), roles
+    # (each Pod IP:8200 is, on this kubelet's network, that Pod's own stand-in engine)
+    decodes = sorted(e.port for n, e in engines.items() if "-decode-" in n)
+    assert len(decodes) == 2
+    assert roles["decode"]["url"] == " + ".join(
+        f"http://127.0.0.1:{port}/metrics" for port in decodes
+    ) or roles["decode"]["url"] == " + ".join(
+        f"http://127.0.0.1:{port}/metrics" for port in reversed(decodes)
+    ), roles["decode"]
+    # Nothing on this machine holds the key: not the results, not the settings sent.
+    assert key not in (out / RESULTS_NAME).read_text()
+
+
+def test_bench_dry_run_of_an_attached_deployment_writes_no_key(
+    cli: Cli,
+    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
+    tmp_path: Path,
+) -> None:
+    _, env, _ = llm_d
+    assert cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env).returncode == 0
+    out = tmp_path / "dry"
+    key = "sk-never-in-a-file"
+    r = _bench(env, *SWEEP, "--dry-run", "--api-key", key, "-o", str(out), name="llmd")
+    assert r.returncode == 0, r.stderr
+    text = "".join(f.read_text() for f in sorted(out.iterdir()))
+    assert key not in text
+    assert "ghcr.io/llm-d/llm-d-cuda:v0.6.0" in text
+    assert f"{LLMD_ENTRY}.{LLMD}.svc:80" in text
+    assert f"The Secret's {lj.API_KEY_KEY} is left empty" in text

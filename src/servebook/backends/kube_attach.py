@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servebook.backends.attached import (
     OPENERS,
@@ -23,6 +23,7 @@ from servebook.backends.attached import (
     AttachedReplica,
     AttachedRole,
     Reach,
+    plan_of,
     view_of,
 )
 from servebook.deployment import DeploymentView
@@ -31,6 +32,9 @@ from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube import stacks
 from servebook.kube.resources import list_objects
+
+if TYPE_CHECKING:
+    from servebook.backends.kube_bench import Source
 
 NOT_RUN_ON_A_CLUSTER = (
     "Recognising the stacks has been tested on Pods shaped like each operator's (a stand-in "
@@ -186,12 +190,9 @@ def claims_text(rep: stacks.Replica) -> str:
     return f"kv_connector {connector}, speculative {speculative}"
 
 
-def _entry_url(fw: Any, api: Any, dep: AttachedDeployment) -> str:
-    """A forward to a Ready Pod behind the recorded entry Service, at its target port."""
+def _entry(objs: stacks.Objects, dep: AttachedDeployment) -> stacks.Entry:
+    """The recorded entry Service as the namespace has it now, with a Pod behind it."""
     name, port = stacks.parse_entry(dep.entry)
-    objs = stacks.Objects(
-        list_objects(api, "Pod", dep.namespace), list_objects(api, "Service", dep.namespace)
-    )
     svc = next((s for s in objs.services if s["metadata"]["name"] == name), None)
     entry = stacks.entry_of(objs, svc, port) if svc is not None else None
     if entry is None or not entry.pods:
@@ -200,9 +201,114 @@ def _entry_url(fw: Any, api: Any, dep: AttachedDeployment) -> str:
             f"{dep.namespace} has no Pod behind it now.",
             hint=f"`servebook detach {dep.name}`, then attach it again.",
         )
+    return entry
+
+
+def _entry_url(fw: Any, api: Any, dep: AttachedDeployment) -> str:
+    """A forward to a Ready Pod behind the recorded entry Service, at its target port."""
+    objs = stacks.Objects(
+        list_objects(api, "Pod", dep.namespace), list_objects(api, "Service", dep.namespace)
+    )
+    entry = _entry(objs, dep)
     url = str(fw.open(role="entry", pod=entry.pods[0], namespace=dep.namespace,
                       remote_port=entry.target_port))  # fmt: skip
     return url.replace("http://", "https://", 1) if entry.scheme == "https" else url
+
+
+def cluster_source(dep: AttachedDeployment, *, api: Any = None) -> Source:
+    """The load Job's source (``backends/kube_bench.Source``) for a ``backend:
+    kubernetes`` record: every recorded Pod at its Pod IP and engine (and metrics) port,
+    the entry Service by its cluster DNS name, the engines' own image, the API key the
+    engine container reads from a Secret (VLLM_API_KEY), its pull secrets and
+    tolerations.  Nothing is created; a recorded Pod that is gone is unusable (exit 2)
+    naming the role and the Pod, as the forwarded path is."""
+    from servebook.backends.kube_bench import Source, pod_url
+
+    api = api or kube_client.connect()
+    objs = stacks.Objects(
+        list_objects(api, "Pod", dep.namespace), list_objects(api, "Service", dep.namespace)
+    )
+    pods = {p["metadata"]["name"]: p for p in objs.pods}
+    roles: list[dict[str, Any]] = []
+    first_engine: tuple[Any, AttachedReplica] | None = None
+    for role in dep.roles:
+        if not role.replicas:
+            raise UsageError(f"attached deployment {dep.name}: role {role.name} has no replica.")
+        urls: list[tuple[str, str]] = []
+        for rep in role.replicas:
+            pod = pods.get(str(rep.pod))
+            if pod is None:
+                raise UsageError(
+                    f"attached deployment {dep.name}: role {role.name} Pod {rep.pod} is gone "
+                    f"from namespace {dep.namespace} (replaced or scaled away).",
+                    hint=f"attach it again: `servebook attach {dep.name} --backend kubernetes "
+                    f"-n {dep.namespace}`.",
+                )
+            port = int(rep.port or stacks.VLLM_PORT)
+            api_url = pod_url(pod, port, role.name, rep.scheme)
+            metrics_url = pod_url(pod, int(rep.metrics_port or port), role.name, rep.scheme)
+            urls.append((api_url, metrics_url))
+            if first_engine is None and role.kind == "engine":
+                first_engine = (pod, rep)
+        first, *others = role.replicas
+        roles.append(
+            {
+                "name": role.name,
+                "kind": role.kind,
+                "api_url": urls[0][0],
+                "metrics_url": urls[0][1],
+                "replica_metrics_urls": [m for _, m in urls[1:]],
+                "replica_names": [str(r.name) for r in role.replicas] if others else [],
+                "argv": list(first.argv),
+                "env": dict(first.env),
+            }
+        )
+    entry = _entry(objs, dep)
+    behind = pod_url(pods[entry.pods[0]], entry.target_port, "entry", entry.scheme)
+    if behind not in {r["api_url"] for r in roles}:  # the deployment's router, as view_of
+        roles.append({"name": "router", "kind": "router", "api_url": behind, "metrics_url": behind})
+    engine_pod, engine_rep = first_engine or (None, None)
+    spec = (engine_pod or {}).get("spec") or {}
+    container: dict[str, Any] = next(
+        (
+            c
+            for c in spec.get("containers") or ()
+            if engine_rep and c.get("name") == engine_rep.container
+        ),
+        {},
+    )
+    key_env = [
+        {"name": "VLLM_API_KEY", "valueFrom": e["valueFrom"]}
+        for e in container.get("env") or ()
+        if e.get("name") in ("VLLM_API_KEY", "OPENAI_API_KEY")
+        and "secretKeyRef" in (e.get("valueFrom") or {})
+    ][:1]
+    return Source(
+        api=api,
+        name=dep.name,
+        namespace=dep.namespace,
+        view={
+            "name": dep.name,
+            "backend": f"attached ({dep.backend})",
+            "recipe": f"attached ({dep.stack})",
+            "plan": plan_of(dep).model_dump(mode="json"),
+            "served_model_name": dep.served_model_name,
+            "entry_url": f"{entry.scheme}://{entry.service}.{dep.namespace}.svc:{entry.port}",
+            "accelerators": None,
+            "roles": roles,
+        },
+        engine_image=container.get("image"),
+        api_key_env=key_env,
+        # Not the ones the API server adds to every Pod (DefaultTolerationSeconds).
+        tolerations=[
+            t
+            for t in spec.get("tolerations") or ()
+            if not str(t.get("key", "")).startswith("node.kubernetes.io/")
+        ],
+        image_pull_secrets=[
+            str(s["name"]) for s in spec.get("imagePullSecrets") or () if s.get("name")
+        ],
+    )
 
 
 @contextlib.contextmanager

@@ -68,7 +68,8 @@ class Prepared:
     namespace: str
 
 
-def _pod_url(pod: Obj, port: int, role: str) -> str:
+def pod_url(pod: Obj, port: int, role: str, scheme: str = "http") -> str:
+    """The Pod's address on the cluster network at ``port``."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         raise UsageError(
@@ -76,7 +77,7 @@ def _pod_url(pod: Obj, port: int, role: str) -> str:
             "counters cannot be read in the cluster. Run `servebook status`, then bench again."
         )
     host = f"[{ip}]" if ":" in str(ip) else str(ip)
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def cluster_view(api: Any, dep: KubeDeployment, plan: Plan) -> Obj:
@@ -91,12 +92,12 @@ def cluster_view(api: Any, dep: KubeDeployment, plan: Plan) -> Obj:
             {
                 "name": r.name,
                 "kind": r.kind,
-                "api_url": _pod_url(pod, api_port, r.name),
-                "metrics_url": _pod_url(
+                "api_url": pod_url(pod, api_port, r.name),
+                "metrics_url": pod_url(
                     pod, names.ROUTER_METRICS_PORT if router else api_port, r.name
                 ),
                 "replica_metrics_urls": [
-                    _pod_url(p, names.ENGINE_PORT, r.name) for p in others if not router
+                    pod_url(p, names.ENGINE_PORT, r.name) for p in others if not router
                 ],
                 "replica_names": (
                     [str(p["metadata"]["name"]) for p in (pod, *others)] if others else []
@@ -145,26 +146,72 @@ def refuse_unsupported(a: BenchArgs, *, tokenizer: str | None, resume: bool) -> 
         )
 
 
+@dataclasses.dataclass
+class Source:
+    """What the load Job needs of the deployment it benchmarks, as the cluster has it:
+    servebook's own (``own_source``) or an attached one (``kube_attach.cluster_source``)."""
+
+    api: Any
+    name: str
+    namespace: str
+    view: Obj  # ``bench/in_cluster``'s view: every role at its cluster address
+    engine_image: str | None  # the default image of the load agents
+    api_key_env: list[Obj] = dataclasses.field(default_factory=list)  # the engines' own
+    tolerations: list[Obj] = dataclasses.field(default_factory=list)
+    image_pull_secrets: list[str] = dataclasses.field(default_factory=list)
+
+
+def own_source(name: str, namespace: str | None) -> Source:
+    """A deployment servebook brought up: its recipe says the image, the API key's Secret,
+    the tolerations and the pull secrets."""
+    conn, dep, plan = recorded_deployment(name, namespace)
+    k8s = names.settings(plan)
+    return Source(
+        api=conn,
+        name=name,
+        namespace=dep.namespace,
+        view=cluster_view(conn, dep, plan),
+        engine_image=next((r.image for r in plan.engine_roles if r.image), None),
+        api_key_env=api_key_env("VLLM_API_KEY", k8s),
+        tolerations=list(k8s.tolerations),
+        image_pull_secrets=list(k8s.pod.image_pull_secrets or []),
+    )
+
+
+def in_cluster_source(owner: str, name: str, namespace: str | None) -> Source | None:
+    """The deployment's source when its load can run in a cluster (servebook's own on
+    Kubernetes, or attached there), else None (it is reached directly)."""
+    if owner == "kubernetes":
+        return own_source(name, namespace)
+    if owner == "attached":
+        from servebook.backends.attached import read_record
+
+        dep = read_record(name)
+        if dep is not None and dep.backend == "kubernetes":
+            from servebook.backends.kube_attach import cluster_source
+
+            return cluster_source(dep)
+    return None
+
+
 def prepare(
-    name: str,
-    namespace: str | None,
+    source: Source,
     a: BenchArgs,
     *,
     agents: int,
     image: str | None,
-    api: Any = None,
-) -> tuple[Any, Prepared]:
-    """The objects of one in-cluster bench of deployment ``name``, checked (schema, names,
-    size), not created."""
+    api_key: str | None = None,
+) -> Prepared:
+    """The objects of one in-cluster bench of ``source``, checked (schema, names, size),
+    not created.  ``api_key`` (given on this machine) travels in the Job's own Secret and
+    wins over the engines' own; "" leaves that Secret's entry empty (``--dry-run``, which
+    writes no key into a file)."""
     from servebook.kube.validate import check_schema
 
-    conn, dep, plan = recorded_deployment(name, namespace)
-    view = cluster_view(conn, dep, plan)
-    engine_image = next((r.image for r in plan.engine_roles if r.image), None)
-    chosen = image or engine_image
+    chosen = image or source.engine_image
     if not chosen:
         raise UsageError(
-            f"deployment {name}: its engines name no image to run the load agents in.",
+            f"deployment {source.name}: its engines name no image to run the load agents in.",
             hint="Give one with --load-image IMAGE (Python 3.11+ with numpy and pydantic).",
         )
     bench = {f.name: getattr(a, f.name) for f in dataclasses.fields(BenchArgs)}
@@ -177,33 +224,33 @@ def prepare(
     settings = {
         # The Pod imports servebook from a zip, which carries no version of its own.
         "servebook_version": servebook.__version__,
-        "deployment": name,
-        "namespace": dep.namespace,
+        "deployment": source.name,
+        "namespace": source.namespace,
         "job": "",
         "service": "",
         "agents": agents,
         "agent_port": lj.AGENT_PORT,
         "results_port": lj.RESULTS_PORT,
-        "view": view,
+        "view": source.view,
         "bench": bench,
     }
-    k8s = names.settings(plan)
     job = lj.LoadJob(
-        deployment=name,
-        namespace=dep.namespace,
+        deployment=source.name,
+        namespace=source.namespace,
         run=run,
         image=chosen,
         agents=agents,
         settings=settings,
         token=secrets.token_hex(16),
-        api_key_env=api_key_env("VLLM_API_KEY", k8s),
-        tolerations=list(k8s.tolerations),
-        image_pull_secrets=list(k8s.pod.image_pull_secrets or []),
+        api_key=api_key,
+        api_key_env=list(source.api_key_env),
+        tolerations=list(source.tolerations),
+        image_pull_secrets=list(source.image_pull_secrets),
     )
     settings["job"], settings["service"] = job.name, job.service
     objects = lj.load_objects(job, lj.code_archive())
     check_schema(objects)
-    return conn, Prepared(job, objects, dep.namespace)
+    return Prepared(job, objects, source.namespace)
 
 
 def dry_run_files(p: Prepared) -> dict[str, str]:
@@ -215,6 +262,11 @@ def dry_run_files(p: Prepared) -> dict[str, str]:
         "nothing was applied).\n# `kubectl apply -f DIR` runs it; the results are served by "
         f"Pod {p.job.name}-0 on port {lj.RESULTS_PORT}.\n"
     )
+    if p.job.api_key == "":
+        header += (
+            f"# The Secret's {lj.API_KEY_KEY} is left empty (servebook writes no API key into "
+            "a file): fill it in before applying.\n"
+        )
     files = {}
     for i, obj in enumerate(p.objects):
         text = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=4096)
@@ -460,15 +512,7 @@ def _let_end(api: Any, p: Prepared, wait_s: float = END_S, poll_s: float = 0.25)
 
 
 def run_in_cluster(
-    name: str,
-    namespace: str | None,
-    a: BenchArgs,
-    out_dir: Path,
-    *,
-    agents: int,
-    image: str | None,
-    say: Say,
-    start_s: float = START_S,
+    source: Source, p: Prepared, out_dir: Path, *, say: Say, start_s: float = START_S
 ) -> tuple[Results, Path]:
     """Create, wait, fetch, delete (module docstring)."""
     if (out_dir / RESULTS_NAME).exists():
@@ -476,15 +520,14 @@ def run_in_cluster(
             f"{out_dir / RESULTS_NAME} already exists; choose another -o DIR (an in-cluster "
             "run starts a new results file)"
         )
-    api, p = prepare(name, namespace, a, agents=agents, image=image)
     try:
-        return _run(api, p, out_dir, say, start_s)
+        return _run(source.api, p, out_dir, say, start_s)
     except KeyboardInterrupt:
         from servebook.sweep import Interrupted
 
         raise Interrupted(
-            f"stopped the in-cluster bench of {name} (the Job's Pods were deleted with it, "
-            "their sweep with them); nothing was written.",
+            f"stopped the in-cluster bench of {source.name} (the Job's Pods were deleted with "
+            "it, their sweep with them); nothing was written.",
             path=None,
             points=0,
         ) from None

@@ -233,14 +233,18 @@ def bench(
             "--url URL --model NAME.",
             backend=backend,
         )
-        if owner.name == "kubernetes" and via != "port-forward":
-            _in_cluster(name, namespace, a, out_dir, n_agents or 1, load_image, dry_run, options)
-            return
+        if via != "port-forward":
+            from servebook.backends import kube_bench
+
+            source = kube_bench.in_cluster_source(owner.name, name, namespace)
+            if source is not None:
+                _in_cluster(source, a, out_dir, n_agents or 1, load_image, dry_run, key, options)
+                return
         if dry_run or via == "cluster" or load_image is not None:
             flag = "--dry-run" if dry_run else "--via cluster" if via else "--load-image"
             raise UsageError(
-                f"{flag}: deployment {name} runs on the {owner.name} backend; only a "
-                "Kubernetes deployment has an in-cluster load"
+                f"{flag}: deployment {name} is not on Kubernetes ({owner.title}); only a "
+                "Kubernetes deployment (servebook's own or attached) has an in-cluster load"
             )
         with owner.open(name, namespace) as view:
             if via is not None and view.backend != "kubernetes":
@@ -260,13 +264,13 @@ def bench(
 
 
 def _in_cluster(
-    name: str,
-    namespace: str | None,
+    source: Any,
     a: BenchArgs,
     out_dir: Path,
     agents: int,
     image: str | None,
     dry_run: bool,
+    key: str | None,
     options: dict[str, Any],
 ) -> None:
     """The default on Kubernetes: the load agents run in the cluster
@@ -276,8 +280,10 @@ def _in_cluster(
     from servebook.console import err
 
     kube_bench.refuse_unsupported(a, tokenizer=options["tokenizer"], resume=options["resume"])
+    # A key given here travels in the Job's Secret; a dry run writes none into its files.
+    given = None if key is None else "" if dry_run else key
+    prepared = kube_bench.prepare(source, a, agents=agents, image=image, api_key=given)
     if dry_run:
-        _, prepared = kube_bench.prepare(name, namespace, a, agents=agents, image=image)
         files = kube_bench.dry_run_files(prepared)
         refuse_what_lint_fails(files)
         write_atomically(out_dir, files, check=kube_bench.check_dry_run_dir)
@@ -289,14 +295,7 @@ def _in_cluster(
         err.print(line, highlight=False, markup=False)
 
     results, path = kube_bench.run_in_cluster(
-        name,
-        namespace,
-        a,
-        out_dir,
-        agents=agents,
-        image=image,
-        say=say,
-        start_s=options["load_start_timeout"],
+        source, prepared, out_dir, say=say, start_s=options["load_start_timeout"]
     )
     print_points(results, path)
     if not all(p.valid for p in results.points):

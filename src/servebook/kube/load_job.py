@@ -62,6 +62,7 @@ CODE_KEY = "servebook.zip"
 SPEC_KEY = "bench.json"
 SCRATCH = "/scratch"  # an emptyDir: the results and servebook's home in the Pod
 TOKEN_KEY = "token"
+API_KEY_KEY = "api-key"  # the Secret's entry for an API key given on the bench machine
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 BENCH_OF_LABEL = "servebook.io/bench-of"  # not servebook.io/deployment: not a role's
 RUN_LABEL = "servebook.io/bench-run"
@@ -86,7 +87,10 @@ class LoadJob:
     agents: int
     settings: Obj  # bench.json: what Pod 0 runs (``bench/in_cluster.py``)
     token: str
-    api_key_env: list[Obj] = field(default_factory=list)  # env entries (Secret references)
+    # An API key given on the bench machine: it travels in the Job's Secret and the Pods
+    # read it as VLLM_API_KEY ("" leaves the entry empty: a --dry-run writes no key).
+    api_key: str | None = None
+    api_key_env: list[Obj] = field(default_factory=list)  # else: the engines' own Secret refs
     tolerations: list[Obj] = field(default_factory=list)
     image_pull_secrets: list[str] = field(default_factory=list)
 
@@ -158,7 +162,10 @@ def load_objects(job: LoadJob, code: bytes) -> list[Obj]:
             "kind": "Secret",
             "metadata": _meta(job, job.secret),
             "type": "Opaque",
-            "stringData": {TOKEN_KEY: job.token},
+            "stringData": {
+                TOKEN_KEY: job.token,
+                **({API_KEY_KEY: job.api_key} if job.api_key is not None else {}),
+            },
         },
         {
             "apiVersion": "v1",
@@ -206,7 +213,16 @@ def _job(job: LoadJob, digest: str) -> Obj:
             "valueFrom": {"secretKeyRef": {"name": job.secret, "key": TOKEN_KEY}},
         },
         {"name": "SERVEBOOK_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        *job.api_key_env,
+        *(
+            job.api_key_env
+            if job.api_key is None
+            else [
+                {
+                    "name": "VLLM_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": job.secret, "key": API_KEY_KEY}},
+                }
+            ]
+        ),
     ]
     container: Obj = {
         "name": "load",
