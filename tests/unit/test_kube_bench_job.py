@@ -666,7 +666,8 @@ def llm_d(
         port = {"prefill": 8000, "decode": 8200}.get(str(role), 80)
         if role is None and not name.startswith(LLMD_ENTRY):
             continue  # the endpoint picker: nothing of the load reaches it
-        engines[name] = TokenizingEngine(str(role or "router")).start()
+        engines[name] = TokenizingEngine(str(role or "router"))
+        engines[name].start()
         server.standin.forward_to[f"pod/{name}:{port}"] = ("127.0.0.1", engines[name].port)
 
     def load(st: Any) -> None:
