@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from servebook.report.tables import Level, same_source
-from servebook.results.evidence import one_source, one_source_per_level, stored_figure
+from servebook.results.evidence import (
+    judged_tpot,
+    one_source,
+    one_source_per_level,
+    stored_figure,
+    unplaced_p50,
+)
 from servebook.results.schema import Latency, Point
 from tests.unit.test_bench_protocol import make_point
 
@@ -88,3 +94,60 @@ def test_compare_reads_both_runs_from_the_same_source() -> None:
     a, b = same_source(run_a, run_b)
     assert a.points[0].tpot_ms.p50 == b.points[0].tpot_ms.p50 == 5.0
     assert b.points[0].client_latency["tpot_ms"].p50 == 3.0
+
+
+def engine_led(rep: int, mean: float, *, bucket: tuple[float, float] = (0.0, 10.0)) -> Point:
+    """An engine-led repetition whose TPOT p50 the histogram estimates inside ``bucket``
+    (vLLM's first TPOT bucket is 0-10 ms: interpolation gives 5.00 for any CPU engine)."""
+    p50 = (bucket[0] + bucket[1]) / 2
+    stored = histogram(mean, p50)
+    stored["p50"]["bucket"] = list(bucket)
+    return make_point(
+        concurrency=1,
+        repetition=rep,
+        tpot_ms=Latency(p50=p50, p90=9.0, p99=9.9, mean=mean, n=40),
+        server_latency={"decode": {"tpot": stored}},
+        latency_source={"tpot_ms": "server:decode"},
+        client_latency={"tpot_ms": Latency(p50=0.0, mean=0.0, n=40)},
+    )
+
+
+def _level(points: list[Point]) -> Level:
+    return Level(run=None, mode="concurrency", value=1, points=points)  # type: ignore[arg-type]
+
+
+def test_an_unplaced_engine_p50_is_not_a_reproduction_the_exact_mean_is_judged() -> None:
+    """Both runs' TPOT p50 read 5.00 (the first bucket's midpoint) while the engine's exact
+    means differ by a third: TPOT p50 "reproduced" before; the mean is judged now."""
+    from servebook.report.reproduce import check_level
+
+    a = _level([engine_led(i, m) for i, m in enumerate((2.20, 2.30, 2.25))])
+    b = _level([engine_led(i, m) for i, m in enumerate((3.00, 3.10, 3.05))])
+    assert judged_tpot(a.points) == "tpot_ms.mean"
+    assert unplaced_p50(a.points[0], "tpot_ms") == (0.0, 10.0)
+    got = check_level(a, b, 0.05)
+    assert [c.metric for c in got.metrics] == ["output_tokens_per_s", "tpot_ms.mean"]
+    assert got.verdict == "does not reproduce", got
+    assert "TPOT mean +35.6%" in got.reason and "first bucket, 0-10 ms" in got.reason
+    same = _level([engine_led(i, m) for i, m in enumerate((2.21, 2.29, 2.26))])
+    assert check_level(a, same, 0.05).verdict == "reproduces"
+
+
+def test_a_placed_engine_p50_and_the_clients_p50_are_judged_as_p50() -> None:
+    placed = [engine_led(i, 15.0, bucket=(10.0, 25.0)) for i in range(2)]
+    assert unplaced_p50(placed[0], "tpot_ms") is None
+    assert judged_tpot(placed) == "tpot_ms.p50"
+    client = [point(i, 2.0, led=False) for i in range(2)]
+    assert judged_tpot(client) == "tpot_ms.p50"
+
+
+def test_precision_is_judged_on_the_exact_mean_where_the_p50_is_unplaced() -> None:
+    """Before: TPOT p50 +-0.0% at once (every repetition the same midpoint), a precision
+    no measurement had."""
+    from servebook.results.aggregate import PrecisionTarget
+
+    target = PrecisionTarget(0.05, 3, 6)
+    pts = [engine_led(i, m) for i, m in enumerate((2.0, 2.6, 3.2))]
+    decision = target.decide(pts)
+    assert set(decision.intervals) == {"output_tokens_per_s", "tpot_ms.mean"}
+    assert decision.relative["tpot_ms.mean"] > 0.05 and decision.status == "continue"

@@ -7,6 +7,9 @@ independent re-run is the check that makes a number trustworthy, so it is a comm
 Per common load level, on the *median over valid repetitions* of output tokens/s and of
 TPOT p50 (:data:`METRICS`):
 
+  Where the engine's histogram leads TPOT and places its p50 only inside the histogram's
+  first bucket (``evidence.unplaced_p50``: vLLM's starts at 10 ms, and interpolation there
+  gives 5.00 ms for any CPU engine), TPOT is judged on the engine's exact mean instead;
 * **within tolerance**: ``|median_B / median_A - 1| <= tolerance`` (default 5%);
 * **interval cover**: whether A's 95% interval (Student t over its valid repetitions, the
   report's intervals) contains B's median, and B's contains A's; ``None`` with fewer than
@@ -41,6 +44,7 @@ from servebook.report.tables import (
     same_source,
 )
 from servebook.results import stats
+from servebook.results.evidence import judged_tpot, unplaced_p50
 from servebook.values import parse_share
 
 DEFAULT_TOLERANCE = 0.05
@@ -52,7 +56,9 @@ RULE = (
     "B reproduces A at a level when the median over valid repetitions of output tokens/s "
     "and of TPOT p50 are each within the tolerance of A's. Outside it: inconclusive when "
     "each run's 95% interval covers the other's median (the difference is inside the "
-    "noise), or a side has no valid repetition; else does not reproduce."
+    "noise), or a side has no valid repetition; else does not reproduce. Where the engine's "
+    "histogram gives TPOT and places its p50 only inside the first bucket (a bucket's "
+    "midpoint, the same whatever the latencies), TPOT is judged on the engine's exact mean."
 )
 
 
@@ -148,26 +154,39 @@ def check_metric(la: Level, lb: Level, metric: str, tolerance: float) -> MetricC
 
 def check_level(la: Level, lb: Level, tolerance: float) -> PointCheck:
     la, lb = same_source(la, lb)
-    checks = [check_metric(la, lb, m, tolerance) for m in REPRODUCE_METRICS]
+    tpot = judged_tpot([*la.valid, *lb.valid])
+    metrics = [tpot if m == "tpot_ms.p50" else m for m in REPRODUCE_METRICS]
+    checks = [check_metric(la, lb, m, tolerance) for m in metrics]
+    verdict, reason = _verdict(la, lb, checks, tolerance)
+    if tpot != "tpot_ms.p50":
+        top = max(b[1] for p in [*la.valid, *lb.valid] if (b := unplaced_p50(p, "tpot_ms")))
+        reason += (
+            f" (TPOT judged on the engine's exact mean: its p50 lies in the histogram's first "
+            f"bucket, 0-{top:g} ms, which places it no finer)"
+        )
+    return PointCheck(la.label, checks, verdict, reason)
+
+
+def _verdict(
+    la: Level, lb: Level, checks: list[MetricCheck], tolerance: float
+) -> tuple[PointVerdict, str]:
     if not la.valid or not lb.valid:
         side = "A" if not la.valid else "B"
-        return PointCheck(la.label, checks, "inconclusive", f"no valid repetition in {side}")
+        return "inconclusive", f"no valid repetition in {side}"
     unknown = [c for c in checks if c.within is None]
     if unknown:
         names = ", ".join(METRICS[c.metric].title for c in unknown)
-        return PointCheck(la.label, checks, "inconclusive", f"{names}: not measured on a side")
+        return "inconclusive", f"{names}: not measured on a side"
     outside = [c for c in checks if not c.within]
     if not outside:
-        return PointCheck(la.label, checks, "reproduces", f"every median within {tolerance:.0%}")
+        return "reproduces", f"every median within {tolerance:.0%}"
     desc = "; ".join(f"{METRICS[c.metric].title} {100 * (c.relative or 0):+.1f}%" for c in outside)
     if all(c.in_noise for c in outside):
-        return PointCheck(
-            la.label,
-            checks,
+        return (
             "inconclusive",
             f"{desc}, but each run's interval covers the other's median: too imprecise to tell",
         )
-    return PointCheck(la.label, checks, "does not reproduce", desc)
+    return "does not reproduce", desc
 
 
 @dataclass

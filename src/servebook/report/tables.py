@@ -152,6 +152,7 @@ class Metric:
     value: Callable[[Point, Run], float | None]
     percent: bool = False
     short: str = ""  # for narrow tables (a terminal): "tok/s per acc"
+    compared: bool = True  # one of compare's figures (COMPARED)
 
     @property
     def label(self) -> str:
@@ -234,6 +235,15 @@ METRICS: dict[str, Metric] = {
             short="TPOT p50 ms",
         ),
         Metric(
+            "tpot_ms.mean",
+            "TPOT mean",
+            "ms",
+            "lower",
+            _latency("tpot_ms", "mean"),
+            short="TPOT mean ms",
+            compared=False,  # judged only where the p50 is unplaced (evidence.judged_tpot)
+        ),
+        Metric(
             "tpot_ms.p99",
             "TPOT p99",
             "ms",
@@ -263,7 +273,7 @@ METRICS: dict[str, Metric] = {
 }
 
 # What compare gives a verdict on, in this order.
-COMPARED = [k for k, m in METRICS.items() if m.better is not None]
+COMPARED = [k for k, m in METRICS.items() if m.better is not None and m.compared]
 
 
 def tokens_per_user(p: Point, _run: Run | None = None) -> float | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servebook.results import stats
+from servebook.results.evidence import judged_tpot, one_source
 from servebook.results.schema import (
     PRECISION_FIGURES,
     Aggregate,
@@ -68,8 +69,8 @@ def aggregate(points: Sequence[Point], precision: PrecisionTarget | None = None)
 
 
 def _precision_value(p: Point, key: str) -> float | None:
-    if key == "tpot_ms.p50":
-        return p.tpot_ms.p50
+    if key.startswith("tpot_ms."):
+        return getattr(p.tpot_ms, key.split(".", 1)[1])
     v = getattr(p, key)
     return float(v) if v is not None else None
 
@@ -97,11 +98,9 @@ class PrecisionTarget:
     def decide(self, points: Sequence[Point]) -> stats.PrecisionDecision:
         """The stopping rule over one level's points (every repetition counts toward the
         cap; the intervals are over the valid ones)."""
-        valid = [p for p in sorted(points, key=lambda p: p.repetition) if p.valid]
-        series = {
-            k: [v for p in valid if (v := _precision_value(p, k)) is not None]
-            for k in PRECISION_FIGURES
-        }
+        valid = one_source([p for p in sorted(points, key=lambda p: p.repetition) if p.valid])
+        keys = [judged_tpot(valid) if k == "tpot_ms.p50" else k for k in PRECISION_FIGURES]
+        series = {k: [v for p in valid if (v := _precision_value(p, k)) is not None] for k in keys}
         return stats.precision_decision(
             series,
             target=self.target,

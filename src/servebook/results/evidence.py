@@ -354,6 +354,32 @@ def lead_from_server(point: Point, name: str, role: str) -> Point:
     )
 
 
+def unplaced_p50(point: Point, name: str) -> tuple[float, float] | None:
+    """The bucket (ms) of an engine-led figure's p50 when the histogram places it no finer
+    than its first bucket ``[0, b]``: linear interpolation there gives ``b / 2`` whatever
+    the latencies are (vLLM's TPOT and ITL histograms start at 10 ms, so a CPU engine's
+    2-3 ms TPOT always reads 5.00).  ``None`` when the figure is the client's or its p50
+    lies in a bucket with a lower bound."""
+    src = point.latency_source.get(name, "")
+    if not src.startswith("server:") or name not in _HISTOGRAM_OF:
+        return None
+    role = src.split(":", 1)[1]
+    window = ((point.server_latency or {}).get(role) or {}).get(_HISTOGRAM_OF[name]) or {}
+    q = window.get("p50") if isinstance(window, Mapping) else None
+    bucket = q.get("bucket") if isinstance(q, Mapping) else None
+    if isinstance(bucket, list | tuple) and len(bucket) == 2 and float(bucket[0]) <= 0.0:
+        return float(bucket[0]), float(bucket[1])
+    return None
+
+
+def judged_tpot(points: Sequence[Point]) -> str:
+    """The TPOT figure a level's precision and reproduction are judged on:
+    ``tpot_ms.p50``, or ``tpot_ms.mean`` (the engine's exact sum/count over the window)
+    where any of ``points`` has an engine-led p50 its histogram does not place
+    (:func:`unplaced_p50`): a bucket's midpoint has no precision and always "reproduces"."""
+    return "tpot_ms.mean" if any(unplaced_p50(p, "tpot_ms") for p in points) else "tpot_ms.p50"
+
+
 def one_source(points: Sequence[Point]) -> list[Point]:
     """The points of one load level (of one run, or of two runs compared) with each of
     TPOT and ITL from one source: where any repetition's diagnosis made the engine's
