@@ -759,3 +759,20 @@ def test_bench_dry_run_of_an_attached_deployment_writes_no_key(
     assert "ghcr.io/llm-d/llm-d-cuda:v0.6.0" in text
     assert f"{LLMD_ENTRY}.{LLMD}.svc:80" in text
     assert f"The Secret's {lj.API_KEY_KEY} is left empty" in text
+
+
+def test_an_attached_pod_gone_since_is_exit_2_naming_it_and_nothing_is_created(
+    cli: Cli,
+    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
+    tmp_path: Path,
+) -> None:
+    server, env, _ = llm_d
+    assert cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env).returncode == 0
+    victim = "ms-sim-llm-d-modelservice-decode-7c8b9d6f5-9zt7w"
+    server.call(lambda st: st.objects.pop(("pods", LLMD, victim)))
+    r = _bench(env, *SWEEP, "-o", str(tmp_path / "o"), name="llmd")
+    assert r.returncode == 2, r.stderr
+    assert f"role decode Pod {victim} is gone from namespace {LLMD}" in r.stderr, r.stderr
+    assert "servebook attach llmd --backend kubernetes -n llm-d" in r.stderr
+    created = [s for s in server.standin.requests if s.method in ("PATCH", "POST")]
+    assert created == [] and _left(server, LLMD) == []

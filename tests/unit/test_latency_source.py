@@ -151,3 +151,12 @@ def test_precision_is_judged_on_the_exact_mean_where_the_p50_is_unplaced() -> No
     decision = target.decide(pts)
     assert set(decision.intervals) == {"output_tokens_per_s", "tpot_ms.mean"}
     assert decision.relative["tpot_ms.mean"] > 0.05 and decision.status == "continue"
+
+
+def test_bench_table_shows_an_unplaced_p50_as_its_bound_and_the_exact_mean() -> None:
+    """Before: the table printed 5.00 for every engine-led point of tiny-pd."""
+    from servebook.console import _tpot_cell
+
+    assert _tpot_cell(engine_led(0, 2.31)) == "<10 (mean 2.31)"
+    assert _tpot_cell(engine_led(0, 15.0, bucket=(10.0, 25.0))) == "17.50"
+    assert _tpot_cell(point(0, 2.0, led=False)) == "2.00"
