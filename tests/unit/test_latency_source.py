@@ -160,3 +160,17 @@ def test_bench_table_shows_an_unplaced_p50_as_its_bound_and_the_exact_mean() -> 
     assert _tpot_cell(engine_led(0, 2.31)) == "<10 (mean 2.31)"
     assert _tpot_cell(engine_led(0, 15.0, bucket=(10.0, 25.0))) == "17.50"
     assert _tpot_cell(point(0, 2.0, led=False)) == "2.00"
+
+
+def test_the_summary_headline_names_the_exact_mean_where_the_p50_is_unplaced() -> None:
+    """Before: "TPOT p50 5.00 ms from the engine histograms" for tiny-pd."""
+    from types import SimpleNamespace
+
+    from servebook.report.summary import best_point
+
+    pts = [engine_led(i, m) for i, m in enumerate((2.2, 2.3, 2.4))]
+    run = SimpleNamespace(results=SimpleNamespace(points=pts), accelerators=None)
+    said = best_point(run)  # type: ignore[arg-type]
+    assert said is not None and "TPOT p50" not in said, said
+    assert "TPOT mean 2.30 ms from the engine histograms" in said, said
+    assert "its p50 only placed below 10 ms, the first bucket" in said
