@@ -433,3 +433,10 @@ def test_prompts_are_built_for_what_the_level_sent_before() -> None:
     assert protocol.prompts_needed(s, level, [seen]) == 27 + 2  # ceil(1.5 * 2/s * 9 s) + 2
     slow = seen.model_copy(update={"requests_per_s": 0.1})
     assert protocol.prompts_needed(s, level, [slow]) == 4 + 2 + protocol.PROMPTS_SPARE
+    # A level's first point reads the other levels' rates, scaled to its slots: c=4 after
+    # c=1 sent 2/s builds for 8/s (it was built for its minimum, and waited: SB404).
+    four = protocol.Level(concurrency=4)
+    assert protocol.prompts_needed(s, four, [seen]) == 108 + 8  # ceil(1.5 * 8/s * 9 s) + 8
+    # ... but once it has its own, its own decide.
+    own = seen.model_copy(update={"concurrency": 4, "requests_per_s": 4.0})
+    assert protocol.prompts_needed(s, four, [seen, own]) == 54 + 8

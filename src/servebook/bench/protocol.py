@@ -506,14 +506,28 @@ PROMPTS_SPARE = 16
 def prompts_needed(settings: ProtocolSettings, level: Level, history: Sequence[Point] = ()) -> int:
     """How many prompts to build before a point's warm-up.  The minimum the protocol
     needs (warm-up requests, the window's minimum, two per slot) and some spare, or, where
-    an earlier point measured the server's request rate, 1.5 times what that rate sends
-    over a warm-up and a window.  The producer builds the rest during the load, in a
-    process of its own; on a machine whose cores the engines fill (tiny-pd on 2 cores) it
-    fell behind, requests waited for their prompts (SB404), and the point was invalid."""
+    an earlier point measured the server's request rate (of this level, else of the other
+    concurrency levels scaled to this one's slots), 1.5 times what that rate sends over a
+    warm-up and a window.  ``history``: the sweep's points so far.  The producer builds
+    the rest during the load, in a process of its own; on a machine whose cores the
+    engines fill (tiny-pd on 2 cores) it fell behind, requests waited for their prompts
+    (SB404), and the point was invalid."""
     warm = settings.warmup_for(level)
     count = (warm.requests or 0) + settings.min_requests_for(level) + 2 * level.size
     count += PROMPTS_SPARE
-    rates = [p.requests_per_s for p in history if p.requests_per_s]
+    same = [p for p in history if (p.concurrency, p.rate) == (level.concurrency, level.rate)]
+    rates = [p.requests_per_s for p in same if p.requests_per_s]
+    if not rates and level.concurrency:
+        # The level's first point: the other concurrency levels' rates, scaled to this
+        # one's slots (a closed loop sends at most that much more; tiny-pd's first c=4
+        # point, built for c=4's minimum, waited for 4 prompts on a quiet 2-core machine).
+        rates = [
+            p.requests_per_s * level.concurrency / p.concurrency
+            for p in history
+            if p.requests_per_s and p.concurrency
+        ]
+    if level.rate:
+        rates.append(level.rate)
     spans = [
         (p.window.warmup_s or 0.0) + (p.window.duration_s or 0.0)
         for p in history
@@ -670,11 +684,7 @@ def run_sweep(
                 slo_ms=slo_ms,
                 scrape_fn=scrape_fn,
                 on_progress=on_progress,
-                history=[
-                    p
-                    for p in writer.results.points
-                    if (p.concurrency, p.rate) == (level.concurrency, level.rate)
-                ],
+                history=writer.results.points,
                 launcher=launcher,
             )
             writer.add(outcome.point)
