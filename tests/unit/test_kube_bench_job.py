@@ -644,12 +644,11 @@ def test_ctrl_c_deletes_the_job_and_its_objects(
 
 LLMD = "llm-d"
 LLMD_ENTRY = "infra-sim-inference-gateway-istio"
+LlmD = tuple[Server, dict[str, str], dict[str, TokenizingEngine]]
 
 
 @pytest.fixture
-def llm_d(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Server, dict[str, str], dict[str, TokenizingEngine]]]:
+def llm_d(tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LlmD]:
     """An llm-d P/D deployment servebook did not make (tests/unit/fixtures/attach/llm-d.yaml:
     a prefill Pod, two decode Pods behind their routing sidecar, the gateway behind the entry
     Service), each Pod with the address its kubelet reports once it runs, each engine port
@@ -689,19 +688,23 @@ def llm_d(
         server.stop()
 
 
+@pytest.fixture
+def attached(cli: Cli, llm_d: LlmD) -> LlmD:
+    """llm_d, attached as ``llmd`` (`servebook attach llmd --backend kubernetes -n llm-d`)."""
+    done = cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=llm_d[1])
+    assert done.returncode == 0, done.stderr
+    return llm_d
+
+
 def test_an_attached_deployment_is_benchmarked_in_the_cluster_with_the_key_given_here(
-    cli: Cli,
-    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
-    tmp_path: Path,
+    attached: LlmD, tmp_path: Path
 ) -> None:
     """`bench NAME` on a deployment attached on Kubernetes runs in the cluster too: its load
     goes to the entry Service by its cluster name, every recorded engine Pod is scraped at
     its Pod IP and port (decode's 8200 behind llm-d's sidecar, never the sidecar's 8000),
     the agents run in the engines' own image, and an --api-key given here reaches the
     engines through the Job's Secret (never a file)."""
-    server, env, engines = llm_d
-    attached = cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env)
-    assert attached.returncode == 0, attached.stderr
+    server, env, engines = attached
     out = tmp_path / "attached"
     key = "sk-attached-test-key"
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
@@ -744,12 +747,9 @@ def test_an_attached_deployment_is_benchmarked_in_the_cluster_with_the_key_given
 
 
 def test_bench_dry_run_of_an_attached_deployment_writes_no_key(
-    cli: Cli,
-    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
-    tmp_path: Path,
+    attached: LlmD, tmp_path: Path
 ) -> None:
-    _, env, _ = llm_d
-    assert cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env).returncode == 0
+    _, env, _ = attached
     out = tmp_path / "dry"
     key = "sk-never-in-a-file"
     r = _bench(env, *SWEEP, "--dry-run", "--api-key", key, "-o", str(out), name="llmd")
@@ -762,12 +762,9 @@ def test_bench_dry_run_of_an_attached_deployment_writes_no_key(
 
 
 def test_an_attached_pod_gone_since_is_exit_2_naming_it_and_nothing_is_created(
-    cli: Cli,
-    llm_d: tuple[Server, dict[str, str], dict[str, TokenizingEngine]],
-    tmp_path: Path,
+    attached: LlmD, tmp_path: Path
 ) -> None:
-    server, env, _ = llm_d
-    assert cli("attach", "llmd", "--backend", "kubernetes", "-n", LLMD, env=env).returncode == 0
+    server, env, _ = attached
     victim = "ms-sim-llm-d-modelservice-decode-7c8b9d6f5-9zt7w"
     server.call(lambda st: st.objects.pop(("pods", LLMD, victim)))
     r = _bench(env, *SWEEP, "-o", str(tmp_path / "o"), name="llmd")

@@ -152,7 +152,7 @@ class Metric:
     value: Callable[[Point, Run], float | None]
     percent: bool = False
     short: str = ""  # for narrow tables (a terminal): "tok/s per acc"
-    compared: bool = True  # one of compare's figures (COMPARED)
+    compared: bool = True  # one of compare's figures (tpot_ms.mean: evidence.judged_tpot)
 
     @property
     def label(self) -> str:
@@ -235,13 +235,7 @@ METRICS: dict[str, Metric] = {
             short="TPOT p50 ms",
         ),
         Metric(
-            "tpot_ms.mean",
-            "TPOT mean",
-            "ms",
-            "lower",
-            _latency("tpot_ms", "mean"),
-            short="TPOT mean ms",
-            compared=False,  # judged only where the p50 is unplaced (evidence.judged_tpot)
+            "tpot_ms.mean", "TPOT mean", "ms", "lower", _latency("tpot_ms", "mean"), compared=False
         ),
         Metric(
             "tpot_ms.p99",
@@ -277,8 +271,7 @@ COMPARED = [k for k, m in METRICS.items() if m.better is not None and m.compared
 
 
 def tokens_per_user(p: Point, _run: Run | None = None) -> float | None:
-    """Output tokens/s one user sees: 1000 / the point's median TPOT (ms), the decode
-    speed of a typical request.  Works for concurrency and rate levels alike."""
+    """Output tokens/s one user sees: 1000 / the point's median TPOT (ms), any level."""
     t = p.tpot_ms.p50
     return 1000.0 / t if t else None
 
@@ -343,8 +336,7 @@ def level_key(p: Point) -> tuple[int, float]:
 
 
 def same_source(la: Level, lb: Level) -> tuple[Level, Level]:
-    """Both runs' points of a level with TPOT and ITL from one source
-    (``evidence.one_source``): where either run's engine histogram led, both read it, so
+    """Both runs' points of a level with TPOT and ITL from one source (``one_source``):
     a median is never set against another kind of measurement."""
     both = one_source([*la.points, *lb.points])
     return replace(la, points=both[: len(la.points)]), replace(lb, points=both[len(la.points) :])
