@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +16,9 @@ from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.console import print_points
 from servebook.errors import UsageError
 from servebook.sweep import BenchArgs, run_bench
+
+if TYPE_CHECKING:
+    from servebook.backends.kube_bench import Source
 
 HELP = (
     "Measure a deployment (or any OpenAI-compatible server with --url) with a load sweep "
@@ -264,7 +267,7 @@ def bench(
 
 
 def _in_cluster(
-    source: Any,
+    source: Source,
     a: BenchArgs,
     out_dir: Path,
     agents: int,

@@ -27,7 +27,7 @@ from servebook.report.tables import (
     levels,
     settings_value,
 )
-from servebook.results.evidence import judged_tpot, unplaced_p50
+from servebook.results.evidence import judged_tpot, unplaced_tpot_bound
 from servebook.results.schema import Point
 
 ACCELERATORS_ABSENT = (
@@ -187,13 +187,13 @@ def best_point(run: Run) -> str | None:
     lv = best[1]
     tok = fmt_interval(lv.figure("output_tokens_per_s"))
     lat = []
-    tpot = judged_tpot(lv.valid)  # a p50 the histogram does not place is no figure
+    top = unplaced_tpot_bound(lv.valid)  # a p50 the histogram does not place is no figure
+    tpot = judged_tpot(lv.valid)
     for key, title in ((tpot, "TPOT " + tpot.split(".")[1]), ("ttft_ms.p50", "TTFT p50")):
         m = lv.figure(key).mean
         if m is not None:
             src = " from the engine histograms" if lv.source(key) else ""
-            if key != "tpot_ms.p50" and key.startswith("tpot_ms"):
-                top = max(b[1] for q in lv.valid if (b := unplaced_p50(q, "tpot_ms")))
+            if key == tpot and top is not None:
                 src += f" (its p50 only placed below {top:g} ms, the first bucket)"
             lat.append(f"{title} {fmt_num(m)} ms{src}")
     tail = f" ({', '.join(lat)})" if lat else ""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servebook.results import stats
-from servebook.results.evidence import judged_tpot, one_source
+from servebook.results.evidence import judged_tpot
 from servebook.results.schema import (
     PRECISION_FIGURES,
     Aggregate,
@@ -98,7 +98,7 @@ class PrecisionTarget:
     def decide(self, points: Sequence[Point]) -> stats.PrecisionDecision:
         """The stopping rule over one level's points (every repetition counts toward the
         cap; the intervals are over the valid ones)."""
-        valid = one_source([p for p in sorted(points, key=lambda p: p.repetition) if p.valid])
+        valid = [p for p in sorted(points, key=lambda p: p.repetition) if p.valid]
         keys = [judged_tpot(valid) if k == "tpot_ms.p50" else k for k in PRECISION_FIGURES]
         series = {k: [v for p in valid if (v := _precision_value(p, k)) is not None] for k in keys}
         return stats.precision_decision(

@@ -372,12 +372,20 @@ def unplaced_p50(point: Point, name: str) -> tuple[float, float] | None:
     return None
 
 
+def unplaced_tpot_bound(points: Sequence[Point]) -> float | None:
+    """The highest upper bound (ms) of the first bucket holding an engine-led TPOT p50
+    among ``points`` (:func:`unplaced_p50`); ``None`` when every p50 is placed."""
+    bounds = [b[1] for p in points if (b := unplaced_p50(p, "tpot_ms")) is not None]
+    return max(bounds) if bounds else None
+
+
 def judged_tpot(points: Sequence[Point]) -> str:
     """The TPOT figure a level's precision and reproduction are judged on:
     ``tpot_ms.p50``, or ``tpot_ms.mean`` (the engine's exact sum/count over the window)
     where any of ``points`` has an engine-led p50 its histogram does not place
-    (:func:`unplaced_p50`): a bucket's midpoint has no precision and always "reproduces"."""
-    return "tpot_ms.mean" if any(unplaced_p50(p, "tpot_ms") for p in points) else "tpot_ms.p50"
+    (:func:`unplaced_tpot_bound`): a bucket's midpoint has no precision and always
+    "reproduces"."""
+    return "tpot_ms.p50" if unplaced_tpot_bound(points) is None else "tpot_ms.mean"
 
 
 def one_source(points: Sequence[Point]) -> list[Point]:
