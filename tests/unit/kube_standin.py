@@ -1243,7 +1243,8 @@ def _run_job(st: StandIn, job: Obj) -> None:
     ``unschedulable`` as its message).  Their phases after that are their kubelet's (the
     test's: ``set_pod_status``).  The Job's status counts its Pods; with ``backoffLimit``
     failures exceeded it is Failed (``BackoffLimitExceeded``) and its running Pods are
-    deleted; with every index succeeded it is Complete."""
+    deleted; with every index succeeded it is Complete.  A Pod the namespace's Pod
+    Security level refuses is not created: a ``FailedCreate`` Warning on the Job says why."""
     meta = job["metadata"]
     if meta.get("deletionTimestamp"):
         return
@@ -1275,6 +1276,10 @@ def _run_job(st: StandIn, job: Obj) -> None:
         }
         pod_spec = copy.deepcopy(template["spec"])
         pod_spec["hostname"] = f"{meta['name']}-{i}"
+        # Pod Security admission refuses the Pod as it would any; the Job controller
+        # records the refusal on the Job and tries again on its next pass.
+        if _refused_by_pod_security(st, ns, meta["name"], f"{meta['name']}-{i}-", pod_spec, "Job"):
+            continue
         pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -1422,11 +1427,15 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             _born(st, pod)
 
 
-def _refused_by_pod_security(st: StandIn, ns: str, sts: str, pod: str, spec: Obj) -> bool:
-    """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, the
-    StatefulSet controller's ``FailedCreate`` Warning on ``sts``, worded as
-    pkg/controller/statefulset/stateful_pod_control.go words it (one event, its count
-    raised on each retry)."""
+def _refused_by_pod_security(
+    st: StandIn, ns: str, owner: str, pod: str, spec: Obj, kind: str = "StatefulSet"
+) -> bool:
+    """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, its
+    controller's ``FailedCreate`` Warning on ``owner`` (one event, its count raised on each
+    retry), worded as that controller words it: the StatefulSet controller's
+    (pkg/controller/statefulset/stateful_pod_control.go), or for a Job the shared pod
+    control's (pkg/controller/controller_utils.go, ``Error creating: %v``, naming the Pod
+    by its generateName prefix: it has no name yet)."""
     labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
         "labels"
     ) or {}
@@ -1434,24 +1443,29 @@ def _refused_by_pod_security(st: StandIn, ns: str, sts: str, pod: str, spec: Obj
     why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
     if not why:
         return False
-    key = ("events", ns, f"{sts}.failedcreate")
+    key = ("events", ns, f"{owner}.failedcreate")
     stamp = _now_text()
     old = st.objects.get(key)
+    forbidden = f'pods "{pod}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
+    if kind == "StatefulSet":
+        message = f"create Pod {pod} in StatefulSet {owner} failed error: {forbidden}"
+        group, component = "apps/v1", "statefulset-controller"
+    else:
+        message, group, component = f"Error creating: {forbidden}", "batch/v1", "job-controller"
     st.put(
         {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": key[2], "namespace": ns},
-            "involvedObject": {"kind": "StatefulSet", "name": sts, "namespace": ns,
-                               "apiVersion": "apps/v1"},
+            "involvedObject": {"kind": kind, "name": owner, "namespace": ns,
+                               "apiVersion": group},
             "reason": "FailedCreate",
-            "message": f"create Pod {pod} in StatefulSet {sts} failed error: pods \"{pod}\" "
-            f'is forbidden: violates PodSecurity "{enforce}:latest": {why}',
+            "message": message,
             "type": "Warning",
             "count": (old or {}).get("count", 0) + 1,
             "firstTimestamp": (old or {}).get("firstTimestamp", stamp),
             "lastTimestamp": stamp,
-            "source": {"component": "statefulset-controller"},
+            "source": {"component": component},
         }
     )  # fmt: skip
     return True

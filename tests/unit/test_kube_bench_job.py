@@ -773,3 +773,33 @@ def test_an_attached_pod_gone_since_is_exit_2_naming_it_and_nothing_is_created(
     assert "servebook attach llmd --backend kubernetes -n llm-d" in r.stderr
     created = [s for s in server.standin.requests if s.method in ("PATCH", "POST")]
     assert created == [] and _left(server, LLMD) == []
+
+
+def test_load_pods_the_namespace_refuses_end_the_bench_at_once_with_the_api_servers_words(
+    attached: LlmD, tmp_path: Path
+) -> None:
+    """A namespace enforcing Pod Security "restricted": admission refuses the load Job's
+    Pods (they do not set runAsNonRoot or a seccomp profile), the Job controller records
+    FailedCreate on the Job and makes no Pod.  The bench fails at once with those words,
+    not after --load-start-timeout with "no Pod created by the Job"."""
+    server, env, _ = attached
+
+    def restrict(st: Any) -> None:
+        ns = st.objects[("namespaces", "", LLMD)]
+        ns["metadata"]["labels"] = {"pod-security.kubernetes.io/enforce": "restricted"}
+
+    server.call(restrict)
+    with Kubelet(server, tmp_path / "kubelet") as kubelet:
+        t0 = time.monotonic()
+        r = _bench(env, *SWEEP, "--load-start-timeout", "120", "-o", str(tmp_path / "o"),
+                   name="llmd")  # fmt: skip
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 20
+        while _left(server, LLMD) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _left(server, LLMD) == []
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the cluster refused to create the load agents' Pods of Job/llmd-bench-" in r.stderr
+    assert 'Error creating: pods "llmd-bench-' in r.stderr, r.stderr
+    assert 'is forbidden: violates PodSecurity "restricted:latest"' in r.stderr, r.stderr
+    assert took < 60 and kubelet.procs == {}

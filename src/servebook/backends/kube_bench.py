@@ -354,6 +354,25 @@ def _failed(api: Any, p: Prepared, index: int, pod: Obj, what: str) -> BenchFail
     )
 
 
+def _refusal(api: Any, p: Prepared) -> str | None:
+    """The Job controller's latest ``FailedCreate`` words on the bench's Job (Pod Security
+    admission, a quota, a webhook refused its Pods); None when it recorded none.  The Job's
+    name is new to each bench, so no earlier bench's events are read as this one's."""
+    try:
+        listed = list_objects(api, "Event", p.namespace)
+    except ServebookError:  # evidence, not a requirement (no right to list Events)
+        return None
+    events = [
+        e
+        for e in listed
+        if e.get("reason") == "FailedCreate"
+        and (e.get("involvedObject") or {}).get("kind") == "Job"
+        and (e.get("involvedObject") or {}).get("name") == p.job.name
+    ]
+    events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return str(events[-1].get("message", "")) if events else None
+
+
 def wait_for_results(
     api: Any, p: Prepared, say: Say, *, start_s: float = START_S, poll_s: float = POLL_S
 ) -> dict[int, Obj]:
@@ -387,6 +406,15 @@ def wait_for_results(
                 raise BenchFailed(
                     f"Job/{p.job.name} in namespace {p.namespace} failed: "
                     f"{cond.get('reason', '')}: {cond.get('message', '')}"
+                )
+        if len(pods) < p.job.agents:
+            refused = _refusal(api, p)
+            if refused:
+                raise BenchFailed(
+                    f"the cluster refused to create the load agents' Pods of Job/{p.job.name} "
+                    f"in namespace {p.namespace}: {refused}",
+                    hint="Let the namespace admit them (its pod-security.kubernetes.io/enforce "
+                    "level), or measure through forwards: --via port-forward.",
                 )
         running = [
             i
