@@ -5,11 +5,13 @@ prompts, the word-table construction timed, and loads against a real HTTP server
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servebook.bench import prompt_feed
 from servebook.bench.client import run_load
 from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load
@@ -224,3 +226,52 @@ def test_a_producer_that_fails_stops_the_load_with_its_reason(
     prompts.pregenerate(range(8))
     with pytest.raises(ClientError, match="building prompts failed: UsageError: could not"):
         run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=2), prompts, Window(10**6))
+
+
+class SlowToStart(RandomPrompts):
+    """A producer that takes 1.5 s over its first batch, as a fresh interpreter importing
+    numpy and the tokenizer did while both cores of a 2-core machine served a load."""
+
+    slept = False
+
+    def build_many(self, indices: Any, *, check_every: int = 1) -> list[Prompt]:
+        if min(indices) >= 8 and not self.slept:
+            time.sleep(1.5)
+            self.slept = True
+        return super().build_many(indices, check_every=check_every)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_load_starts_once_the_producer_delivers_so_no_request_waits_for_its_prompt(
+    answering: tuple[str, Server], tiny_dir: Path, workers: int
+) -> None:
+    url, _ = answering
+    prompts = SlowToStart(tiny_dir, input_len=64, output_len=2, seed=0)
+    prompts.pregenerate(range(8))  # a fast server sends these in well under 1.5 s
+    res = run_load(
+        Endpoint(url, "tiny"), LoadSpec(concurrency=4, workers=workers), prompts, Window(40)
+    )
+    assert sum(r.ok for r in res.records) >= 40
+    assert res.prompt_waits == 0
+
+
+class NeverDelivers(RandomPrompts):
+    def build_many(self, indices: Any, *, check_every: int = 1) -> list[Prompt]:
+        if min(indices) >= 8:
+            time.sleep(30)
+        return super().build_many(indices, check_every=check_every)
+
+
+def test_a_producer_that_delivers_nothing_is_a_bounded_failure_not_a_hang(
+    answering: tuple[str, Server], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, srv = answering
+    monkeypatch.setattr(prompt_feed, "PRODUCER_START_S", 0.5)
+    prompts = NeverDelivers(tiny_dir, input_len=64, output_len=2, seed=0)
+    prompts.pregenerate(range(8))
+    n_before = len(srv.bodies)
+    t0 = time.monotonic()
+    with pytest.raises(ClientError, match=r"the prompt producer built no prompt in 0\.5 s"):
+        run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=2), prompts, Window(10**6))
+    assert time.monotonic() - t0 < 10
+    assert len(srv.bodies) == n_before  # the load never started

@@ -340,6 +340,7 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pool.warm(slots if slots is not None else cap or 16), 30)
             self.feed.start()
+            await self.feed.primed()
             c.add(self.worker, W_READY)
             while not c.start_ns and not c.stopped:  # stopped first: Ctrl-C at the start
                 await asyncio.sleep(0.001)

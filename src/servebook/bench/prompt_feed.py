@@ -32,6 +32,12 @@ READY_HIGH = 1024
 #: made; counting a 1024-token text costs ~1 ms, forty times the sampling: one count in 16
 #: made the producer's CPU per prompt 81 us, one in 64 43 us, one in 128 ~35 us.
 PRODUCER_CHECK_EVERY = 128
+#: How long a worker waits for its producer's first batch before the load starts.  A
+#: producer is a fresh interpreter (spawn) that imports numpy and the tokenizer: 0.5 s on a
+#: quiet 2-core machine, several seconds while both cores serve a load.  Started late, it
+#: let the point's pre-built prompts run out (the main job's first c=1 point in CI: one
+#: request waited, achieved concurrency 93%, SB404), so the load waits for it instead.
+PRODUCER_START_S = 120.0
 
 
 def _produce(
@@ -151,13 +157,36 @@ class PromptFeed:
         self.error: str | None = None  # the producer failed: the load cannot go on
         self.producer_cpu_s = 0.0  # the producer's CPU time, as of its last batch
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._first: asyncio.Future[None] | None = None  # done at the first batch or close
 
     def start(self) -> None:
         if self.conn is None:
             return
         self._loop = asyncio.get_running_loop()
+        self._first = self._loop.create_future()
         os.set_blocking(self.conn.fileno(), False)
         self._resume()
+
+    async def primed(self, timeout_s: float | None = None) -> None:
+        """Wait until the producer has delivered its first batch (or is gone), so that a
+        producer slow to start never lets the prompts built before the load run out while
+        the load runs.  A producer that delivers nothing in ``timeout_s`` is a failure."""
+        if self._first is None:
+            return
+        timeout_s = PRODUCER_START_S if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(self._first), timeout_s)
+        except TimeoutError:
+            raise ClientError(
+                f"the prompt producer built no prompt in {timeout_s:g} s; the load did "
+                "not start (is the machine out of memory or CPU?)"
+            ) from None
+        if self.error is not None:
+            raise ClientError(f"building prompts failed: {self.error}")
+
+    def _primed(self) -> None:
+        if self._first is not None and not self._first.done():
+            self._first.set_result(None)
 
     def stop(self) -> None:
         if self.reading and self._loop is not None:
@@ -171,6 +200,7 @@ class PromptFeed:
             self.reading = True
 
     def _close(self) -> None:
+        self._primed()
         if not self.closed:
             self.closed = True
             with contextlib.suppress(OSError):
@@ -212,6 +242,7 @@ class PromptFeed:
                     self.ready[i] = p
         if pos:
             del buf[:pos]
+            self._primed()
         if len(self.ready) >= READY_HIGH and self.reading and self._loop is not None:
             self._loop.remove_reader(self.conn.fileno())
             self.reading = False

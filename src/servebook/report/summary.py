@@ -92,7 +92,9 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
     if isinstance(protocol.get("precision"), int | float):
         cap = protocol.get("max_repetitions")
         parts.append(
-            f"repeated until the 95% interval of tok/s and TPOT p50 is within "
+            "repeated until the 95% interval of tok/s and TPOT p50 (the engine's exact "
+            "TPOT mean where its histogram places the p50 only in the first bucket) is "
+            f"within "
             f"±{100 * protocol['precision']:g}% of the mean"
             + (f", at most {_num(cap)} repetitions" if cap is not None else "")
         )
