@@ -738,6 +738,22 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
     else:
         current["metadata"]["annotations"][REVISION] = revision
     running = [o for o in st.objects.values() if _owned_by(o, current)]
+    rs_name = current["metadata"]["name"]
+    if len(running) < want and _refused_by_pod_security(
+        st, ns, rs_name, f"{rs_name}-", current["spec"]["template"]["spec"], kind="ReplicaSet"
+    ):
+        # The ReplicaSet controller creates no Pod; it records FailedCreate on the
+        # ReplicaSet and sets its ReplicaFailure condition, which the Deployment
+        # controller copies (pkg/controller/replicaset, deployment/sync.go).
+        failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}
+        current["status"] = {"replicas": len(running), "conditions": [failure]}
+        meta.setdefault("annotations", {})[REVISION] = revision
+        dep["status"] = {
+            "observedGeneration": meta["generation"],
+            "replicas": len(running),
+            "conditions": [failure],
+        }
+        return
     for i in range(len(running), want):
         _start_pod(st, current, suffix=f"{digest[:5]}{i}")
     meta.setdefault("annotations", {})[REVISION] = revision
@@ -1433,8 +1449,8 @@ def _refused_by_pod_security(
     """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, its
     controller's ``FailedCreate`` Warning on ``owner`` (one event, its count raised on each
     retry), worded as that controller words it: the StatefulSet controller's
-    (pkg/controller/statefulset/stateful_pod_control.go), or for a Job the shared pod
-    control's (pkg/controller/controller_utils.go, ``Error creating: %v``, naming the Pod
+    (pkg/controller/statefulset/stateful_pod_control.go), or for a Job or a ReplicaSet the
+    shared pod control's (pkg/controller/controller_utils.go, ``Error creating: %v``, naming the Pod
     by its generateName prefix: it has no name yet)."""
     labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
         "labels"
@@ -1450,8 +1466,12 @@ def _refused_by_pod_security(
     if kind == "StatefulSet":
         message = f"create Pod {pod} in StatefulSet {owner} failed error: {forbidden}"
         group, component = "apps/v1", "statefulset-controller"
-    else:
-        message, group, component = f"Error creating: {forbidden}", "batch/v1", "job-controller"
+    else:  # the shared pod control's words, for a Job and a ReplicaSet alike
+        message = f"Error creating: {forbidden}"
+        group, component = {
+            "ReplicaSet": ("apps/v1", "replicaset-controller"),
+            "Job": ("batch/v1", "job-controller"),
+        }[kind]
     st.put(
         {
             "apiVersion": "v1",
