@@ -738,6 +738,7 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
     else:
         current["metadata"]["annotations"][REVISION] = revision
     running = [o for o in st.objects.values() if _owned_by(o, current)]
+    meta.setdefault("annotations", {})[REVISION] = revision
     rs_name = current["metadata"]["name"]
     if len(running) < want and _refused_by_pod_security(
         st, ns, rs_name, f"{rs_name}-", current["spec"]["template"]["spec"], kind="ReplicaSet"
@@ -747,7 +748,6 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
         # controller copies (pkg/controller/replicaset, deployment/sync.go).
         failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}
         current["status"] = {"replicas": len(running), "conditions": [failure]}
-        meta.setdefault("annotations", {})[REVISION] = revision
         dep["status"] = {
             "observedGeneration": meta["generation"],
             "replicas": len(running),
@@ -756,7 +756,6 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
         return
     for i in range(len(running), want):
         _start_pod(st, current, suffix=f"{digest[:5]}{i}")
-    meta.setdefault("annotations", {})[REVISION] = revision
     dep["status"] = {
         "observedGeneration": meta["generation"],
         "replicas": want,

@@ -167,20 +167,22 @@ class PromptFeed:
         os.set_blocking(self.conn.fileno(), False)
         self._resume()
 
-    async def primed(self, timeout_s: float | None = None) -> None:
+    async def primed(self) -> None:
         """Wait until the producer has delivered its first batch (or is gone), so that a
         producer slow to start never lets the prompts built before the load run out while
-        the load runs.  A producer that delivers nothing in ``timeout_s`` is a failure."""
+        the load runs.  One that delivers nothing in ``PRODUCER_START_S`` is a failure."""
         if self._first is None:
             return
-        timeout_s = PRODUCER_START_S if timeout_s is None else timeout_s
         try:
-            await asyncio.wait_for(asyncio.shield(self._first), timeout_s)
+            await asyncio.wait_for(self._first, PRODUCER_START_S)
         except TimeoutError:
             raise ClientError(
-                f"the prompt producer built no prompt in {timeout_s:g} s; the load did "
-                "not start (is the machine out of memory or CPU?)"
+                f"the prompt producer built no prompt in {PRODUCER_START_S:g} s; the load "
+                "did not start (is the machine out of memory or CPU?)"
             ) from None
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
         if self.error is not None:
             raise ClientError(f"building prompts failed: {self.error}")
 
@@ -257,8 +259,7 @@ class PromptFeed:
             return p
         p = self.ready.pop(index, None)
         if p is None:
-            if self.error is not None:
-                raise ClientError(f"building prompts failed: {self.error}")
+            self._raise_if_failed()
             if self.closed:
                 self.ran_out = True
                 return None
@@ -268,8 +269,7 @@ class PromptFeed:
             self._resume()
             p = await fut
             if p is None:
-                if self.error is not None:
-                    raise ClientError(f"building prompts failed: {self.error}")
+                self._raise_if_failed()
                 self.ran_out = True
                 return None
         if len(self.ready) < READY_HIGH // 2:

@@ -93,8 +93,7 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         cap = protocol.get("max_repetitions")
         parts.append(
             "repeated until the 95% interval of tok/s and TPOT p50 (the engine's exact "
-            "TPOT mean where its histogram places the p50 only in the first bucket) is "
-            f"within "
+            "TPOT mean where its histogram places the p50 only in the first bucket) is within "
             f"±{100 * protocol['precision']:g}% of the mean"
             + (f", at most {_num(cap)} repetitions" if cap is not None else "")
         )
