@@ -76,13 +76,14 @@ def number(x: float | None, digits: int = 1) -> str:
 
 def _tpot_cell(p: Point) -> str:
     """TPOT p50, or what the engine's histogram knows of it where it places the p50 only
-    inside its first bucket (``evidence.unplaced_p50``): below the bound, with the exact mean."""
+    inside a coarse bucket (``evidence.unplaced_p50``): the bucket, with the exact mean."""
     from servebook.results.evidence import unplaced_p50
 
     bucket = unplaced_p50(p, "tpot_ms")
     if bucket is None:
         return number(p.tpot_ms.p50, 2)
-    return f"<{bucket[1]:g} (mean {number(p.tpot_ms.mean, 2)})"
+    where = f"<{bucket[1]:g}" if bucket[0] <= 0 else f"{bucket[0]:g}-{bucket[1]:g}"
+    return f"{where} (mean {number(p.tpot_ms.mean, 2)})"
 
 
 def print_points(results: Results, path: Path) -> None:

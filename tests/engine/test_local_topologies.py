@@ -153,13 +153,14 @@ def test_up_fails_fast_with_the_role_log_when_the_engine_dies() -> None:
     assert local.read_state("t-dies") is None  # no half state left for down to trip on
 
 
+@pytest.mark.timeout(1900)  # the run's own limit below, and a margin
 def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, "-m", "servebook", "run", "-o", str(out)],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,  # up to 40 points of ~19 s on a noisy machine, and the servers' start
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verify tiny-pd: PASS" in r.stdout
@@ -167,9 +168,9 @@ def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> Non
     assert "router stopped" in r.stdout and "decode stopped" in r.stdout
     assert local.read_state("tiny-pd") is None
     res = load_results(out / RESULTS_NAME)
-    # c=1 and c=4, each repeated 3 to 6 times under the main job's precision target
+    # c=1 and c=4, each repeated 3 to 20 times under the main job's precision target
     per_level = {c: sum(p.concurrency == c for p in res.points) for c in (1, 4)}
-    assert all(3 <= n <= 6 for n in per_level.values()), per_level
+    assert all(3 <= n <= 20 for n in per_level.values()), per_level
     assert len(res.points) == sum(per_level.values()) and all(p.valid for p in res.points)
     assert all(p.server["handoff_share"] > 0 for p in res.points)
     assert (out / "report.html").is_file() and (out / "report.md").is_file()

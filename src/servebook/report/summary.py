@@ -27,7 +27,7 @@ from servebook.report.tables import (
     levels,
     settings_value,
 )
-from servebook.results.evidence import judged_tpot, unplaced_tpot_bound
+from servebook.results.evidence import bucket_words, judged_tpot, unplaced_tpot_bucket
 from servebook.results.schema import Point
 
 ACCELERATORS_ABSENT = (
@@ -93,7 +93,7 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         cap = protocol.get("max_repetitions")
         parts.append(
             "repeated until the 95% interval of tok/s and TPOT p50 (the engine's exact "
-            "TPOT mean where its histogram places the p50 only in the first bucket) is within "
+            "TPOT mean where its histogram places the p50 only within a coarse bucket) is within "
             f"±{100 * protocol['precision']:g}% of the mean"
             + (f", at most {_num(cap)} repetitions" if cap is not None else "")
         )
@@ -188,14 +188,14 @@ def best_point(run: Run) -> str | None:
     lv = best[1]
     tok = fmt_interval(lv.figure("output_tokens_per_s"))
     lat = []
-    top = unplaced_tpot_bound(lv.valid)  # a p50 the histogram does not place is no figure
+    top = unplaced_tpot_bucket(lv.valid)  # a p50 the histogram does not place is no figure
     tpot = judged_tpot(lv.valid)
     for key, title in ((tpot, "TPOT " + tpot.split(".")[1]), ("ttft_ms.p50", "TTFT p50")):
         m = lv.figure(key).mean
         if m is not None:
             src = " from the engine histograms" if lv.source(key) else ""
             if key == tpot and top is not None:
-                src += f" (its p50 only placed below {top:g} ms, the first bucket)"
+                src += f" (its histogram places the p50 only {bucket_words(top)})"
             lat.append(f"{title} {fmt_num(m)} ms{src}")
     tail = f" ({', '.join(lat)})" if lat else ""
     return f"best valid point {lv.label}: {tok} output tok/s{tail}"
