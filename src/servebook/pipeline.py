@@ -10,7 +10,7 @@ up is taken down afterwards unless ``keep``, whatever happened in between.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servebook.backends.base import Backend, Say
@@ -76,6 +76,7 @@ class Job:
     keep: bool
     out_dir: Path | None  # None: ./servebook-runs/NAME-TIME
     say: Say
+    max_repetitions: int | None = None  # None: RUN_SWEEP's
 
 
 def run(job: Job) -> int:
@@ -146,9 +147,12 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     subject = tgt.from_deployment(
         view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
     )
+    sweep = RUN_SWEEP
+    if job.max_repetitions is not None:
+        sweep = replace(sweep, max_repetitions=job.max_repetitions)
     results, path = run_bench(
         subject,
-        RUN_SWEEP,
+        sweep,
         out_dir,
         resume=False,
         tokenizer=None,

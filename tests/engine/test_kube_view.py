@@ -96,14 +96,17 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
         # sweep's prompts (seed 0) must be new to these engines: prompts decode has cached
         # from an earlier sweep need no transfer, and SB407 would rightly say so.
         ran = tmp_path / "run"
+        # (at most three repetitions a level: the flow is under test here, not the figures)
         r = _sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
-                "-o", str(ran))  # fmt: skip
+                "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
         assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
         assert (ran / "report.html").is_file()
         assert "down:" in r.stdout and "Deployment/krun-decode" in r.stdout
         assert _sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
-    assert load_results(ran / RESULTS_NAME).provenance.target["deployment"] == "krun"
+    main = load_results(ran / RESULTS_NAME)
+    assert main.provenance.target["deployment"] == "krun"
+    assert sorted(p.concurrency or 0 for p in main.points) == [1, 1, 1, 4, 4, 4]  # the cap held
     res = load_results(out / RESULTS_NAME)
     assert res.provenance.target["backend"] == "kubernetes"
     # No model directory on this machine for a cluster deployment: the server tokenized.

@@ -196,3 +196,19 @@ def test_status_shows_the_log_path_verify_points_at(cli: Cli, sb_home: Path) -> 
     r = cli("status", "gone")
     assert r.returncode == 1, r.stderr
     assert f"log: {log}" in r.stdout
+
+
+def test_run_caps_its_repetitions_at_the_main_jobs_own_and_refuses_fewer_than_three() -> None:
+    """`run --max-repetitions N` shortens the main job on a noisy machine (it repeats a level
+    up to 20 times while its interval is wider than +-2.5%); below the 3 every level gets is
+    refused before anything starts."""
+    from servebook.commands.deploy import RUN_MAX_REPETITIONS
+    from servebook.pipeline import RUN_SWEEP
+
+    assert RUN_MAX_REPETITIONS == RUN_SWEEP.max_repetitions == 20
+    assert RUN_SWEEP.repetitions == 3
+    r = CliRunner().invoke(app, ["run", "--max-repetitions", "2"], env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert "--max-repetitions" in r.output
+    h = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert "--max-repetitions" in h.output and "default 20" in h.output

@@ -21,6 +21,9 @@ from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
 
 DEFAULT_RECIPE = "tiny-pd"
+# The main job's repetition cap (``pipeline.RUN_SWEEP.max_repetitions``, which a unit test
+# holds equal; the pipeline is imported only when run runs).
+RUN_MAX_REPETITIONS = 20
 
 
 def _plan_for(
@@ -280,6 +283,18 @@ def run(
         "--output",
         help="Where results and the report go (default: ./servebook-runs/NAME-TIME).",
     ),
+    max_repetitions: int = typer.Option(
+        RUN_MAX_REPETITIONS,
+        "--max-repetitions",
+        min=3,
+        metavar="N",
+        help=(
+            "The most times the sweep repeats a level whose 95% interval of tok/s or TPOT is "
+            f"still wider than ±2.5% (default {RUN_MAX_REPETITIONS}, at least the 3 every level "
+            "gets). Fewer is quicker on a noisy machine; its medians are then less likely to "
+            "survive `servebook compare A B --reproduce`."
+        ),
+    ),
 ) -> None:
     from servebook import pipeline
 
@@ -298,5 +313,6 @@ def run(
         keep=keep,
         out_dir=out_dir,
         say=say,
+        max_repetitions=max_repetitions,
     )
     raise typer.Exit(pipeline.run(job))
