@@ -21,6 +21,7 @@ from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
+from servebook.results.schema import Results
 from servebook.sweep import BenchArgs, Interrupted, run_bench
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
@@ -143,24 +144,43 @@ def verify_step(job: Job, view: DeploymentView) -> int:
 def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
     does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
-    job.say(f"benchmarking {view.name} (the plan follows)")
-    subject = tgt.from_deployment(
-        view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
-    )
     sweep = RUN_SWEEP
     if job.max_repetitions is not None:
         sweep = replace(sweep, max_repetitions=job.max_repetitions)
-    results, path = run_bench(
-        subject,
-        sweep,
-        out_dir,
-        resume=False,
-        tokenizer=None,
-        alive=view.dead_roles,
-        resumable=False,
-    )
+    if view.backend == "kubernetes":
+        results, path = bench_in_cluster(job, view.name, sweep, out_dir)
+    else:
+        job.say(f"benchmarking {view.name} (the plan follows)")
+        subject = tgt.from_deployment(
+            view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
+        )
+        results, path = run_bench(
+            subject,
+            sweep,
+            out_dir,
+            resume=False,
+            tokenizer=None,
+            alive=view.dead_roles,
+            resumable=False,
+        )
     print_points(results, path)
     return 0 if all(p.valid for p in results.points) else 1
+
+
+def bench_in_cluster(job: Job, name: str, sweep: BenchArgs, out_dir: Path) -> tuple[Results, Path]:
+    """On Kubernetes the sweep runs next to the servers, as `bench NAME` does by default:
+    one load agent in a Job in the deployment's namespace, in the engine's image, its
+    results fetched and the Job deleted (``backends/kube_bench``).  Measured through
+    port-forwards, every latency would carry the API server's and the kubelet's relay."""
+    from servebook.backends import kube_bench
+
+    source = kube_bench.own_source(name, None)
+    job.say(
+        f"benchmarking {name} from a load Job in namespace {source.namespace}, next to its "
+        "servers (its plan is the Pod's)"
+    )
+    prepared = kube_bench.prepare(source, sweep, agents=1, image=None, api_key=job.opts.api_key)
+    return kube_bench.run_in_cluster(source, prepared, out_dir, say=job.say)
 
 
 def report_step(out_dir: Path) -> Path:

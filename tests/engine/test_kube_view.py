@@ -29,6 +29,7 @@ from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.engine.conftest import deployed
 from tests.unit.kube_standin import Server, serve
+from tests.unit.test_kube_bench_job import Kubelet
 
 pytestmark = pytest.mark.engine
 
@@ -95,10 +96,15 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
         # (the kind node, access review, dry run), up, verify, bench, report, down.  Its
         # sweep's prompts (seed 0) must be new to these engines: prompts decode has cached
         # from an earlier sweep need no transfer, and SB407 would rightly say so.
+        # Its sweep runs next to the servers, in a load Job whose Pod the test's kubelet
+        # runs as a local process (tests/unit/test_kube_bench_job.py's Kubelet), reaching
+        # each engine at its Pod IP and the router by its Service's DNS name.
         ran = tmp_path / "run"
         # (at most three repetitions a level: the flow is under test here, not the figures)
-        r = _sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
-                "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
+        with Kubelet(server, tmp_path / "kubelet") as kubelet:
+            r = _sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
+                    "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
+        assert kubelet.ended == {0: 0}, (kubelet.ended, r.stdout[-3000:], r.stderr[-3000:])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
         assert (ran / "report.html").is_file()
@@ -106,6 +112,10 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
         assert _sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
     main = load_results(ran / RESULTS_NAME)
     assert main.provenance.target["deployment"] == "krun"
+    # Measured in the cluster, not through port-forwards from this machine.
+    assert main.provenance.load is not None and main.provenance.load.route == "cluster-service"
+    assert main.provenance.load.target_url == "http://krun-router.servebook.svc:8000"
+    assert all(p.valid and p.server["handoff_share"] > 0 for p in main.points), main.points
     assert sorted(p.concurrency or 0 for p in main.points) == [1, 1, 1, 4, 4, 4]  # the cap held
     res = load_results(out / RESULTS_NAME)
     assert res.provenance.target["backend"] == "kubernetes"

@@ -26,9 +26,11 @@ namespace or object of its own that an earlier ``down`` is still deleting before
 applies anything.  Every API request goes through kr8s's ``Api.call_api`` and has a
 timeout.
 
-``open_view`` is how verify, bench and run reach the deployment: a port-forward that
-servebook opens and holds (``kube.portforward``) to each role's Ready Pod for the length of
-the command, and the command lines and environment read from those Pods.
+``open_view`` is how verify, ``bench --via port-forward`` and run's verify reach the
+deployment: a port-forward that servebook opens and holds (``kube.portforward``) to each
+role's Ready Pod for the length of the command, and the command lines and environment read
+from those Pods.  A sweep (``bench NAME``, run's) runs in the cluster instead
+(``kube_bench``).
 """
 
 from __future__ import annotations

@@ -250,8 +250,10 @@ RUN_HELP = """The main job: [preflight ->] up -> verify -> a short bench sweep -
 
 With no argument it runs the built-in tiny PD recipe on vLLM's CPU build, making the tiny
 model first if it is missing.  On Kubernetes it first runs the recipe's preflight (cluster
-checks and the node probe) and deploys nothing when a check fails.  The sweep runs only
-when verify passed.  Exit 0 only when verify passed and every benchmark point is valid.
+checks and the node probe) and deploys nothing when a check fails, and its sweep runs in
+a load Job next to the servers (as `servebook bench NAME` does there), never through
+port-forwards.  The sweep runs only when verify passed.  Exit 0 only when verify passed
+and every benchmark point is valid.
 
 The deployment is taken down at the end unless --keep.  Bringing one up again costs: {costs}.
 With --keep, `servebook bench NAME` and `servebook verify NAME` reuse it and
