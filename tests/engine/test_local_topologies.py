@@ -15,6 +15,7 @@ import pytest
 
 from servebook import http
 from servebook.backends import local
+from servebook.backends.processes import group_members
 from servebook.findings import exit_code
 from servebook.metrics.scrape import delta, scrape
 from servebook.recipe.resolve import resolve
@@ -79,6 +80,14 @@ def test_tiny_pd_hands_the_prompt_kv_to_decode_through_the_router() -> None:
                 bound[role] = {int(c) for c in found[-1].split(",")}
             assert bound["prefill"] and bound["decode"]
             assert not bound["prefill"] & bound["decode"], bound
+            # ...and every process of each engine (API server, engine core, worker) runs
+            # only on those cores: the engine core and worker busy-wait between steps, and
+            # roaming onto the other engine's core made the load flip between two regimes.
+            for role in ("prefill", "decode"):
+                members = group_members([dep.role(role).pid])
+                assert len(members) >= 3, (role, members)  # API server, engine core, worker
+                for pid in members:
+                    assert os.sched_getaffinity(pid) <= bound[role], (role, pid)
 
 
 @pytest.mark.parametrize(

@@ -125,14 +125,25 @@ CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 def engine_cores(
     engines: list[str], env_of: Callable[[str], dict[str, str]], cores: list[int]
 ) -> dict[str, str]:
-    """Each engine's own cores, as ``VLLM_CPU_OMP_THREADS_BIND`` values, when several
-    engines share this machine.  vLLM's CPU build binds its OpenMP threads to every core
-    it may use ("auto"), so prefill and decode each spun a thread on both cores of a 2-core
-    machine and waited on each other's at every barrier: measured here, tiny-pd's c=1
-    tok/s ranged 25 to 49 over six repetitions.  Disjoint cores (the first engine the
-    first share, the last one any remainder) take that fight away.  Nothing when one
-    engine runs, when there are fewer cores than engines, or when a recipe sets the
-    variable itself."""
+    """Each engine's own cores when several engines share this machine, as
+    ``VLLM_CPU_OMP_THREADS_BIND`` values; the launcher also confines the engine's whole
+    process tree to them (``processes.started_on``).
+
+    vLLM's CPU build binds its OpenMP threads to every core it may use ("auto"), so prefill
+    and decode each spun a thread on both cores of a 2-core machine and waited on each
+    other's at every barrier (tiny-pd's c=1 tok/s ranged 25 to 49 over six repetitions).
+    Binding the OpenMP threads alone was not enough: each engine's API server, engine core
+    and worker processes still roamed both cores, and the engine core and worker busy-wait
+    for a second after every message (vLLM's ``shm_broadcast.SpinCondition``), so the four
+    spinners, the router and the load client fought for two cores and the outcome flipped
+    between two regimes from one window to the next.  Measured on a quiet 2-core machine
+    (tiny-pd, 512-token prompts, 64 output tokens, 15 s windows, 8 repetitions; two plain
+    loops, one per core, kept their speed within 2%): OpenMP binding only, c=4 440-812 tok/s
+    (the client's event loop lagging up to 600 ms in the slow windows, which read as burst
+    delivery) and c=1 280-327; each engine's whole tree on its core, c=4 1046-1064 tok/s
+    (cv 0.6%, engine TPOT mean cv 0.7%) and c=1 cv 0.8%.  Disjoint cores (the first engine
+    the first share, the last one any remainder); nothing when one engine runs, when there
+    are fewer cores than engines, or when a recipe sets the variable itself."""
     if len(engines) < 2 or len(cores) < len(engines):
         return {}
     if any(CPU_BIND in env_of(e) for e in engines):
@@ -281,7 +292,8 @@ class _Launch:
             say(
                 "engines on their own cores ("
                 + ", ".join(f"{n}: {c}" for n, c in self.cores.items())
-                + f"; {CPU_BIND}): one machine's engines do not share OpenMP cores"
+                + f"; {CPU_BIND} and each engine's processes confined to them): one "
+                "machine's engines do not compete for a core"
             )
 
     def pick_port(self) -> int:
@@ -309,7 +321,9 @@ class _Launch:
         port = self.ports[role_name]
         log = Path(self.dep.state_dir) / "logs" / f"{role_name}.log"
         self.release(port)
-        proc = spawn(argv, env, log, self.secret_env[kind])
+        cores = self.cores.get(role_name)
+        cpus = [int(c) for c in cores.split(",")] if cores else None
+        proc = spawn(argv, env, log, self.secret_env[kind], cpus=cpus)
         self.procs[role_name] = proc
         self.dep.roles.append(
             RoleProcess(

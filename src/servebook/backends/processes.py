@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -79,11 +79,35 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members([pgid]))
 
 
+@contextlib.contextmanager
+def started_on(cpus: Iterable[int] | None) -> Iterator[None]:
+    """Within the block, this thread may run only on ``cpus``, so a process started in it
+    (and every process that one starts) is confined to them from its first instruction:
+    Linux keeps the affinity mask per thread and a child inherits its creator's.  No window
+    in which the role runs elsewhere, no ``preexec_fn`` (unsafe beside threads), and the
+    thread's own mask is back as it was after the block.  Nothing to do for ``None``, or
+    where the platform has no affinity call."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def spawn(
-    argv: list[str], env: dict[str, str], log: Path, secret_env: dict[str, str] | None = None
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    secret_env: dict[str, str] | None = None,
+    cpus: Iterable[int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start one role.  ``secret_env`` (an API key) reaches the process's environment only:
-    not its command line, where `ps` shows it, and not the recorded state."""
+    not its command line, where `ps` shows it, and not the recorded state.  ``cpus``: the
+    only cores the role and every process it starts may run on (:func:`started_on`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     # One log per run: verify reads it for failure signatures, and an earlier run's engine
     # death must not be reported as this one's.  The previous run's log is kept beside it.
@@ -93,14 +117,15 @@ def spawn(
         shown = redact.argv(argv)[0]
         f.write(f"# servebook: {datetime.now(UTC).isoformat()} starting: {shown}\n".encode())
         f.flush()
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env, **(secret_env or {})},
-            start_new_session=True,  # own process group: down stops exactly this tree
-        )
+        with started_on(cpus):
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env, **(secret_env or {})},
+                start_new_session=True,  # own process group: down stops exactly this tree
+            )
 
 
 def stop_process_group(proc: RoleProcess, grace_s: float = 15.0) -> str:
