@@ -140,13 +140,16 @@ def test_text_histograms_with_two_engines_are_summed_per_bucket() -> None:
 SERVER = latency_windows(DECODE_BEFORE, DECODE_AFTER, {"itl": H.ITL, "tpot": H.TPOT})
 
 
-def diagnose(tpot: float, itl: float, cpu: float | None = None) -> LatencyDiagnosis:
+def diagnose(
+    tpot: float, itl: float, cpu: float | None = None, lag: float | None = None
+) -> LatencyDiagnosis:
     return diagnose_client_latency(
         client_tpot_ms=tpot,
         client_itl_ms=itl,
         server_tpot=SERVER["tpot"],
         server_itl=SERVER["itl"],
         client_cpu_fraction=cpu,
+        client_loop_lag_p99_ms=lag,
     )
 
 
@@ -170,6 +173,16 @@ def test_tokens_arriving_faster_than_produced_is_burst_delivery_not_blamed_on_a_
     d = diagnose(2.0, 0.01)
     assert (d.agrees, d.cause) == (False, "burst_delivery")
     assert "server flushed its stream in bursts" in d.message and "or something" in d.message
+    assert "event loop" not in d.message
+
+
+def test_bursts_read_by_a_lagging_client_say_the_client_may_have_made_them() -> None:
+    # tiny-pd with its engines' processes roaming both cores of a 2-core machine: client
+    # TPOT 0.004 ms against the engine's 1.73, the client's event loop 262 ms late at p99.
+    d = diagnose(0.004, 0.0, cpu=0.01, lag=262.1)
+    assert (d.agrees, d.cause) == (False, "burst_delivery")
+    assert "event loop lagged 262 ms at p99" in d.message and "read the stream late" in d.message
+    assert "event loop" not in diagnose(0.004, 0.0, lag=12.0).message
 
 
 def test_slow_reads_by_a_busy_client_are_a_saturated_client() -> None:

@@ -269,6 +269,15 @@ class LatencyDiagnosis:
 
 BUSY_CPU = 0.9  # a worker using 90% of a core cannot keep up with its sockets
 BUSY_LOOP_MS = 50.0  # event-loop lag at p99 that delays reads visibly
+# A client whose event loop stalls reads a stream late, and then whole: what looks like a
+# server's burst can be the client's own.  tiny-pd on a 2-core machine, with the engines'
+# processes free to roam both cores: every window diagnosed as bursts had a loop lag p99 of
+# 150-600 ms, every streaming one 2-130 ms.
+LATE_READER = (
+    ". The client's own event loop lagged {lag:.0f} ms at p99 in this window, so it may "
+    "have read the stream late, in lumps: give the load generator a core the servers do "
+    "not busy"
+)
 
 
 def diagnose_client_latency(
@@ -346,7 +355,10 @@ def diagnose_client_latency(
     if itl_near_zero and tpot_ok:
         return out(False, "coalesced_streaming", CAUSES["coalesced_streaming"])
     if tpot_low or (itl_low and not tpot_high):
-        return out(False, "burst_delivery", CAUSES["burst_delivery"])
+        message = CAUSES["burst_delivery"]
+        if client_loop_lag_p99_ms is not None and client_loop_lag_p99_ms >= BUSY_LOOP_MS:
+            message += LATE_READER.format(lag=client_loop_lag_p99_ms)
+        return out(False, "burst_delivery", message)
     if tpot_high or itl_high:
         cause: Cause = "saturated_client" if busy else "unexplained"
         return out(False, cause, CAUSES[cause])
