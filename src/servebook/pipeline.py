@@ -44,7 +44,9 @@ from servebook.verify.smoke import run as verify
 # for tok/s and engine TPOT at both levels, both levels were precise after 3-4
 # repetitions, and two `make run`s in a row (152 s and 190 s) reproduced within 3.3%.  The
 # client bounds are bench's defaults again: with the engines on their own cores the client's
-# event loop lagged 1-2 ms at p99 and kept 99.9% of its streams busy.  Windows of 15 s.
+# event loop lagged 1-2 ms at p99 and kept 99.9% of its streams busy.  Windows of 15 s,
+# chosen when whole responses arrived in lumps; with steady streams shorter ones have
+# not been tried.
 RUN_SWEEP = BenchArgs(
     concurrency="1,4",
     repetitions=3,
