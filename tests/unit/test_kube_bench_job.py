@@ -48,6 +48,7 @@ from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.unit.kube_standin import Server, serve
 from tests.unit.test_bench_agents import AGENT_MAY_USE
+from tests.unit.test_interrupt import START
 from tests.unit.test_kube_commands import UP, Cli, Engine
 from tests.unit.test_load_job import _requirement_closure
 
@@ -609,17 +610,11 @@ def test_ctrl_c_deletes_the_job_and_its_objects(
     assert cli(*UP, env=env).returncode == 0
     long = [a if a != "2s" else "60s" for a in SWEEP]
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
+        # START: SIGINT at its default, as a terminal's shell starts a command (pytest run
+        # as a shell's background job hands it down ignored, and this test then waited out
+        # the whole sweep).
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "servebook",
-                "bench",
-                "vllm-pd",
-                *long,
-                "-o",
-                str(tmp_path / "o"),
-            ],
+            [sys.executable, "-c", START, "bench", "vllm-pd", *long, "-o", str(tmp_path / "o")],
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
