@@ -347,16 +347,15 @@ def diagnose_client_latency(
     else:
         itl_ok = True
 
-    busy = (client_cpu_fraction is not None and client_cpu_fraction >= BUSY_CPU) or (
-        client_loop_lag_p99_ms is not None and client_loop_lag_p99_ms >= BUSY_LOOP_MS
-    )
+    lagging = client_loop_lag_p99_ms is not None and client_loop_lag_p99_ms >= BUSY_LOOP_MS
+    busy = lagging or (client_cpu_fraction is not None and client_cpu_fraction >= BUSY_CPU)
     if tpot_ok and itl_ok:
         return out(True, None, f"client and server agree within {tolerance:.0%}")
     if itl_near_zero and tpot_ok:
         return out(False, "coalesced_streaming", CAUSES["coalesced_streaming"])
     if tpot_low or (itl_low and not tpot_high):
         message = CAUSES["burst_delivery"]
-        if client_loop_lag_p99_ms is not None and client_loop_lag_p99_ms >= BUSY_LOOP_MS:
+        if lagging:
             message += LATE_READER.format(lag=client_loop_lag_p99_ms)
         return out(False, "burst_delivery", message)
     if tpot_high or itl_high:
