@@ -3,7 +3,7 @@
 # a virtual environment (.venv), servebook itself (editable, with dev tools) and vLLM's
 # CPU build as the local engine.  Safe to run again: it skips what is already there.
 #
-#   scripts/setup.sh            # servebook + dev tools + vLLM CPU build + PD router
+#   scripts/setup.sh            # servebook + dev tools + vLLM CPU build + PD router + test plane
 #   scripts/setup.sh --no-engine  # servebook + dev tools only (unit tests, lint, probe)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,5 +56,15 @@ if [ "$engine" = 1 ]; then
       exit 1
     fi
   fi
+fi
+if [ "$engine" = 1 ]; then
+  # The test control plane for tests/cluster: Kubernetes built from source (plane/go.mod),
+  # cached outside the repository by content hash, so later set-ups find it at once.
+  echo "setup: building the test control plane (scripts/kube-plane build; the first build takes minutes)"
+  if ! plane="$(scripts/kube-plane build)"; then
+    echo "setup: the test control plane did not build (above); tests/cluster needs it. It needs Go >= 1.26 and the Go module proxy." >&2
+    exit 1
+  fi
+  echo "setup: test control plane at $plane"
 fi
 echo "setup: done ($venv)"

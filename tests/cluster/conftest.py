@@ -1,16 +1,87 @@
-"""Tests against a real Kubernetes cluster: skipped, with the reason, without one."""
+"""Tests against a real Kubernetes control plane.
+
+By default they run against the test plane (`scripts/kube-plane`): a real kube-apiserver,
+kube-controller-manager, kube-scheduler and etcd built from Kubernetes' own source, whose
+node agent runs Pods as processes on this machine. A `KUBECONFIG` in the environment names a
+real cluster instead, and takes precedence. A plane that cannot start fails the tests: it is
+never a reason to skip them.
+"""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from servebook.kube.snapshot import ClusterSnapshot, ClusterUnreachable, read_live
 
+REPO = Path(__file__).resolve().parents[2]
+PLANE = REPO / "scripts" / "kube-plane"
+# On the plane no image is pulled: a container whose command is vLLM's server runs this
+# machine's vLLM, whatever the image. The name is the one a CPU cluster would pull.
+PLANE_IMAGE = "vllm/vllm-openai-cpu:v0.32.0-x86_64"
 
-@pytest.fixture(scope="session")
-def live() -> ClusterSnapshot:
-    """The cluster of the current KUBECONFIG/context, read once."""
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: str
+    plane: bool  # the test plane (Pods as local processes), not a cluster the user named
+    bin_dir: str = ""  # the plane's own kubectl, put first on PATH
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster every test here talks to: the user's KUBECONFIG, or a plane of our own,
+    started once for the package and stopped after its last test."""
+    named = os.environ.get("KUBECONFIG")
+    if named:
+        yield Cluster(named, plane=False)
+        return
+    where = tmp_path_factory.mktemp("plane")
+    built = subprocess.run([str(PLANE), "build"], capture_output=True, text=True, timeout=3600)
+    if built.returncode != 0:
+        pytest.fail(f"the test plane did not build:\n{built.stderr}", pytrace=False)
+    up = subprocess.run(
+        [str(PLANE), "up", str(where)], capture_output=True, text=True, timeout=1800
+    )
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"the test plane did not start:\n{up.stdout}\n{up.stderr}", pytrace=False)
+        bin_dir = str(Path(built.stdout.strip()).parent)
+        yield Cluster(str(where / "kubeconfig"), plane=True, bin_dir=bin_dir)
+    finally:
+        subprocess.run([str(PLANE), "down", str(where)], capture_output=True, timeout=300)
+
+
+@pytest.fixture(autouse=True)
+def _kubeconfig(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test, and every servebook process it starts, talks to that cluster (and, on
+    the plane, uses the plane's kubectl)."""
+    monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig)
+    if cluster.bin_dir:
+        monkeypatch.setenv("PATH", f"{cluster.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.fixture
+def live(cluster: Cluster) -> ClusterSnapshot:
+    """The cluster, read as preflight reads it."""
     try:
         return read_live(connect_timeout_s=10)
     except ClusterUnreachable as e:
-        pytest.skip(f"no reachable Kubernetes cluster: {e}")
+        pytest.fail(f"the cluster in {cluster.kubeconfig} does not answer: {e}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def image(cluster: Cluster) -> str:
+    """The engine image: any name on the plane (nothing is pulled); on a cluster of the
+    user's, vLLM's CPU image that every node can pull (SERVEBOOK_TEST_IMAGE)."""
+    named = os.environ.get("SERVEBOOK_TEST_IMAGE")
+    if named:
+        return named
+    if not cluster.plane:
+        pytest.skip("set SERVEBOOK_TEST_IMAGE to vLLM's CPU image to run the chain on your cluster")
+    return PLANE_IMAGE

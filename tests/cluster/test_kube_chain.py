@@ -34,14 +34,6 @@ pytestmark = pytest.mark.cluster
 UP_S = 1800  # pulling a multi-GB image on a laptop cluster is most of it
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
-    img = os.environ.get("SERVEBOOK_TEST_IMAGE")
-    if not img:
-        pytest.skip("set SERVEBOOK_TEST_IMAGE to vLLM's CPU image to run the chain on a cluster")
-    return img
-
-
 @pytest.fixture
 def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
     """--set arguments for tiny-pd on this cluster, in a namespace of its own (tiny-mixed
