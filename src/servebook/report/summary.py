@@ -27,8 +27,9 @@ from servebook.report.tables import (
     levels,
     settings_value,
 )
-from servebook.results.evidence import bucket_words, judged_tpot, unplaced_tpot_bucket
+from servebook.results.evidence import bucket_words, unplaced_tpot_bucket
 from servebook.results.schema import Point
+from servebook.results.tpot import judged_key
 
 ACCELERATORS_ABSENT = (
     "Per-accelerator figures are not shown: no run records how many accelerators its "
@@ -93,7 +94,7 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         cap = protocol.get("max_repetitions")
         parts.append(
             "repeated until the 95% interval of tok/s and TPOT p50 (the engine's exact "
-            "TPOT mean where its histogram places the p50 only within a coarse bucket) is within "
+            "TPOT mean where its histogram leads TPOT) is within "
             f"±{100 * protocol['precision']:g}% of the mean"
             + (f", at most {_num(cap)} repetitions" if cap is not None else "")
         )
@@ -189,7 +190,7 @@ def best_point(run: Run) -> str | None:
     tok = fmt_interval(lv.figure("output_tokens_per_s"))
     lat = []
     top = unplaced_tpot_bucket(lv.valid)  # a p50 the histogram does not place is no figure
-    tpot = judged_tpot(lv.valid)
+    tpot = judged_key(lv.valid)
     for key, title in ((tpot, "TPOT " + tpot.split(".")[1]), ("ttft_ms.p50", "TTFT p50")):
         m = lv.figure(key).mean
         if m is not None:
