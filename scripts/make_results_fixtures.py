@@ -15,6 +15,7 @@ hand so the tests can pin hand-computed verdicts:
   has one valid repetition (two windows cut short, SB401);
 * ``tiny-pd-spec-cpu``: the built-in tiny PD + ngram recipe on vLLM's CPU build (no
   accelerator count), with a rate level.
+* ``trial-mixed-spec`` and ``trial-pd-spec``: ``scripts/make_trial_fixtures.py``.
 
 Run:  .venv/bin/python scripts/make_results_fixtures.py
 """

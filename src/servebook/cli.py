@@ -3,6 +3,7 @@ logic lives in the modules they call."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from types import FrameType
@@ -27,23 +28,36 @@ from servebook.errors import ServebookError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
+#: The signals that stop a command the way Ctrl-C does: what it started is cleaned up, what
+#: it measured is kept, and it exits 128 + the signal.  SIGTERM is what CI runners,
+#: `timeout`, `kill` and systemd send; SIGHUP what a closing terminal or SSH session sends.
+#: Measured before they were handled: a `timeout 600 servebook run` left tiny-pd's prefill,
+#: decode and router running, and `status` called them healthy.
+STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+_stopped_by: list[signal.Signals] = []  # the signal that stopped this command, once one did
+
 
 def main() -> None:
     """Console entry point: a command that cannot go on raises ``ServebookError``, and this
     is the one place it is printed (``LABEL: MESSAGE``, then ``fix: HINT`` on its own line)
     and turned into the exit code; nothing else is printed after it."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_interrupt)
+    for sig in STOPPING:
+        # Only at their defaults: a signal the caller ignores (nohup's SIGHUP) stays ignored.
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        if signal.getsignal(sig) is default:
+            signal.signal(sig, _on_stop)
     try:
         app()
     except SystemExit as e:
-        # Typer ends a command Ctrl-C stopped with exit 130 and no word: say what happened.
-        if e.code == EXIT_INTERRUPTED and signal.getsignal(signal.SIGINT) is _still_cleaning:
+        # Typer ends a command a stop signal interrupted with exit 130 and no word: say
+        # what happened, and exit as a shell reports that signal.
+        if e.code == EXIT_INTERRUPTED and _stopped_by:
             err.print(
-                "interrupted: stopped by Ctrl-C before it finished; what it had started was "
-                "stopped with it (`servebook status` shows any deployment).",
+                f"interrupted: stopped by {STOPPING[_stopped_by[0]]} before it finished; what "
+                "it had started was stopped with it (`servebook status` shows any deployment).",
                 markup=False,
             )
+            sys.exit(_exit_code(EXIT_INTERRUPTED))
         raise
     except ServebookError as e:
         # Messages quote URLs, command lines and log lines: never a secret in them.
@@ -51,22 +65,38 @@ def main() -> None:
         err.print(styled(f"[bold red]{escape(e.label)}:[/] {message}"), soft_wrap=True)
         if e.hint:
             err.print(f"fix: {redact.text(e.hint)}", soft_wrap=True)
-        sys.exit(e.exit_code)
+        sys.exit(_exit_code(e.exit_code))
 
 
-def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
-    """Ctrl-C: say so at once (tearing down what a command started takes seconds), then
-    stop as Python does; bench and run say afterwards what was stopped and saved.  A
-    second Ctrl-C does not cut the clean-up short."""
-    signal.signal(signal.SIGINT, _still_cleaning)
-    err.print("Ctrl-C: stopping; first cleaning up what this command started ...", markup=False)
+def _exit_code(code: int) -> int:
+    """130 (stopped) is 128 + the signal that stopped the command."""
+    return 128 + _stopped_by[0] if code == EXIT_INTERRUPTED and _stopped_by else code
+
+
+def _on_stop(signum: int, _frame: FrameType | None) -> None:
+    """A stop signal: say so at once (tearing down what a command started takes seconds),
+    then stop as Python stops on Ctrl-C, so every clean-up written for Ctrl-C runs; bench
+    and run say afterwards what was stopped and saved.  A second signal of any of them
+    does not cut the clean-up short."""
+    sig = signal.Signals(signum)
+    _stopped_by.append(sig)
+    for other in STOPPING:
+        signal.signal(other, _still_cleaning)
+    # A closed terminal (SIGHUP) may take stderr with it: the clean-up matters more.
+    with contextlib.suppress(OSError):
+        err.print(
+            f"{STOPPING[sig]}: stopping; first cleaning up what this command started ...",
+            markup=False,
+        )
     raise KeyboardInterrupt
 
 
 def _still_cleaning(_signum: int, _frame: FrameType | None) -> None:
-    err.print(
-        "still cleaning up (if it is killed, `servebook down` stops what is left)", markup=False
-    )
+    with contextlib.suppress(OSError):
+        err.print(
+            "still cleaning up (if it is killed, `servebook down` stops what is left)",
+            markup=False,
+        )
 
 
 __all__ = ["app", "main"]

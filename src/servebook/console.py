@@ -24,7 +24,8 @@ from rich.text import Text
 
 from servebook import redact
 from servebook.findings import Finding
-from servebook.results.schema import Point, Results
+from servebook.results.schema import Results
+from servebook.results.tpot import judged
 from servebook.verify.smoke import Report
 
 # The width of a console that is not a terminal: wider than any line servebook prints, so
@@ -74,18 +75,6 @@ def number(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _tpot_cell(p: Point) -> str:
-    """TPOT p50, or what the engine's histogram knows of it where it places the p50 only
-    inside a coarse bucket (``evidence.unplaced_p50``): the bucket, with the exact mean."""
-    from servebook.results.evidence import unplaced_p50
-
-    bucket = unplaced_p50(p, "tpot_ms")
-    if bucket is None:
-        return number(p.tpot_ms.p50, 2)
-    where = f"<{bucket[1]:g}" if bucket[0] <= 0 else f"{bucket[0]:g}-{bucket[1]:g}"
-    return f"{where} (mean {number(p.tpot_ms.mean, 2)})"
-
-
 def print_points(results: Results, path: Path) -> None:
     t = Table(title=f"servebook bench: {path}")
     for col in (
@@ -117,7 +106,7 @@ def print_points(results: Results, path: Path) -> None:
             number(p.output_tokens_per_s),
             number(p.requests_per_s, 2),
             number(p.ttft_ms.p50),
-            _tpot_cell(p),
+            judged(p).cell(),
             "-" if share is None else f"{100 * share:.0f}%",
             "; ".join(r.split(":")[0] for r in p.invalid_reasons),
         )

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from servebook.backends.base import Backend, Say
 from servebook.bench import target as tgt
-from servebook.console import out, print_points, print_report
+from servebook.console import err, out, print_points, print_report
 from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
 from servebook.results.schema import Results
-from servebook.sweep import BenchArgs, Interrupted, run_bench
+from servebook.sweep import BenchArgs, Interrupted, run_bench, settings_from
+from servebook.sweep import plan_text as sweep_plan
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
 
@@ -78,11 +79,10 @@ class Job:
 
 def run(job: Job) -> int:
     """Every step in order; the exit code of the whole job."""
+    out_dir = job.out_dir or Path("servebook-runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    err.print(f"plan: {plan_text(job, out_dir)}", highlight=False, markup=False, soft_wrap=True)
     preflight(job)
     ready = job.backend.up(job.plan, name=job.name, timeout_s=job.timeout_s, say=job.say)
-    out_dir = (
-        job.out_dir or Path("servebook-runs") / f"{ready.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
     step = "verify"
     try:
         with job.backend.open(ready.name) as view:
@@ -104,6 +104,29 @@ def run(job: Job) -> int:
         ) from None
     finally:
         down_step(job, ready.name)
+
+
+def sweep_of(job: Job) -> BenchArgs:
+    """The main job's sweep, with the job's repetition cap."""
+    if job.max_repetitions is None:
+        return RUN_SWEEP
+    return replace(RUN_SWEEP, max_repetitions=job.max_repetitions)
+
+
+def plan_text(job: Job, out_dir: Path) -> str:
+    """The whole job as a person reads it before anything starts (up alone takes
+    minutes): what comes up where, what is checked, the sweep as bench states it (with its
+    time; the deployment's own bounds, such as PD's handoff share, are added when it
+    starts), and what happens after."""
+    roles = ", ".join(r.name for r in job.plan.roles)
+    sweep = sweep_of(job)
+    after = f"kept up (`servebook down {job.name}`)" if job.keep else "then down"
+    return (
+        f"up {job.name} (role{'s' if len(job.plan.roles) > 1 else ''} {roles}) on "
+        f"{job.backend.title}, {job.backend.up_cost}; verify it from its servers' counters; "
+        f"then, if it passes, the sweep: {sweep_plan(settings_from(sweep, None), sweep)}; "
+        f"then its report in {out_dir}; {after}"
+    )
 
 
 def interrupted_bench(e: Interrupted, out_dir: Path, name: str) -> Interrupted:
@@ -140,13 +163,11 @@ def verify_step(job: Job, view: DeploymentView) -> int:
 def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
     does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
-    sweep = RUN_SWEEP
-    if job.max_repetitions is not None:
-        sweep = replace(sweep, max_repetitions=job.max_repetitions)
+    sweep = sweep_of(job)
     if view.backend == "kubernetes":
         results, path = bench_in_cluster(job, view.name, sweep, out_dir)
     else:
-        job.say(f"benchmarking {view.name} (the plan follows)")
+        job.say(f"benchmarking {view.name} (the sweep's plan, with the deployment's bounds)")
         subject = tgt.from_deployment(
             view, api="completions", request_timeout_s=120.0, api_key=job.opts.api_key
         )

@@ -71,3 +71,82 @@ def engine(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# What `python -m vllm.entrypoints.openai.api_server` runs when the stand-in package is
+# first on PYTHONPATH (``vllm_package``): the local backend starts it as it starts vLLM.
+_API_SERVER = """
+import http.server, json, os, sys, threading, time
+from pathlib import Path
+
+args = sys.argv[1:]
+def arg(name, default):
+    return args[args.index(name) + 1] if name in args else default
+
+fix = Path(os.environ["STANDIN_FIXTURES"])
+files = {
+    "/metrics": fix / "vllm-0.32.0-cpu-tiny-pd-decode-after.prom",
+    "/v1/models": fix / "vllm-0.32.0-v1-models.json",
+    "/version": fix / "vllm-0.32.0-version.json",
+}
+answer = int(os.environ.get("STANDIN_ANSWER", "-1"))
+seen = Path(os.environ["STANDIN_SEEN"]) if os.environ.get("STANDIN_SEEN") else None
+count = [0]
+lock = threading.Lock()
+
+class H(http.server.BaseHTTPRequestHandler):
+    def reply(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        path = files.get(self.path)
+        ok = path is not None or self.path == "/health"
+        self.reply(200 if ok else 404, path.read_bytes() if path else b"")
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with lock:
+            count[0] += 1
+            n = count[0]
+        if seen is not None:
+            (seen / f"completion-{n}").touch()
+        if 0 <= answer < n:
+            time.sleep(3600)  # busy: the request is held open
+        body = {"choices": [{"index": 0, "text": " jumps", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 8}}
+        self.reply(200, json.dumps(body).encode())
+    def log_message(self, *a):
+        pass
+
+address = (arg("--host", "127.0.0.1"), int(arg("--port", "8000")))
+server = http.server.ThreadingHTTPServer(address, H)
+server.daemon_threads = True
+server.serve_forever()
+"""
+
+
+def vllm_package(
+    root: Path, *, answer: int | None = None, seen: Path | None = None
+) -> dict[str, str]:
+    """A stand-in ``vllm`` package under ``root``; returns the environment that puts it
+    first on the path of a ``servebook`` process, so the local backend's check for vLLM and
+    its ``python -m vllm.entrypoints.openai.api_server ... --host H --port P`` find it.  It
+    answers /health, /version, /v1/models and /metrics (a real vLLM 0.32.0 CPU server's),
+    and completions: the first ``answer`` (all when ``None``) with a text, each later one
+    held open, as a server still busy; each completion it receives leaves a file in
+    ``seen``."""
+    pkg = root / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").touch()
+    (pkg / "api_server.py").write_text(_API_SERVER)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(root), *(p for p in sys.path if p)]),
+        "STANDIN_FIXTURES": str(FIX),
+        "STANDIN_ANSWER": str(-1 if answer is None else answer),
+    }
+    if seen is not None:
+        seen.mkdir(parents=True, exist_ok=True)
+        env["STANDIN_SEEN"] = str(seen)
+    return env

@@ -33,3 +33,11 @@ def invalid_level(concurrency: int, reason: str) -> Callable[[dict[str, Any]], N
                 p["valid"], p["invalid_reasons"] = False, [reason]
 
     return edit
+
+
+# The field trial's comparison (issue 32, finding 1): mixed-spec's client read its tokens in
+# bursts, so its TPOT is its engine's (exact means 1.82-1.86 ms, vLLM's 0-10 ms bucket
+# interpolating every p50 to 5.00); pd-spec's client p50 (2.68-2.72 ms) stands beside its
+# decode engine's exact means (2.80-2.84 ms).
+TRIAL_MIXED = RESULTS / "trial-mixed-spec"
+TRIAL_PD = RESULTS / "trial-pd-spec"

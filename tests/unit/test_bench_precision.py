@@ -320,7 +320,7 @@ def test_the_report_tables_plots_and_compare_show_imprecise_levels(
     plan = report.provenance[0].plan
     assert "within ±5% of the mean, at most 6 repetitions" in plan
     # What precision judges when vLLM's histogram cannot place TPOT's p50 (a CPU engine).
-    assert "the engine's exact TPOT mean where its histogram places the p50 only" in plan
+    assert "the engine's exact TPOT mean where its histogram leads TPOT" in plan
     assert "within" not in describe_protocol(
         dataclasses.replace(SETTINGS, precision=None, max_repetitions=None).to_dict()
     )

@@ -63,5 +63,13 @@ def test_examples_each_on_their_own_line(words: tuple[str, ...], examples: list[
     assert len({w[0] for w in where}) == len(examples)
 
 
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_every_command_and_group_has_an_example_of_itself(words: tuple[str, ...]) -> None:
+    """Before: `servebook model --help` had none (issue 32, finding 8)."""
+    text = _help(*words)
+    examples = text[text.find("Example") :] if "Example" in text else ""
+    assert re.search(rf"servebook {' '.join(words)}\b", examples), text
+
+
 def test_render_help_names_the_placeholder_it_refuses() -> None:
     assert "a node name like <NODE>, a relative" in " ".join(_help("render").split())

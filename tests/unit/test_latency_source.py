@@ -10,13 +10,13 @@ from typing import Any
 
 from servebook.report.tables import Level, same_source
 from servebook.results.evidence import (
-    judged_tpot,
     one_source,
     one_source_per_level,
     stored_figure,
     unplaced_p50,
 )
 from servebook.results.schema import Latency, Point
+from servebook.results.tpot import judged, judged_key
 from tests.unit.test_bench_protocol import make_point
 
 
@@ -123,7 +123,7 @@ def test_an_unplaced_engine_p50_is_not_a_reproduction_the_exact_mean_is_judged()
 
     a = _level([engine_led(i, m) for i, m in enumerate((2.20, 2.30, 2.25))])
     b = _level([engine_led(i, m) for i, m in enumerate((3.00, 3.10, 3.05))])
-    assert judged_tpot(a.points) == "tpot_ms.mean"
+    assert judged_key(a.points) == "tpot_ms.mean"
     assert unplaced_p50(a.points[0], "tpot_ms") == (0.0, 10.0)
     got = check_level(a, b, 0.05)
     assert [c.metric for c in got.metrics] == ["output_tokens_per_s", "tpot_ms.mean"]
@@ -134,13 +134,17 @@ def test_an_unplaced_engine_p50_is_not_a_reproduction_the_exact_mean_is_judged()
     assert check_level(a, same, 0.05).verdict == "reproduces"
 
 
-def test_a_placed_engine_p50_and_the_clients_p50_are_judged_as_p50() -> None:
-    # a histogram with 1 ms buckets around 15 ms places its p50 to 6%
+def test_an_engine_led_p50_is_never_judged_even_in_a_fine_bucket_the_clients_p50_is() -> None:
+    """A histogram with 1 ms buckets around 15 ms places its p50 to 6%, but that is still an
+    interpolation: where the engine leads, its exact mean is the figure (issue 32: one
+    rule for every reader). Before, this p50 was judged."""
     placed = [engine_led(i, 15.0, bucket=(15.0, 16.0)) for i in range(2)]
     assert unplaced_p50(placed[0], "tpot_ms") is None
-    assert judged_tpot(placed) == "tpot_ms.p50"
+    assert judged_key(placed) == "tpot_ms.mean"
+    assert judged(placed[0]).value == 15.0 and judged(placed[0]).source == "server:decode"
     client = [point(i, 2.0, led=False) for i in range(2)]
-    assert judged_tpot(client) == "tpot_ms.p50"
+    assert judged_key(client) == "tpot_ms.p50"
+    assert judged(client[0]).value == 2.0 and judged(client[0]).source == "client"
 
 
 def test_a_p50_inside_vllms_10_to_25_ms_bucket_is_unplaced_and_the_mean_is_judged() -> None:
@@ -157,7 +161,7 @@ def test_a_p50_inside_vllms_10_to_25_ms_bucket_is_unplaced_and_the_mean_is_judge
 
     coarse = [at(0, 10.5, 10.8), at(1, 10.8, 14.4), at(2, 11.1, 15.6)]
     assert unplaced_p50(coarse[0], "tpot_ms") == (10.0, 25.0)
-    assert judged_tpot(coarse) == "tpot_ms.mean"
+    assert judged_key(coarse) == "tpot_ms.mean"
     other = _level([at(0, 10.6, 16.4), at(1, 10.9, 17.0), at(2, 11.0, 16.2)])
     got = check_level(_level(coarse), other, 0.05)
     assert [c.metric for c in got.metrics] == ["output_tokens_per_s", "tpot_ms.mean"]
@@ -178,14 +182,13 @@ def test_precision_is_judged_on_the_exact_mean_where_the_p50_is_unplaced() -> No
     assert spread is not None and spread > 0.05 and decision.status == "continue"
 
 
-def test_bench_table_shows_an_unplaced_p50_as_its_bound_and_the_exact_mean() -> None:
-    """Before: the table printed 5.00 for every engine-led point of tiny-pd."""
-    from servebook.console import _tpot_cell
-
-    assert _tpot_cell(engine_led(0, 2.31)) == "<10 (mean 2.31)"
-    assert _tpot_cell(engine_led(0, 15.0, bucket=(10.0, 25.0))) == "10-25 (mean 15.00)"
-    assert _tpot_cell(engine_led(0, 15.0, bucket=(15.0, 16.0))) == "15.50"
-    assert _tpot_cell(point(0, 2.0, led=False)) == "2.00"
+def test_bench_table_shows_an_engine_led_tpot_as_its_bucket_and_the_exact_mean() -> None:
+    """Before: the table printed 5.00 for every engine-led point of tiny-pd, and later
+    15.50 (an interpolation) for a p50 in a fine bucket."""
+    assert judged(engine_led(0, 2.31)).cell() == "<10 (mean 2.31)"
+    assert judged(engine_led(0, 15.0, bucket=(10.0, 25.0))).cell() == "10-25 (mean 15.00)"
+    assert judged(engine_led(0, 15.0, bucket=(15.0, 16.0))).cell() == "15-16 (mean 15.00)"
+    assert judged(point(0, 2.0, led=False)).cell() == "2.00"
 
 
 def test_the_summary_headline_names_the_exact_mean_where_the_p50_is_unplaced() -> None:
@@ -206,3 +209,9 @@ def test_the_summary_headline_names_the_exact_mean_where_the_p50_is_unplaced() -
     said = best_point(run)  # type: ignore[arg-type]
     assert said is not None and "places the p50 only below 25 ms)" in said, said
     assert "first bucket" not in said
+    # a p50 a fine bucket places is still an interpolation: the headline reads the mean
+    # (before: "TPOT p50 15.50 ms")
+    fine = [engine_led(i, 15.0, bucket=(15.0, 16.0)) for i in range(2)]
+    run = SimpleNamespace(results=SimpleNamespace(points=fine), accelerators=None)
+    said = best_point(run)  # type: ignore[arg-type]
+    assert said is not None and "TPOT mean 15.00 ms from the engine histograms" in said, said

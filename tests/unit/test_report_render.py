@@ -334,9 +334,11 @@ def test_html_renders_in_headless_chromium_with_every_plot_and_table(
         assert dom.figures[id].get("data-xscale") == "log2", id
         assert dom.figures[id].get("data-xticks") == "1,2,4,16", id
     assert "data-xscale" not in dom.figures["pareto"]
-    # The summary paragraph, first on the page, as the browser shows it.
+    # The summary paragraph, first on the page, as the browser shows it: the CPU run's
+    # engine, packages and model are not the GPU runs', and it says so first.
     assert dom.summary == report.summary
-    assert dom.summary.startswith("vllm-mixed: best valid point c=16: 1,200 ± 75 output tok/s")
+    assert dom.summary.startswith("Warning: these runs differ in engine versions")
+    assert "vllm-mixed: best valid point c=16: 1,200 ± 75 output tok/s" in dom.summary
     assert "vllm-pd: best valid point c=16: 1,520 ± 254 output tok/s" in dom.summary
     assert "1 invalid point, excluded: c=16 rep 2 (SB403)" in dom.summary
     assert r.stdout.index('id="summary"') < r.stdout.index('id="runs"')

@@ -10,7 +10,13 @@ from servebook.commands import app
 from servebook.console import out
 
 model_app = typer.Typer(
-    help="Make models for demos and tests (nothing is downloaded).",
+    help="\n\n".join(
+        [
+            "Make models for demos and tests (nothing is downloaded).",
+            "Example: servebook model tiny ~/.cache/servebook/tiny",
+            "Example: servebook model tiny ~/.cache/servebook/tiny-draft --draft",
+        ]
+    ),
     no_args_is_help=True,
 )
 app.add_typer(model_app, name="model")

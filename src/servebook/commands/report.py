@@ -194,8 +194,9 @@ def compare(
         )
     for line in cmp.differences_lines(c.comparability):
         out.print(line, soft_wrap=True)
-    out.print(_rich_table(cmp.rows_table(c)))
-    out.print(cmp.TEST)
+    table = cmp.rows_table(c)
+    out.print(_rich_table(table))
+    out.print(table.note)  # the test, and where a figure is the engines' exact means
     out.print(cmp.MULTIPLE_TESTS)
     if c.only_a or c.only_b:
         out.print(

@@ -356,20 +356,27 @@ def comparability(a: Provenance, b: Provenance, variables: Sequence[str]) -> Com
     return Comparability(provenance_differences(a, b), check_variables(variables))
 
 
+def differing_fields(runs: Sequence[Run]) -> list[tuple[str, str, list[FieldValue | None]]]:
+    """``(field, kind, each run's value)`` for every compared provenance field that is not
+    the same in all ``runs`` (a run without it: ``None``), by field name."""
+    flat = shared_fields([r.results.provenance for r in runs])
+    out = []
+    for name in sorted(set().union(*flat)):
+        vals = [f.get(name) for f in flat]
+        if len({_canon(v.value) if v is not None else "\0" for v in vals}) > 1:
+            out.append((name, next(v.kind for v in vals if v is not None), vals))
+    return out
+
+
 def differences_table(runs: Sequence[Run]) -> Table | None:
     """Every compared provenance field that is not the same in all runs shown (``None``
     for one run), each with its kind."""
     if len(runs) < 2:
         return None
-    flat = shared_fields([r.results.provenance for r in runs])
-    names = sorted(set().union(*flat))
-    rows = []
-    for name in names:
-        vals = [f.get(name) for f in flat]
-        shown = [show_value(v.value) if v is not None else "(absent)" for v in vals]
-        if len({_canon(v.value) if v is not None else "\0" for v in vals}) > 1:
-            kind = next(v.kind for v in vals if v is not None)
-            rows.append([name, kind, *shown])
+    rows = [
+        [name, kind, *(show_value(v.value) if v is not None else "(absent)" for v in values)]
+        for name, kind, values in differing_fields(runs)
+    ]
     return Table(
         "differences",
         "What differs between the runs shown",

@@ -40,6 +40,7 @@ from servebook.report.tables import (
     same_source,
 )
 from servebook.results import stats
+from servebook.results.tpot import PER_TOKEN, judged_key
 
 CROSS_PROVENANCE = "cross-provenance: not a like-for-like comparison"
 ALPHA = 0.05
@@ -51,6 +52,11 @@ TEST = (
     "is better or worse. Fewer than 2 valid repetitions on a side: not distinguishable "
     "(too few repetitions). Throughput: higher is better; latency and error rate: lower "
     "is better."
+)
+ENGINE_MEANS = (
+    " Where either run's engine histogram leads TPOT or ITL at a level, both runs are "
+    "compared on their engines' exact means there (each run its own engine), and p99 is not "
+    "compared: a histogram places it only within a bucket."
 )
 MULTIPLE_TESTS = (
     "Each verdict is its own test at 5%: among many points and metrics that do not truly "
@@ -182,6 +188,17 @@ def compare_level(la: Level, lb: Level, metric: str) -> Row | None:
     )
 
 
+def judged_metric(la: Level, lb: Level, metric: str) -> str | None:
+    """What ``metric`` is compared on at this level of both runs (``results.tpot``): a
+    per-token p50 is both sides' engines' exact means where either side's histogram leads
+    (never one side's engine against the other's client), and a per-token p99 is then not
+    compared (the histogram places it only within a bucket); ``None``: not compared."""
+    name, _, q = metric.partition(".")
+    if name not in PER_TOKEN or judged_key([*la.valid, *lb.valid], name) == f"{name}.p50":
+        return metric
+    return f"{name}.mean" if q == "p50" else None
+
+
 @dataclass
 class Comparison:
     a: Run
@@ -217,7 +234,8 @@ def compare(a: Run, b: Run, variables: Sequence[str] = (), *, force: bool = Fals
     for key in [k for k in la if k in lb]:
         level_a, level_b = same_source(la[key], lb[key])
         for metric in COMPARED:
-            row = compare_level(level_a, level_b, metric)
+            judged = judged_metric(level_a, level_b, metric)
+            row = compare_level(level_a, level_b, judged) if judged else None
             if row is not None:
                 rows.append(row)
     return Comparison(
@@ -279,6 +297,7 @@ def rows_table(c: Comparison) -> Table:
         ],
         note=TEST
         + (SERVER_NOTE if any(r.source for r in c.rows) else "")
+        + (ENGINE_MEANS if any(r.metric.endswith(".mean") for r in c.rows) else "")
         + (
             " 'imprecise': that run's level stopped at its repetition cap with an interval "
             "wider than its precision target."

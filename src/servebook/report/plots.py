@@ -30,6 +30,7 @@ from servebook.report.tables import (
     tokens_per_user,
 )
 from servebook.results.schema import Point
+from servebook.results.tpot import PER_TOKEN
 
 NAN = float("nan")
 
@@ -150,6 +151,8 @@ def _metric_panel(runs: Sequence[Run], mode: Mode, metric: str) -> Panel:
         panel.invalid += _invalid_marks(run, i, lvs, lambda lv, _p: lv.value, _of(m, run))
     if missing:
         why = "accelerator count unknown" if metric.endswith("_per_accelerator") else "not recorded"
+        if metric.partition(".")[0] in PER_TOKEN:
+            why = "its engine's histogram leads, and places a percentile only within a bucket"
         panel.note = f"n/a for {', '.join(missing)}: {why}"
     return panel
 
@@ -219,12 +222,25 @@ def throughput_plot(runs: Sequence[Run], mode: Mode) -> PlotSpec:
 
 
 def latency_plot(runs: Sequence[Run], mode: Mode, name: str) -> PlotSpec:
+    """p50 left, p99 right; TPOT's left panel draws each level's judged TPOT
+    (``results.tpot``): the engine's exact mean where its histogram leads, never a p50
+    interpolated inside a bucket, and the note names those runs."""
     title = {"tpot": "TPOT", "ttft": "TTFT"}[name]
+    panels = [_metric_panel(runs, mode, f"{name}_ms.{q}") for q in ("p50", "p99")]
+    if name == "tpot":
+        panels[0] = _metric_panel(runs, mode, "tpot")
+        panels[0].title = panels[0].ylabel = "TPOT p50 (ms)"
+        led = [r.label for r in runs if any(lv.key("tpot") != "tpot_ms.p50" for lv in levels(r))]
+        if led:
+            panels[0].note = (
+                f"{', '.join(led)}: the engine's exact mean (its histogram led TPOT: the "
+                "client's per-token timing was wrong), not a p50"
+            )
     return PlotSpec(
         name + ("" if mode == "concurrency" else "-rate"),
         f"{title} vs {mode} (p50 left, p99 right)",
         _XLABEL[mode],
-        [_metric_panel(runs, mode, f"{name}_ms.{q}") for q in ("p50", "p99")],
+        panels,
         f"{_BAND} {_INVALID}",
         **_axis(runs, mode),
     )

@@ -5,10 +5,9 @@ against a published 242); what did reproduce within a few percent was median TPO
 independent re-run is the check that makes a number trustworthy, so it is a command.
 
 Per common load level, on the *median over valid repetitions* of output tokens/s and of
-TPOT p50 (:data:`METRICS`; where the engine's histogram leads TPOT and places its p50 only
-inside a coarse bucket, ``evidence.unplaced_p50``, on the engine's exact TPOT mean instead:
-vLLM's buckets are 33-100% wide, its first ends at 10 ms, and interpolation there gives
-5.00 ms for any CPU engine):
+TPOT p50 (:data:`METRICS`; where an engine's histogram leads TPOT on either side, on each
+side's engine's exact TPOT mean instead, ``results.tpot``: vLLM's buckets are 33-100% wide,
+its first ends at 10 ms, and interpolation there gives 5.00 ms for any CPU engine):
 
 * **within tolerance**: ``|median_B / median_A - 1| <= tolerance`` (default 5%);
 * **interval cover**: whether A's 95% interval (Student t over its valid repetitions, the
@@ -44,7 +43,8 @@ from servebook.report.tables import (
     same_source,
 )
 from servebook.results import stats
-from servebook.results.evidence import bucket_words, judged_tpot, unplaced_tpot_bucket
+from servebook.results.evidence import bucket_words, unplaced_tpot_bucket
+from servebook.results.tpot import judged_key
 from servebook.values import parse_share
 
 DEFAULT_TOLERANCE = 0.05
@@ -56,10 +56,10 @@ RULE = (
     "B reproduces A at a level when the median over valid repetitions of output tokens/s "
     "and of TPOT p50 are each within the tolerance of A's. Outside it: inconclusive when "
     "each run's 95% interval covers the other's median (the difference is inside the "
-    "noise), or a side has no valid repetition; else does not reproduce. Where the engine's "
-    "histogram gives TPOT and places its p50 only inside a bucket wider than 10% (an "
-    "interpolation between its bounds, not a latency), TPOT is judged on the engine's exact "
-    "mean."
+    "noise), or a side has no valid repetition; else does not reproduce. Where an engine's "
+    "histogram gives TPOT on either side (the client's per-token timing was wrong there), "
+    "both sides' TPOT is judged on their engines' exact means: a percentile inside a bucket "
+    "is an interpolation between its bounds, not a latency."
 )
 
 
@@ -156,15 +156,18 @@ def check_metric(la: Level, lb: Level, metric: str, tolerance: float) -> MetricC
 def check_level(la: Level, lb: Level, tolerance: float) -> PointCheck:
     la, lb = same_source(la, lb)
     top = unplaced_tpot_bucket([*la.valid, *lb.valid])
-    tpot = judged_tpot([*la.valid, *lb.valid])
+    tpot = judged_key([*la.valid, *lb.valid])
     metrics = [tpot if m == "tpot_ms.p50" else m for m in REPRODUCE_METRICS]
     checks = [check_metric(la, lb, m, tolerance) for m in metrics]
     verdict, reason = _verdict(la, lb, checks, tolerance)
-    if top is not None:
-        reason += (
-            f" (TPOT judged on the engine's exact mean: its histogram places the p50 only "
-            f"{bucket_words(top)}, in buckets too coarse to judge it)"
-        )
+    if tpot == "tpot_ms.mean":
+        reason += " (TPOT judged on each engine's exact mean: an engine's histogram leads it"
+        if top is not None:
+            reason += (
+                f"; its histogram places the p50 only {bucket_words(top)}, in buckets too "
+                "coarse to judge it"
+            )
+        reason += ")"
     return PointCheck(la.label, checks, verdict, reason)
 
 

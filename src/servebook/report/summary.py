@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servebook.report.comparability import differing_fields
 from servebook.report.plots import check_ids
 from servebook.report.tables import (
     Level,
@@ -27,8 +28,9 @@ from servebook.report.tables import (
     levels,
     settings_value,
 )
-from servebook.results.evidence import bucket_words, judged_tpot, unplaced_tpot_bucket
+from servebook.results.evidence import bucket_words, unplaced_tpot_bucket
 from servebook.results.schema import Point
+from servebook.results.tpot import judged_key
 
 ACCELERATORS_ABSENT = (
     "Per-accelerator figures are not shown: no run records how many accelerators its "
@@ -93,7 +95,7 @@ def describe_protocol(protocol: Mapping[str, Any]) -> str:
         cap = protocol.get("max_repetitions")
         parts.append(
             "repeated until the 95% interval of tok/s and TPOT p50 (the engine's exact "
-            "TPOT mean where its histogram places the p50 only within a coarse bucket) is within "
+            "TPOT mean where its histogram leads TPOT) is within "
             f"±{100 * protocol['precision']:g}% of the mean"
             + (f", at most {_num(cap)} repetitions" if cap is not None else "")
         )
@@ -189,7 +191,7 @@ def best_point(run: Run) -> str | None:
     tok = fmt_interval(lv.figure("output_tokens_per_s"))
     lat = []
     top = unplaced_tpot_bucket(lv.valid)  # a p50 the histogram does not place is no figure
-    tpot = judged_tpot(lv.valid)
+    tpot = judged_key(lv.valid)
     for key, title in ((tpot, "TPOT " + tpot.split(".")[1]), ("ttft_ms.p50", "TTFT p50")):
         m = lv.figure(key).mean
         if m is not None:
@@ -235,9 +237,44 @@ def run_summary(run: Run) -> str:
     return f"{run.label}: " + "; ".join(parts) + "."
 
 
+#: What makes runs shown side by side measure different things, beside what they are
+#: about: field notes ("Benchmarks"), the same baseline moved -15% and +29% between images.
+NOT_LIKE_FOR_LIKE = {
+    "engine": "engine versions",
+    "packages": "images or packages",
+    "model": "models",
+}
+
+
+def unlike_warning(runs: Sequence[Run]) -> str | None:
+    """A warning, for the summary's first words, when the runs shown differ in engine
+    version, images or packages, or model (``comparability.differing_fields``; `compare`
+    refuses such a pair unless told); ``None`` when they do not."""
+    fields: dict[str, list[str]] = {}
+    for name, kind, _ in differing_fields(runs) if len(runs) > 1 else []:
+        if kind in NOT_LIKE_FOR_LIKE:
+            fields.setdefault(kind, []).append(name)
+    if not fields:
+        return None
+
+    def named(names: list[str]) -> str:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        return ", ".join(names[:3]) + more
+
+    what = "; ".join(f"{NOT_LIKE_FOR_LIKE[k]} ({named(v)})" for k, v in fields.items())
+    return (
+        f"Warning: these runs differ in {what}, so they are not like for like: a difference "
+        "between their numbers may come from that, not from what the runs are about "
+        "(`servebook compare` refuses such a pair unless the difference is declared with "
+        "--variable); the table 'What differs between the runs shown' lists each field."
+    )
+
+
 def summary(runs: Sequence[Run]) -> str:
-    """The report's opening paragraph."""
-    return " ".join(run_summary(r) for r in runs)
+    """The report's opening paragraph: a warning first when the runs are not like for
+    like (:func:`unlike_warning`), then each run."""
+    warning = unlike_warning(runs)
+    return " ".join([*([warning] if warning else []), *(run_summary(r) for r in runs)])
 
 
 # --- the server's latency beside the client's ----------------------------------------------

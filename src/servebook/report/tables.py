@@ -24,6 +24,15 @@ from servebook.results import stats
 from servebook.results.evidence import one_source
 from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
 from servebook.results.store import load_results
+from servebook.results.tpot import (
+    PER_TOKEN,
+    bucket_label,
+    bucket_span,
+    engine_led,
+    figure,
+    judged,
+    judged_key,
+)
 
 Better = Literal["higher", "lower"]
 Mode = Literal["concurrency", "rate"]
@@ -127,7 +136,11 @@ def _server(p: Point, key: str) -> float | None:
 
 
 def _latency(name: str, q: str) -> Callable[[Point, Run], float | None]:
-    return lambda p, _run: getattr(getattr(p, name), q)
+    return lambda p, _run: figure(p, f"{name}.{q}")
+
+
+def _field(name: str) -> Callable[[Point, Run], float | None]:
+    return lambda p, _run: getattr(p, name)
 
 
 def _per_acc(name: str) -> Callable[[Point, Run], float | None]:
@@ -152,7 +165,7 @@ class Metric:
     value: Callable[[Point, Run], float | None]
     percent: bool = False
     short: str = ""  # for narrow tables (a terminal): "tok/s per acc"
-    compared: bool = True  # one of compare's figures (tpot_ms.mean: evidence.judged_tpot)
+    compared: bool = True  # one of compare's figures (the per-token means: results.tpot)
 
     @property
     def label(self) -> str:
@@ -162,89 +175,52 @@ class Metric:
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in [
-        Metric(
-            "requests_per_s",
-            "Requests/s",
-            "req/s",
-            "higher",
-            lambda p, _: p.requests_per_s,
-            short="req/s",
+        *(
+            m
+            for key, title, unit in (
+                ("requests_per_s", "Requests/s", "req/s"),
+                ("output_tokens_per_s", "Output tokens/s", "tok/s"),
+            )
+            for m in (
+                Metric(key, title, unit, "higher", _field(key), short=unit),
+                Metric(
+                    f"{key}_per_accelerator",
+                    f"{title} per accelerator",
+                    unit,
+                    "higher",
+                    _per_acc(key),
+                    short=f"{unit} per acc",
+                ),
+            )
         ),
-        Metric(
-            "requests_per_s_per_accelerator",
-            "Requests/s per accelerator",
-            "req/s",
-            "higher",
-            _per_acc("requests_per_s"),
-            short="req/s per acc",
+        *(
+            Metric(
+                f"{name}.{q}",
+                f"{title} {q}",
+                "ms",
+                "lower",
+                _latency(name, q),
+                short=f"{title} {q} ms",
+            )
+            for name, title in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"))
+            for q in ("p50", "p99")
         ),
-        Metric(
-            "output_tokens_per_s",
-            "Output tokens/s",
-            "tok/s",
-            "higher",
-            lambda p, _: p.output_tokens_per_s,
-            short="tok/s",
+        # Per-token means are the engine's exact means where its histogram leads (and no
+        # figure elsewhere): compared in place of the p50 there (``results.tpot``).
+        *(
+            Metric(
+                f"{n}.mean",
+                f"{t} mean",
+                "ms",
+                "lower",
+                _latency(n, "mean"),
+                short=f"{t} mean ms",
+                compared=False,
+            )
+            for n, t in (("itl_ms", "ITL"), ("tpot_ms", "TPOT"))
         ),
-        Metric(
-            "output_tokens_per_s_per_accelerator",
-            "Output tokens/s per accelerator",
-            "tok/s",
-            "higher",
-            _per_acc("output_tokens_per_s"),
-            short="tok/s per acc",
-        ),
-        Metric(
-            "ttft_ms.p50",
-            "TTFT p50",
-            "ms",
-            "lower",
-            _latency("ttft_ms", "p50"),
-            short="TTFT p50 ms",
-        ),
-        Metric(
-            "ttft_ms.p99",
-            "TTFT p99",
-            "ms",
-            "lower",
-            _latency("ttft_ms", "p99"),
-            short="TTFT p99 ms",
-        ),
-        Metric(
-            "itl_ms.p50",
-            "ITL p50",
-            "ms",
-            "lower",
-            _latency("itl_ms", "p50"),
-            short="ITL p50 ms",
-        ),
-        Metric(
-            "itl_ms.p99",
-            "ITL p99",
-            "ms",
-            "lower",
-            _latency("itl_ms", "p99"),
-            short="ITL p99 ms",
-        ),
-        Metric(
-            "tpot_ms.p50",
-            "TPOT p50",
-            "ms",
-            "lower",
-            _latency("tpot_ms", "p50"),
-            short="TPOT p50 ms",
-        ),
-        Metric(
-            "tpot_ms.mean", "TPOT mean", "ms", "lower", _latency("tpot_ms", "mean"), compared=False
-        ),
-        Metric(
-            "tpot_ms.p99",
-            "TPOT p99",
-            "ms",
-            "lower",
-            _latency("tpot_ms", "p99"),
-            short="TPOT p99 ms",
-        ),
+        # The judged TPOT of a point (``results.tpot.judged``): what plots draw.
+        Metric("tpot", "TPOT", "ms", "lower", lambda p, _: judged(p).value, compared=False),
         Metric("error_rate", "Error rate", "", "lower", lambda p, _: error_rate(p), percent=True),
         Metric(
             "handoff_share",
@@ -271,8 +247,9 @@ COMPARED = [k for k, m in METRICS.items() if m.better is not None and m.compared
 
 
 def tokens_per_user(p: Point, _run: Run | None = None) -> float | None:
-    """Output tokens/s one user sees: 1000 / the point's median TPOT (ms), any level."""
-    t = p.tpot_ms.p50
+    """Output tokens/s one user sees: 1000 / the point's judged TPOT (ms; its median, or its
+    engine's exact mean where the engine's histogram leads: ``results.tpot``), any level."""
+    t = judged(p).value
     return 1000.0 / t if t else None
 
 
@@ -300,8 +277,18 @@ class Level:
     def invalid(self) -> list[Point]:
         return [p for p in self.points if not p.valid]
 
+    def key(self, metric: str) -> str:
+        """``metric`` as this level judges it: the judged TPOT (``tpot``), or a per-token
+        p50, is its engines' exact mean where any valid repetition's histogram leads
+        (``results.tpot.judged_key``)."""
+        name, _, q = metric.partition(".")
+        if metric == "tpot" or (name in PER_TOKEN and q == "p50"):
+            return judged_key(self.valid, name if q else "tpot_ms")
+        return metric
+
     def values(self, metric: str | Callable[[Point, Run], float | None]) -> list[float]:
         """The metric's per-repetition values over the *valid* points (``None`` left out)."""
+        metric = self.key(metric) if metric == "tpot" else metric
         f = METRICS[metric].value if isinstance(metric, str) else metric
         out = [f(p, self.run) for p in sorted(self.valid, key=lambda p: p.repetition)]
         return [v for v in out if v is not None and math.isfinite(v)]
@@ -406,9 +393,23 @@ SERVER_MARK = " (server)"
 SERVER_NOTE = (
     " '(server)': the client's per-token timing was wrong at that level (its latency "
     "diagnosis: tokens arrived in bursts, or the client was saturated), so the figure is "
-    "the engine's own histogram over the window (mean exact, percentiles estimated inside "
-    "vLLM's buckets); the client's figures are in the server-latency table and the results."
+    "the engine's own histogram over the window: its exact mean, beside the bucket its "
+    "histogram puts the percentile in ('<10 (mean 2.31)'), never a percentile interpolated "
+    "inside a bucket; the client's figures are in the server-latency table and the results."
 )
+
+
+def latency_cell(lv: Level, key: str) -> str:
+    """A latency figure of a level; where the engine's histogram leads a per-token figure,
+    the bucket its percentile lies in and, for the p50, the engine's exact mean."""
+    name, _, q = key.partition(".")
+    led = [p for p in lv.valid if name in PER_TOKEN and engine_led(p, name)]
+    if not led or lv.key(f"{name}.p50") == f"{name}.p50":
+        return fmt_interval(lv.figure(key)) + (SERVER_MARK if lv.source(key) else "")
+    where = bucket_label(bucket_span(led, name, q))
+    if q == "p50":
+        where += f" (mean {fmt_interval(lv.figure(f'{name}.mean'))})"
+    return where + SERVER_MARK
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -555,9 +556,6 @@ LATENCY_KEYS = (
 
 
 def latency_table(runs: Sequence[Run]) -> Table:
-    def cell(lv: Level, k: str) -> str:
-        return fmt_interval(lv.figure(k)) + (SERVER_MARK if lv.source(k) else "")
-
     served = any(lv.source(k) for r in runs for lv in levels(r) for k in LATENCY_KEYS)
     return Table(
         "latency",
@@ -567,7 +565,7 @@ def latency_table(runs: Sequence[Run]) -> Table:
             Column("Load"),
             *(Column(f"{METRICS[k].title} (ms)", True) for k in LATENCY_KEYS),
         ],
-        _level_rows(runs, lambda lv: [cell(lv, k) for k in LATENCY_KEYS]),
+        _level_rows(runs, lambda lv: [latency_cell(lv, k) for k in LATENCY_KEYS]),
         note="Each repetition's percentile over the requests scheduled and finished inside "
         "its window; mean ± 95% CI half-width of those per-repetition values."
         + (SERVER_NOTE if served else ""),

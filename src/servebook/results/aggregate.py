@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from servebook.results import stats
-from servebook.results.evidence import judged_tpot
 from servebook.results.schema import (
     PRECISION_FIGURES,
     Aggregate,
@@ -20,6 +19,7 @@ from servebook.results.schema import (
     Point,
     PrecisionFigure,
 )
+from servebook.results.tpot import figure, judged_key
 
 # --- aggregates ----------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ def aggregate(points: Sequence[Point], precision: PrecisionTarget | None = None)
 
 def _precision_value(p: Point, key: str) -> float | None:
     if key.startswith("tpot_ms."):
-        return getattr(p.tpot_ms, key.split(".", 1)[1])
+        return figure(p, key)
     v = getattr(p, key)
     return float(v) if v is not None else None
 
@@ -99,7 +99,7 @@ class PrecisionTarget:
         """The stopping rule over one level's points (every repetition counts toward the
         cap; the intervals are over the valid ones)."""
         valid = [p for p in sorted(points, key=lambda p: p.repetition) if p.valid]
-        keys = [judged_tpot(valid) if k == "tpot_ms.p50" else k for k in PRECISION_FIGURES]
+        keys = [judged_key(valid) if k == "tpot_ms.p50" else k for k in PRECISION_FIGURES]
         series = {k: [v for p in valid if (v := _precision_value(p, k)) is not None] for k in keys}
         return stats.precision_decision(
             series,

@@ -269,7 +269,8 @@ SERVER_LEADS: dict[str, tuple[str, ...]] = {
     "saturated_client": ("tpot_ms", "itl_ms"),
     "coalesced_streaming": ("itl_ms",),
 }
-_HISTOGRAM_OF = {"tpot_ms": "tpot", "itl_ms": "itl"}
+#: A point's per-token figures and the engine histogram each is read from.
+HISTOGRAM_OF = {"tpot_ms": "tpot", "itl_ms": "itl"}
 
 
 def server_figure(w: HistogramWindow) -> Latency | None:
@@ -309,7 +310,7 @@ def server_led(
     source: dict[str, str] = {}
     client: dict[str, Latency] = {}
     for name in figures:
-        fig = server_figure(w[_HISTOGRAM_OF[name]])
+        fig = server_figure(w[HISTOGRAM_OF[name]])
         if fig is None:
             continue
         update[name] = fig
@@ -342,7 +343,7 @@ def lead_from_server(point: Point, name: str, role: str) -> Point:
     source = f"server:{role}"
     if point.latency_source.get(name) == source:
         return point
-    fig = stored_figure(((point.server_latency or {}).get(role) or {}).get(_HISTOGRAM_OF[name]))
+    fig = stored_figure(((point.server_latency or {}).get(role) or {}).get(HISTOGRAM_OF[name]))
     if fig is None:
         return point
     return point.model_copy(
@@ -370,10 +371,10 @@ def unplaced_p50(point: Point, name: str) -> tuple[float, float] | None:
     bucket, 0-10 ms, it gives 5.00 for any CPU engine's 2-3 ms TPOT).  ``None`` when the
     figure is the client's or its bucket is fine enough."""
     src = point.latency_source.get(name, "")
-    if not src.startswith("server:") or name not in _HISTOGRAM_OF:
+    if not src.startswith("server:") or name not in HISTOGRAM_OF:
         return None
     role = src.split(":", 1)[1]
-    window = ((point.server_latency or {}).get(role) or {}).get(_HISTOGRAM_OF[name]) or {}
+    window = ((point.server_latency or {}).get(role) or {}).get(HISTOGRAM_OF[name]) or {}
     q = window.get("p50") if isinstance(window, Mapping) else None
     bucket = q.get("bucket") if isinstance(q, Mapping) else None
     if not isinstance(bucket, list | tuple) or len(bucket) != 2:
@@ -401,19 +402,12 @@ def bucket_words(bucket: tuple[float, float]) -> str:
     return f"below {hi:g} ms" if lo <= 0 else f"within {lo:g}-{hi:g} ms"
 
 
-def judged_tpot(points: Sequence[Point]) -> str:
-    """The TPOT figure a level's precision and reproduction are judged on:
-    ``tpot_ms.p50``, or ``tpot_ms.mean`` (the engine's exact sum/count over the window)
-    where any of ``points`` has an engine-led p50 its histogram does not place
-    (:func:`unplaced_tpot_bucket`): a bucket's interpolation has no precision (a midpoint
-    always "reproduces"; a 10-25 ms bucket moves its p50 by a third on a few counts)."""
-    return "tpot_ms.p50" if unplaced_tpot_bucket(points) is None else "tpot_ms.mean"
-
-
 def one_source(points: Sequence[Point]) -> list[Point]:
     """The points of one load level (of one run, or of two runs compared) with each of
     TPOT and ITL from one source: where any repetition's diagnosis made the engine's
-    histogram lead, every repetition reads it (its client figure kept beside).  A level
+    histogram lead, every repetition reads it, each its own engine's (``tokens_role``; its
+    client figure kept beside), and a point whose engine saw nothing keeps its client's
+    figure under the client's name (``results.tpot`` gives it no figure then).  A level
     whose repetitions mixed the client's and the engine's estimates had medians and
     intervals over two different measurements: measured on tiny-pd (2 cores), TPOT p50
     came from the engine on 5 of 12 points and from the client on 7, and after six
@@ -422,9 +416,30 @@ def one_source(points: Sequence[Point]) -> list[Point]:
     led = sorted({(n, src) for p in out for n, src in p.latency_source.items()})
     for name, src in led:
         role = src.split(":", 1)[1] if src.startswith("server:") else None
-        if role is not None and name in _HISTOGRAM_OF:
-            out = [lead_from_server(p, name, role) for p in out]
+        if role is not None and name in HISTOGRAM_OF:
+            out = [lead_from_server(p, name, tokens_role(p) or role) for p in out]
     return out
+
+
+def tokens_role(point: Point) -> str | None:
+    """The role whose histograms timed the tokens of ``point``'s client (each point reads
+    its own: two runs compared are rarely one topology, tiny-mixed-spec's ``mixed`` against
+    tiny-pd-spec's ``decode``): the role a figure of it already reads; else the role
+    recorded at measurement (``latency_diagnosis.role``); else, in files written before
+    that was recorded, the one role whose TPOT histogram saw decode time (a PD prefill
+    role's one token per request has none).  ``None`` when that is not one role."""
+    for src in point.latency_source.values():
+        if src.startswith("server:"):
+            return src.split(":", 1)[1]
+    recorded = (point.latency_diagnosis or {}).get("role")
+    if isinstance(recorded, str):
+        return recorded
+    timed = [
+        role
+        for role, ws in (point.server_latency or {}).items()
+        if isinstance(ws, Mapping) and (f := stored_figure(ws.get("tpot"))) and f.mean
+    ]
+    return timed[0] if len(timed) == 1 else None
 
 
 def one_source_per_level(points: Sequence[Point]) -> list[Point]:
@@ -446,7 +461,8 @@ def with_server_latency(
     *,
     decode_role: str | None = None,
 ) -> Point:
-    """The point with ``server_latency`` (per role, ms) and ``latency_diagnosis``, from
+    """The point with ``server_latency`` (per role, ms) and ``latency_diagnosis`` (with
+    the ``role`` whose histograms timed the client's tokens, :func:`latency_role`), from
     the scrapes its server evidence was read from; where the diagnosis says the client's
     per-token timing is wrong, its TPOT/ITL are the engine's (:data:`SERVER_LEADS`)."""
     windows = server_latency_windows(before, after)
@@ -459,7 +475,7 @@ def with_server_latency(
             "server_latency": {
                 r: {k: w.to_dict(1000) for k, w in ws.items()} for r, ws in windows.items()
             },
-            "latency_diagnosis": diagnosis.to_dict(),
+            "latency_diagnosis": {**diagnosis.to_dict(), "role": role},
             **server_led(point, windows, role, diagnosis.cause),
         }
     )

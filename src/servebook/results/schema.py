@@ -173,7 +173,7 @@ PRECISION_FIGURES = ("output_tokens_per_s", "tpot_ms.p50")
 PRECISION_TITLES = {
     "output_tokens_per_s": "tok/s",
     "tpot_ms.p50": "TPOT p50",
-    "tpot_ms.mean": "TPOT mean (engine; its histogram places the p50 only in a coarse bucket)",
+    "tpot_ms.mean": "TPOT mean (the engine's exact mean: its histogram leads TPOT)",
 }
 
 
