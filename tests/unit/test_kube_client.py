@@ -3,6 +3,9 @@ context given are the ones used, and a failed request is exit 2 naming the reque
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,3 +53,16 @@ def test_a_refused_request_names_the_request_and_carries_its_code(
     assert str(e.value).startswith("the API server refused reading namespace y (403 Forbidden")
     assert "GET /api/v1/namespaces/y" in str(e.value)
     assert e.value.exit_code == EXIT_UNUSABLE
+
+
+def test_a_release_newer_than_kr8s_lists_prints_no_warning(server: Server, tmp_path: Path) -> None:
+    """The test plane runs Kubernetes v1.37: kr8s 0.20.15 warned "Kubernetes version
+    v1.37.2 is not supported" on the terminal of every command that reached it."""
+    server.standin.minor = 37
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    r = subprocess.run(
+        [sys.executable, "-m", "servebook", "status", "--backend", "kubernetes", "-n", "x"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "KUBECONFIG": str(cfg)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "not supported" not in r.stderr, r.stderr

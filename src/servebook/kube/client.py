@@ -176,6 +176,7 @@ def connect(
     import httpx
     import kr8s
 
+    _quiet_kr8s_version_warning()
     # kr8s caches one Api per set of arguments and, asked with none, hands back any cached
     # one (possibly another cluster's): always name the kubeconfig, so the one given here
     # (or a changed KUBECONFIG) is the one used.
@@ -208,6 +209,22 @@ def connect(
     api.timeout = httpx.Timeout(request_timeout_s)
     share_reauthentication(api)
     return api
+
+
+# kr8s warns on every connection to a Kubernetes release newer than the ones it lists (kr8s
+# 0.20.15: "Kubernetes version v1.37.2 is not supported. Supported versions ... are 1.28 to
+# 1.35"), on the user's terminal, for calls servebook's tests run against v1.37 (the test
+# plane). The newest kr8s on PyPI lists no more; a real incompatibility shows up as an error.
+_KR8S_VERSION_WARNING = r"Kubernetes version .* is not supported\. Supported versions for kr8s"
+
+
+def _quiet_kr8s_version_warning() -> None:
+    import warnings
+
+    if not any(
+        f[1] is not None and f[1].pattern == _KR8S_VERSION_WARNING for f in warnings.filters
+    ):
+        warnings.filterwarnings("ignore", message=_KR8S_VERSION_WARNING, category=UserWarning)
 
 
 # A re-authentication this recent answers every 401 that comes after it: the requests that
