@@ -997,7 +997,10 @@ def test_cli_probe_json_and_exit_codes(
         (("--find", "/models", "--draft", "/d"), "apply to DIR"),
         (("/models/x", "--max-depth", "2"), "apply to --find only"),
         (("--find", "/models", "--timeout", "0"), "more than 0 seconds"),
-        (("/models/x", "--mountinfo", "/no/such/mountinfo"), "--mountinfo: cannot read"),
+        (
+            ("/models/x", "--mountinfo", "/no/such/mountinfo"),
+            "--mountinfo file /no/such/mountinfo does not",
+        ),
     ],
 )
 def test_cli_unusable_arguments_exit_2(
