@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperOption
 
-from servebook import __version__, redact
+from servebook import __version__, inputs, redact
 from servebook.console import err, out, styled
 from servebook.errors import UsageError
 
@@ -78,8 +78,10 @@ def _use_kubeconfig(value: str | None) -> str | None:
     """``--kubeconfig FILE``: the kubeconfig every cluster request of this command reads
     (``servebook.kube.client`` reads ``KUBECONFIG``), as kubectl's flag of the same name."""
     if value is not None:
-        if not os.path.isfile(os.path.expanduser(value)):
+        if not os.path.exists(os.path.expanduser(value)):
             raise UsageError(f"--kubeconfig {value}: no such file.")
+        # A FIFO would block the Kubernetes client's read for ever.
+        inputs.check_regular(os.path.expanduser(value), "--kubeconfig")
         os.environ["KUBECONFIG"] = os.path.expanduser(value)
     return value
 
