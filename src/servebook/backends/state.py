@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from servebook import names
 from servebook.errors import UsageError
 from servebook.files import read_model, write_atomic
 from servebook.recipe.plan import role_named
@@ -62,7 +63,18 @@ def deployments_dir() -> Path:
 
 
 def state_dir_for(name: str) -> Path:
-    return deployments_dir() / name
+    """The deployment's own directory, always directly under ``deployments_dir()``: the
+    commands take only deployment names (``servebook.names``), and whoever else calls
+    this gets no path out of it either (``up --name ../../x`` once emptied ``x/kv``).
+    Names recorded before that rule (``my_dep``) are still found."""
+    root = deployments_dir()
+    path = root / name
+    if not name or name in (".", "..") or "\0" in name or path.parent != root:
+        raise UsageError(
+            f"deployment name {name!r} is not a name but a path; {names.RULE}, e.g. "
+            f"{names.EXAMPLE}."
+        )
+    return path
 
 
 def write_state(dep: Deployment) -> None:

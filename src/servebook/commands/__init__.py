@@ -5,6 +5,7 @@ attaches one command (or command group) to ``app``; ``servebook.cli`` imports th
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -14,7 +15,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperOption
 
-from servebook import __version__, inputs, redact
+from servebook import __version__, inputs, names, redact, urls
 from servebook.console import err, out, styled
 from servebook.errors import UsageError
 
@@ -59,6 +60,47 @@ def port_number(param: typer.CallbackParam, value: int | None) -> int | None:
         raise UsageError(
             f"{flag} {value}: a TCP port is 1-65535.", hint=f"Give {flag} a free port."
         )
+    return value
+
+
+def _flag(param: typer.CallbackParam) -> str:
+    return param.opts[0] if param.opts else str(param.name)
+
+
+def seconds(param: typer.CallbackParam, value: float | None) -> float | None:
+    """A time bound in seconds: a finite number above 0 (nan never times out, inf waits for
+    ever, and 0 or less ends before anything could answer)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        flag = _flag(param)
+        raise UsageError(
+            f"{flag} {value}: give a number of seconds above 0.",
+            hint=f"e.g. {flag} {param.default or 600:g}.",
+        )
+    return value
+
+
+SEED_MAX = 2**63 - 1
+
+
+def seed_number(param: typer.CallbackParam, value: int | None) -> int | None:
+    """A seed: a whole number from 0 to 2^63-1 (numpy's generators take no negative one)."""
+    if value is not None and not 0 <= value <= SEED_MAX:
+        raise UsageError(f"{_flag(param)} {value}: a seed is a whole number from 0 to {SEED_MAX}.")
+    return value
+
+
+def server_url(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A server's base URL (``servebook.urls``): refused naming the flag when no HTTP
+    client could use it."""
+    return None if value is None else urls.server_url(value, _flag(param))
+
+
+def deployment_name(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A deployment NAME argument or ``--name``: a DNS-1123 label (``servebook.names``),
+    refused (exit 2) while the command line is read, before anything is written."""
+    if value is not None:
+        opts = [o for o in param.opts if o.startswith("-")]
+        names.deployment_name(value, opts[0] if opts else "deployment name")
     return value
 
 
