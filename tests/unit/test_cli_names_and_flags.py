@@ -1,5 +1,5 @@
 """Names and flags a command refuses while it reads its command line (the reliability probe
-of 2026-12-04: D2, D14, D22, D23, D30): exit 2, a message naming the flag, the rule
+of 2026-12-04: D2, D14, D22, D23, D27, D30): exit 2, a message naming the flag, the rule
 and an example, and nothing started or written.  Each case runs the real CLI.
 
 Commands that could start an engine run with vLLM hidden from the import system
@@ -8,6 +8,9 @@ installed" here, never in an engine started on this shared machine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -195,3 +198,43 @@ def test_a_repeated_set_is_refused_like_a_repeated_key_in_a_values_file(
     values = tmp_path / "v.yaml"
     values.write_text("max_model_len: 256\nmax_model_len: 512\n")
     refused(cli("recipes", "show", "tiny-mixed", "-f", str(values)), "given twice")
+
+
+# --- D27: two `up` of one name ---------------------------------------------------------
+
+
+def test_a_second_up_of_a_name_being_brought_up_names_the_first(cli: Cli, sb_home: Path) -> None:
+    # The first `up`: the lock every `up` and `run` takes, held by another process.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from servebook.backends.state import bringing_up\n"
+            "with bringing_up('tiny-mixed'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "SERVEBOOK_HOME": str(sb_home)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        r = cli("up", "tiny-mixed", "--timeout", "5", prelude=NO_ENGINE)
+        text = refused(
+            r,
+            "another `servebook up` (or `run`) of deployment 'tiny-mixed' is running "
+            f"(pid {holder.pid})",
+        )
+        assert "--force" not in text
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its lock went with it: the next `up` goes as far as this machine lets it.
+    t0 = time.monotonic()
+    r = cli("up", "tiny-mixed", "--timeout", "5", prelude=NO_ENGINE)
+    assert r.returncode == 2 and "vLLM is not installed" in said(r), said(r)
+    assert time.monotonic() - t0 < 60
+    # A refused up records nothing; the lock of the killed one went with its successor's.
+    assert not (sb_home / "deployments").exists()

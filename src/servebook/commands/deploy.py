@@ -11,7 +11,7 @@ from rich.markup import escape
 from servebook import names, redact
 from servebook.backends import base
 from servebook.backends.base import Backend, Down, Found
-from servebook.backends.state import state_dir_for
+from servebook.backends.state import bringing_up, state_dir_for
 from servebook.commands import (
     KubeconfigOpt,
     app,
@@ -108,7 +108,8 @@ def up(
     """
     chosen = base.get(backend)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
-    ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
+    with bringing_up(dep_name):
+        ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
     if json_out:
         print_json(redact.scrub(chosen.status(ready.name))[0])
     else:
@@ -336,4 +337,6 @@ def run(
         say=say,
         max_repetitions=max_repetitions,
     )
-    raise typer.Exit(pipeline.run(job))
+    with bringing_up(dep_name):
+        code = pipeline.run(job)
+    raise typer.Exit(code)
