@@ -1274,10 +1274,16 @@ def _check_tokenizer(by_name: Dict[str, _Entry], role: str, subject: str) -> Dic
             subject,
             "no tokenizer: a draft model uses its target's tokenizer",
         )
+
+    def why_not(e: _Entry) -> str:
+        return "dangling" if not e.exists else "not a regular file" if not e.is_file else "empty"
+
     broken = sorted(f for files in _TOKENIZER_SETS for f in files if f in by_name and not usable(f))
     msg = "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json + merges.txt)"
     if broken:
-        msg += "; present but empty or dangling: {}".format(", ".join(broken))
+        msg += "; present but unusable: {}".format(
+            ", ".join("{} ({})".format(f, why_not(by_name[f])) for f in broken)
+        )
     return finding("SB210", FAIL, subject, msg)
 
 
