@@ -228,3 +228,27 @@ def test_report_and_compare_refuse_a_hostile_results_file(
 def test_a_kubeconfig_fifo_is_refused_not_read(bounded_cli: Cli, hostile: Hostile) -> None:
     bad = hostile("fifo", "kubeconfig")
     refused(bounded_cli("status", "--kubeconfig", str(bad)), "fifo", bad)
+
+
+def test_preflight_refuses_a_deep_weights_index(
+    bounded_cli: Cli, hostile: Hostile, tmp_path: Path
+) -> None:
+    bad = hostile("deep-json", "model.safetensors.index.json")
+    sets = [a for s in PD_SETS for a in ("--set", s)]
+    snap = str(PREFLIGHT / "healthy.json")
+    r = bounded_cli("preflight", "vllm-pd", "--snapshot", snap, "--weights", str(bad), *sets)
+    refused(r, "deep-json", bad)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_bench_refuses_a_hostile_dataset_before_any_load(
+    bounded_cli: Cli, hostile: Hostile, tmp_path: Path, kind: str
+) -> None:
+    bad = hostile(kind, "prompts.jsonl")
+    out = tmp_path / "out"
+    r = bounded_cli(
+        "bench", "--url", "http://127.0.0.1:9", "--model", "tiny",
+        "--dataset", str(bad), "-o", str(out),
+    )  # fmt: skip
+    refused(r, kind, bad)
+    assert not out.exists()

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -93,6 +94,14 @@ def server_url(param: typer.CallbackParam, value: str | None) -> str | None:
     """A server's base URL (``servebook.urls``): refused naming the flag when no HTTP
     client could use it."""
     return None if value is None else urls.server_url(value, _flag(param))
+
+
+def regular_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A file option read later (``--dataset``): a regular file (``servebook.inputs``),
+    so that a FIFO or ``/dev/zero`` is refused now, in its own words, not read for ever."""
+    if value is not None:
+        inputs.check_regular(value, f"{_flag(param)} file")
+    return value
 
 
 def deployment_name(param: typer.CallbackParam, value: str | None) -> str | None:

@@ -16,6 +16,7 @@ from servebook.commands import (
     app,
     comma_list,
     deployment_name,
+    regular_file,
     seconds,
     seed_number,
     server_url,
@@ -123,7 +124,9 @@ def bench(
         None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms", callback=comma_list
     ),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
-    dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
+    dataset: Path | None = typer.Option(
+        None, "--dataset", help="JSONL prompts instead.", callback=regular_file
+    ),
     agents: int | None = typer.Option(
         None,
         "--agents",
