@@ -167,9 +167,14 @@ def _short(value: Any) -> str:
     return f"({text[:40]}...)" if len(text) > 40 else f"({text})"
 
 
+_SHAPE_PATHS = {
+    kind: [p.split(".") for p in (*_SHAPES["*"], *(_SHAPES.get(kind, ())))] for kind in _KINDS
+}
+
+
 def _check_shape(item: Obj, kind: str, where: str) -> None:
-    for path in (*_SHAPES["*"], *_SHAPES.get(kind, ())):
-        problem = _shape_problem(item, path.split("."))
+    for path in _SHAPE_PATHS[kind]:
+        problem = _shape_problem(item, path)
         if problem:
             raise UsageError(
                 f"{where}: {kind} {item['metadata']['name']}: {problem} (kubectl prints "
