@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from servebook import inputs
 from servebook.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
@@ -55,6 +56,6 @@ def read_model(path: Path, model: type[M], what: str, fix: str) -> M | None:
     if not path.is_file():
         return None
     try:
-        return model.model_validate_json(path.read_text())
+        return model.model_validate_json(inputs.read_bytes(path, what))
     except ValueError as e:
         raise UsageError(f"{path} is not {what} ({type(e).__name__}). {fix}") from None

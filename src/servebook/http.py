@@ -52,6 +52,8 @@ def request(
     except (TimeoutError, urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise HTTPError(redact.text(f"{method} {url}: {reason}")) from None
+    except ValueError as e:  # http.client.InvalidURL: a URL no client can use
+        raise HTTPError(redact.text(f"{method} {url!r}: not a usable URL ({e})")) from None
 
 
 def get(url: str, *, timeout: float, headers: dict[str, str] | None = None) -> Response:

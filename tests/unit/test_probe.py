@@ -301,6 +301,15 @@ def test_truncated_config_json_fails(tmp_path: Path, model: Path) -> None:
     assert "not valid JSON" in only(found, "SB202")["message"]
 
 
+def test_a_deep_config_json_is_a_failing_finding_not_a_recursion_error(
+    tmp_path: Path, model: Path
+) -> None:
+    (model / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    found = run_probe(tmp_path, model)
+    assert verdicts(found) == passing(SB202="fail")
+    assert "nested deeper than 100 levels" in only(found, "SB202")["message"]
+
+
 QWEN_CONFIG = {
     "_name_or_path": "Qwen/Qwen2.5-7B-Instruct",
     "architectures": ["Qwen2ForCausalLM"],
@@ -366,6 +375,15 @@ def test_garbage_json_header_fails(tmp_path: Path, model: Path) -> None:
     found = run_probe(tmp_path, model)
     assert verdicts(found) == passing(SB206="fail", SB207="info")
     assert "header is not valid JSON" in only(found, "SB206")["message"]
+
+
+def test_a_deep_json_header_fails_not_a_recursion_error(tmp_path: Path, model: Path) -> None:
+    shard = shards(model)[1]
+    deep = b"[" * 50_000 + b"]" * 50_000
+    shard.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    found = run_probe(tmp_path, model)
+    assert verdicts(found) == passing(SB206="fail", SB207="info")
+    assert "header is nested deeper than 100 levels" in only(found, "SB206")["message"]
 
 
 def test_over_long_shard_fails(tmp_path: Path, model: Path) -> None:
@@ -537,6 +555,16 @@ def test_truncated_tokenizer_json_fails(tmp_path: Path, model: Path) -> None:
     truncate(model / "tokenizer.json", 0.3)
     found = run_probe(tmp_path, model)
     assert verdicts(found) == passing(SB210="fail")
+
+
+def test_a_fifo_tokenizer_is_named_as_what_it_is(tmp_path: Path, model: Path) -> None:
+    (model / "tokenizer.json").unlink()
+    os.mkfifo(model / "tokenizer.json")
+    found = run_probe(tmp_path, model)
+    assert verdicts(found) == passing(SB210="fail")
+    message = only(found, "SB210")["message"]
+    assert "tokenizer.json (not a regular file)" in message
+    assert "dangling" not in message
 
 
 def test_vocab_plus_merges_is_a_tokenizer(tmp_path: Path, model: Path) -> None:
@@ -997,7 +1025,10 @@ def test_cli_probe_json_and_exit_codes(
         (("--find", "/models", "--draft", "/d"), "apply to DIR"),
         (("/models/x", "--max-depth", "2"), "apply to --find only"),
         (("--find", "/models", "--timeout", "0"), "more than 0 seconds"),
-        (("/models/x", "--mountinfo", "/no/such/mountinfo"), "--mountinfo: cannot read"),
+        (
+            ("/models/x", "--mountinfo", "/no/such/mountinfo"),
+            "--mountinfo file /no/such/mountinfo does not",
+        ),
     ],
 )
 def test_cli_unusable_arguments_exit_2(

@@ -50,6 +50,13 @@ PD = [
 ]
 
 
+def pd_with(*changes: str) -> list[str]:
+    """PD's settings with ``changes`` (NAME=VALUE) in place of PD's own for those names: a
+    parameter given twice is refused, as a key given twice in a values file is."""
+    changed = {c.partition("=")[0] for c in changes}
+    return [s for s in PD if s.partition("=")[0] not in changed] + list(changes)
+
+
 @pytest.fixture
 def in_fixture(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
     """Run from a recipe's fixture directory, so the values file is named `values.yaml` in
@@ -362,7 +369,7 @@ def test_efa_requests_efa_interfaces_and_tells_nixl_to_use_libfabric() -> None:
     assert "UCX_TLS" not in env
     assert _kv_config(c)["kv_connector_extra_config"] == {"backends": ["LIBFABRIC"]}
     # Without rdma_devices: one interface per GPU.
-    _, objects, _ = render_files("vllm-pd", [*PD, "fabric=efa"])
+    _, objects, _ = render_files("vllm-pd", pd_with("fabric=efa"))
     c = _engine(objects, "vllm-pd-prefill")
     assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 8
 
@@ -380,7 +387,7 @@ def test_mooncake_is_told_its_protocol_by_the_fabric() -> None:
     kv = _kv_config(_engine(objects, "vllm-pd-decode"))
     assert kv["kv_connector_extra_config"] == {"mooncake_protocol": "rdma"}
     with pytest.raises(UsageError, match="cannot be given to the KV connector") as e:
-        render_files("vllm-pd", [*PD, "kv_connector=MooncakeConnector", "fabric=efa"])
+        render_files("vllm-pd", pd_with("kv_connector=MooncakeConnector", "fabric=efa"))
     assert "'fabric'" in str(e.value) and "'kv_connector'" in str(e.value)
 
 
@@ -388,7 +395,7 @@ def _render_pd_refused(cli: Cli, tmp_path: Path, *settings: str) -> str:
     """``servebook render vllm-pd`` with PD's settings and ``settings``: it exits 2 and
     writes nothing; its stderr."""
     out = tmp_path / "deploy"
-    sets = [a for s in [*PD, *settings] for a in ("--set", s)]
+    sets = [a for s in pd_with(*settings) for a in ("--set", s)]
     r = cli("render", "vllm-pd", *sets, "-o", str(out))
     assert r.returncode == 2, r.stderr
     assert not out.exists()
@@ -401,7 +408,7 @@ def test_tcp_fabric_without_acknowledgement_exits_2_naming_the_parameter(
     err = _render_pd_refused(cli, tmp_path, "fabric=tcp")
     assert "'allow_tcp_kv'" in err and "--set allow_tcp_kv=VALUE" in err
     assert "over TCP" in err
-    sets = [a for s in [*PD, "fabric=tcp", "allow_tcp_kv=true"] for a in ("--set", s)]
+    sets = [a for s in pd_with("fabric=tcp", "allow_tcp_kv=true") for a in ("--set", s)]
     r = cli("render", "vllm-pd", *sets, "-o", str(tmp_path / "deploy"))
     assert r.returncode == 0, r.stderr
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from servebook import http, redact
+from servebook import http, urls
 from servebook.backends.attached import (
     AttachedDeployment,
     AttachedReplica,
@@ -32,12 +32,7 @@ ROLE_HELP = "ROLE=URL[,metrics=URL] with ROLE mixed, prefill or decode"
 
 
 def _base_url(text: str, what: str) -> str:
-    url = text.strip().rstrip("/").removesuffix("/v1")
-    if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1]:
-        raise UsageError(
-            f"{what} {redact.url(text)!r}: give a base URL such as http://127.0.0.1:8000."
-        )
-    return url
+    return urls.server_url(text.strip(), what).rstrip("/").removesuffix("/v1")
 
 
 def parse_role(text: str) -> tuple[str, str, str]:

@@ -10,17 +10,24 @@ there is something to stop, so ``down`` works from another shell and after an in
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from servebook import names
 from servebook.errors import UsageError
 from servebook.files import read_model, write_atomic
 from servebook.recipe.plan import role_named
 from servebook.recipe.resolve import servebook_home
 
 STATE_FILE = "state.json"
+# Held (flock) by the one `up` or `run` bringing a deployment up; it holds that one's pid.
+UP_LOCK = "up.lock"
 # A Kubernetes deployment's record, beside where a local one's would be (backends.kubernetes).
 KUBE_STATE_FILE = "kube-state.json"
 
@@ -62,7 +69,70 @@ def deployments_dir() -> Path:
 
 
 def state_dir_for(name: str) -> Path:
-    return deployments_dir() / name
+    """The deployment's own directory, always directly under ``deployments_dir()``: the
+    commands take only deployment names (``servebook.names``), and whoever else calls
+    this gets no path out of it either (``up --name ../../x`` once emptied ``x/kv``).
+    Names recorded before that rule (``my_dep``) are still found."""
+    root = deployments_dir()
+    path = root / name
+    if not name or name in (".", "..") or "\0" in name or path.parent != root:
+        raise UsageError(
+            f"deployment name {name!r} is not a name but a path; {names.RULE}, e.g. "
+            f"{names.EXAMPLE}."
+        )
+    return path
+
+
+def _lock(path: Path) -> tuple[int, bool]:
+    """(fd of ``path``, whether this process now holds its flock).  The file and its
+    directory are removed by a holder that finishes (``bringing_up``), so one opened just
+    before that is not the lock any more: take the file that is there now."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            continue  # its directory went between the mkdir and the open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fd, False
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd, True
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def bringing_up(name: str) -> Iterator[None]:
+    """Held while one ``up`` (or ``run``) brings deployment ``name`` up; a second one at the
+    same time is refused (exit 2) naming the first's pid, instead of racing it for the
+    state file, the ports and the model directory.  The kernel drops the lock when its
+    holder exits, however it exits; one that finishes removes the file (and the
+    deployment's directory when nothing else is in it), so a refused ``up`` leaves nothing."""
+    path = state_dir_for(name) / UP_LOCK
+    fd, held = _lock(path)
+    try:
+        if not held:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise UsageError(
+                f"another `servebook up` (or `run`) of deployment {name!r} is running{pid}; "
+                "it is not up yet, and two would race for its processes and files.",
+                hint=f"Wait for that one to finish (then `servebook status {name}`), or stop "
+                f"it (Ctrl-C in its shell, or `kill {holder or 'PID'}`); or choose another --name.",
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # only when empty: nothing was recorded
+                path.parent.rmdir()
+                path.parent.parent.rmdir()
+    finally:
+        os.close(fd)
 
 
 def write_state(dep: Deployment) -> None:

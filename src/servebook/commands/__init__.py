@@ -5,16 +5,18 @@ attaches one command (or command group) to ``app``; ``servebook.cli`` imports th
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperOption
 
-from servebook import __version__, redact
+from servebook import __version__, inputs, names, redact, urls
 from servebook.console import err, out, styled
 from servebook.errors import UsageError
 
@@ -62,6 +64,55 @@ def port_number(param: typer.CallbackParam, value: int | None) -> int | None:
     return value
 
 
+def _flag(param: typer.CallbackParam) -> str:
+    return param.opts[0] if param.opts else str(param.name)
+
+
+def seconds(param: typer.CallbackParam, value: float | None) -> float | None:
+    """A time bound in seconds: a finite number above 0 (nan never times out, inf waits for
+    ever, and 0 or less ends before anything could answer)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        flag = _flag(param)
+        raise UsageError(
+            f"{flag} {value}: give a number of seconds above 0.",
+            hint=f"e.g. {flag} {param.default or 600:g}.",
+        )
+    return value
+
+
+SEED_MAX = 2**63 - 1
+
+
+def seed_number(param: typer.CallbackParam, value: int | None) -> int | None:
+    """A seed: a whole number from 0 to 2^63-1 (numpy's generators take no negative one)."""
+    if value is not None and not 0 <= value <= SEED_MAX:
+        raise UsageError(f"{_flag(param)} {value}: a seed is a whole number from 0 to {SEED_MAX}.")
+    return value
+
+
+def server_url(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A server's base URL (``servebook.urls``): refused naming the flag when no HTTP
+    client could use it."""
+    return None if value is None else urls.server_url(value, _flag(param))
+
+
+def regular_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A file option read later (``--dataset``): a regular file (``servebook.inputs``),
+    so that a FIFO or ``/dev/zero`` is refused now, in its own words, not read for ever."""
+    if value is not None:
+        inputs.check_regular(value, f"{_flag(param)} file")
+    return value
+
+
+def deployment_name(param: typer.CallbackParam, value: str | None) -> str | None:
+    """A deployment NAME argument or ``--name``: a DNS-1123 label (``servebook.names``),
+    refused (exit 2) while the command line is read, before anything is written."""
+    if value is not None:
+        opts = [o for o in param.opts if o.startswith("-")]
+        names.deployment_name(value, opts[0] if opts else "deployment name")
+    return value
+
+
 def comma_list(param: typer.CallbackParam, value: str | None) -> str | None:
     """A comma-separated option (``--concurrency 1,4,16``): an empty item (``1,,4``, a
     trailing comma) is refused, not dropped."""
@@ -78,8 +129,10 @@ def _use_kubeconfig(value: str | None) -> str | None:
     """``--kubeconfig FILE``: the kubeconfig every cluster request of this command reads
     (``servebook.kube.client`` reads ``KUBECONFIG``), as kubectl's flag of the same name."""
     if value is not None:
-        if not os.path.isfile(os.path.expanduser(value)):
+        if not os.path.exists(os.path.expanduser(value)):
             raise UsageError(f"--kubeconfig {value}: no such file.")
+        # A FIFO would block the Kubernetes client's read for ever.
+        inputs.check_regular(os.path.expanduser(value), "--kubeconfig")
         os.environ["KUBECONFIG"] = os.path.expanduser(value)
     return value
 

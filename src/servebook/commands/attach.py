@@ -4,7 +4,6 @@ servebook's own.  Nothing on the deployment is touched."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import typer
@@ -14,12 +13,10 @@ from servebook import redact
 from servebook.backends import base
 from servebook.backends.attach_url import ROLE_HELP, inspect, record_from_urls
 from servebook.backends.attached import AttachedDeployment, read_record, remove_record, write_record
-from servebook.commands import app, print_json
+from servebook.commands import app, deployment_name, print_json
 from servebook.commands.attach_kube import KUBE_HELP, attach_kubernetes
 from servebook.console import out
 from servebook.errors import UsageError
-
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 
 ATTACH_HELP = f"""Record a deployment servebook did not make, so that `verify NAME`,
 `bench NAME`, `status NAME` and `report` work on it as on servebook's own.
@@ -48,12 +45,7 @@ Example: servebook attach one --role mixed=http://10.0.0.5:8000 --entry http://1
 """
 
 
-def _check_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise UsageError(
-            f"deployment name {name!r}: use lower-case letters, digits, '-', '_' and '.' "
-            "(at most 63), starting and ending with a letter or digit."
-        )
+def _refuse_taken(name: str) -> None:
     found = base.find(name)
     if found is not None:
         owner, _ = found
@@ -103,7 +95,11 @@ def _print_found(found: dict[str, Any], recorded: bool) -> None:
 
 @app.command(help=f"{ATTACH_HELP}\n{KUBE_HELP}")
 def attach(
-    name: str = typer.Argument(..., help="A name for the deployment, as verify and bench use it."),
+    name: str = typer.Argument(
+        ...,
+        help="A name for the deployment, as verify and bench use it.",
+        callback=deployment_name,
+    ),
     roles: list[str] = typer.Option(
         [], "--role", help=f"{ROLE_HELP}; once per replica.", show_default=False
     ),
@@ -129,7 +125,7 @@ def attach(
     ),
     json_out: bool = typer.Option(False, "--json", help="What was found, as JSON."),
 ) -> None:
-    _check_name(name)
+    _refuse_taken(name)
     if backend == "kubernetes":
         attach_kubernetes(name, namespace, roles, entry, model, dry_run=dry_run, json_out=json_out)
         return
@@ -148,7 +144,11 @@ def attach(
 
 
 @app.command()
-def detach(name: str = typer.Argument(..., help="The attached deployment's name.")) -> None:
+def detach(
+    name: str = typer.Argument(
+        ..., help="The attached deployment's name.", callback=deployment_name
+    ),
+) -> None:
     """Forget an attached deployment: its record on this machine goes; nothing on the
     deployment is touched (servebook never stops what it did not make).
 

@@ -11,7 +11,16 @@ import typer
 from servebook import auth
 from servebook.backends import base
 from servebook.bench import target as tgt
-from servebook.commands import KubeconfigOpt, app, comma_list
+from servebook.commands import (
+    KubeconfigOpt,
+    app,
+    comma_list,
+    deployment_name,
+    regular_file,
+    seconds,
+    seed_number,
+    server_url,
+)
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.console import print_points
 from servebook.errors import UsageError
@@ -58,8 +67,12 @@ def _bench_args(options: dict[str, Any]) -> BenchArgs:
 
 @app.command(help=HELP)
 def bench(
-    deployment: str | None = typer.Argument(None, help="Deployment (default: the only one)."),
-    url: str | None = typer.Option(None, "--url", help="Benchmark this server instead."),
+    deployment: str | None = typer.Argument(
+        None, help="Deployment (default: the only one).", callback=deployment_name
+    ),
+    url: str | None = typer.Option(
+        None, "--url", help="Benchmark this server instead.", callback=server_url
+    ),
     model: str | None = typer.Option(None, "--model", help="With --url: the model name."),
     tokenizer: str | None = typer.Option(
         None,
@@ -104,12 +117,16 @@ def bench(
         help="With --precision: the most repetitions of a level (default 10).",
     ),
     order: str = typer.Option("shuffled", "--order", help="shuffled or ascending."),
-    seed: int = typer.Option(0, "--seed", help="Seed of prompts, arrivals and order."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of prompts, arrivals and order (0 or more).", callback=seed_number
+    ),
     slo: str | None = typer.Option(
         None, "--slo", help="Goodput SLOs, e.g. ttft=500ms,tpot=50ms", callback=comma_list
     ),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
-    dataset: Path | None = typer.Option(None, "--dataset", help="JSONL prompts instead."),
+    dataset: Path | None = typer.Option(
+        None, "--dataset", help="JSONL prompts instead.", callback=regular_file
+    ),
     agents: int | None = typer.Option(
         None,
         "--agents",
@@ -121,7 +138,9 @@ def bench(
     workers: int | None = typer.Option(
         None, "--workers", hidden=True, help="The older name of --agents."
     ),
-    request_timeout: float = typer.Option(600.0, "--request-timeout", help="Per request, s."),
+    request_timeout: float = typer.Option(
+        600.0, "--request-timeout", help="Per request, s.", callback=seconds
+    ),
     max_client_lag_ms: float = typer.Option(
         10.0,
         "--max-client-lag-ms",
@@ -166,6 +185,7 @@ def bench(
     load_start_timeout: float = typer.Option(
         600.0,
         "--load-start-timeout",
+        callback=seconds,
         help="On Kubernetes, in the cluster: seconds for every load agent's Pod to be "
         "running (its image pulled); past it the bench ends with the scheduler's or the "
         "kubelet's reasons.",

@@ -8,11 +8,19 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from servebook import redact
+from servebook import names, redact
 from servebook.backends import base
 from servebook.backends.base import Backend, Down, Found
-from servebook.backends.state import state_dir_for
-from servebook.commands import KubeconfigOpt, app, port_number, print_json, say
+from servebook.backends.state import bringing_up, state_dir_for
+from servebook.commands import (
+    KubeconfigOpt,
+    app,
+    deployment_name,
+    port_number,
+    print_json,
+    say,
+    seconds,
+)
 from servebook.commands.recipes import SetOpt, ValuesOpt
 from servebook.commands.verify import ApiKeyOpt, MaxTokensOpt, options
 from servebook.console import err, out, styled
@@ -30,7 +38,9 @@ def _plan_for(
     recipe: str, sets: list[str], values: list[Path], name: str | None, backend: Backend
 ) -> tuple[str, Plan]:
     """(deployment name, resolved Plan) of a recipe meant for ``backend``."""
-    dep_name = name or Path(recipe).stem
+    dep_name = name or names.deployment_name(
+        Path(recipe).stem, f"deployment name (from recipe {recipe}; give another with --name)"
+    )
     plan = resolve(recipe, sets, values, state_dir=state_dir_for(dep_name))
     if backend.name not in plan.backends:
         raise UsageError(
@@ -45,12 +55,21 @@ BackendOpt = typer.Option(
     "--backend",
     help="local (processes on this machine) or kubernetes (the current KUBECONFIG context).",
 )
-NameOpt = typer.Option(None, "--name", help="Deployment name (default: the recipe's name).")
+NameOpt = typer.Option(
+    None,
+    "--name",
+    help=f"Deployment name (default: the recipe's name): {names.RULE}, e.g. {names.EXAMPLE}.",
+    callback=deployment_name,
+)
+NameArg = typer.Argument(
+    None, help="Deployment name (default: the only one).", callback=deployment_name
+)
 TimeoutOpt = typer.Option(
     None,
     "--timeout",
     help="Seconds to wait until the deployment is ready (local: 600, every role answers a "
     "real completion; kubernetes: the recipe's startup_timeout_s + 600, every Pod Ready).",
+    callback=seconds,
 )
 
 
@@ -89,7 +108,8 @@ def up(
     """
     chosen = base.get(backend)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
-    ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
+    with bringing_up(dep_name):
+        ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
     if json_out:
         print_json(redact.scrub(chosen.status(ready.name))[0])
     else:
@@ -134,7 +154,7 @@ def _print_found(
 
 @app.command()
 def status(
-    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    name: str | None = NameArg,
     json_out: bool = typer.Option(False, "--json", help="Machine-readable."),
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
@@ -199,7 +219,7 @@ def status(
 
 @app.command()
 def down(
-    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    name: str | None = NameArg,
     backend: str | None = PlaceOpt,
     namespace: str | None = NamespaceOpt,
     kubeconfig: str | None = KubeconfigOpt,
@@ -317,4 +337,6 @@ def run(
         say=say,
         max_repetitions=max_repetitions,
     )
-    raise typer.Exit(pipeline.run(job))
+    with bringing_up(dep_name):
+        code = pipeline.run(job)
+    raise typer.Exit(code)

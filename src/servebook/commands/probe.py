@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from servebook import inputs
 from servebook.commands import app, print_json
 from servebook.console import out
 from servebook.errors import UsageError
@@ -31,6 +32,22 @@ def _unset(flag: str, metavar: str, help: str) -> Any:
     """One of probe's options: None unless given (usage_problem tells an absent option from
     a given one, and the defaults are applied after it), with its metavar and help."""
     return typer.Option(None, flag, metavar=metavar, help=help)
+
+
+def _mounts(mountinfo: Path | None) -> tuple[list[probe_lib.Mount] | None, str]:
+    """This machine's mounts, or those of a node's captured mountinfo (read through
+    ``servebook.inputs``: a FIFO or ``/dev/zero`` given as FILE is refused, not read)."""
+    if mountinfo is None:
+        return probe_lib.read_mountinfo(None)
+    raw = inputs.read_bytes(mountinfo, "--mountinfo file", probe_lib.MOUNTINFO_MAX_BYTES)
+    # Mount points are bytes to the kernel: a path that is not UTF-8 is still a path.
+    mounts = probe_lib.parse_mountinfo(raw.decode("utf-8", "surrogateescape"))
+    if not mounts:
+        raise UsageError(
+            f"--mountinfo {mountinfo} holds no mountinfo lines.",
+            hint="Give a file captured with `cat /proc/self/mountinfo` on the node.",
+        )
+    return mounts, ""
 
 
 @app.command("probe", epilog=_EPILOG)
@@ -76,12 +93,7 @@ def probe(
     )
     if problem:
         raise UsageError(f"{problem}.  See `servebook probe --help`.")
-    mounts, mount_error = probe_lib.read_mountinfo(str(mountinfo) if mountinfo else None)
-    if mountinfo is not None and mounts is None:
-        raise UsageError(
-            f"--mountinfo: {mount_error}.  Give a file captured with "
-            "`cat /proc/self/mountinfo` on the node."
-        )
+    mounts, mount_error = _mounts(mountinfo)
 
     if find is not None:
         res = probe_lib.find_models(

@@ -21,6 +21,7 @@ from typing import Any
 
 import typer
 
+from servebook import inputs
 from servebook.commands import app
 from servebook.console import err, out
 from servebook.errors import UsageError
@@ -51,8 +52,8 @@ def _is_previous_render(path: Path) -> bool:
         return True
     params = path / PARAMETERS_FILE
     try:
-        first = params.read_text(encoding="utf-8").split("\n", 1)[0]
-    except (OSError, UnicodeDecodeError):
+        first = inputs.read_text(params, "parameters file").split("\n", 1)[0]
+    except inputs.InputError:
         return False
     if first != MARKER:
         return False

@@ -6,7 +6,7 @@ import typer
 
 from servebook import auth, redact
 from servebook.backends import base
-from servebook.commands import KubeconfigOpt, app, print_json
+from servebook.commands import KubeconfigOpt, app, deployment_name, print_json, seconds
 from servebook.console import print_report
 from servebook.deployment import DeploymentView
 from servebook.errors import UsageError
@@ -46,8 +46,12 @@ def options(
     )
 
 
-TimeoutOpt = typer.Option(120.0, "--timeout", help="Seconds each verify request may take.")
-HealthOpt = typer.Option(5.0, "--health-timeout", help="Seconds for /health and /metrics.")
+TimeoutOpt = typer.Option(
+    120.0, "--timeout", help="Seconds each verify request may take.", callback=seconds
+)
+HealthOpt = typer.Option(
+    5.0, "--health-timeout", help="Seconds for /health and /metrics.", callback=seconds
+)
 MaxTokensOpt = typer.Option(
     1024,
     "--max-tokens",
@@ -98,7 +102,9 @@ VERIFY_HELP = (
 
 @app.command(help=VERIFY_HELP)
 def verify(
-    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    name: str | None = typer.Argument(
+        None, help="Deployment name (default: the only one).", callback=deployment_name
+    ),
     json_out: bool = typer.Option(False, "--json", help="Findings as JSON."),
     timeout: float = TimeoutOpt,
     health_timeout: float = HealthOpt,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servebook import inputs
 from servebook.errors import UsageError
 from servebook.kube.client import (
     ClusterUnreachable,
@@ -113,6 +114,75 @@ def _object_name(obj: Any, kind: str, source: str, index: int | None) -> str:
     return name
 
 
+# Where the checks expect an object ({}) or a list of objects ([]) in what they read, by
+# kind ("*": every kind); "a.[].b" is b in each item of the list a.  A value of another
+# shape (``status: "Ready"``) would end the checks in an AttributeError; absent or null is
+# fine (the accessors read it as empty).
+_CONTAINER_SHAPES = ("resources", "resources.requests", "resources.limits")
+_SHAPES: dict[str, tuple[str, ...]] = {
+    "*": ("metadata.labels", "metadata.annotations", "spec", "status", "status.conditions.[]"),
+    "Node": ("spec.taints.[]", "status.allocatable", "status.capacity"),
+    "Pod": (
+        "metadata.ownerReferences.[]",
+        "spec.tolerations.[]",
+        "spec.overhead",
+        "spec.nodeSelector",
+        "status.containerStatuses.[]",
+        "status.initContainerStatuses.[]",
+        *(f"spec.{c}.[]" for c in ("containers", "initContainers")),
+        *(f"spec.{c}.[].{f}" for c in ("containers", "initContainers") for f in _CONTAINER_SHAPES),
+    ),
+    "CustomResourceDefinition": ("spec.versions.[]",),
+}
+
+
+def _shape_problem(value: Any, path: list[str], at: str = "") -> str | None:
+    """Where ``value`` (an object) holds something other than an object along ``path``."""
+    if not path:
+        return None
+    key, rest = path[0], path[1:]
+    if key == "[]":
+        if not isinstance(value, list):
+            return f"{at} is {type(value).__name__} {_short(value)}, not a list"
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                return f"{at}[{i}] is {type(item).__name__} {_short(item)}, not an object"
+            found = _shape_problem(item, rest, f"{at}[{i}]")
+            if found:
+                return found
+        return None
+    child = value.get(key)
+    here = f"{at}.{key}" if at else key
+    if child is None:
+        return None
+    if rest and rest[0] == "[]":
+        return _shape_problem(child, rest, here)
+    if not isinstance(child, dict):
+        return f"{here} is {type(child).__name__} {_short(child)}, not an object"
+    return _shape_problem(child, rest, here)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return f"({text[:40]}...)" if len(text) > 40 else f"({text})"
+
+
+_SHAPE_PATHS = {
+    kind: [p.split(".") for p in (*_SHAPES["*"], *(_SHAPES.get(kind, ())))] for kind in _KINDS
+}
+
+
+def _check_shape(item: Obj, kind: str, where: str) -> None:
+    for path in _SHAPE_PATHS[kind]:
+        problem = _shape_problem(item, path)
+        if problem:
+            raise UsageError(
+                f"{where}: {kind} {item['metadata']['name']}: {problem} (kubectl prints "
+                "one there).",
+                hint=f"Capture the snapshot with `{SNAPSHOT_COMMAND}` rather than editing it.",
+            )
+
+
 def snapshot_from_list(doc: Any, *, source: str) -> ClusterSnapshot:
     """A snapshot from the parsed JSON of ``SNAPSHOT_COMMAND`` (a ``List`` of mixed kinds).
 
@@ -140,6 +210,7 @@ def snapshot_from_list(doc: Any, *, source: str) -> ClusterSnapshot:
             )
         _object_name(item, kind, source, i)
         if kind in _KINDS:
+            _check_shape(item, kind, _where(source, i))
             if kind == "Pod" and not isinstance(item["metadata"].get("namespace"), str):
                 raise UsageError(f"{_where(source, i)}: Pod without metadata.namespace.")
             groups[_KINDS[kind]].append(item)
@@ -173,30 +244,27 @@ def snapshot_from_list(doc: Any, *, source: str) -> ClusterSnapshot:
 
 
 _LARGE_SNAPSHOT_CHARS = 32 * 2**20
+# A 60,000-pod cluster prints a few hundred MiB.
+SNAPSHOT_MAX_BYTES = 1024 * inputs.MiB
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> ClusterSnapshot:
-    """Read a snapshot file (the JSON of ``SNAPSHOT_COMMAND``); ``UsageError`` if unusable."""
+    """Read a snapshot file (the JSON of ``SNAPSHOT_COMMAND``); ``UsageError`` if unusable.
+    It is read through ``servebook.inputs`` (a regular file, bounded, UTF-8, nesting
+    bounded), and every object's fields the checks read must have the API's shapes."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(p):
         raise UsageError(
             f"{p}: no such file. Capture one with `{SNAPSHOT_COMMAND} > {p.name}`."
         ) from None
-    except IsADirectoryError:
-        raise UsageError(f"{p}: is a directory; --snapshot takes the JSON file.") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}).") from None
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read it ({e.strerror}).") from None
+    text = inputs.read_text(p, "snapshot", SNAPSHOT_MAX_BYTES)
     # Parsed JSON holds no reference cycles, so the cyclic collector has nothing to find, but
     # it runs again and again while millions of dicts are created: a 60,000-pod snapshot
     # parses several times faster with it paused.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        doc = json.loads(text)
+        doc = inputs.parse_json(text, p, "snapshot")
     except json.JSONDecodeError as e:
         hint = " It looks like YAML: use -o json." if text.lstrip().startswith("apiVersion") else ""
         raise UsageError(

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from servebook import inputs
 from servebook.errors import UsageError
 from servebook.findings import Finding, Severity, register_once
 
@@ -202,10 +203,12 @@ def _yaml_error(path: str, e: yaml.YAMLError) -> UsageError:
 
 
 def parse_yaml(text: str, path: str) -> YamlFile:
-    """Parse every document in ``text``; raise ``UsageError`` naming file and line."""
+    """Parse every document in ``text``; raise ``UsageError`` naming file and line.  Depth
+    and aliases are bounded (``inputs.BoundedLoader``): past them the file is refused, so
+    ``_line_map`` and the rules never walk a bomb's expansion."""
     comments, sources = _comments(text)
     documents: list[Document] = []
-    loader = yaml.SafeLoader(text)
+    loader = inputs.BoundedLoader(text)
     try:
         index = 0
         prev_end = 0
@@ -234,6 +237,8 @@ def parse_yaml(text: str, path: str) -> YamlFile:
                     )
                 )
                 index += 1
+    except inputs.YamlTooComplex as e:
+        raise UsageError(f"{path}{inputs.yaml_where(e)}: {e.problem}.") from None
     except yaml.YAMLError as e:
         raise _yaml_error(path, e) from None
     finally:
@@ -266,29 +271,41 @@ def _is_chart_templates(d: Path) -> bool:
     return d.name == "templates" and (d.parent / "Chart.yaml").is_file()
 
 
-def _walk(root: Path) -> Iterator[Path]:
+def _walk(root: Path, visited: set[tuple[int, int]] | None = None) -> Iterator[Path]:
+    """The YAML and markdown files under ``root``.  Directory symlinks are followed, each
+    directory once (by device and inode): two links looping back (``loop -> .``,
+    ``up -> ../DIR``) would otherwise make 2^depth paths of one tree."""
+    visited = set() if visited is None else visited
+    try:
+        st = root.stat()
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) in visited:
+        return
+    visited.add((st.st_dev, st.st_ino))
     for p in sorted(root.iterdir()):
         if p.is_dir():
             if p.name in _SKIP_DIRS or p.name.startswith(".") or _is_chart_templates(p):
                 continue
-            yield from _walk(p)
+            yield from _walk(p, visited)
         elif p.suffix.lower() in YAML_SUFFIXES + MARKDOWN_SUFFIXES:
             yield p
 
 
 def _read(p: Path, shown: str) -> str | Unreadable:
+    """The file's text (``inputs``: a regular file, bounded, UTF-8), or why not."""
     try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
+        data = inputs.read_bytes(p, "file")
+    except inputs.InputError as e:
+        return Unreadable(shown, 0, e.why, e.fix)
+    try:
+        return inputs.decode(data, p, "file")
+    except inputs.InputError as e:
         return Unreadable(
             shown,
             0,
-            "not UTF-8 text (a binary file?); lint reads YAML, JSON and markdown.",
+            f"{e.why[:-1]} (a binary file?); lint reads YAML, JSON and markdown.",
             "Leave it out of the paths given, or convert it to UTF-8.",
-        )
-    except OSError as e:
-        return Unreadable(
-            shown, 0, f"cannot be read ({e.strerror}).", "Make it readable, or leave it out."
         )
 
 

@@ -306,10 +306,11 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
             raw = f.read(n)
     except OSError as e:
         return bad(size, "cannot read: {}".format(e.strerror))
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    header, problem = _json_document(raw)
+    if problem.startswith("not valid JSON"):
         return bad(size, "header is not valid JSON (garbage, or not safetensors)")
+    if problem:
+        return bad(size, "header is {}".format(problem))
     if not isinstance(header, dict):
         return bad(size, "header is not a JSON object")
     tensors: Dict[str, int] = {}
@@ -406,6 +407,8 @@ def _gguf_problem(path: str) -> str:
 # --- mounts --------------------------------------------------------------------------------
 
 PROC_MOUNTINFO = "/proc/self/mountinfo"
+# A node with ten thousand mounts writes about 2 MiB.
+MOUNTINFO_MAX_BYTES = 64 * 1024 * 1024
 
 
 class Mount(NamedTuple):
@@ -620,27 +623,71 @@ def _scan(path: str) -> List[_Entry]:
     return entries
 
 
-def _read_json_file(path: str, max_bytes: int = 64 * 1024 * 1024) -> Tuple[Any, str]:
-    """(document, problem): problem is '' when the file parsed."""
+# The same bounds as servebook's own reader of user files (``servebook.inputs``, which this
+# stdlib-only script cannot import): only a regular file, opened non-blocking; a size bound;
+# nesting at most this deep (a RecursionError never escapes a check).
+MAX_JSON_DEPTH = 100
+
+
+def _read_regular(path: str, max_bytes: int) -> Tuple[Optional[bytes], str]:
+    """(content, problem): problem is '' when ``path`` is a regular file of at most
+    ``max_bytes`` that could be read; a FIFO or device is never opened for reading."""
     try:
         st = os.stat(path)
     except OSError as e:
         return None, "cannot stat: {}".format(e.strerror)
     if not stat.S_ISREG(st.st_mode):
         return None, "not a regular file"
-    if st.st_size == 0:
-        return None, "empty file (0 bytes)"
     if st.st_size > max_bytes:
         return None, "{} is too large to be this file".format(_human_bytes(st.st_size))
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, "not a regular file"
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         return None, "cannot read: {}".format(e.strerror)
+    if len(raw) > max_bytes:
+        return None, "more than {} is too large to be this file".format(_human_bytes(max_bytes))
+    return raw, ""
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether parsed JSON nests more than ``limit`` levels (without recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
+    return False
+
+
+def _json_document(raw: bytes) -> Tuple[Any, str]:
+    """(document, problem) of JSON bytes: problem is '' when they parsed within the bounds."""
     try:
-        return json.loads(raw.decode("utf-8")), ""
+        doc = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        return None, "nested deeper than {} levels".format(MAX_JSON_DEPTH)
     except (UnicodeDecodeError, ValueError) as e:
         return None, "not valid JSON ({})".format(str(e)[:120] or "garbage")
+    if _deeper_than(doc, MAX_JSON_DEPTH):
+        return None, "nested deeper than {} levels".format(MAX_JSON_DEPTH)
+    return doc, ""
+
+
+def _read_json_file(path: str, max_bytes: int = 64 * 1024 * 1024) -> Tuple[Any, str]:
+    """(document, problem): problem is '' when the file parsed."""
+    raw, problem = _read_regular(path, max_bytes)
+    if raw is None:
+        return None, problem
+    if not raw:
+        return None, "empty file (0 bytes)"
+    return _json_document(raw)
 
 
 def hf_cache_repo(real_path: str) -> Optional[str]:
@@ -1227,10 +1274,16 @@ def _check_tokenizer(by_name: Dict[str, _Entry], role: str, subject: str) -> Dic
             subject,
             "no tokenizer: a draft model uses its target's tokenizer",
         )
+
+    def why_not(e: _Entry) -> str:
+        return "dangling" if not e.exists else "not a regular file" if not e.is_file else "empty"
+
     broken = sorted(f for files in _TOKENIZER_SETS for f in files if f in by_name and not usable(f))
     msg = "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json + merges.txt)"
     if broken:
-        msg += "; present but empty or dangling: {}".format(", ".join(broken))
+        msg += "; present but unusable: {}".format(
+            ", ".join("{} ({})".format(f, why_not(by_name[f])) for f in broken)
+        )
     return finding("SB210", FAIL, subject, msg)
 
 
@@ -1315,12 +1368,10 @@ def _mount_finding(m: Mount, real: str, subject: str, prefix: str) -> Dict[str, 
 def read_mountinfo(path: Optional[str]) -> Tuple[Optional[List[Mount]], str]:
     """(mounts, problem) from ``path`` (default: this process's mountinfo)."""
     src = path or PROC_MOUNTINFO
-    try:
-        with open(src, "r", encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError as e:
-        return None, "cannot read {}: {}".format(src, e.strerror)
-    mounts = parse_mountinfo(text)
+    raw, problem = _read_regular(src, MOUNTINFO_MAX_BYTES)
+    if raw is None:
+        return None, "cannot read {}: {}".format(src, problem)
+    mounts = parse_mountinfo(raw.decode("utf-8", "surrogateescape"))
     if not mounts:
         return None, "{} holds no mountinfo lines".format(src)
     return mounts, ""
@@ -1438,7 +1489,7 @@ def find_models(
                     )
                 )
             break
-        fs = check_directory(d, "model", None, mounts, mount_error)
+        fs = _checked(d, mounts, mount_error)
         failing = [f for f in fs if _failed(f) or f["severity"] == WARN]
         completeness = [f for f in failing if f["check"] != "SB211"]
         summary = _candidate_summary(fs)
@@ -1492,6 +1543,16 @@ def find_models(
     search["elapsed_s"] = round(clock() - start, 3)
     findings.append(_bounds_finding(search, beyond_examples))
     return FindResult(findings, candidates, search)
+
+
+def _checked(d: str, mounts: Optional[List[Mount]], mount_error: str) -> List[Dict[str, Any]]:
+    """``check_directory`` of one candidate; one that cannot be checked at all is reported as
+    such (SB201, error), and the search goes on to the others."""
+    try:
+        return check_directory(d, "model", None, mounts, mount_error)
+    except Exception as e:  # one odd directory must not end the whole search
+        msg = "could not be checked: {}: {}".format(type(e).__name__, str(e)[:200])
+        return [finding("SB201", ERROR, d, msg, {"error": type(e).__name__})]
 
 
 def _candidate_summary(fs: List[Dict[str, Any]]) -> str:

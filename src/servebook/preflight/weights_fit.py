@@ -19,13 +19,13 @@ used, so a reader can redo the sum.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servebook import inputs
 from servebook.errors import UsageError
 from servebook.findings import Finding, Severity, register_once
 from servebook.kube.objects import BadObject, parse_quantity
@@ -161,10 +161,7 @@ def weights_size(source: str) -> WeightsSize:
 
 
 def _from_index(path: Path) -> WeightsSize:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path}: cannot read it as a safetensors index ({e}).") from None
+    doc = inputs.load_json(path, "safetensors index")
     total = (doc.get("metadata") or {}).get("total_size") if isinstance(doc, dict) else None
     if not isinstance(total, int | float) or isinstance(total, bool) or total <= 0:
         raise UsageError(

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from servebook import inputs
 from servebook.errors import UsageError
 from servebook.recipe.plan import Plan, RecipeValueError, build_plan
 from servebook.recipe.schema import Parameter, ParamType, Recipe
@@ -29,6 +30,9 @@ IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Built-in references every recipe may use; their values come from the caller.
 BUILTINS = ("cache_dir", "state_dir")
+# A recipe or values file is a few KiB; a bound far above that keeps a wrong file from
+# holding the pure-Python YAML parser for minutes (60 MB took more than 120 s).
+RECIPE_MAX_BYTES = inputs.MiB
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,9 @@ class _DuplicateKey(Exception):
         self.key, self.line, self.first = key, line, first
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the
-    last one silently)."""
+class _StrictLoader(inputs.BoundedLoader):
+    """A safe loader within servebook's bounds (``inputs.BoundedLoader``) that refuses a key
+    given twice in one mapping (PyYAML keeps the last one silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[str, int] = {}
@@ -78,6 +82,11 @@ def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
         raise UsageError(
             f"{origin}: line {e.line}: key {e.key!r} is given twice (first at line {e.first}); "
             "YAML would silently keep the last one. Keep one of them."
+        ) from None
+    except inputs.YamlTooComplex as e:
+        raise UsageError(
+            f"{origin}{inputs.yaml_where(e)}: {e.problem}.",
+            hint="Is this the right file? A recipe or values file nests a few levels.",
         ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -99,12 +108,7 @@ def load_source(ref: str) -> Source:
     """A built-in recipe name, or a path to a recipe YAML file."""
     path = Path(ref)
     if ref.endswith((".yaml", ".yml")) or os.sep in ref:
-        if not path.is_file():
-            raise UsageError(f"recipe file {ref} does not exist. Check the path.")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"recipe file {ref} cannot be read: {e.strerror}.") from None
+        text = inputs.read_text(path, "recipe file", RECIPE_MAX_BYTES)
         return Source(name=path.stem, origin=str(path), data=_parse_yaml(text, str(path)))
     names = catalog_names()
     if ref not in names:
@@ -167,20 +171,25 @@ def parse_recipe(src: Source, usages: Mapping[str, list[str]] | None = None) -> 
 
 
 def parse_set(pairs: Iterable[str]) -> dict[str, str]:
+    """``--set NAME=VALUE`` pairs; a NAME given twice is refused, as a key given twice in a
+    values file is (keeping the last one silently would hide a typo'd command line)."""
     values: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise UsageError(f"--set {pair!r}: expected NAME=VALUE, e.g. --set node=gpu-node-1.")
+        if key in values:
+            raise UsageError(
+                f"--set {key} is given twice ({key}={values[key]!r}, then {key}={value!r}).",
+                hint="Keep one of them.",
+            )
         values[key] = value
     return values
 
 
 def load_values_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise UsageError(f"values file {path} does not exist. Check the -f path.")
-    text = path.read_text(encoding="utf-8")
+    text = inputs.read_text(path, "values file", RECIPE_MAX_BYTES)
     if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
         raise UsageError(
             f"values file {path} is empty: it should map parameter names to values, e.g. "
@@ -209,7 +218,7 @@ def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
     if param.type is ParamType.YAML:
         if isinstance(value, str):
             try:
-                value = yaml.safe_load(value)
+                value = inputs.safe_load(value)
             except yaml.YAMLError as e:
                 problem = getattr(e, "problem", None) or str(e)
                 raise bad(f"not valid YAML ({problem})") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from servebook import inputs
 from servebook.errors import UsageError
 from servebook.files import write_atomic
 from servebook.results.aggregate import PrecisionTarget, aggregate, mark_precision
@@ -23,13 +24,12 @@ from servebook.results.schema import RESULTS_NAME, SCHEMA, Point, PointKey, Prov
 
 
 def load_results(path: str | Path) -> Results:
+    """A results document, read through ``servebook.inputs`` (a regular file, bounded,
+    UTF-8, nesting bounded); ``UsageError`` naming the file when it is not one."""
     path = Path(path)
+    text = inputs.read_text(path, "results file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read results: {e.strerror or e}") from None
-    try:
-        doc = json.loads(text)
+        doc = inputs.parse_json(text, path, "results file")
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not JSON (line {e.lineno}): {e.msg}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
