@@ -553,6 +553,8 @@ def _app(st: StandIn) -> web.Application:
             )
         if ns:
             meta["namespace"] = ns
+        if plural == "pods" and (refused := _pod_security_refusal(st, ns, name, body)):
+            return refused
         if plural == "pods":
             body["status"] = {"phase": "Pending"}
             st._started[(ns, name)] = time.monotonic()
@@ -1488,6 +1490,22 @@ def _refused_by_pod_security(
         }
     )  # fmt: skip
     return True
+
+
+def _pod_security_refusal(st: StandIn, ns: str, name: str, pod: Obj) -> web.Response | None:
+    """A Pod created directly, refused as a real API server's PodSecurity admission refuses
+    it (the test plane's kube-apiserver refused preflight's probe Pod in a namespace that
+    enforces baseline; this stand-in admitted it)."""
+    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
+        "labels"
+    ) or {}
+    enforce = labels.get("pod-security.kubernetes.io/enforce")
+    spec = pod.get("spec") or {}
+    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
+    if not why:
+        return None
+    message = f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
+    return _status(403, "Forbidden", message, {"name": name, "kind": "pods"})
 
 
 def _born(st: StandIn, pod: Obj) -> None:

@@ -236,8 +236,9 @@ def run_probe_pod(
 ) -> list[Finding]:
     """Create the probe Pod in ``namespace`` (which must exist), wait for its image within
     ``pull_timeout_s`` and for the probe within ``deadline_s`` of its start, read its
-    findings, delete it.  A refused or failed request is ``RequestFailed`` (exit 2), naming
-    the request."""
+    findings, delete it.  A probe Pod the namespace's Pod Security refuses is a failing
+    finding (the engines' own Pods meet the same refusal); any other refused or failed
+    request is ``RequestFailed`` (exit 2), naming the request."""
     script = probe_script_path().read_text(encoding="utf-8")
     manifest = pod_manifest(
         t,
@@ -249,7 +250,13 @@ def run_probe_pod(
     )
     name = manifest["metadata"]["name"]
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    call(api, "POST", pods, f"creating the probe Pod on node {t.node}", body=manifest)
+    try:
+        call(api, "POST", pods, f"creating the probe Pod on node {t.node}", body=manifest)
+    except RequestFailed as e:
+        refused = _refused(t, namespace, e)
+        if refused is None:
+            raise
+        return [refused]
     try:
         return _wait_for_probe(
             api, t, namespace, name, image or t.image, deadline_s, pull_timeout_s, poll_s
@@ -265,6 +272,23 @@ def run_probe_pod(
                 body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
                 missing_ok=True,
             )
+
+
+def _refused(t: ProbeTarget, namespace: str, e: RequestFailed) -> Finding | None:
+    """The finding for a probe Pod that the namespace's Pod Security refuses (seen on a real
+    API server, which the stand-in did not enforce on Pods): it fails the node, since the
+    engines' Pods mount the same hostPath. Any other refusal stays an error of the run."""
+    said = e.server_message or str(e)
+    if e.code != 403 or "violates PodSecurity" not in said:
+        return None
+    return PROBE_POD.finding(
+        Severity.FAIL,
+        t.node,
+        f"namespace {namespace} refused the probe Pod for node {t.node}: {said}",
+        hint="The engines' Pods mount their weights by hostPath too, so this namespace "
+        "refuses them as well (SB265 says which level): deploy into a namespace whose "
+        "pod-security.kubernetes.io/enforce label is privileged, or unset.",
+    )
 
 
 def _wait_for_probe(

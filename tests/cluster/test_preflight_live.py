@@ -1,0 +1,99 @@
+"""Live `servebook preflight` against the real API server's answers (issue 31).
+
+* A namespace that enforces Pod Security baseline: the GPU PD recipe's engine Pods mount
+  hostPath volumes, which baseline forbids, and preflight says so before anything is
+  applied (SB265), as the API server's own admission would refuse them.
+* A Pod of another team, in another namespace, holding all eight GPUs of the target node:
+  preflight counts it (SB254) and names it, as the scheduler would keep the engine Pending.
+
+On the test plane the GPUs are the nodes' advertised `nvidia.com/gpu`, and the holding Pod is
+a real Pod the scheduler bound and the node agent runs (a `sleep`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from tests.cluster.conftest import sb
+
+pytestmark = pytest.mark.cluster
+
+GPU_PD = [
+    "image=vllm/vllm-openai:v0.11.0",
+    "prefill_node=gpu-0",
+    "decode_node=gpu-1",
+    "prefill_model_dir=/models/llama",
+    "decode_model_dir=/models/llama",
+    "fabric=tcp",
+    "allow_tcp_kv=true",
+]
+
+
+def _kubectl(*args: str, stdin: str | None = None) -> str:
+    r = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
+def _preflight(ns: str) -> list[dict[str, object]]:
+    """preflight's findings; it fails (exit 1): /models/llama is on no node of the plane."""
+    sets = [a for s in (*GPU_PD, f"namespace={ns}") for a in ("--set", s)]
+    r = sb("preflight", "vllm-pd", "--json", "--probe-deadline", "60", *sets, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    findings: list[dict[str, object]] = json.loads(r.stdout)["findings"]
+    return findings
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    ns = f"sb-pre-{int(time.time() * 1000) % 10**9}"
+    _kubectl("create", "namespace", ns)
+    try:
+        yield ns
+    finally:
+        _kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_a_namespace_enforcing_baseline_fails_before_the_apply(namespace: str) -> None:
+    _kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
+    findings = _preflight(namespace)
+    (security,) = [f for f in findings if f["check"] == "SB265"]
+    assert security["severity"] == "fail", security
+    assert "hostPath volumes" in str(security["message"]), security
+    # The probe Pods are refused there too (a real API server's PodSecurity; preflight ended
+    # with exit 2 and no verdicts before): each node's probe fails, naming the refusal.
+    probes = [f for f in findings if "refused the probe Pod" in str(f["message"])]
+    assert {f["subject"] for f in probes} == {"gpu-0", "gpu-1"}, findings
+    assert all(f["severity"] == "fail" and "PodSecurity" in str(f["message"]) for f in probes)
+
+
+def test_a_pod_in_another_namespace_holding_every_gpu_of_the_node_fails(namespace: str) -> None:
+    holder = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "all-the-gpus", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpu-0"},
+            "containers": [
+                {
+                    "name": "hold",
+                    "image": "busybox:1.36",
+                    "command": ["sleep", "3600"],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                }
+            ],
+        },
+    }
+    _kubectl("apply", "-f", "-", stdin=json.dumps(holder))
+    _kubectl("wait", "--for=condition=Ready", "pod/all-the-gpus", "-n", namespace, "--timeout=120s")
+    findings = _preflight(f"{namespace}-engines")
+    verdicts = {f["subject"]: f for f in findings if f["check"] == "SB254"}
+    assert verdicts["node/gpu-0"]["severity"] == "fail", verdicts
+    assert "held by " + namespace + "/all-the-gpus: 8 (Running)" in str(
+        verdicts["node/gpu-0"]["message"]
+    ), verdicts
+    assert verdicts["node/gpu-1"]["severity"] == "pass", verdicts
