@@ -20,6 +20,7 @@ check:
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+	scripts/kube-plane check
 
 unit:
 	$(BIN)/pytest -q tests/unit

@@ -9,8 +9,11 @@ never a reason to skip them.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,31 @@ PLANE = REPO / "scripts" / "kube-plane"
 # On the plane no image is pulled: a container whose command is vLLM's server runs this
 # machine's vLLM, whatever the image. The name is the one a CPU cluster would pull.
 PLANE_IMAGE = "vllm/vllm-openai-cpu:v0.32.0-x86_64"
+UP_S = 1800  # pulling a multi-GB image on a laptop cluster is most of it
+
+
+def sb(
+    *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run servebook as a user would, against the cluster of the test."""
+    return subprocess.run(
+        [sys.executable, "-m", "servebook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def set_values(where: list[str]) -> list[str]:
+    """The NAME=VALUE words of a list of --set arguments."""
+    return [where[i + 1] for i in range(0, len(where), 2)]
+
+
+def mixed_sets(where: list[str]) -> list[str]:
+    """tiny-mixed's --set arguments: tiny-pd's without `node` (one Pod, no shared KV)."""
+    kept = [s for s in set_values(where) if not s.startswith("node=")]
+    return [a for s in kept for a in ("--set", s)]
 
 
 @dataclass(frozen=True)
@@ -85,3 +113,24 @@ def image(cluster: Cluster) -> str:
     if not cluster.plane:
         pytest.skip("set SERVEBOOK_TEST_IMAGE to vLLM's CPU image to run the chain on your cluster")
     return PLANE_IMAGE
+
+
+@pytest.fixture
+def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
+    """--set arguments for tiny-pd on this cluster, in a namespace of its own (tiny-mixed
+    takes the same but `node`); afterwards nothing labelled by servebook is left there."""
+    ready = [
+        n
+        for n, node in sorted(live.nodes.items())
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in node.get("status", {}).get("conditions", [])
+        )
+    ]
+    assert ready, "the cluster has no Ready node"
+    node = "gpu-0" if "gpu-0" in ready else ready[0]  # the plane's first GPU node
+    ns = f"sb-chain-{int(time.time())}"
+    yield [a for s in (f"image={image}", f"node={node}", f"namespace={ns}") for a in ("--set", s)]
+    left = sb("status", "--backend", "kubernetes", "-n", ns, "--json", timeout=120)
+    for found in json.loads(left.stdout or "[]"):
+        sb("down", found["name"], "--backend", "kubernetes", "-n", ns, timeout=600)

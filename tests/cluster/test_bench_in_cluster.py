@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.cluster.test_kube_chain import UP_S, _mixed, _sb, image, where  # noqa: F401
+from tests.cluster.conftest import UP_S, mixed_sets, sb
 
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
@@ -34,17 +34,17 @@ def _namespace(sets: list[str]) -> str:
 
 
 def test_bench_runs_its_load_in_the_cluster_and_leaves_nothing(
-    where: list[str],  # noqa: F811  (the imported fixture)
+    where: list[str],
     tmp_path: Path,
 ) -> None:
-    up = ["up", "tiny-mixed", "--backend", "kubernetes", *_mixed(where), "--name", "incluster"]
-    r = _sb(*up, timeout=UP_S)
+    up = ["up", "tiny-mixed", "--backend", "kubernetes", *mixed_sets(where), "--name", "incluster"]
+    r = sb(*up, timeout=UP_S)
     assert r.returncode == 0, r.stdout + r.stderr
     ns = _namespace(where)
     dry = tmp_path / "dry"
-    r = _sb("bench", "incluster", "--agents", "2", "--dry-run", "-o", str(dry), timeout=300)
+    r = sb("bench", "incluster", "--agents", "2", "--dry-run", "-o", str(dry), timeout=300)
     assert r.returncode == 0, r.stderr
-    lint = _sb("lint", str(dry), timeout=300)
+    lint = sb("lint", str(dry), timeout=300)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     out = tmp_path / "bench"
     args = [
@@ -53,7 +53,7 @@ def test_bench_runs_its_load_in_the_cluster_and_leaves_nothing(
         # A CPU engine on a laptop node: the verdicts are not what this test is about.
         *("--min-achieved-concurrency", "0.3", "--max-client-lag-ms", "5000"),
     ]
-    r = _sb("bench", "incluster", *args, "-o", str(out), timeout=UP_S + 900)
+    r = sb("bench", "incluster", *args, "-o", str(out), timeout=UP_S + 900)
     assert r.returncode in (0, 1), r.stdout + r.stderr
     results = json.loads((out / "results.json").read_text())
     load = results["provenance"]["load"]

@@ -12,38 +12,18 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.cluster.conftest import UP_S, sb
 
 from servebook.kube.snapshot import ClusterSnapshot
 
 pytestmark = pytest.mark.cluster
-UP_S = 1800
-
-
-def _run(
-    *argv: str, timeout: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def _sb(
-    *args: str, timeout: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return _run(sys.executable, "-m", "servebook", *args, timeout=timeout, env=env)
 
 
 def _kubectl(*args: str, stdin: str | None = None) -> str:
@@ -60,24 +40,21 @@ def _ready_node(live: ClusterSnapshot) -> str:
     pytest.fail("the cluster has no Ready node")
 
 
-def test_up_right_after_down_comes_up(live: ClusterSnapshot) -> None:
-    image = os.environ.get("SERVEBOOK_TEST_IMAGE")
-    if not image:
-        pytest.skip("set SERVEBOOK_TEST_IMAGE to vLLM's CPU image to deploy on the cluster")
+def test_up_right_after_down_comes_up(live: ClusterSnapshot, image: str) -> None:
     ns = f"sb-reup-{int(time.time())}"
     sets = [a for s in (f"image={image}", f"namespace={ns}") for a in ("--set", s)]
     up = ["up", "tiny-mixed", "--backend", "kubernetes", *sets, "--name", "again"]
     try:
-        first = _sb(*up, timeout=UP_S)
+        first = sb(*up, timeout=UP_S)
         assert first.returncode == 0, first.stderr
-        down = _sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
+        down = sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
         assert down.returncode == 0, down.stderr
-        second = _sb(*up, timeout=UP_S)  # at once: the old Pod may still be terminating
+        second = sb(*up, timeout=UP_S)  # at once: the old Pod may still be terminating
         assert second.returncode == 0, second.stdout + second.stderr
-        status = json.loads(_sb("status", "again", "--json", timeout=120).stdout)
+        status = json.loads(sb("status", "again", "--json", timeout=120).stdout)
         assert all(r["ready"] for r in status["roles"]), status
     finally:
-        _sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
+        sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
 
 
 # --- port-forward permissions against preflight ------------------------------------------
@@ -142,7 +119,7 @@ def test_preflight_names_the_forward_verb_a_role_lacks(
     ns, sa, cfg = account
     _grant(ns, sa, verbs)
     image = "vllm/vllm-openai-cpu:v0.32.0-x86_64"  # not pulled: tiny-mixed probes no node
-    r = _sb(
+    r = sb(
         "preflight", "tiny-mixed", "--json", "--set", f"image={image}", "--set", f"namespace={ns}",
         timeout=600, env={"KUBECONFIG": str(cfg)},
     )  # fmt: skip

@@ -7,24 +7,14 @@ reason), not hang; `down` must then delete every object it applied.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
+from tests.cluster.conftest import sb
 
 from servebook.kube.snapshot import ClusterSnapshot
 
 pytestmark = pytest.mark.cluster
-
-
-def _sb(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "servebook", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
@@ -44,7 +34,7 @@ def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
     args = [a for s in sets for a in ("--set", s)]
     t0 = time.monotonic()
     try:
-        r = _sb("up", "vllm-mixed", "--backend", "kubernetes", "--name", ns, *args, timeout=600)
+        r = sb("up", "vllm-mixed", "--backend", "kubernetes", "--name", ns, *args, timeout=600)
         took = time.monotonic() - t0
         assert r.returncode == 1, r.stderr
         assert "cannot become ready" in r.stderr
@@ -53,7 +43,7 @@ def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
         ), r.stderr
         assert took < 300, f"took {took:.0f} s to say so"
     finally:
-        d = _sb("down", ns, timeout=300)
+        d = sb("down", ns, timeout=300)
     assert d.returncode == 0, d.stderr
     assert "deleted" in d.stdout
 
@@ -77,13 +67,13 @@ def test_down_then_up_at_once_reaches_the_same_verdict_not_a_terminating_namespa
     args = [a for s in sets for a in ("--set", s)]
     up = ["up", "vllm-mixed", "--backend", "kubernetes", "--name", ns, *args]
     try:
-        first = _sb(*up, timeout=600)
+        first = sb(*up, timeout=600)
         assert first.returncode == 1, first.stderr
-        d = _sb("down", ns, timeout=900)
+        d = sb("down", ns, timeout=900)
         assert d.returncode == 0, d.stderr
-        again = _sb(*up, timeout=600)
+        again = sb(*up, timeout=600)
         assert again.returncode == 1, again.stderr
         assert "cannot become ready" in again.stderr, again.stderr
         assert "being terminated" not in again.stderr and "RBAC" not in again.stderr
     finally:
-        _sb("down", ns, timeout=900)
+        sb("down", ns, timeout=900)

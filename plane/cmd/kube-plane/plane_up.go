@@ -137,6 +137,16 @@ func bringUp(ctx context.Context, o *upOptions) (*record, error) {
 	if err := os.MkdirAll(filepath.Join(o.dir, "pki", "lws-webhook"), 0o700); err != nil {
 		return nil, err
 	}
+	// DIR/kube-plane is the binary that started this plane: `down` uses it even after the
+	// sources (and so the cached binary's name) changed.
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	_ = os.Remove(filepath.Join(o.dir, "kube-plane"))
+	if err := os.Symlink(self, filepath.Join(o.dir, "kube-plane")); err != nil {
+		return nil, err
+	}
 	l, err := claimBridge(o.dir)
 	if err != nil {
 		return nil, err
