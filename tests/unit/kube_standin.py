@@ -952,6 +952,14 @@ def dump(st: StandIn) -> str:
 #   ``Available`` (AllGroupsReady) / ``Progressing`` (GroupsProgressing), and
 #   ``observedGeneration`` only from v0.9.0 (lws: api/leaderworkerset/v1/
 #   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).
+# * ``crashing[POD]``: that Pod's containers exit with this code once they run, and the
+#   kubelet restarts them (``restartCount``, ``lastState.terminated``).  A LeaderWorkerSet
+#   member that restarted makes the controller recreate its group (RecreateGroupOnPodRestart,
+#   pkg/controllers/pod_controller.go ``handleRestartPolicy``): the leader is deleted in the
+#   Foreground and the workers with it, a ``RecreateGroup`` event is recorded on the set
+#   (the events API's shape: ``eventTime``, no ``lastTimestamp``), and the group is made
+#   again under the same names once they are gone; on the test plane a worker that exits
+#   5 s after starting was recreated every 6 s.
 # * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
 #   ``remainingItemCount``) while more remain; ``continue`` resumes.
 # * ``tokens`` (when set): a request whose bearer token is not one of them is 401
@@ -988,6 +996,8 @@ class Lifecycle:
     rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
     # (reason, message) the kubelet emits for every new Pod, as Warning Events
     pod_events: list[tuple[str, str]] = field(default_factory=list)
+    crashing: dict[str, int] = field(default_factory=dict)  # Pod name -> its exit code
+    regroup: set[tuple[str, str, str]] = field(default_factory=set)  # LWS remaking a group
 
 
 NAMESPACE_TERMINATING = "NamespaceTerminating"
@@ -1195,6 +1205,9 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         if before is not None and before.get("status") == c["status"]:
             c["lastTransitionTime"] = before["lastTransitionTime"]
     kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
+    if meta["name"] in st.life.crashing and stage >= 2:
+        _crashed(pod, st.life.crashing[meta["name"]], stamp)
+        return
     status["containerStatuses"] = [
         {
             "name": c["name"],
@@ -1207,6 +1220,92 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
             else state,
         }
         for c in containers
+    ]
+
+
+def _crashed(pod: Obj, code: int, stamp: str) -> None:
+    """Its containers exited with ``code``; the kubelet has restarted them (running, not
+    Ready)."""
+    status = pod["status"]
+    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
+    status["conditions"] = [
+        c for c in status.get("conditions") or () if c["type"] in ("Initialized", "PodScheduled")
+    ]
+    exited = {"exitCode": code, "reason": "Error", "startedAt": stamp, "finishedAt": stamp}
+    status["containerStatuses"] = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "ready": False,
+            "started": True,
+            "restartCount": max(1, kept.get(c["name"], {}).get("restartCount", 0)),
+            "lastState": {"terminated": exited},
+            "state": {"running": {"startedAt": stamp}},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+
+
+def _recreate_groups(st: StandIn, key: tuple[str, str, str], lws: Obj) -> None:
+    """The LWS pod controller's ``handleRestartPolicy``, and the StatefulSets making a
+    recreated group again once its Pods are gone."""
+    meta = lws["metadata"]
+    if key in st.life.regroup and key not in st.life.rollouts:
+        _roll_out_lws(st, lws)
+        size = int(lws["spec"]["leaderWorkerTemplate"].get("size", 1))
+        if len(_lws_pods(st, lws)) >= size * int(lws["spec"].get("replicas", 1)):
+            st.life.regroup.discard(key)
+    for pod in _lws_pods(st, lws):
+        pm = pod["metadata"]
+        restarted = any(
+            c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or ()
+        )
+        if pm.get("deletionTimestamp") or not restarted:
+            continue
+        group = pm["labels"][LWS_GROUP]
+        leader_key = ("pods", meta["namespace"], f"{meta['name']}-{group}")
+        leader = st.objects.get(leader_key)
+        if leader is None or leader["metadata"].get("deletionTimestamp"):
+            continue
+        _delete(st, leader_key, "Foreground")
+        for member in _lws_pods(st, lws):
+            if member["metadata"]["labels"][LWS_GROUP] == group:
+                _delete(st, ("pods", meta["namespace"], member["metadata"]["name"]))
+        st.life.regroup.add(key)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        st.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                             "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": lws["apiVersion"], "kind": "LeaderWorkerSet",
+                                   "name": meta["name"], "namespace": meta["namespace"],
+                                   "uid": meta["uid"]},
+                "related": {"apiVersion": "v1", "kind": "Pod", "name": leader["metadata"]["name"],
+                            "namespace": meta["namespace"]},
+                "reason": "RecreateGroup",
+                "action": "Delete",
+                "message": f"Worker pod {pm['name']} failed, deleted leader pod "
+                           f"{leader['metadata']['name']} to recreate group {group}",
+                "type": "Normal",
+                "eventTime": stamp,
+                "firstTimestamp": None,
+                "lastTimestamp": None,
+                "reportingComponent": "leaderworkerset",
+                "source": {},
+            }
+        )  # fmt: skip
+
+
+def _lws_pods(st: StandIn, lws: Obj) -> list[Obj]:
+    meta = lws["metadata"]
+    return [
+        o
+        for (p, ns, _), o in st.objects.items()
+        if p == "pods"
+        and ns == meta["namespace"]
+        and (o["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
     ]
 
 
@@ -1242,6 +1341,9 @@ def _advance(st: StandIn) -> None:
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj, now)
+    for key, obj in list(st.objects.items()):
+        if key in st.life.rolled and not obj["metadata"].get("deletionTimestamp"):
+            _recreate_groups(st, key, obj)
     for key, obj in st.objects.items():
         if key in st.life.rolled:
             _lws_status(st, obj)

@@ -103,3 +103,65 @@ def test_an_unobserved_generation_is_waiting_even_with_ready_pods() -> None:
     lws = {**LWS, "metadata": {"name": "x", "generation": 2}}
     s = _decode([leader, worker], now=_at(leader), started=_at(leader), lws=lws)
     assert s.state == "waiting" and "not yet observed" in s.summary
+
+
+# --- a group that crashes, as the test plane's LeaderWorkerSet controller (v0.9.0) handles it
+# lws-recreate.json is `kubectl get leaderworkersets,pods,events -o json` from the plane,
+# three minutes into an up whose workers exit with code 3 five seconds after they start:
+# the controller recreated each group every 6 s (RecreateGroupOnPodRestart), and this
+# snapshot caught prefill's worker restarted while its group was being deleted.
+
+PLANE = json.loads((FIX / "lws-recreate.json").read_text())["items"]
+APPLIED = datetime.fromisoformat("2026-12-04T22:31:04+00:00")
+
+
+def _plane(role: str, *, started: datetime = APPLIED) -> RoleState:
+    lws_name = f"wide-{role}-lws"
+    pods = [
+        o
+        for o in PLANE
+        if o["kind"] == "Pod" and o["metadata"]["labels"]["app.kubernetes.io/component"] == role
+    ]
+    lws = next(
+        o for o in PLANE if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"] == lws_name
+    )
+    return group_state(
+        role,
+        lws_name,
+        pods,
+        [o for o in PLANE if o["kind"] == "Event"],
+        now=datetime.fromisoformat("2026-12-04T22:34:35+00:00"),
+        started=started,
+        replicas=1,
+        size=2,
+        lws=lws,
+        restart_baseline={},
+    )
+
+
+def test_a_member_seen_restarted_while_its_group_is_recreated_fails_naming_its_exit() -> None:
+    """Both prefill Pods are being deleted (the controller took the group down), so no
+    live Pod shows the crash; the worker's restart and exit code 3 are on the deleted one."""
+    s = _plane("prefill")
+    assert s.state == "failed", s.summary
+    assert "container engine of Pod wide-prefill-lws-0-1 (group 0, member 1)" in s.summary
+    assert "exited with code 3 (Error)" in s.summary
+    assert "recreated the group" in s.summary and "RecreateGroupOnPodRestart" in s.summary
+    assert s.pod == "wide-prefill-lws-0-1" and s.crashed_container == "engine"
+
+
+def test_recreate_events_fail_the_role_when_no_poll_saw_the_restart() -> None:
+    """decode's Pods are the freshly recreated group (no restart on them); the controller's
+    RecreateGroup events are all that is left of the crash: the role fails naming the
+    member, instead of waiting and then asking whether the controller runs."""
+    s = _plane("decode")
+    assert s.state == "failed", s.summary
+    assert "Pod wide-decode-lws-0-1 of group 0 failed" in s.summary
+    assert "Worker pod wide-decode-lws-0-1 failed, deleted leader pod" in s.summary
+    assert s.evidence["reason"] == "RecreateGroup"
+    assert "is the LeaderWorkerSet controller running" not in s.summary
+
+
+def test_recreations_before_this_apply_are_not_its_own() -> None:
+    s = _plane("decode", started=datetime.fromisoformat("2026-12-04T22:34:31+00:00"))
+    assert s.state == "waiting", s.summary

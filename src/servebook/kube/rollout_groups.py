@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from servebook.kube.lws_events import refusal_summary
+from servebook.kube.lws_events import Recreation, recreations, refusal_summary
 from servebook.kube.objects import as_int, is_ready, is_terminating, labels_of, parse_time, restarts
 from servebook.kube.rollout import RoleState, _age_s, _engine_image, role_state
 
@@ -21,6 +21,9 @@ Obj = Mapping[str, Any]
 # member runs: the leader's API server waits for every data-parallel rank, and the
 # controller recreates the whole group when one member restarts.  So the role is ready
 # only when every group has all its Pods Ready, and any member's failure fails the role.
+# A member that crashes is seen restarted for a moment at most: the controller recreates
+# the group at once (``kube.lws_events``), so its restart is judged on Pods being deleted
+# too, and its ``RecreateGroup`` events fail the role when no poll saw the Pod.
 
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -65,6 +68,10 @@ def group_state(
             group = labels_of(p).get(LWS_GROUP_INDEX)
             where = f" (group {group}, member {member})" if group is not None else ""
             return replace(one, summary=one.summary + where, old_pods=gone)
+    crash = _restarted_member(pods, restart_baseline)
+    recreated = recreations(events, lws_name, started)
+    if crash is not None or recreated is not None:
+        return _recreated(role, crash, recreated, gone)
     groups: dict[str, list[Obj]] = {}
     for p in live:
         groups.setdefault(str(labels_of(p).get(LWS_GROUP_INDEX, "?")), []).append(p)
@@ -148,6 +155,76 @@ def group_state(
         "Pods); a group serves only once all its Pods are Ready",
         evidence,
         **per_role,
+    )
+
+
+def _restarted_member(
+    pods: Sequence[Obj], baseline: Mapping[str, int] | None
+) -> tuple[Obj, Obj] | None:
+    """A member Pod (being deleted or not) with a container restarted since this apply,
+    and that container's status; the controller recreates the group for it."""
+    for p in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
+        uid = str(p.get("metadata", {}).get("uid", ""))
+        if restarts(p) - int((baseline or {}).get(uid, 0)) <= 0:
+            continue
+        for cs in (p.get("status") or {}).get("containerStatuses") or ():
+            if as_int(cs.get("restartCount")) > 0 and (cs.get("lastState") or {}).get("terminated"):
+                return p, cs
+    return None
+
+
+def _recreated(
+    role: str, crash: tuple[Obj, Obj] | None, recreated: Recreation | None, gone: tuple[str, ...]
+) -> RoleState:
+    """The verdict on a group that crashed: the restarted member when a poll saw it (its
+    exit, and its previous log while the Pod is there), else the controller's events."""
+    evidence: dict[str, Any] = {}
+    container = node = None
+    if crash is not None:
+        pod, cs = crash
+        labels = labels_of(pod)
+        name = str(pod["metadata"].get("name", ""))
+        container = str(cs.get("name", ""))
+        node = pod.get("spec", {}).get("nodeName")
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        code, why = last.get("exitCode"), last.get("reason") or "Error"
+        head = (
+            f"container {container} of Pod {name} (group {labels.get(LWS_GROUP_INDEX)}, member "
+            f"{labels.get(LWS_WORKER_INDEX)}) exited with code {code} ({why}) and was restarted"
+        )
+        evidence.update(pod=name, node=node, container=container, exit_code=code, reason=why)
+        evidence["message"] = last.get("message")
+    else:
+        assert recreated is not None
+        name = recreated.pod
+        head = f"Pod {name} of group {recreated.group} failed"
+    if recreated is not None:
+        head += (
+            f"; the LeaderWorkerSet controller recreated the group {recreated.times} time(s) "
+            f"since this apply ({recreated.message})"
+        )
+        evidence.update(event=recreated.message, recreated=recreated.times)
+        evidence.setdefault("reason", "RecreateGroup")
+    else:
+        head += "; the LeaderWorkerSet controller recreates its whole group for it"
+    summary = (
+        head + ": under restartPolicy RecreateGroupOnPodRestart every member restarts with it, "
+        "into the same failure"
+    )
+    if crash is None:
+        summary += (
+            f". The failed container's log went with its Pod; `kubectl logs -f {name}` "
+            "follows the recreated one to the failure"
+        )
+    return RoleState(
+        role,
+        "failed",
+        summary,
+        evidence,
+        pod=name or None,
+        node=None if node is None else str(node),
+        crashed_container=container,
+        old_pods=gone,
     )
 
 
