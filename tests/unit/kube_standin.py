@@ -951,7 +951,9 @@ def dump(st: StandIn) -> str:
 #   ``updatedReplicas`` (omitted when 0), ``hpaPodSelector`` and the conditions
 #   ``Available`` (AllGroupsReady) / ``Progressing`` (GroupsProgressing), and
 #   ``observedGeneration`` only from v0.9.0 (lws: api/leaderworkerset/v1/
-#   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).
+#   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).  A condition
+#   appears only once it is first true (``setCondition``): while no group is ready there is
+#   no ``Available``, as the test plane's controller showed.
 # * ``crashing[POD]``: that Pod's containers exit with this code once they run, and the
 #   kubelet restarts them (``restartCount``, ``lastState.terminated``).  A LeaderWorkerSet
 #   member that restarted makes the controller recreate its group (RecreateGroupOnPodRestart,
@@ -1665,7 +1667,9 @@ def _lws_status(st: StandIn, lws: Obj) -> None:
     available = ready >= want
     old = {c["type"]: c for c in (lws.get("status") or {}).get("conditions") or ()}
 
-    def cond(kind: str, true: bool, reason: str, message: str) -> Obj:
+    def cond(kind: str, true: bool, reason: str, message: str) -> Obj | None:
+        if not true and kind not in old:
+            return None  # a condition is added only once it is true
         c = {
             "type": kind,
             "status": "True" if true else "False",
@@ -1679,11 +1683,12 @@ def _lws_status(st: StandIn, lws: Obj) -> None:
             c["observedGeneration"] = meta.get("generation", 1)
         return c
 
+    conditions = [
+        cond("Available", available, "AllGroupsReady", "All replicas are ready"),
+        cond("Progressing", not available, "GroupsProgressing", "Replicas are progressing"),
+    ]
     status: Obj = {
-        "conditions": [
-            cond("Available", available, "AllGroupsReady", "All replicas are ready"),
-            cond("Progressing", not available, "GroupsProgressing", "Replicas are progressing"),
-        ],
+        "conditions": [c for c in conditions if c is not None],
         "hpaPodSelector": f"{LWS_NAME}={meta['name']},{LWS_WORKER}=0",
     }
     for k, v in (("readyReplicas", ready), ("updatedReplicas", updated), ("replicas", len(groups))):

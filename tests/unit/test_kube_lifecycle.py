@@ -208,6 +208,18 @@ def test_a_leaderworkerset_gets_its_groups_and_the_status_its_version_writes(
     assert ("observedGeneration" in lws) == (version == "v0.9.0")
 
 
+def test_a_leaderworkerset_has_no_available_condition_before_a_group_is_ready(
+    server: Server, api: Any
+) -> None:
+    """As the test plane's controller (v0.9.0) writes it: a condition appears once true."""
+    server.standin.life.timing = Timing(scale=100.0)  # the Pods stay Pending
+    server.standin.ready_pods = True
+    dep = kube.apply_deployment(api, resolve("vllm-pd-wide-ep", [], [WIDE]), "wide")
+    path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{dep.namespace}/leaderworkersets/"
+    lws = _until("a status", lambda: (_get(api, path + dep.roles["decode"]) or {}).get("status"))
+    assert {c["type"]: c["status"] for c in lws["conditions"]} == {"Progressing": "True"}
+
+
 def test_an_unserved_group_answers_the_plain_text_404(server: Server, api: Any) -> None:
     server.standin.serves_lws = False
     with pytest.raises(kube_client.RequestFailed) as e:
