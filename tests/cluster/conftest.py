@@ -43,6 +43,13 @@ def sb(
     )
 
 
+def kubectl(*args: str, stdin: str | None = None) -> str:
+    """kubectl against the cluster of the test (on the plane: the plane's own kubectl)."""
+    r = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
 def set_values(where: list[str]) -> list[str]:
     """The NAME=VALUE words of a list of --set arguments."""
     return [where[i + 1] for i in range(0, len(where), 2)]

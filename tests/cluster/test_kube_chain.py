@@ -46,11 +46,14 @@ def test_a_handoff_that_fails_open_is_caught_by_verify_through_the_forwards(
     where: list[str],
 ) -> None:
     plan = resolve("tiny-pd", set_values(where), [])
-    decode = plan.role("decode")
-    i = decode.args.index("--kv-transfer-config") + 1
-    cfg = json.loads(decode.args[i])
-    cfg["kv_connector_extra_config"]["shared_storage_path"] += "-elsewhere"
-    decode.args[i] = json.dumps(cfg)
+    # The Pods' arguments (cluster_args), not the local backend's: on the test plane the
+    # test changed only the latter and the handoff worked. A directory inside the shared
+    # mount, so no Pod writes outside its volumes.
+    args = plan.role("decode").cluster_args
+    i = args.index("--kv-transfer-config") + 1
+    cfg = json.loads(args[i])
+    cfg["kv_connector_extra_config"]["shared_storage_path"] += "/elsewhere"
+    args[i] = json.dumps(cfg)
     kube.up(plan, name="failopen", timeout_s=UP_S)
     r = sb("verify", "failopen", "--json", timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr

@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.cluster.conftest import UP_S, sb
+from tests.cluster.conftest import UP_S, kubectl, sb
 
 from servebook.kube.snapshot import ClusterSnapshot
 
 pytestmark = pytest.mark.cluster
-
-
-def _kubectl(*args: str, stdin: str | None = None) -> str:
-    r = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
-    return r.stdout
 
 
 def _ready_node(live: ClusterSnapshot) -> str:
@@ -68,47 +61,47 @@ def account(live: ClusterSnapshot, tmp_path: Path) -> Iterator[tuple[str, str, P
         pytest.skip("kubectl is needed to make the ServiceAccount and its token")
     ns = f"sb-rbac-{int(time.time())}"
     sa = "preflighter"
-    _kubectl("create", "namespace", ns)
+    kubectl("create", "namespace", ns)
     reader = f"{ns}-reader"
     try:
-        _kubectl("create", "serviceaccount", sa, "-n", ns)
-        _kubectl(
+        kubectl("create", "serviceaccount", sa, "-n", ns)
+        kubectl(
             "create", "clusterrole", reader, "--verb=get,list",
             "--resource=nodes,pods,namespaces,customresourcedefinitions.apiextensions.k8s.io",
         )  # fmt: skip
-        _kubectl(
+        kubectl(
             "create", "clusterrolebinding", reader, f"--clusterrole={reader}",
             f"--serviceaccount={ns}:{sa}",
         )  # fmt: skip
-        token = _kubectl("create", "token", sa, "-n", ns, "--duration=20m").strip()
-        cfg = json.loads(_kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+        token = kubectl("create", "token", sa, "-n", ns, "--duration=20m").strip()
+        cfg = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
         cfg["users"] = [{"name": sa, "user": {"token": token}}]
         cfg["contexts"][0]["context"]["user"] = sa
         path = tmp_path / "kubeconfig"
         path.write_text(json.dumps(cfg))
         yield ns, sa, path
     finally:
-        _kubectl("delete", "namespace", ns, "--wait=false")
-        _kubectl("delete", "clusterrolebinding,clusterrole", reader, "--ignore-not-found")
+        kubectl("delete", "namespace", ns, "--wait=false")
+        kubectl("delete", "clusterrolebinding,clusterrole", reader, "--ignore-not-found")
 
 
 def _grant(ns: str, sa: str, forward_verbs: str) -> None:
     """Everything `up` and `down` use in the namespace, and ``forward_verbs`` on
     pods/portforward."""
-    _kubectl(
+    kubectl(
         "create", "role", "deployer", "-n", ns, "--verb=get,list,watch,create,patch,delete",
         "--resource=services,configmaps,serviceaccounts,pods,pods/log,events,"
         "deployments.apps,replicasets.apps",
     )  # fmt: skip
-    _kubectl("create", "role", "forwarder", "-n", ns, f"--verb={forward_verbs}",
+    kubectl("create", "role", "forwarder", "-n", ns, f"--verb={forward_verbs}",
              "--resource=pods/portforward")  # fmt: skip
     for role in ("deployer", "forwarder"):
-        _kubectl("create", "rolebinding", role, "-n", ns, f"--role={role}",
+        kubectl("create", "rolebinding", role, "-n", ns, f"--role={role}",
                  f"--serviceaccount={ns}:{sa}")  # fmt: skip
 
 
 def _minor() -> int:
-    version = json.loads(_kubectl("version", "-o", "json"))["serverVersion"]
+    version = json.loads(kubectl("version", "-o", "json"))["serverVersion"]
     return int("".join(ch for ch in version["minor"] if ch.isdigit()))
 
 

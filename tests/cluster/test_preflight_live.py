@@ -13,12 +13,11 @@ a real Pod the scheduler bound and the node agent runs (a `sleep`).
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from tests.cluster.conftest import sb
+from tests.cluster.conftest import kubectl, sb
 
 pytestmark = pytest.mark.cluster
 
@@ -33,12 +32,6 @@ GPU_PD = [
 ]
 
 
-def _kubectl(*args: str, stdin: str | None = None) -> str:
-    r = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
-    return r.stdout
-
-
 def _preflight(ns: str) -> list[dict[str, object]]:
     """preflight's findings; it fails (exit 1): /models/llama is on no node of the plane."""
     sets = [a for s in (*GPU_PD, f"namespace={ns}") for a in ("--set", s)]
@@ -51,15 +44,15 @@ def _preflight(ns: str) -> list[dict[str, object]]:
 @pytest.fixture
 def namespace() -> Iterator[str]:
     ns = f"sb-pre-{int(time.time() * 1000) % 10**9}"
-    _kubectl("create", "namespace", ns)
+    kubectl("create", "namespace", ns)
     try:
         yield ns
     finally:
-        _kubectl("delete", "namespace", ns, "--wait=false")
+        kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_a_namespace_enforcing_baseline_fails_before_the_apply(namespace: str) -> None:
-    _kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
     findings = _preflight(namespace)
     (security,) = [f for f in findings if f["check"] == "SB265"]
     assert security["severity"] == "fail", security
@@ -88,8 +81,8 @@ def test_a_pod_in_another_namespace_holding_every_gpu_of_the_node_fails(namespac
             ],
         },
     }
-    _kubectl("apply", "-f", "-", stdin=json.dumps(holder))
-    _kubectl("wait", "--for=condition=Ready", "pod/all-the-gpus", "-n", namespace, "--timeout=120s")
+    kubectl("apply", "-f", "-", stdin=json.dumps(holder))
+    kubectl("wait", "--for=condition=Ready", "pod/all-the-gpus", "-n", namespace, "--timeout=120s")
     findings = _preflight(f"{namespace}-engines")
     verdicts = {f["subject"]: f for f in findings if f["check"] == "SB254"}
     assert verdicts["node/gpu-0"]["severity"] == "fail", verdicts
