@@ -1,8 +1,6 @@
-"""Against a real cluster (skipped without one): what the stand-in was made to copy.
+"""Against the cluster of the tests (the test plane by default): what the stand-in was made to copy.
 
-* `down` then `up` at once (issue 23 point 2): `down` returns while the objects and the
-  Pods it deleted still terminate; an `up` right after must still come up (needs vLLM's
-  CPU image in SERVEBOOK_TEST_IMAGE, like tests/cluster/test_kube_chain.py).
+* (`down` then `up` at once, issue 23 point 2, is in test_tiny_pd_lifecycle.py.)
 * A Role with `get` but not `create` on pods/portforward, and the reverse, against
   preflight's access review (issue 23 point 3): a WebSocket port-forward is authorized as
   `get`, and from Kubernetes 1.35 as `create` too.  Run as a ServiceAccount bound to the
@@ -18,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.cluster.conftest import UP_S, kubectl, sb
+from tests.cluster.conftest import kubectl, sb
 
 from servebook.kube.snapshot import ClusterSnapshot
 
@@ -31,23 +29,6 @@ def _ready_node(live: ClusterSnapshot) -> str:
         if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
             return name
     pytest.fail("the cluster has no Ready node")
-
-
-def test_up_right_after_down_comes_up(live: ClusterSnapshot, image: str) -> None:
-    ns = f"sb-reup-{int(time.time())}"
-    sets = [a for s in (f"image={image}", f"namespace={ns}") for a in ("--set", s)]
-    up = ["up", "tiny-mixed", "--backend", "kubernetes", *sets, "--name", "again"]
-    try:
-        first = sb(*up, timeout=UP_S)
-        assert first.returncode == 0, first.stderr
-        down = sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
-        assert down.returncode == 0, down.stderr
-        second = sb(*up, timeout=UP_S)  # at once: the old Pod may still be terminating
-        assert second.returncode == 0, second.stdout + second.stderr
-        status = json.loads(sb("status", "again", "--json", timeout=120).stdout)
-        assert all(r["ready"] for r in status["roles"]), status
-    finally:
-        sb("down", "again", "--backend", "kubernetes", "-n", ns, timeout=600)
 
 
 # --- port-forward permissions against preflight ------------------------------------------
