@@ -30,6 +30,15 @@ pytestmark = pytest.mark.cluster
 Obj = dict[str, Any]
 LWS_API = "/apis/leaderworkerset.x-k8s.io/v1"
 PREP_NS = "default"
+# What an up of the recipe makes, itself or through the controllers.
+MADE = {
+    "LeaderWorkerSet": LWS_API + "/namespaces/{ns}/leaderworkersets",
+    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "ControllerRevision": "/apis/apps/v1/namespaces/{ns}/controllerrevisions",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "Pod": "/api/v1/namespaces/{ns}/pods",
+}
 NAME = "wide"
 
 # Serves /health once the leader's name resolves: the webhook's env, the headless Service
@@ -106,12 +115,21 @@ def _up(tmp: Path, ns: str, nodes: str, *, engine: str | None, model_dir: str) -
     return r, time.monotonic() - t0
 
 
-def _down_and_gone(ns: str) -> None:
+def _down_and_gone(ns: str, *, ours: bool = True) -> None:
+    """``down``; then the namespace is gone when servebook created it (``ours``), else it is
+    kept and nothing the deployment or the controllers made is left in it."""
     d = sb("down", NAME, "--backend", "kubernetes", "-n", ns, timeout=300)
     assert d.returncode == 0, d.stdout + d.stderr
     api = kube_client.connect()
-    # servebook created the namespace, so everything the controllers made in it went too.
-    assert _get(api, f"/api/v1/namespaces/{ns}") is None, "the namespace is still there"
+    if ours:
+        assert _get(api, f"/api/v1/namespaces/{ns}") is None, "the namespace is still there"
+        return
+    left = [
+        f"{kind}/{o['metadata']['name']}"
+        for kind, path in MADE.items()
+        for o in _items(api, path.format(ns=ns))
+    ]
+    assert left == [], left
 
 
 def _get(api: Any, path: str) -> Obj | None:
@@ -274,14 +292,26 @@ def test_absent_weights_fail_naming_the_directory_and_node(
     live: ClusterSnapshot, tmp_path: Path
 ) -> None:
     """vLLM's own command, its weights directory absent on the nodes: the kubelet's mount
-    failure names it, on a member of a group."""
+    failure names it, on a member of a group.  In a namespace that was there before, down
+    keeps it and leaves nothing in it, the controllers' StatefulSets and Service included."""
     nodes = _gpu_nodes(live)
     ns = f"sb-lws-absent-{int(time.time())}"
+    api = kube_client.connect()
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    kube_client.call(api, "POST", "/api/v1/namespaces", "creating a namespace", body=namespace)
     try:
         r, took = _up(tmp_path, ns, nodes, engine=None, model_dir="/servebook-test/absent-weights")
         assert r.returncode == 1, r.stdout + r.stderr
         assert "/servebook-test/absent-weights is absent on node" in r.stderr, r.stderr
         assert "(group 0, member " in r.stderr, r.stderr
         assert took < 120, f"took {took:.0f} s to say so"
+        # each set's leaders, and its group's workers (made once the leader Pod exists)
+        deadline = time.monotonic() + 60
+        while len(made := _items(api, MADE["StatefulSet"].format(ns=ns))) < 4:
+            assert time.monotonic() < deadline, [m["metadata"]["name"] for m in made]
+            time.sleep(1)
     finally:
-        _down_and_gone(ns)
+        try:
+            _down_and_gone(ns, ours=False)
+        finally:
+            kube_client.call(api, "DELETE", f"/api/v1/namespaces/{ns}", "deleting", missing_ok=True)
