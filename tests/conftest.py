@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -40,3 +41,12 @@ def cli(sb_home: Path) -> Callable[..., CliResult]:
         )
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _default_event_loop_policy() -> object:
+    """Each test starts with asyncio's default policy: a command run in-process installs
+    uvloop's (bench's client does), whose child watcher kr8s's exec credential plugin
+    cannot use, and a later test in the same process failed on it (NotImplementedError)."""
+    yield
+    asyncio.set_event_loop_policy(None)
