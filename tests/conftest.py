@@ -43,6 +43,20 @@ def cli(sb_home: Path) -> Callable[..., CliResult]:
     return run
 
 
+# vllm-pd's settings for preflight on the GPU nodes gpu-a and gpu-b (the unit fixtures'
+# clusters; the test plane's nodes are renamed where used).
+GPU_PD_SETS = [
+    "image=vllm/vllm-openai:v0.11.0",
+    "prefill_node=gpu-a",
+    "decode_node=gpu-b",
+    "prefill_model_dir=/models/llama",
+    "decode_model_dir=/models/llama",
+    # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
+    "fabric=tcp",
+    "allow_tcp_kv=true",
+]
+
+
 @pytest.fixture(autouse=True)
 def _default_event_loop_policy() -> object:
     """Each test starts with asyncio's default policy: a command run in-process installs

@@ -20,11 +20,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.cluster.conftest import UP_S, mixed_sets, sb
 
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
 from servebook.kube.resources import list_objects
+from tests.cluster.conftest import UP_S, mixed_sets, sb
 
 pytestmark = pytest.mark.cluster
 

@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.cluster.conftest import UP_S, mixed_sets, sb, set_values
 
 from servebook.backends import kubernetes as kube
 from servebook.recipe.resolve import resolve
+from tests.cluster.conftest import UP_S, mixed_sets, sb, set_values
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.cluster.conftest import kubectl, sb
 
 from servebook.kube.snapshot import ClusterSnapshot
+from tests.cluster.conftest import kubectl, sb
 
 pytestmark = pytest.mark.cluster
 

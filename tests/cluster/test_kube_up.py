@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from tests.cluster.conftest import sb
 
 from servebook.kube.snapshot import ClusterSnapshot
+from tests.cluster.conftest import sb
 
 pytestmark = pytest.mark.cluster
 

@@ -6,13 +6,13 @@ import json
 import time
 
 import pytest
-from tests.cluster.conftest import kubectl
 
 from servebook.findings import Severity
 from servebook.kube.objects import is_cordoned, is_ready
 from servebook.kube.snapshot import ClusterSnapshot, read_live
 from servebook.preflight.cluster import check_cluster
 from servebook.preflight.requirements import ClusterRequirements, NodeAsk
+from tests.cluster.conftest import kubectl
 
 pytestmark = pytest.mark.cluster
 

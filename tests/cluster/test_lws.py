@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.cluster.conftest import sb
 
 from servebook.kube import client as kube_client
 from servebook.kube.snapshot import ClusterSnapshot
+from tests.cluster.conftest import sb
 
 pytestmark = pytest.mark.cluster
 

@@ -17,19 +17,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from tests.cluster.conftest import kubectl, sb
+from tests.conftest import GPU_PD_SETS
 
 pytestmark = pytest.mark.cluster
 
-GPU_PD = [
-    "image=vllm/vllm-openai:v0.11.0",
-    "prefill_node=gpu-0",
-    "decode_node=gpu-1",
-    "prefill_model_dir=/models/llama",
-    "decode_model_dir=/models/llama",
-    "fabric=tcp",
-    "allow_tcp_kv=true",
-]
+# The plane's nodes in place of the unit fixtures' gpu-a and gpu-b.
+GPU_PD = [s.replace("gpu-a", "gpu-0").replace("gpu-b", "gpu-1") for s in GPU_PD_SETS]
 
 
 def _preflight(ns: str) -> list[dict[str, object]]:

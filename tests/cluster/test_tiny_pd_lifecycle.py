@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.cluster.conftest import UP_S, sb
 
 pytestmark = pytest.mark.cluster

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from tests.conftest import CliResult
+from tests.conftest import GPU_PD_SETS, CliResult
 from tests.unit.conftest import alias_bomb
 from tests.unit.served_app import served, served_models
 
@@ -27,15 +27,7 @@ Hostile = Callable[[str, str], Path]
 PREFLIGHT = Path(__file__).parent / "fixtures" / "preflight"
 RESULTS = Path(__file__).parent / "fixtures" / "results" / "tiny-pd-spec-cpu"
 MOUNTINFO = Path(__file__).parent / "fixtures" / "probe" / "pod-probe-hostpath-local.mountinfo"
-PD_SETS = [
-    "image=vllm/vllm-openai:v0.11.0",
-    "prefill_node=gpu-a",
-    "decode_node=gpu-b",
-    "prefill_model_dir=/models/llama",
-    "decode_model_dir=/models/llama",
-    "fabric=tcp",
-    "allow_tcp_kv=true",
-]
+PD_SETS = GPU_PD_SETS
 
 # What each kind of file is called in the refusal.
 SAYS = {

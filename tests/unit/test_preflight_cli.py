@@ -12,20 +12,11 @@ import pytest
 
 from servebook.preflight.probe_pod import ProbeTarget, interpret_events, pod_manifest, probe_targets
 from servebook.recipe.resolve import resolve
-from tests.conftest import CliResult
+from tests.conftest import GPU_PD_SETS, CliResult
 
 Cli = Callable[..., CliResult]
 FIX = Path(__file__).parent / "fixtures" / "preflight"
-SETS = [
-    "image=vllm/vllm-openai:v0.11.0",
-    "prefill_node=gpu-a",
-    "decode_node=gpu-b",
-    "prefill_model_dir=/models/llama",
-    "decode_model_dir=/models/llama",
-    # No RDMA on these fixture clusters: PD over TCP, stated and acknowledged.
-    "fabric=tcp",
-    "allow_tcp_kv=true",
-]
+SETS = GPU_PD_SETS
 
 
 def preflight(cli: Cli, snapshot: str, *extra: str) -> tuple[int, list[dict[str, Any]]]:
