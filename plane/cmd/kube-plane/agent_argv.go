@@ -28,6 +28,8 @@ func containerArgv(image string, command, args []string) ([]string, error) {
 	switch {
 	case strings.Contains(repo, "vllm-router"):
 		return append([]string{"vllm-router"}, args...), nil
+	case strings.Contains(repo, routingSidecarName):
+		return append([]string{routingSidecarName}, args...), nil
 	case strings.Contains(repo, "vllm-openai"), strings.Contains(repo, "vllm-cpu"), strings.Contains(repo, "vllm/vllm"):
 		return append([]string{"vllm", "serve"}, args...), nil
 	case len(args) > 0:
@@ -51,12 +53,16 @@ func imageRepository(image string) string {
 
 var pythonName = regexp.MustCompile(`^python(3(\.[0-9]+)?)?$`)
 
-// localArgv rewrites an argv for this machine: Python runs config.python, and `vllm serve`
-// (whose console script does not work here) runs vLLM's OpenAI server module.
-func localArgv(argv []string, python string) []string {
+// localArgv rewrites an argv for this machine: Python runs config.python (through pod-exec's
+// python shim, exe, for the modules it stands in for), and `vllm serve` (whose console script
+// does not work here) runs vLLM's OpenAI server module.
+func localArgv(argv []string, python, exe string) []string {
 	base := filepath.Base(argv[0])
 	switch {
 	case pythonName.MatchString(base):
+		if _, module, _, ok := pythonModule(argv[1:]); ok && standInModule(module) {
+			return append([]string{exe, "pod-exec", "python-shim", python}, argv[1:]...)
+		}
 		return append([]string{python}, argv[1:]...)
 	case base == "vllm" && len(argv) > 1 && argv[1] == "serve":
 		return vllmServeArgv(python, argv[2:])
@@ -164,7 +170,7 @@ func isExecutable(path string) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
-// writeShims puts python, python3 and vllm into shimDir so that shell scripts in Pods
+// writeShims puts python, python3, vllm and llm-d's routing sidecar into shimDir so that shell scripts in Pods
 // (`sh -c "vllm serve ..."`) get the same mapping as a container's own command.
 func writeShims(shimDir, python, exe string) error {
 	if err := os.MkdirAll(shimDir, 0o755); err != nil {
@@ -175,9 +181,10 @@ func writeShims(shimDir, python, exe string) error {
 	check := fmt.Sprintf("[ -x %[1]s ] || { echo \"servebook node agent: %[1]s is hidden by a volume mounted over it in this container\" >&2; exit 127; }\n",
 		shellQuote(python))
 	shims := map[string]string{
-		"python":  "exec " + shellQuote(python) + ` "$@"`,
-		"python3": "exec " + shellQuote(python) + ` "$@"`,
-		"vllm":    "exec " + shellQuote(exe) + " pod-exec vllm-shim " + shellQuote(python) + ` "$@"`,
+		"python":           "exec " + shellQuote(exe) + " pod-exec python-shim " + shellQuote(python) + ` "$@"`,
+		"python3":          "exec " + shellQuote(exe) + " pod-exec python-shim " + shellQuote(python) + ` "$@"`,
+		"vllm":             "exec " + shellQuote(exe) + " pod-exec vllm-shim " + shellQuote(python) + ` "$@"`,
+		routingSidecarName: "exec " + shellQuote(exe) + ` pod-exec routing-sidecar "$@"`,
 	}
 	for name, body := range shims {
 		script := "#!/bin/sh\n# written by servebook's node agent\n" + check + body + "\n"

@@ -69,7 +69,7 @@ func TestAgentLocalArgv(t *testing.T) {
 		{[]string{"vllm-router", "--port", "1"}, []string{"vllm-router", "--port", "1"}},
 	}
 	for _, c := range cases {
-		if got := localArgv(c.in, testPython); !reflect.DeepEqual(got, c.want) {
+		if got := localArgv(c.in, testPython, "/bin/kube-plane"); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("localArgv(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}

@@ -219,7 +219,7 @@ func (a *agent) execInRun(run *containerRun) func(ctx context.Context, argv []st
 		if len(argv) == 0 {
 			return nil, errors.New("empty command")
 		}
-		cmd := a.podExecCommand(ctx, run, localArgv(argv, a.cfg.Python))
+		cmd := a.podExecCommand(ctx, run, localArgv(argv, a.cfg.Python, a.exe))
 		out := &cappedBuffer{max: 10 * 1024}
 		cmd.Stdout, cmd.Stderr = out, out
 		err := cmd.Run()

@@ -45,6 +45,10 @@ func runPodExec(args []string) int {
 	switch {
 	case len(args) >= 2 && args[0] == "vllm-shim":
 		return execVLLMShim(args[1], args[2:])
+	case len(args) >= 2 && args[0] == "python-shim":
+		return execPythonShim(args[1], args[2:])
+	case len(args) >= 1 && args[0] == "routing-sidecar":
+		return runRoutingSidecar(args[1:])
 	case len(args) >= 2 && args[0] == "--spec":
 		spec, err := readExecSpec(args[1])
 		if err != nil {
@@ -55,7 +59,7 @@ func runPodExec(args []string) int {
 		}
 		return enterAndExec(spec)
 	}
-	fmt.Fprintln(os.Stderr, "usage: kube-plane pod-exec --spec FILE [-- ARGV...] | pod-exec vllm-shim PYTHON ARGS...")
+	fmt.Fprintln(os.Stderr, "usage: kube-plane pod-exec --spec FILE [-- ARGV...] | pod-exec vllm-shim|python-shim PYTHON ARGS... | pod-exec routing-sidecar ARGS...")
 	return 2
 }
 

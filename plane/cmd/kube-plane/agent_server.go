@@ -345,7 +345,7 @@ func (e execer) ExecInContainer(ctx context.Context, _, _, container string, cmd
 	if len(cmd) == 0 {
 		return fmt.Errorf("no command")
 	}
-	c := e.a.podExecCommand(ctx, run, localArgv(cmd, e.a.cfg.Python))
+	c := e.a.podExecCommand(ctx, run, localArgv(cmd, e.a.cfg.Python, e.a.exe))
 	c.Stdin, c.Stdout, c.Stderr = in, out, errw
 	if out == nil {
 		c.Stdout = io.Discard

@@ -332,7 +332,7 @@ func (w *podWorker) createRun(pod *v1.Pod, c *container, spec *v1.Container) (*c
 	if err != nil {
 		return nil, nil, err
 	}
-	argv = localArgv(argv, w.a.cfg.Python)
+	argv = localArgv(argv, w.a.cfg.Python, w.a.exe)
 	if err := w.allocateGPUs(c, spec); err != nil {
 		return nil, nil, err
 	}
