@@ -73,7 +73,8 @@ _PLURAL_QUALIFIERS = frozenset(
 # Not a secret but where one is kept: a name ending in one of these (``secretName``,
 # ``tokenFile``, ``hfTokenSecretRef``), and a secret named for what it holds
 # (``api_key_secret``: the Kubernetes Secret holding the key).  A bare ``key`` is a lookup
-# key (``{name: s, key: k}``, ``KEY=VALUE``), not a secret.
+# key (a toleration's, a secretKeyRef's, ``KEY=VALUE``), except in a URL's query
+# (``?key=``: an API key, ``_URL_KEYS``).
 _REFERENCE_LAST = frozenset({"name", "names", "ref", "file", "path", "dir"})
 _HELD = frozenset({"key", "token", "password", "credentials", "apikey"})
 # Known secret values shorter than this are not searched for in text (too many false hits).
@@ -141,6 +142,8 @@ def is_reference(value: str) -> bool:
 # one (``http://admin:p@ss@host``).
 _URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/\s?#'\"]+)@")
 _QUERY = re.compile(r"([?&;])([A-Za-z0-9_.\-\[\]]+)=([^&;#\s'\"]*)")
+# Query parameters that are API keys though their name alone would not say so.
+_URL_KEYS = frozenset({"key"})
 # A value: quoted (spaces and all, to its closing quote), or a run of non-space characters
 # (a stray opening quote kept).  NAME is the group prefix.
 _QUOTED = r"(?P<{n}q>['\"])(?P<{n}qval>(?:(?!(?P={n}q))[^\n])*)(?P={n}q)"
@@ -156,13 +159,10 @@ def _value(prefix: str, chars: str) -> str:
 # long flag after a flag is the next flag, not its value (``--api-key --port 8000``).
 _FLAG = re.compile(
     r"(?P<flag>(?<![\w-])--?[A-Za-z][A-Za-z0-9_.-]*)"
-    r"(?P<sep>=|['\"]?\s*,\s*(?=['\"])|['\"]?\s+)(?!['\"]?--)"
-    + _value("", r"[^\s'\",\]\)}]+")
+    r"(?P<sep>=|['\"]?\s*,\s*(?=['\"])|['\"]?\s+)(?!['\"]?--)" + _value("", r"[^\s'\",\]\)}]+")
 )
 # NAME=value, name-with-dashes=value
-_ENV = re.compile(
-    r"(?<![\w.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=" + _value("", r"[^\s'\",;]+")
-)
+_ENV = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=" + _value("", r"[^\s'\",;]+"))
 # "api_key": "x", 'hf_token': ['x'], api_key: x (YAML)
 _KEYED = re.compile(
     r"(?P<nq>['\"]?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=nq)\s*:\s*(?P<open>\[?\s*)"
@@ -201,7 +201,9 @@ def _redact_url_parts(s: str, why: list[str]) -> str:
         return f"{m.group(1)}{REDACTED}@"
 
     def query(m: re.Match[str]) -> str:
-        if not m.group(3) or is_reference(m.group(3)) or not is_secret_name(m.group(2)):
+        name = m.group(2)
+        secret = is_secret_name(name) or name.lower() in _URL_KEYS
+        if not m.group(3) or is_reference(m.group(3)) or not secret:
             return m.group(0)
         why.append(f"URL query {m.group(2)}")
         return f"{m.group(1)}{m.group(2)}={REDACTED}"

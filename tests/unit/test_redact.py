@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from servebook import auth, redact
@@ -11,12 +9,7 @@ from servebook.redact import REDACTED
 
 SECRET = "sk-live-0123456789abcdef"
 
-
-@pytest.fixture(autouse=True)
-def _forget() -> Iterator[None]:
-    redact.forget_all()
-    yield
-    redact.forget_all()
+pytestmark = pytest.mark.usefixtures("no_secrets_known")
 
 
 @pytest.mark.parametrize(
@@ -268,3 +261,15 @@ def test_redacting_twice_changes_nothing_even_for_a_remembered_value() -> None:
     once = redact.text(f"Authorization: Bearer {SECRET} api-key={SECRET} the redacted text")
     assert SECRET not in once and "the redacted text" in once
     assert redact.text(once) == once
+
+
+def test_d8_a_lookup_key_is_kept_and_a_key_in_a_url_query_is_not() -> None:
+    spec = {
+        "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "k"}}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+    }
+    assert redact.scrub(spec) == (spec, [])
+    assert redact.text("'foo=1ms' is not KEY=VALUE") == "'foo=1ms' is not KEY=VALUE"
+    assert redact.url("https://maps.example/v1?key=AIzaSy0123") == (
+        f"https://maps.example/v1?key={REDACTED}"
+    )
