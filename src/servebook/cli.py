@@ -10,7 +10,6 @@ from types import FrameType
 
 from rich.markup import escape
 
-from servebook import redact
 from servebook.commands import app
 from servebook.commands import attach as _attach  # noqa: F401  (registers commands)
 from servebook.commands import bench as _bench  # noqa: F401
@@ -60,11 +59,11 @@ def main() -> None:
             sys.exit(_exit_code(EXIT_INTERRUPTED))
         raise
     except ServebookError as e:
-        # Messages quote URLs, command lines and log lines: never a secret in them.
-        message = escape(redact.text(str(e)))
+        # Messages quote URLs, command lines and log lines: ``err`` redacts what it prints.
+        message = escape(str(e))
         err.print(styled(f"[bold red]{escape(e.label)}:[/] {message}"), soft_wrap=True)
         if e.hint:
-            err.print(f"fix: {redact.text(e.hint)}", soft_wrap=True)
+            err.print(f"fix: {e.hint}", soft_wrap=True)
         sys.exit(_exit_code(e.exit_code))
 
 

@@ -2,8 +2,10 @@
 command and the main job (``servebook.pipeline``) print.
 
 ``out`` (stdout) carries results: tables, verdicts, paths written.  ``err`` (stderr)
-carries progress and errors, so ``--json`` on stdout stays one document.  Every message
-that quotes a server, a log line or a URL is redacted before it is printed.
+carries progress and errors, so ``--json`` on stdout stays one document.  Both consoles
+redact everything they print (``servebook.redact``): every string and text, every cell of
+a table (subject and hint columns too), each before it is wrapped, so that no call site
+has to remember to and a folded cell cannot split a secret past the redactor.
 
 Both consoles print text as it is: no Rich markup, no emoji codes (``:100:``), no
 highlighting, since what they print quotes files, servers and messages.  Style written by
@@ -14,11 +16,13 @@ whatever width the environment claims.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, ConsoleDimensions
+from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderableType
 from rich.markup import escape
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -51,6 +55,37 @@ class _Console(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        # Rich renders every nested renderable (a table's cells, a progress bar's columns)
+        # through here, before the text is wrapped into lines.
+        return super().render(redacted(renderable), options)
+
+
+def redacted(renderable: RenderableType) -> RenderableType:
+    """``renderable`` with secrets replaced when it is text (``servebook.redact.text``);
+    another renderable is redacted as Rich renders its parts."""
+    if isinstance(renderable, str):
+        return redact.text(renderable)
+    if not isinstance(renderable, Text):
+        return renderable
+    plain = renderable.plain
+    if redact.text(plain) == plain:
+        return renderable
+    # Redact each run of one style, so that the styles stay; a secret that crosses a
+    # change of style is caught on the whole text, which is then printed unstyled.
+    cuts = sorted({x for span in renderable.spans for x in (span.start, span.end)})
+    out = renderable.blank_copy()
+    for part in renderable.divide(cuts):
+        piece = Text(redact.text(part.plain), style=part.style)
+        for span in part.spans:
+            piece.stylize(span.style)
+        out.append_text(piece)
+    if redact.text(out.plain) != out.plain:
+        out = renderable.blank_copy(redact.text(plain))
+    return out
 
 
 def _console(stderr: bool = False) -> Console:
@@ -170,7 +205,7 @@ def print_report(rep: Report, name: str) -> None:
         t.add_column(col, overflow="fold")
     for f in rep.findings:
         measured, threshold = _measured(f)
-        msg = escape(redact.text(f.message))
+        msg = escape(f.message)
         if f.failed and f.hint:
             msg += f"\n[dim]fix: {escape(f.hint)}[/]"
         t.add_row(

@@ -163,12 +163,14 @@ _STYLE = {
 
 
 def print_table(findings: Sequence[Finding], title: str = "", console: Any = None) -> None:
-    """Print findings as a table for a person (Rich)."""
-    from rich.console import Console
+    """Print findings as a table for a person (Rich), on ``servebook.console.out`` unless
+    told otherwise: the console that redacts what it prints."""
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console(markup=False, emoji=False, highlight=False)
+    from servebook.console import out  # here: the console module imports this one
+
+    console = console or out
     # Text cells, never markup strings: messages quote files, paths and log lines.
     table = Table(title=Text(title) if title else None, show_lines=False)
     table.add_column("check", no_wrap=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from servebook import auth, redact
 from servebook.bench.workload import HFTokenizer, load_tokenizer
 from servebook.models.tiny import tokenizer_files
 from tests.conftest import CliResult
@@ -25,6 +26,19 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tok(tiny_dir: Path) -> HFTokenizer:
     return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture
+def no_secrets_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No API key in the environment or given, and none remembered by the redactor (it
+    remembers for the life of the process): what a test redacts, patterns alone find,
+    unless the test hands servebook the key as a command does."""
+    for name in auth.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(auth, "_given", None)
+    redact.forget_all()
+    yield
+    redact.forget_all()
 
 
 # --- hostile input files (the reliability probe of 2026-12-04, tests/unit/test_cli_bad_files.py

@@ -100,14 +100,7 @@ def guarded() -> Iterator[tuple[str, Guarded]]:
         yield url, srv
 
 
-@pytest.fixture(autouse=True)
-def _no_key_around(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in auth.ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(auth, "_given", None)
-    redact.forget_all()
-    yield
-    redact.forget_all()
+pytestmark = pytest.mark.usefixtures("no_secrets_known")
 
 
 def prompts() -> DatasetPrompts:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from servebook import auth, redact
@@ -11,12 +9,7 @@ from servebook.redact import REDACTED
 
 SECRET = "sk-live-0123456789abcdef"
 
-
-@pytest.fixture(autouse=True)
-def _forget() -> Iterator[None]:
-    redact.forget_all()
-    yield
-    redact.forget_all()
+pytestmark = pytest.mark.usefixtures("no_secrets_known")
 
 
 @pytest.mark.parametrize(
@@ -199,3 +192,84 @@ def test_a_refusal_without_a_key_says_to_pass_one_and_never_shows_credentials() 
 )
 def test_prose_about_keys_is_left_as_written(line: str) -> None:
     assert redact.text(line) == line
+
+
+# --- the redactor's gaps (D8, the reliability probe of 2026-12-04) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ("GET http://admin:hunter2@TAIL99@h.example/v1/models: refused", "TAIL99"),
+        ("Authorization: Token abc123def", "abc123def"),
+        ("proxy-authorization: Digest zzq4k3y", "zzq4k3y"),
+        ("api-key=sk-12345", "sk-12345"),
+        ("DB_PASS=x1234y", "x1234y"),
+        ("OPENAI_API_KEYS=k1a2b3,k4d5e6", "k1a2b3"),
+        ("vllm serve m --api-key -startsdash --port 1", "startsdash"),
+        ('vllm serve m --api-key "sk with space" --port 1', "with space"),
+        ("argv: ['--api-key', 'sk with space']", "with space"),
+        ('{"api_key": "sk with space"}', "with space"),
+        ("HF_TOKEN='hf with space'", "with space"),
+        ("--api-key --hf-token hf_after_a_bare_flag", "hf_after_a_bare_flag"),
+    ],
+)
+def test_d8_secrets_the_probe_found_unredacted_are_replaced(line: str, secret: str) -> None:
+    out = redact.text(line)
+    assert secret not in out and REDACTED in out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--slo 'foo=1ms': 'foo=1ms' is not KEY=VALUE with KEY one of ttft, itl, tpot, e2e",
+        "`--set api_key_secret=NAME` (key api-key, or NAME/KEY): every engine then gets "
+        "VLLM_API_KEY from it. Remove --api-key (or the secret) from extra_engine_args.",
+        "env: {name: VLLM_API_KEY, valueFrom: {secretKeyRef: {name: vllm-key, key: api-key}}}",
+        "args: [--api-key, $(VLLM_API_KEY)]",
+        "secretName: hf-token",
+        "vLLM prints --api-key *** in its log",
+        "--max-num-batched-tokens 512 --num-speculative-tokens 3 json.dumps(sort_keys=True)",
+    ],
+)
+def test_d8_hints_references_and_settings_are_not_garbled(line: str) -> None:
+    assert redact.text(line) == line
+
+
+def test_d8_a_command_line_value_starting_with_a_dash_is_the_secret_flags_value() -> None:
+    out, notes = redact.argv(["vllm", "--api-key", "-k3y-value", "--port", "8000"])
+    assert out == ["vllm", "--api-key", REDACTED, "--port", "8000"]
+    assert notes == ["--api-key"]
+    # A reference to a secret stays readable, as in a rendered manifest.
+    assert redact.argv(["--api-key", "$(VLLM_API_KEY)"])[0] == ["--api-key", "$(VLLM_API_KEY)"]
+
+
+def test_d8_a_kubernetes_env_entry_loses_its_value_and_a_secret_reference_is_kept() -> None:
+    env = [
+        {"name": "HF_TOKEN", "value": "hf_literal_value"},
+        {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "api-key"}}},
+        {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+    ]
+    out, notes = redact.scrub({"env": env})
+    assert out["env"][0] == {"name": "HF_TOKEN", "value": REDACTED}
+    assert out["env"][1:] == env[1:]
+    assert notes == ["env[HF_TOKEN] HF_TOKEN"]
+
+
+def test_redacting_twice_changes_nothing_even_for_a_remembered_value() -> None:
+    redact.remember("redacted", SECRET)  # the first is part of the mark itself
+    once = redact.text(f"Authorization: Bearer {SECRET} api-key={SECRET} the redacted text")
+    assert SECRET not in once and "the redacted text" in once
+    assert redact.text(once) == once
+
+
+def test_d8_a_lookup_key_is_kept_and_a_key_in_a_url_query_is_not() -> None:
+    spec = {
+        "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "vllm-key", "key": "k"}}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+    }
+    assert redact.scrub(spec) == (spec, [])
+    assert redact.text("'foo=1ms' is not KEY=VALUE") == "'foo=1ms' is not KEY=VALUE"
+    assert redact.url("https://maps.example/v1?key=AIzaSy0123") == (
+        f"https://maps.example/v1?key={REDACTED}"
+    )

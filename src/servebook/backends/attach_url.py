@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from servebook import http, urls
+from servebook import http, redact, urls
 from servebook.backends.attached import (
     AttachedDeployment,
     AttachedReplica,
@@ -32,7 +32,19 @@ ROLE_HELP = "ROLE=URL[,metrics=URL] with ROLE mixed, prefill or decode"
 
 
 def _base_url(text: str, what: str) -> str:
-    return urls.server_url(text.strip(), what).rstrip("/").removesuffix("/v1")
+    """The base URL ``what`` gives; refused (exit 2) when it carries credentials
+    (``user:password@``, ``?token=``): servebook sends none from a URL, and its record keeps
+    none (``files.write_record``), so attaching by it would keep a URL that reaches nothing."""
+    url = urls.server_url(text.strip(), what).rstrip("/").removesuffix("/v1")
+    shown = redact.url(url)
+    if shown != url:
+        raise UsageError(
+            f"{what} {shown!r}: credentials in a URL are never sent by servebook nor kept "
+            "in its record of the deployment.",
+            hint="Give the engine's own URL without them; verify and bench send the engines' "
+            "API key as a bearer token (--api-key KEY, or OPENAI_API_KEY).",
+        )
+    return url
 
 
 def parse_role(text: str) -> tuple[str, str, str]:

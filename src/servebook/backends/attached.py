@@ -53,13 +53,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from servebook import http
+from servebook import files, http
 from servebook.backends.base import Down, Found, Ready, Say
 from servebook.backends.state import deployments_dir, state_dir_for
 from servebook.deployment import DeploymentView, RoleView
 from servebook.engines.cmdline import EngineCommand, parse_argv, speculative_config
 from servebook.errors import UsageError
-from servebook.files import read_model, write_atomic
+from servebook.files import read_model
 from servebook.findings import Finding
 from servebook.recipe.plan import Plan, RolePlan
 from servebook.verify.smoke import Claims
@@ -154,10 +154,11 @@ def read_record(name: str) -> AttachedDeployment | None:
 
 
 def write_record(dep: AttachedDeployment) -> None:
-    """Atomically: a reader sees the old record or the new one, never half."""
+    """Atomically (a reader sees the old record or the new one, never half), redacted and
+    private (``files.write_record``): a replica's ``--api-key`` is kept as ``<redacted>``."""
     if not dep.created:
         dep = dep.model_copy(update={"created": datetime.now(UTC).isoformat(timespec="seconds")})
-    write_atomic(record_path(dep.name), dep.model_dump_json(indent=2))
+    files.write_record(record_path(dep.name), dep)
 
 
 def remove_record(name: str) -> bool:

@@ -22,7 +22,7 @@ from servebook.backends.base import Found
 from servebook.backends.state import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.state import deployments_dir, state_dir_for
 from servebook.errors import UsageError
-from servebook.files import read_model, write_atomic
+from servebook.files import read_model, write_record
 from servebook.kube import names
 from servebook.kube.names import (
     COMPONENT_LABEL,
@@ -111,7 +111,8 @@ def recorded_names() -> list[str]:
 
 
 def write_state(dep: KubeDeployment) -> None:
-    write_atomic(state_path(dep.name), dep.model_dump_json(indent=2))
+    """Atomically, redacted and private (``files.write_record``)."""
+    write_record(state_path(dep.name), dep)
 
 
 # --- recovering state from the cluster: pure functions over API objects -------------------

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from servebook import names
 from servebook.errors import UsageError
-from servebook.files import read_model, write_atomic
+from servebook.files import read_model, write_record
 from servebook.recipe.plan import role_named
 from servebook.recipe.resolve import servebook_home
 
@@ -136,8 +136,9 @@ def bringing_up(name: str) -> Iterator[None]:
 
 
 def write_state(dep: Deployment) -> None:
-    """Atomically: a reader never sees half a state file."""
-    write_atomic(Path(dep.state_dir) / STATE_FILE, dep.model_dump_json(indent=2))
+    """Atomically (a reader never sees half a state file), redacted and private
+    (``files.write_record``)."""
+    write_record(Path(dep.state_dir) / STATE_FILE, dep)
 
 
 def read_state(name: str) -> Deployment | None:

@@ -16,7 +16,9 @@ the agents); every other line is one request::
 Times are CLOCK_MONOTONIC nanoseconds of the bench command's process (agents' records
 corrected onto it, ``bench/coordinator.py``), the clock of ``window.start_monotonic_ns``
 in results.json.  ``counted``: the request is one of the point's window requests that
-gave its latency figures.
+gave its latency figures.  ``error`` is the server's text, redacted (``servebook.redact``)
+as results.json is: a proxy that echoes the request's Authorization header writes the key
+into every failed request's error.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from servebook import redact
 from servebook.bench.figures import window_records
 from servebook.bench.records import LoadResult, RequestRecord
 from servebook.results.schema import Point
@@ -55,7 +58,7 @@ def request_line(r: RequestRecord, counted: bool) -> dict[str, Any]:
         "output_tokens": r.output_tokens,
         "prompt_tokens": r.prompt_tokens,
         "status": r.status,
-        "error": r.error,
+        "error": None if r.error is None else redact.text(r.error),
         "cancelled": r.cancelled,
         "counted": counted,
     }
@@ -82,7 +85,7 @@ def write_point_requests(out_dir: Path, point: Point, load: LoadResult) -> Path:
     }
     with open(tmp, "wb") as raw:
         with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
-            gz.write((json.dumps(head) + "\n").encode())
+            gz.write((json.dumps(redact.scrub(head)[0]) + "\n").encode())
             for r in load.records:
                 line = json.dumps(request_line(r, id(r) in counted), separators=(",", ":"))
                 gz.write(line.encode() + b"\n")

@@ -148,18 +148,19 @@ KubeconfigOpt: Any = typer.Option(
 
 def say(msg: str) -> None:
     """A progress line on stderr, with the time (up's and run's steps)."""
-    err.print(
-        styled(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(redact.text(msg))}"), soft_wrap=True
-    )
+    err.print(styled(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}"), soft_wrap=True)
 
 
 def print_json(doc: Any) -> None:
     """``--json`` output, one way for every command: ``doc`` (an object, or JSON text) on
     stdout, indented by 2, non-ASCII as it is, without colour, so a pipe gets exactly what
-    a terminal shows."""
+    a terminal shows; every secret in it replaced (``servebook.redact.scrub``: structure
+    and all, so a secret under a secret-named key goes even where its text would not say
+    so)."""
     if isinstance(doc, str):
         doc = json.loads(doc)
-    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+    doc = redact.scrub(json.loads(json.dumps(doc, default=str)))[0]
+    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
 
 def _version_callback(value: bool) -> None:

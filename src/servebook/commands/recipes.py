@@ -10,8 +10,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from servebook import redact
 from servebook.commands import app, print_json
 from servebook.console import out, styled
+from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import catalog_names, load_source, resolve
 
 recipes_app = typer.Typer(
@@ -81,7 +83,9 @@ def show(
 
     Example: servebook recipes show tiny-pd-spec --set num_speculative_tokens=4
     """
-    plan = resolve(recipe, sets, values)
+    # Shown as a record is kept: a key in the engine arguments, a token in the environment
+    # or a parameter shows that it is given, never its value (``servebook.redact``).
+    plan = Plan.model_validate(redact.scrub(resolve(recipe, sets, values).model_dump())[0])
     if json_out:
         print_json(plan.model_dump_json())
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from servebook import auth, redact
+from servebook import auth
 from servebook.backends import base
 from servebook.commands import KubeconfigOpt, app, deployment_name, print_json, seconds
 from servebook.console import print_report
@@ -121,7 +121,7 @@ def verify(
         rep = verify_deployment(view, opts)
     if json_out:
         doc = to_json(rep.findings, deployment=dep_name, elapsed_s=rep.elapsed_s)
-        print_json(redact.text(doc))
+        print_json(doc)
     else:
         print_report(rep, dep_name)
     code = exit_code(rep.findings)

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from servebook import redact
 from servebook.errors import UsageError
 from servebook.results import stats
 from servebook.results.evidence import one_source
@@ -89,15 +88,6 @@ def results_file(path: str | Path) -> Path:
     return p
 
 
-def _redacted(results: Results) -> Results:
-    """Results as a report shows them: secrets in the provenance replaced, also in a file
-    written before servebook redacted it (``servebook.redact.provenance``)."""
-    prov = type(results.provenance).model_validate(
-        redact.provenance(results.provenance.model_dump())
-    )
-    return results.model_copy(update={"provenance": prov})
-
-
 def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Load every results file (``UsageError`` naming the file on the first bad one) and
     label the runs: the recipe (or deployment) name when that tells them apart, else the
@@ -105,7 +95,8 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     if not paths:
         raise UsageError("give at least one results directory")
     files = [results_file(p) for p in paths]
-    loaded = [(f, _redacted(load_results(f))) for f in files]
+    # Redacted as a report shows them, also a file written before servebook redacted it.
+    loaded = [(f, load_results(f).redacted()) for f in files]
     seen: set[Path] = set()
     for f, _ in loaded:
         if f.resolve() in seen:

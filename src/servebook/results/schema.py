@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from servebook import redact
 from servebook.results import stats
 
 SCHEMA = "servebook.bench/1"
@@ -299,5 +300,15 @@ class Results(BaseModel):
     aggregates: list[Aggregate] = Field(default_factory=list)
     superseded_points: list[Point] = Field(default_factory=list)
 
+    def redacted(self) -> Results:
+        """This document with no secret in it (``servebook.redact``): the provenance's
+        command lines, environments and URLs (noted in ``provenance.redacted``), and every
+        text a server wrote into it (``error_samples``, ``invalid_reasons`` quoting them: a
+        gateway's "invalid key sk-..." or a proxy echoing the Authorization header)."""
+        doc = self.model_dump(by_alias=True)
+        doc["provenance"] = redact.provenance(doc["provenance"])
+        return Results.model_validate(redact.scrub(doc)[0])
+
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True, indent=2)
+        """The document as it is written: redacted (``redacted``), whoever writes it."""
+        return self.redacted().model_dump_json(by_alias=True, indent=2)

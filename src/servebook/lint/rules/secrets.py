@@ -185,8 +185,9 @@ def _values_secrets(doc: Document) -> Iterator[Finding]:
             continue
         for key, value in node.items():
             words = _key_words(str(key))
-            # A bare `key:` is a lookup key (tolerations, `{name: s, key: k}` references).
-            if not redact.is_secret_name(str(key)) or words & _REFERENCE_WORDS or words == {"key"}:
+            # A bare `key:` is a lookup key (tolerations, `{name: s, key: k}` references):
+            # ``redact.is_secret_name`` says so.
+            if not redact.is_secret_name(str(key)) or words & _REFERENCE_WORDS:
                 continue
             if not isinstance(value, str) or len(value.strip()) < 6 or find_placeholders(value):
                 continue
