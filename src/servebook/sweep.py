@@ -257,7 +257,22 @@ def _run(
     workers = a.agents or a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
     prov = tgt.provenance(subject, settings, prompts, tgt.load_origin(subject, workers))
-    writer = ResultsWriter(out_dir, prov, resume=resume)
+    with ResultsWriter(out_dir, prov, resume=resume) as writer:
+        return _sweep(subject, a, settings, prompts, writer, workers, slo, alive, launcher)
+
+
+def _sweep(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    settings: ProtocolSettings,
+    prompts: PromptSource,
+    writer: ResultsWriter,
+    workers: int,
+    slo: dict[str, float] | None,
+    alive: Callable[[], list[str]] | None,
+    launcher: Any,
+) -> tuple[Results, Path]:
+    out_dir = writer.path.parent
     order = point_order(settings)
     done_before = len(writer.done_keys())
 
