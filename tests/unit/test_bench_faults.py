@@ -5,6 +5,7 @@ or a wait without end."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,35 @@ from tests.unit.engine_standin import scripted_engine
 
 def words(r: CliResult) -> str:
     return " ".join(r.stderr.split())
+
+
+def test_a_server_answering_as_another_model_gives_invalid_points_naming_both_models(
+    cli: Callable[..., CliResult], tmp_path: Path, tiny_dir: Path
+) -> None:
+    """D9: every chunk named "someone-else"; the points were valid and bench exited 0."""
+    out = tmp_path / "out"
+    with scripted_engine(answer_model="someone-else", tokenizer=tiny_dir / "tokenizer.json") as (
+        url,
+        _,
+    ):
+        r = cli(*quick_bench(url, tiny_dir, out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["points"] and not any(p["valid"] for p in doc["points"])
+    for p in doc["points"]:
+        assert any("'someone-else', not 'tiny'" in why for why in p["invalid_reasons"]), p
+    assert "answered as model 'someone-else', not 'tiny'" in words(r)
+
+
+def test_the_same_server_answering_as_the_model_asked_for_gives_valid_points(
+    cli: Callable[..., CliResult], tmp_path: Path, tiny_dir: Path
+) -> None:
+    out = tmp_path / "out"
+    with scripted_engine(tokenizer=tiny_dir / "tokenizer.json") as (url, _):
+        r = cli(*quick_bench(url, tiny_dir, out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(p["valid"] for p in json.loads((out / "results.json").read_text())["points"])
 
 
 def test_bench_into_a_directory_another_run_writes_is_refused_before_any_load(
