@@ -174,3 +174,39 @@ def quick_bench(url: str, tiny_dir: Path, out: Path, *extra: str) -> list[str]:
         "--min-requests", "2", "--max-client-lag-ms", "1000",
         "--min-achieved-concurrency", "0.5", "-o", str(out), *extra,
     ]  # fmt: skip
+
+
+def record_local(name: str, pid: int, url: str) -> Path:
+    """A local deployment's record (``state.json``) of one role, mixed, run by ``pid`` at
+    ``url``, as ``up`` writes it; returns its state directory.  Uses SERVEBOOK_HOME."""
+    from servebook.backends import state
+
+    sdir = state.state_dir_for(name)
+    sdir.mkdir(parents=True)
+    (sdir / "mixed.log").write_text("INFO started\n")
+    port = int(url.rsplit(":", 1)[1])
+    state.write_state(
+        state.Deployment(
+            name=name,
+            recipe="tiny-mixed",
+            state_dir=str(sdir),
+            created="2026-01-01T00:00:00+00:00",
+            served_model_name="tiny",
+            entry_role="mixed",
+            entry_url=url,
+            roles=[
+                state.RoleProcess(
+                    name="mixed",
+                    kind="engine",
+                    pid=pid,
+                    start_ticks=None,
+                    port=port,
+                    url=url,
+                    log=str(sdir / "mixed.log"),
+                    argv=["python", "-m", "vllm.entrypoints.openai.api_server"],
+                    env={},
+                )
+            ],
+        )
+    )
+    return sdir

@@ -571,7 +571,9 @@ def status(dep: Deployment) -> dict[str, Any]:
                 "name": rp.name,
                 "kind": rp.kind,
                 "state": state,
-                "ok": alive,
+                # A role that answers no /health (stopped, hung, still loading) cannot
+                # serve: not ok, whether or not its process is there.
+                "ok": healthy,
                 "summary": f"pid {rp.pid:>7}  {rp.url}",
                 "pid": rp.pid,
                 "port": rp.port,
