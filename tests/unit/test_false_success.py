@@ -31,3 +31,16 @@ def test_status_of_a_role_alive_but_not_answering_health_exits_1(cli: Cli, sb_ho
     assert r.returncode == 1, r.stdout + r.stderr
     role = json.loads(r.stdout)["roles"][0]
     assert role["state"] == "alive, not healthy" and role["ok"] is False
+
+
+def test_lint_of_a_helm_template_that_parses_as_yaml_is_not_a_pass(cli: Cli) -> None:
+    r = cli("lint", str(CORPUS / "prodstack" / "chart-template-quoted.yaml"), "--json")
+    assert r.returncode == 2, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False
+    sb115 = [f for f in doc["findings"] if f["check"] == "SB115"]
+    assert [f["severity"] for f in sb115] == ["error"]
+    assert "helm template" in sb115[0]["message"]
+    # A controller's template is an object of its own: information, as before.
+    r = cli("lint", str(CORPUS / "kserve" / "config-llm-template.yaml"))
+    assert r.returncode == 0, r.stdout + r.stderr
