@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from servebook.pipeline import interrupted_bench
+from servebook.results.schema import RESULTS_NAME
+from servebook.sweep import Interrupted
 from tests.conftest import CliResult
 from tests.unit.conftest import record_local
 from tests.unit.engine_standin import scripted_engine
+from tests.unit.result_runs import CPU
 
 Cli = Callable[..., CliResult]
 CORPUS = Path(__file__).parent / "fixtures" / "lint" / "corpus"
@@ -44,3 +49,25 @@ def test_lint_of_a_helm_template_that_parses_as_yaml_is_not_a_pass(cli: Cli) -> 
     # A controller's template is an object of its own: information, as before.
     r = cli("lint", str(CORPUS / "kserve" / "config-llm-template.yaml"))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_report_of_a_sweep_stopped_part_way_says_it_is_incomplete(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(CPU, out)
+    doc = json.loads((out / RESULTS_NAME).read_text())
+    doc["points"] = doc["points"][:2]  # the main job was stopped after its second point
+    (out / RESULTS_NAME).write_text(json.dumps(doc))
+    interrupted_bench(
+        Interrupted("stopped at c=2 rep 0 (...)", path=None, points=2), out, "tiny-pd"
+    )
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    said = " ".join(md.split())
+    assert "INCOMPLETE:" in said and "holds 2 of the 6 points its sweep planned" in said
+    assert "c=2 rep 0" in said and "rate=0.5/s rep 1" in said
+    assert "INCOMPLETE:" in html
+    # The whole sweep's report says nothing of the kind.
+    whole = tmp_path / "whole"
+    shutil.copytree(CPU, whole)
+    interrupted_bench(Interrupted("stopped", path=None, points=6), whole, "tiny-pd")
+    assert "INCOMPLETE" not in (whole / "report.md").read_text()

@@ -26,6 +26,7 @@ from servebook.report.plots import PlotSpec, draw, plot_specs
 from servebook.report.summary import (
     ACCELERATORS_ABSENT,
     describe_protocol,
+    incomplete_note,
     latency_diagnoses,
     summary,
 )
@@ -192,7 +193,16 @@ def build_report(runs: Sequence[Run]) -> Report:
         plots=plot_specs(runs),
         summary=summary(runs),
         server_latency=server_latency_table(runs),
-        notes=[] if any_accelerators(runs) else [ACCELERATORS_ABSENT],
+        notes=[
+            *filter(
+                None,
+                (
+                    incomplete_note(r.label, r.results.provenance.protocol, r.results.points)
+                    for r in runs
+                ),
+            ),
+            *([] if any_accelerators(runs) else [ACCELERATORS_ABSENT]),
+        ],
     )
 
 
