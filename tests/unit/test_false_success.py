@@ -17,7 +17,7 @@ from servebook.results.schema import RESULTS_NAME
 from servebook.sweep import Interrupted
 from tests.conftest import CliResult
 from tests.unit.conftest import record_local
-from tests.unit.engine_standin import scripted_engine
+from tests.unit.engine_standin import free_port, scripted_engine
 from tests.unit.result_runs import CPU
 
 Cli = Callable[..., CliResult]
@@ -71,3 +71,16 @@ def test_the_report_of_a_sweep_stopped_part_way_says_it_is_incomplete(tmp_path: 
     shutil.copytree(CPU, whole)
     interrupted_bench(Interrupted("stopped", path=None, points=6), whole, "tiny-pd")
     assert "INCOMPLETE" not in (whole / "report.md").read_text()
+
+
+def test_attach_by_an_entry_where_nothing_answers_is_exit_2_and_records_nothing(
+    cli: Cli, sb_home: Path
+) -> None:
+    with scripted_engine() as (url, _):
+        nothing = f"http://127.0.0.1:{free_port()}"
+        r = cli("attach", "one", "--role", f"mixed={url}", "--entry", nothing, "--model", "tiny")
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"--entry {nothing}: nothing answers there" in said and "nothing was recorded" in said
+    assert "attached: one" not in r.stdout
+    assert not list(sb_home.rglob("attached.json"))
