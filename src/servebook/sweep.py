@@ -26,6 +26,7 @@ from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
     ProtocolSettings,
+    Stalled,
     parse_duration,
     parse_levels,
     parse_precision,
@@ -92,6 +93,7 @@ class BenchArgs:
     save_requests: bool = False  # every request's record beside results.json
     request_timeout: float = 600.0
     max_point: str | None = None
+    stall: str = "120s"  # no request succeeded for this long: the point and the sweep end
     max_client_lag_ms: float = 10.0
     min_achieved_concurrency: float = 0.98
     prompt_format: str = "text"
@@ -123,6 +125,7 @@ def settings_from(
         duration_s=parse_duration(a.duration),
         min_requests=a.min_requests,
         max_point_s=parse_duration(a.max_point, "--max-point") if a.max_point else None,
+        stall_s=parse_duration(a.stall, "--stall"),
         precision=parse_precision(a.precision) if a.precision else None,
         max_repetitions=a.max_repetitions,
         thresholds=Thresholds(
@@ -348,6 +351,15 @@ def _sweep(
         except KeyboardInterrupt:
             where = f"at {current['label']}" if current["label"] else "between two points"
             raise _Stopped(where, writer) from None
+        except Stalled as e:
+            n = len(writer.results.points)
+            raise SweepStopped(
+                f"the target stalled at {e.spec.level.label()} rep {e.spec.repetition}: "
+                f"{e.reason}. The sweep stopped there instead of waiting out every point "
+                f"left; {n} point(s), the stalled one included (invalid), are in {writer.path}.",
+                hint="check the server (`servebook status`, its log); rerun with --resume once "
+                "it answers. A server that is only slow gets a longer --stall.",
+            ) from None
     return results, writer.path
 
 

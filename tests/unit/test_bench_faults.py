@@ -6,7 +6,11 @@ or a wait without end."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,3 +86,36 @@ def test_an_output_directory_that_cannot_be_made_is_refused_before_any_load(
     assert "nothing was measured" in words(r)
     assert "Traceback" not in r.stderr
     assert not list(seen.iterdir())
+
+
+def test_a_target_that_stalls_mid_sweep_ends_the_sweep_with_the_points_so_far(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """D13: a stopped server cost the stall deadline (120 s) for every point left, and the
+    sweep never gave up.  Now its first stalled point ends the sweep: exit 1, saying so,
+    with the finished point and the stalled one (invalid) in the file."""
+    out = tmp_path / "out"
+    args = quick_bench("URL", tiny_dir, out, "--concurrency", "1,2,3", "--stall", "2s")
+    with scripted_engine(tokenizer=tiny_dir / "tokenizer.json") as (url, engine):
+        args[args.index("URL")] = url
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "servebook", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        deadline = time.monotonic() + 60
+        while not (out / "results.json").exists():  # written once c=1 finished
+            assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+            time.sleep(0.05)
+        os.kill(engine.pid, signal.SIGSTOP)  # the server stops answering during c=2
+        stdout, stderr = bench.communicate(timeout=90)
+    said = " ".join(stderr.split())
+    assert bench.returncode == 1, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "the target stalled at c=2 rep 0: no request succeeded for 2 s" in said, said
+    assert f"2 point(s), the stalled one included (invalid), are in {out / 'results.json'}" in said
+    points = json.loads((out / "results.json").read_text())["points"]
+    assert [(p["concurrency"], p["valid"]) for p in points] == [(1, True), (2, False)]
+    assert not (out / "results.lock").exists()

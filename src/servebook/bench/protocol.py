@@ -212,7 +212,9 @@ class ProtocolSettings:
     duration_s: float = 60.0
     min_requests: int | None = None  # None: 10 x the level's size
     max_point_s: float | None = None  # None: 10 x (warm-up + duration), at least 600 s
-    stall_s: float = 120.0  # no request finished for this long: stop the point
+    # No request succeeded for this long: the point stops and the sweep ends (a stalled
+    # target; ``Stalled``).  Each point gets it afresh.
+    stall_s: float = 120.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     # Precision target: the largest 95% half-width, as a share of the mean, of a level's
     # tok/s and TPOT p50 (None: off, exactly ``repetitions`` repetitions per level).
@@ -244,6 +246,8 @@ class ProtocolSettings:
             raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
         if self.duration_s <= 0:
             raise UsageError("--duration must be positive")
+        if not self.stall_s > 0 or self.stall_s == float("inf"):
+            raise UsageError(f"--stall {self.stall_s:g} s: give a positive duration, e.g. 120s")
         if self.min_requests is not None and self.min_requests < 1:
             raise UsageError("--min-requests must be at least 1")
 
@@ -378,8 +382,9 @@ def needs_round(
 class WindowController:
     """Opens the window when the warm-up is done and stops the load when the window is
     long enough and full enough.  Also stops a point that cannot become valid: errors
-    outnumber successes (at least 20 of them) in the window, or nothing finished for
-    ``stall_s``.  Implements ``client.Controller``."""
+    outnumber successes (at least 20 of them) in the window, or no request succeeded for
+    ``stall_s`` (``stalled``: nothing finished, or only timeouts and errors came back: a
+    target that stopped answering).  Implements ``client.Controller``."""
 
     def __init__(
         self, warmup: Warmup, duration_s: float, min_requests: int, stall_s: float = 120.0
@@ -390,16 +395,20 @@ class WindowController:
         self.stall_s = stall_s
         self.phase: Literal["warmup", "window", "done"] = "warmup"
         self.stop_reason: str | None = None
+        self.stalled = False
         self._last_count = -1
         self._last_change_ns: int | None = None
 
     def __call__(self, progress: Progress) -> Decision:
         p = progress
         finished = p.completed_ok + p.errors
-        if finished != self._last_count or self._last_change_ns is None:
-            self._last_count, self._last_change_ns = finished, p.now_ns
+        if p.completed_ok != self._last_count or self._last_change_ns is None:
+            self._last_count, self._last_change_ns = p.completed_ok, p.now_ns
         if (p.now_ns - self._last_change_ns) / 1e9 > self.stall_s:
-            self.phase, self.stop_reason = "done", f"no request finished for {self.stall_s:g} s"
+            self.phase, self.stalled = "done", True
+            self.stop_reason = f"no request succeeded for {self.stall_s:g} s (--stall)" + (
+                f"; {p.errors} failed" if p.errors else ""
+            )
             return Decision(stop=True)
         if self.phase == "warmup":
             w = self.warmup
@@ -480,6 +489,16 @@ class PointOutcome:
     findings: list[Finding]
     load: LoadResult
     stop_reason: str | None
+    stalled: bool = False  # no request succeeded for the point's stall deadline
+
+
+class Stalled(Exception):
+    """The target stopped answering during a point: the sweep ends after writing that
+    point (every later point would wait out the same deadline, measuring nothing)."""
+
+    def __init__(self, spec: PointSpec, reason: str) -> None:
+        super().__init__(reason)
+        self.spec, self.reason = spec, reason
 
 
 #: What a point whose server gives no counters records as its server evidence.
@@ -635,7 +654,9 @@ def run_point(
             point, edges["open"], edges["close"], decode_role=target.decode_role
         )
     findings += reach_findings(target.problems() if target.problems else {})
-    return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
+    return PointOutcome(
+        apply_verdict(point, findings), findings, load, stop_reason, controller.stalled
+    )
 
 
 def run_sweep(
@@ -655,7 +676,8 @@ def run_sweep(
     """Every point in protocol order, round by round (:func:`needs_round` says which levels
     a round runs), skipping those the writer already holds as valid (``--resume``); the
     results file is rewritten after each point.  ``on_point(spec, None)`` announces a
-    point, ``on_point(spec, outcome)`` reports it."""
+    point, ``on_point(spec, outcome)`` reports it.  A point whose target stalled ends the
+    sweep once it is written (``Stalled``)."""
     done = writer.done_keys()
     n = len(settings.levels())
     for rnd in range(settings.repetition_cap):
@@ -690,4 +712,6 @@ def run_sweep(
             writer.add(outcome.point)
             if on_point is not None:
                 on_point(ps, outcome)
+            if outcome.stalled:
+                raise Stalled(ps, outcome.stop_reason or "stalled")
     return writer.results

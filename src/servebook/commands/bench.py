@@ -141,6 +141,12 @@ def bench(
     request_timeout: float = typer.Option(
         600.0, "--request-timeout", help="Per request, s.", callback=seconds
     ),
+    stall: str = typer.Option(
+        "120s",
+        "--stall",
+        help="A point in which no request succeeds for this long (a target that stopped "
+        "answering) ends the sweep, exit 1, the points so far kept (e.g. 30s, 2m).",
+    ),
     max_client_lag_ms: float = typer.Option(
         10.0,
         "--max-client-lag-ms",
