@@ -22,16 +22,18 @@ from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
 from servebook.bench.figures import parse_slo
-from servebook.bench.protocol import (
-    PointOutcome,
-    PointSpec,
-    ProtocolSettings,
-    Stalled,
+from servebook.bench.flags import (
     parse_duration,
     parse_levels,
     parse_precision,
     parse_rates,
     parse_warmup,
+)
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    Stalled,
     point_order,
     run_sweep,
 )

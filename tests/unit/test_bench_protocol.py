@@ -10,15 +10,17 @@ from aiohttp import web
 
 from servebook.bench import protocol, validity
 from servebook.bench.control import Progress
-from servebook.bench.protocol import (
-    Level,
-    ProtocolSettings,
+from servebook.bench.flags import (
     Warmup,
-    WindowController,
     parse_duration,
     parse_levels,
     parse_rates,
     parse_warmup,
+)
+from servebook.bench.protocol import (
+    Level,
+    ProtocolSettings,
+    WindowController,
     point_order,
 )
 from servebook.bench.target import pd_min_share
