@@ -210,3 +210,13 @@ def record_local(name: str, pid: int, url: str) -> Path:
         )
     )
     return sdir
+
+
+def file_size_limit(n_bytes: int) -> list[str]:
+    """Prelude lines for ``cli``: no file the child writes may grow past ``n_bytes`` (a
+    write past it fails with EFBIG, as a full disk fails one with ENOSPC)."""
+    return [
+        "import resource, signal",
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({n_bytes}, {n_bytes}))",
+    ]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from servebook import __version__
 from servebook.errors import UsageError
-from servebook.files import write_atomic
+from servebook.files import write_files
 from servebook.report.comparability import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
 from servebook.report.summary import (
@@ -482,13 +482,13 @@ def write_report(result_dirs: list[Path], out_dir: Path, html_name: str = REPORT
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     report = build_report(runs)
     pngs: dict[str, bytes] = {}
+    files: dict[str, str | bytes] = {}
     for spec in report.plots:
         png, svg = draw(spec)
         pngs[spec.id] = png
-        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.png", png)
-        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.svg", svg)
-    md_name = Path(html_name).with_suffix(".md").name
-    write_atomic(out_dir / md_name, to_markdown(report))
-    html_path = out_dir / html_name
-    write_atomic(html_path, to_html(report, pngs))
-    return html_path
+        files[f"{PLOTS_DIR}/{spec.id}.png"] = png
+        files[f"{PLOTS_DIR}/{spec.id}.svg"] = svg
+    files[Path(html_name).with_suffix(".md").name] = to_markdown(report)
+    files[html_name] = to_html(report, pngs)
+    write_files(out_dir, files)  # all of them or none: never plots without their report
+    return out_dir / html_name

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from servebook import inputs
 from servebook.errors import ServebookError, UsageError
-from servebook.files import write_atomic
+from servebook.files import WriteFailed, write_atomic
 from servebook.results.aggregate import PrecisionTarget, aggregate, mark_precision
 from servebook.results.evidence import one_source_per_level
 from servebook.results.provenance import resume_mismatches, utc_now
@@ -134,10 +134,10 @@ class ResultsWriter:
             )
         try:
             write_atomic(self.path, self.results.to_json())
-        except OSError as e:
-            raise ServebookError(
-                f"cannot write {self.path}: {e.strerror or e}; the file holds the points "
-                "written before this one (it is replaced whole or not at all)",
+        except WriteFailed as e:
+            raise WriteFailed(
+                f"{e} (the file holds the points written before this one: it is replaced "
+                "whole or not at all)",
                 hint="free space or fix the directory's permissions, then rerun with --resume",
             ) from None
 
