@@ -78,7 +78,9 @@ def engine(
 # ``scripted_engine`` runs the same program on its own, for bench.  Its faults, set by
 # environment: STANDIN_ANSWER (completions after the first N are held open: a stalled
 # engine), STANDIN_ANSWER_MODEL (the model every chunk names), STANDIN_NO_METRICS (no
-# /metrics: a server whose points stand on the client's figures).
+# /metrics: a server whose points stand on the client's figures), STANDIN_TERM_LINGER
+# (on SIGTERM its port closes at once and the process exits that many seconds later, as
+# an engine shutting down).
 _API_SERVER = """
 import http.server, json, os, sys, threading, time
 from pathlib import Path
@@ -157,6 +159,14 @@ class H(http.server.BaseHTTPRequestHandler):
 address = (arg("--host", "127.0.0.1"), int(arg("--port", "8000")))
 server = http.server.ThreadingHTTPServer(address, H)
 server.daemon_threads = True
+linger = float(os.environ.get("STANDIN_TERM_LINGER", "0"))
+if linger:
+    import signal
+    def stopping(*_):  # as vLLM stops: the port closes at once, the process exits later
+        server.socket.close()
+        time.sleep(linger)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stopping)
 server.serve_forever()
 """
 
@@ -203,7 +213,11 @@ def scripted_engine(
 
 
 def vllm_package(
-    root: Path, *, answer: int | None = None, seen: Path | None = None
+    root: Path,
+    *,
+    answer: int | None = None,
+    seen: Path | None = None,
+    term_linger_s: float | None = None,
 ) -> dict[str, str]:
     """A stand-in ``vllm`` package under ``root``; returns the environment that puts it
     first on the path of a ``servebook`` process, so the local backend's check for vLLM and
@@ -211,7 +225,8 @@ def vllm_package(
     answers /health, /version, /v1/models and /metrics (a real vLLM 0.32.0 CPU server's),
     and completions: the first ``answer`` (all when ``None``) with a text, each later one
     held open, as a server still busy; each completion it receives leaves a file in
-    ``seen``."""
+    ``seen``.  ``term_linger_s``: on SIGTERM its port closes at once and the process
+    exits that much later, as an engine shutting down."""
     pkg = root / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True, exist_ok=True)
     for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
@@ -225,4 +240,6 @@ def vllm_package(
     if seen is not None:
         seen.mkdir(parents=True, exist_ok=True)
         env["STANDIN_SEEN"] = str(seen)
+    if term_linger_s is not None:
+        env["STANDIN_TERM_LINGER"] = str(term_linger_s)
     return env

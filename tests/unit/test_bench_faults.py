@@ -17,7 +17,7 @@ from pathlib import Path
 from servebook.results.store import LOCK_NAME
 from tests.conftest import CliResult
 from tests.unit.conftest import quick_bench
-from tests.unit.engine_standin import scripted_engine
+from tests.unit.engine_standin import scripted_engine, vllm_package
 
 
 def words(r: CliResult) -> str:
@@ -119,3 +119,46 @@ def test_a_target_that_stalls_mid_sweep_ends_the_sweep_with_the_points_so_far(
     points = json.loads((out / "results.json").read_text())["points"]
     assert [(p["concurrency"], p["valid"]) for p in points] == [(1, True), (2, False)]
     assert not (out / "results.lock").exists()
+
+
+def test_down_during_bench_stops_it_before_another_point_of_connection_errors(
+    cli: Callable[..., CliResult], sb_home: Path, tmp_path: Path, tiny_dir: Path
+) -> None:
+    """D28: `down` during `bench` made bench measure one more point of nothing but
+    connection errors: the engine was still exiting (its port already closed), so its
+    process counted as running.  The stand-in engine exits 5 s after SIGTERM, as vLLM's
+    shutdown takes seconds."""
+    (tmp_path / "model").mkdir()
+    env = vllm_package(tmp_path / "vllm", term_linger_s=5)
+    up = cli("up", "tiny-mixed", "--set", f"model_dir={tmp_path / 'model'}", env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    out = tmp_path / "out"
+    args = quick_bench("URL", tiny_dir, out, "--concurrency", "1,2,3,4,5,6")
+    at = args.index("--url")
+    args[at : at + 4] = ["tiny-mixed"]  # the deployment, not --url URL --model tiny
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "servebook", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env, "SERVEBOOK_HOME": str(sb_home), "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "results.json").exists():  # written once c=1 finished
+            assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+            time.sleep(0.05)
+        down = cli("down", "tiny-mixed", env=env)
+        stdout, stderr = bench.communicate(timeout=90)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert down.returncode == 0, down.stdout + down.stderr
+    said = " ".join(stderr.split())
+    assert bench.returncode == 1, stdout + stderr
+    assert "Traceback" not in stderr
+    assert "role(s) mixed" in said and "rerun with --resume" in said, said
+    points = json.loads((out / "results.json").read_text())["points"]
+    nothing = [p["concurrency"] for p in points if p["requests_ok"] == 0]
+    assert len(nothing) <= 1, points  # at most the point down cut short
+    assert len(points) < 6
