@@ -4,18 +4,42 @@ the records it keeps on this machine, redacted and private."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel
 
 from servebook import inputs, redact
-from servebook.errors import UsageError
+from servebook.errors import ServebookError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class WriteFailed(ServebookError):
+    """A file servebook writes could not be written (no space, no permission, a path
+    through a regular file): exit 2, naming the file and the reason; what was there
+    before is left as it was."""
+
+    label = "cannot write"
+
+
+def write_failed(path: Path, e: OSError) -> WriteFailed:
+    why = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file too large for this process's limit (ulimit -f)",
+        errno.EROFS: "read-only file system",
+    }.get(e.errno or 0, e.strerror or str(e))
+    return WriteFailed(
+        f"{path}: {why}; nothing of this write was left half-done",
+        hint="free space, or choose a directory you can write (-o DIR), and run it again",
+    )
 
 
 def _umask() -> int:
@@ -34,9 +58,12 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
     the mode the umask gives a new file (mkstemp's own 0600 would hide a report from its
     readers)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise write_failed(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
@@ -44,9 +71,11 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise write_failed(path, e) from None
         raise
     with contextlib.suppress(OSError):
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -65,6 +94,41 @@ def write_record(path: str | Path, record: BaseModel) -> None:
     (``servebook.auth``), and a redacted flag still says that one was given."""
     doc, _ = redact.scrub(record.model_dump(mode="json"))
     write_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False), mode=PRIVATE)
+
+
+def write_files(out_dir: Path, files: Mapping[str, str | bytes]) -> None:
+    """Write ``files`` (paths relative to ``out_dir`` -> content) all or none: each goes
+    to a staging directory inside ``out_dir`` first, and only once every one is written
+    whole are they renamed into place (a rename needs no space).  A full disk while
+    writing leaves ``out_dir`` as it was (it left a report's plots without the report)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(
+            f"-o {out_dir}: exists and is not a directory; nothing was written",
+            hint="give a directory (new or existing) for the output",
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".servebook-", suffix=".tmp", dir=out_dir))
+    except OSError as e:
+        raise write_failed(out_dir, e) from None
+    try:
+        for rel, data in files.items():
+            target = stage / rel
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+                os.chmod(target, 0o666 & ~_umask())
+            except OSError as e:
+                raise write_failed(out_dir / rel, e) from None
+        for rel in files:
+            final = out_dir / rel
+            try:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(stage / rel, final)
+            except OSError as e:
+                raise write_failed(final, e) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def read_model(path: Path, model: type[M], what: str, fix: str) -> M | None:

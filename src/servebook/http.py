@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
 from servebook import redact
+from servebook.errors import ServebookError
 
 
 @dataclass
@@ -64,6 +67,30 @@ def post_json(
     url: str, body: Any, *, timeout: float, headers: dict[str, str] | None = None
 ) -> Response:
     return request("POST", url, timeout=timeout, body=body, headers=headers)
+
+
+def hold_free_port(host: str, avoid: Container[int] = (), tries: int = 50) -> socket.socket:
+    """A socket holding a free port (``hold_port(host, 0)``) that is none of ``avoid``.
+    The kernel's choice can itself fail (EADDRINUSE from a bind to port 0, seen while
+    engines took ephemeral ports fast during ``up``): each failure is retried, and only
+    ``tries`` of them end it as a ``ServebookError`` naming the host, never a traceback."""
+    last: OSError | None = None
+    for _ in range(tries):
+        try:
+            s = hold_port(host, 0)
+        except OSError as e:
+            last = e
+            time.sleep(0.01)
+            continue
+        if s.getsockname()[1] not in avoid:
+            return s
+        s.close()
+    raise ServebookError(
+        f"no free port could be held on {host}: {tries} tries failed"
+        + (f" (last: {last.strerror or last})" if last is not None else "")
+        + "; nothing more was started",
+        hint="free some ports (or widen net.ipv4.ip_local_port_range), then run it again",
+    )
 
 
 def hold_port(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

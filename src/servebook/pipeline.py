@@ -22,7 +22,7 @@ from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
 from servebook.results.schema import Results
-from servebook.sweep import BenchArgs, Interrupted, run_bench, settings_from
+from servebook.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
 from servebook.sweep import plan_text as sweep_plan
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify
@@ -178,6 +178,7 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
             resume=False,
             tokenizer=None,
             alive=view.dead_roles,
+            serving=not_serving(view),
             resumable=False,
         )
     print_points(results, path)

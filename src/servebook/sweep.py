@@ -18,19 +18,23 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
 from servebook.bench.figures import parse_slo
-from servebook.bench.protocol import (
-    PointOutcome,
-    PointSpec,
-    ProtocolSettings,
+from servebook.bench.flags import (
     parse_duration,
     parse_levels,
     parse_precision,
     parse_rates,
     parse_warmup,
+)
+from servebook.bench.protocol import (
+    PointOutcome,
+    PointSpec,
+    ProtocolSettings,
+    Stalled,
     point_order,
     run_sweep,
 )
@@ -39,6 +43,7 @@ from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
 from servebook.console import err, number
+from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
 from servebook.report.summary import describe_protocol
@@ -92,6 +97,7 @@ class BenchArgs:
     save_requests: bool = False  # every request's record beside results.json
     request_timeout: float = 600.0
     max_point: str | None = None
+    stall: str = "120s"  # no request succeeded for this long: the point and the sweep end
     max_client_lag_ms: float = 10.0
     min_achieved_concurrency: float = 0.98
     prompt_format: str = "text"
@@ -123,6 +129,7 @@ def settings_from(
         duration_s=parse_duration(a.duration),
         min_requests=a.min_requests,
         max_point_s=parse_duration(a.max_point, "--max-point") if a.max_point else None,
+        stall_s=parse_duration(a.stall, "--stall"),
         precision=parse_precision(a.precision) if a.precision else None,
         max_repetitions=a.max_repetitions,
         thresholds=Thresholds(
@@ -170,9 +177,12 @@ def run_bench(
     alive: Callable[[], list[str]] | None = None,
     resumable: bool = True,
     launcher: Any = None,
+    serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
-    the names of dead roles (a deployment) so the sweep stops instead of measuring errors.
+    the names of dead roles (a deployment) so the sweep stops instead of measuring errors;
+    ``serving()`` (``not_serving``), asked before each point, the roles that do not answer,
+    so that no point is measured against a deployment being taken down.
     ``resumable``: the caller can continue the results file (``bench --resume``), and a
     failed load generator's message says so.  ``launcher`` starts the load agents
     (``bench.coordinator.Launcher``; default: processes on this machine)."""
@@ -185,6 +195,7 @@ def run_bench(
             tokenizer=tokenizer,
             alive=alive,
             launcher=launcher,
+            serving=serving,
         )
     except ClientError as e:
         raise LoadFailed(
@@ -230,6 +241,7 @@ def _run(
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None,
     launcher: Any = None,
+    serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     if a.dataset is None:
         tgt.check_fits(
@@ -257,7 +269,33 @@ def _run(
     workers = a.agents or a.workers or default_workers(max(lv.size for lv in settings.levels()))
     subject.info["client_workers"] = workers
     prov = tgt.provenance(subject, settings, prompts, tgt.load_origin(subject, workers))
-    writer = ResultsWriter(out_dir, prov, resume=resume)
+    with ResultsWriter(out_dir, prov, resume=resume) as writer:
+        checks = _Checks(alive, serving)
+        return _sweep(subject, a, settings, prompts, writer, workers, slo, checks, launcher)
+
+
+@dataclasses.dataclass
+class _Checks:
+    """What the sweep asks about the deployment: after each point, which roles died
+    (``alive``); before each, which do not answer (``serving``)."""
+
+    alive: Callable[[], list[str]] | None = None
+    serving: Callable[[], list[str]] | None = None
+
+
+def _sweep(
+    subject: tgt.Subject,
+    a: BenchArgs,
+    settings: ProtocolSettings,
+    prompts: PromptSource,
+    writer: ResultsWriter,
+    workers: int,
+    slo: dict[str, float] | None,
+    checks: _Checks,
+    launcher: Any,
+) -> tuple[Results, Path]:
+    out_dir = writer.path.parent
+    alive = checks.alive
     order = point_order(settings)
     done_before = len(writer.done_keys())
 
@@ -279,6 +317,14 @@ def _run(
                     # A round a precision target added: the sweep grows by this point.
                     t = next(t for t in bar.tasks if t.id == task)
                     bar.update(task, total=max(t.total or 0, t.completed) + 1)
+                silent = checks.serving() if checks.serving is not None else []
+                if silent:
+                    raise SweepStopped(
+                        f"role(s) {', '.join(silent)} of the deployment do not answer; the "
+                        f"sweep stopped before {label} instead of measuring connection "
+                        f"errors. Finished points are in {writer.path}; bring the "
+                        "deployment back and rerun with --resume."
+                    )
                 current["label"], current["t0"] = label, time.monotonic()
                 bar.update(task, description=f"{label}: warm-up")
                 return
@@ -333,6 +379,15 @@ def _run(
         except KeyboardInterrupt:
             where = f"at {current['label']}" if current["label"] else "between two points"
             raise _Stopped(where, writer) from None
+        except Stalled as e:
+            n = len(writer.results.points)
+            raise SweepStopped(
+                f"the target stalled at {e.spec.level.label()} rep {e.spec.repetition}: "
+                f"{e.reason}. The sweep stopped there instead of waiting out every point "
+                f"left; {n} point(s), the stalled one included (invalid), are in {writer.path}.",
+                hint="check the server (`servebook status`, its log); rerun with --resume once "
+                "it answers. A server that is only slow gets a longer --stall.",
+            ) from None
     return results, writer.path
 
 
@@ -365,3 +420,31 @@ def plan_text(settings: ProtocolSettings, a: BenchArgs) -> str:
 
 def _minutes(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
+
+
+def not_serving(view: DeploymentView, timeout_s: float = 2.0) -> Callable[[], list[str]]:
+    """The roles of ``view`` that cannot serve now: dead, or alive but answering no
+    ``/health`` (being taken down, stopped, hung).  A process-only check missed a role
+    `servebook down` had asked to stop: it was still exiting, and bench measured one more
+    point of nothing but connection errors."""
+
+    def check() -> list[str]:
+        dead = view.dead_roles()
+        if dead:
+            return [f"{name} (not running)" for name in dead]
+        return [
+            f"{r.name} (nothing answers at {r.api_url}/health)"
+            for r in view.roles
+            if not _answers(r.api_url, timeout_s)
+        ]
+
+    return check
+
+
+def _answers(url: str, timeout_s: float) -> bool:
+    """Something answers at ``url``'s /health short of a server error (a router without a
+    /health still answers: 404)."""
+    try:
+        return http.get(url + "/health", timeout=timeout_s).status < 500
+    except http.HTTPError:
+        return False

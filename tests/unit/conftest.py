@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from servebook import auth, redact
 from servebook.bench.workload import HFTokenizer, load_tokenizer
 from servebook.models.tiny import tokenizer_files
+from servebook.results.schema import (
+    ClientEvidence,
+    Latency,
+    ModelInfo,
+    Point,
+    Provenance,
+    WindowInfo,
+)
 from tests.conftest import CliResult
 
 
@@ -113,3 +124,113 @@ def hostile(tmp_path: Path) -> Callable[[str, str], Path]:
         return p
 
     return make
+
+
+# --- results documents (tests of results ownership and write failures) ------------------
+
+
+def a_provenance(**over: Any) -> Provenance:
+    """A run's provenance as bench writes it, small."""
+    base: dict[str, Any] = dict(
+        servebook_version="0.1.0",
+        engine="vllm",
+        engine_version="0.32.0",
+        model=ModelInfo(name="tiny", config_hash="sha256:abc"),
+        protocol={"duration_s": 60},
+        workload={"input_len": 64},
+        seed=0,
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+    base.update(over)
+    return Provenance(**base)
+
+
+def a_point(conc: int, rep: int, tok_s: float = 10.0) -> Point:
+    """A valid point at concurrency ``conc``, repetition ``rep``."""
+    lat = Latency(p50=1.0, p90=1.0, p99=1.0, mean=1.0, n=10)
+    return Point(
+        concurrency=conc,
+        repetition=rep,
+        valid=True,
+        requests_ok=10,
+        errors=0,
+        output_tokens_per_s=tok_s,
+        requests_per_s=1.0,
+        ttft_ms=lat,
+        itl_ms=lat,
+        tpot_ms=lat,
+        e2e_ms=lat,
+        window=WindowInfo(warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0),
+        client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
+    )
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A running process that is not this one (another run's pid)."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+def quick_bench(url: str, tiny_dir: Path, out: Path, *extra: str) -> list[str]:
+    """``servebook bench`` arguments for a short sweep (c=1,2, one repetition, 1 s
+    windows) against a stand-in server at ``url`` serving ``tiny``."""
+    return [
+        "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
+        "--concurrency", "1,2", "--repetitions", "1", "--order", "ascending",
+        "--duration", "1s", "--warmup", "2r", "--input-len", "16", "--output-len", "4",
+        "--min-requests", "2", "--max-client-lag-ms", "1000",
+        "--min-achieved-concurrency", "0.5", "-o", str(out), *extra,
+    ]  # fmt: skip
+
+
+def record_local(name: str, pid: int, url: str) -> Path:
+    """A local deployment's record (``state.json``) of one role, mixed, run by ``pid`` at
+    ``url``, as ``up`` writes it; returns its state directory.  Uses SERVEBOOK_HOME."""
+    from servebook.backends import state
+
+    sdir = state.state_dir_for(name)
+    sdir.mkdir(parents=True)
+    (sdir / "mixed.log").write_text("INFO started\n")
+    port = int(url.rsplit(":", 1)[1])
+    state.write_state(
+        state.Deployment(
+            name=name,
+            recipe="tiny-mixed",
+            state_dir=str(sdir),
+            created="2026-01-01T00:00:00+00:00",
+            served_model_name="tiny",
+            entry_role="mixed",
+            entry_url=url,
+            roles=[
+                state.RoleProcess(
+                    name="mixed",
+                    kind="engine",
+                    pid=pid,
+                    start_ticks=None,
+                    port=port,
+                    url=url,
+                    log=str(sdir / "mixed.log"),
+                    argv=["python", "-m", "vllm.entrypoints.openai.api_server"],
+                    env={},
+                )
+            ],
+        )
+    )
+    return sdir
+
+
+def file_size_limit(n_bytes: int) -> list[str]:
+    """Prelude lines for ``cli``: no file the child writes may grow past ``n_bytes`` (a
+    write past it fails with EFBIG, as a full disk fails one with ENOSPC)."""
+    return [
+        "import resource, signal",
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({n_bytes}, {n_bytes}))",
+    ]

@@ -75,6 +75,12 @@ def engine(
 
 # What `python -m vllm.entrypoints.openai.api_server` runs when the stand-in package is
 # first on PYTHONPATH (``vllm_package``): the local backend starts it as it starts vLLM.
+# ``scripted_engine`` runs the same program on its own, for bench.  Its faults, set by
+# environment: STANDIN_ANSWER (completions after the first N are held open: a stalled
+# engine), STANDIN_ANSWER_MODEL (the model every chunk names), STANDIN_NO_METRICS (no
+# /metrics: a server whose points stand on the client's figures), STANDIN_TERM_LINGER
+# (on SIGTERM its port closes at once and the process exits that many seconds later, as
+# an engine shutting down).
 _API_SERVER = """
 import http.server, json, os, sys, threading, time
 from pathlib import Path
@@ -89,10 +95,22 @@ files = {
     "/v1/models": fix / "vllm-0.32.0-v1-models.json",
     "/version": fix / "vllm-0.32.0-version.json",
 }
+if os.environ.get("STANDIN_NO_METRICS"):
+    del files["/metrics"]
 answer = int(os.environ.get("STANDIN_ANSWER", "-1"))
+answer_model = os.environ.get("STANDIN_ANSWER_MODEL")
 seen = Path(os.environ["STANDIN_SEEN"]) if os.environ.get("STANDIN_SEEN") else None
+tokenizer = None
+if os.environ.get("STANDIN_TOKENIZER"):
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.environ["STANDIN_TOKENIZER"])
 count = [0]
 lock = threading.Lock()
+
+def prompt_tokens(prompt):
+    if isinstance(prompt, list):
+        return len(prompt)
+    return len(tokenizer.encode(prompt).ids) if tokenizer is not None else 5
 
 class H(http.server.BaseHTTPRequestHandler):
     def reply(self, status, body):
@@ -105,7 +123,7 @@ class H(http.server.BaseHTTPRequestHandler):
         ok = path is not None or self.path == "/health"
         self.reply(200 if ok else 404, path.read_bytes() if path else b"")
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         with lock:
             count[0] += 1
             n = count[0]
@@ -113,21 +131,93 @@ class H(http.server.BaseHTTPRequestHandler):
             (seen / f"completion-{n}").touch()
         if 0 <= answer < n:
             time.sleep(3600)  # busy: the request is held open
-        body = {"choices": [{"index": 0, "text": " jumps", "finish_reason": "length"}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 8}}
-        self.reply(200, json.dumps(body).encode())
+        model = answer_model or req.get("model", "tiny")
+        used = {"prompt_tokens": prompt_tokens(req.get("prompt", "")),
+                "completion_tokens": int(req.get("max_tokens", 8))}
+        if not req.get("stream"):
+            body = {"choices": [{"index": 0, "text": " jumps", "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 8}}
+            self.reply(200, json.dumps(body).encode())
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        def event(choices, usage=None):
+            chunk = {"id": f"cmpl-{n}", "object": "text_completion", "created": 1,
+                     "model": model, "choices": choices, "usage": usage}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+            self.wfile.flush()
+        k = used["completion_tokens"]
+        for i in range(k):
+            end = "length" if i == k - 1 else None
+            event([{"index": 0, "text": " a", "logprobs": None, "finish_reason": end}])
+        event([], used)
+        self.wfile.write(b"data: [DONE]\\n\\n")
     def log_message(self, *a):
         pass
 
 address = (arg("--host", "127.0.0.1"), int(arg("--port", "8000")))
 server = http.server.ThreadingHTTPServer(address, H)
 server.daemon_threads = True
+linger = float(os.environ.get("STANDIN_TERM_LINGER", "0"))
+if linger:
+    import signal
+    def stopping(*_):  # as vLLM stops: the port closes at once, the process exits later
+        server.socket.close()
+        time.sleep(linger)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stopping)
 server.serve_forever()
 """
 
 
+@contextlib.contextmanager
+def scripted_engine(
+    *,
+    answer: int | None = None,
+    answer_model: str | None = None,
+    tokenizer: Path | None = None,
+    seen: Path | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The stand-in vLLM server on a free port of 127.0.0.1, streaming completions as
+    vLLM does (one token a chunk, a usage chunk, ``[DONE]``) with no /metrics; yields its
+    base URL and its process once it answers.  Faults: completions after the first
+    ``answer`` are held open (a stalled engine); every chunk names ``answer_model``
+    instead of the model asked for.  ``tokenizer``: a tokenizer.json that counts the
+    prompt's tokens for ``usage`` as vLLM does; each completion it receives leaves a file
+    in ``seen``."""
+    port = free_port()
+    env = {**os.environ, "STANDIN_FIXTURES": str(FIX), "STANDIN_NO_METRICS": "1"}
+    env["STANDIN_ANSWER"] = str(-1 if answer is None else answer)
+    if answer_model is not None:
+        env["STANDIN_ANSWER_MODEL"] = answer_model
+    if tokenizer is not None:
+        env["STANDIN_TOKENIZER"] = str(tokenizer)
+    if seen is not None:
+        seen.mkdir(parents=True, exist_ok=True)
+        env["STANDIN_SEEN"] = str(seen)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _API_SERVER, "--host", "127.0.0.1", "--port", str(port)], env=env
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "stand-in did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def vllm_package(
-    root: Path, *, answer: int | None = None, seen: Path | None = None
+    root: Path,
+    *,
+    answer: int | None = None,
+    seen: Path | None = None,
+    term_linger_s: float | None = None,
 ) -> dict[str, str]:
     """A stand-in ``vllm`` package under ``root``; returns the environment that puts it
     first on the path of a ``servebook`` process, so the local backend's check for vLLM and
@@ -135,7 +225,8 @@ def vllm_package(
     answers /health, /version, /v1/models and /metrics (a real vLLM 0.32.0 CPU server's),
     and completions: the first ``answer`` (all when ``None``) with a text, each later one
     held open, as a server still busy; each completion it receives leaves a file in
-    ``seen``."""
+    ``seen``.  ``term_linger_s``: on SIGTERM its port closes at once and the process
+    exits that much later, as an engine shutting down."""
     pkg = root / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True, exist_ok=True)
     for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
@@ -149,4 +240,6 @@ def vllm_package(
     if seen is not None:
         seen.mkdir(parents=True, exist_ok=True)
         env["STANDIN_SEEN"] = str(seen)
+    if term_linger_s is not None:
+        env["STANDIN_TERM_LINGER"] = str(term_linger_s)
     return env

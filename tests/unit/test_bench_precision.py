@@ -17,13 +17,15 @@ from typing import Any, cast
 import pytest
 
 from servebook.bench import protocol
+from servebook.bench.flags import (
+    parse_precision,
+)
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
     ProtocolSettings,
     Target,
-    parse_precision,
     point_order,
     round_order,
     run_sweep,

@@ -10,15 +10,17 @@ from aiohttp import web
 
 from servebook.bench import protocol, validity
 from servebook.bench.control import Progress
-from servebook.bench.protocol import (
-    Level,
-    ProtocolSettings,
+from servebook.bench.flags import (
     Warmup,
-    WindowController,
     parse_duration,
     parse_levels,
     parse_rates,
     parse_warmup,
+)
+from servebook.bench.protocol import (
+    Level,
+    ProtocolSettings,
+    WindowController,
     point_order,
 )
 from servebook.bench.target import pd_min_share
@@ -191,7 +193,18 @@ def test_window_stops_a_stalled_point() -> None:
     c(progress(0.0, ok=3))
     assert not c(progress(20, ok=3, window_at=0)).stop
     assert c(progress(31, ok=3, window_at=0)).stop
-    assert c.stop_reason is not None and "no request finished" in c.stop_reason
+    assert c.stop_reason is not None and "no request succeeded for 30 s" in c.stop_reason
+    assert c.stalled
+
+
+def test_only_errors_coming_back_is_a_stall_too() -> None:
+    """Issue 33, D13: a stopped engine behind a --request-timeout answers with a timeout
+    every few seconds; those errors kept the point (and then the next one) waiting."""
+    c = WindowController(Warmup(None, None), duration_s=60, min_requests=50, stall_s=30)
+    c(progress(0.0, ok=3))
+    assert not c(progress(20, ok=3, err=2, window_at=0, win_err=2)).stop
+    assert c(progress(31, ok=3, err=3, window_at=0, win_err=3)).stop
+    assert c.stalled and c.stop_reason is not None and "3 failed" in c.stop_reason
 
 
 # --- verdict -----------------------------------------------------------------------------

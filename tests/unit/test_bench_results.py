@@ -327,6 +327,7 @@ def test_each_point_is_written_atomically_and_the_file_loads_back(tmp_path: Path
     back = load_results(tmp_path / "results.json")
     assert [p.repetition for p in back.points] == [0, 1]
     assert back.provenance.ended_at is not None
+    w.close()  # the run gives the directory up (its lock goes)
     assert [f.name for f in tmp_path.iterdir()] == ["results.json"]  # no temp file left
 
 
@@ -344,6 +345,8 @@ def test_an_interrupted_write_leaves_the_previous_complete_file(
     with pytest.raises(KeyboardInterrupt):
         w.add(point(4, 1, 12.0, 1.0))
     assert (tmp_path / "results.json").read_text() == before
+    monkeypatch.undo()
+    w.close()
     assert [f.name for f in tmp_path.iterdir()] == ["results.json"]
 
 

@@ -501,3 +501,24 @@ def test_no_interval_reaches_past_what_its_metric_can_take(tmp_path: Path) -> No
     (panel,) = pareto_plot([ra, rb]).panels
     for s in panel.series:
         assert all(v >= 0 for v in s.low + s.x_low if v == v)
+
+
+def test_a_copy_of_a_run_is_refused_as_not_an_independent_rerun(cli: Cli, tmp_path: Path) -> None:
+    """Issue 33, D10: `compare A copy-of-A --reproduce` said it reproduces, exit 0."""
+    copy = tmp_path / "a-copy"
+    shutil.copytree(A, copy)
+    r = cli("compare", str(A), str(copy), "--reproduce")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "not an independent run" in said and "A's timestamps" in said
+    started = json.loads((A / "results.json").read_text())["provenance"]["started_at"]
+    assert f"the run's start ({started})" in said
+    assert "reproduces" not in r.stdout
+    # A's numbers with a new start but its points' own stamps: still A's measurements.
+    edited = result_runs.variant(
+        tmp_path, A, "restamped", lambda doc: doc["provenance"].update(started_at="2027-01-01")
+    )
+    r = cli("compare", str(A), str(edited), "--reproduce")
+    assert r.returncode == 2 and "point(s) started when one of A's did" in " ".join(
+        r.stderr.split()
+    )

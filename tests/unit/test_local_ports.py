@@ -14,6 +14,7 @@ import pytest
 
 from servebook import http
 from servebook.backends.local import port_clash
+from servebook.errors import ServebookError
 
 
 def test_a_held_port_is_not_handed_out_and_cannot_be_bound_until_released() -> None:
@@ -137,3 +138,40 @@ def test_a_role_without_cores_may_run_anywhere_the_launcher_may(tmp_path: Path) 
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_failed_bind_to_any_port_is_retried_and_in_the_end_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33, D25: `up` crashed with `OSError: Address already in use` from
+    hold_port(host, 0) while retrying a role whose port had been taken."""
+    real = http.hold_port
+    failures = [3]
+
+    def busy_then_real(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(98, "Address already in use")  # what the kernel answered
+        return real(host, port)
+
+    monkeypatch.setattr(http, "hold_port", busy_then_real)
+    s = http.hold_free_port("127.0.0.1")
+    try:
+        assert s.getsockname()[1] > 0 and failures == [0]
+    finally:
+        s.close()
+    failures[0] = 10**6  # the kernel never gives one
+    with pytest.raises(ServebookError, match=r"no free port .* 127\.0\.0\.1.*Address already"):
+        http.hold_free_port("127.0.0.1", tries=5)
+
+
+def test_a_free_port_is_none_of_those_to_avoid() -> None:
+    first = http.hold_free_port("127.0.0.1")
+    taken = first.getsockname()[1]
+    first.close()
+    others = [http.hold_free_port("127.0.0.1", avoid={taken}) for _ in range(20)]
+    try:
+        assert taken not in {s.getsockname()[1] for s in others}
+    finally:
+        for s in others:
+            s.close()

@@ -395,6 +395,41 @@ def test_over_long_shard_fails(tmp_path: Path, model: Path) -> None:
     assert "over-long: 4096 bytes beyond" in only(found, "SB206")["message"]
 
 
+def hole_after_header(shard: Path) -> None:
+    """The shard as an interrupted copy leaves it (issue 33, D11): its first 4 KiB (the
+    header) written, its length set, the rest never written (a hole: sparse, zeros)."""
+    size = shard.stat().st_size
+    head = shard.read_bytes()[:4096]
+    with shard.open("r+b") as f:
+        f.truncate(0)
+        f.write(head)
+        f.truncate(size)
+
+
+def test_a_shard_whose_data_is_a_hole_fails(tmp_path: Path, model: Path) -> None:
+    shard = shards(model)[2]
+    size = shard.stat().st_size
+    hole_after_header(shard)
+    assert shard.stat().st_size == size  # the right size: every size check passes
+    found = run_probe(tmp_path, model)
+    assert verdicts(found) == passing(SB206="fail", SB207="info")
+    msg = only(found, "SB206")["message"]
+    assert f"{shard.name}: data unwritten" in msg and "all zeros" in msg
+    assert P.exit_code(found) == 1
+
+
+def test_a_shard_written_with_zeros_fails_and_real_data_passes(tmp_path: Path, model: Path) -> None:
+    shard = shards(model)[1]
+    raw = shard.read_bytes()
+    n = 8 + int.from_bytes(raw[:8], "little")
+    shard.write_bytes(raw[:n] + bytes(len(raw) - n))  # allocated, but zeros
+    found = run_probe(tmp_path, model)
+    assert verdicts(found) == passing(SB206="fail", SB207="info")
+    assert "data unwritten" in only(found, "SB206")["message"]
+    shard.write_bytes(raw)
+    assert verdicts(run_probe(tmp_path, model)) == passing()
+
+
 def test_git_lfs_pointer_instead_of_weights_fails(tmp_path: Path, model: Path) -> None:
     shard = shards(model)[0]
     shard.write_text(

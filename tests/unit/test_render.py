@@ -746,6 +746,26 @@ def test_invalid_pod_overrides_exit_2_naming_them_and_write_nothing(
     assert words in err
 
 
+def test_pod_overrides_replacing_the_containers_need_the_engines_http_port(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Issue 33, D24: a container list without ports crashed render (KeyError: 'ports')."""
+    bare = "{containers: [{name: engine, image: 'python:3.12-slim'}]}"
+    err = " ".join(_render_pd_refused(cli, tmp_path, f"pod_overrides={bare}").split())
+    assert "Traceback" not in err and "KeyError" not in err
+    assert "parameter pod_overrides" in err and "replaces role prefill's containers" in err
+    assert "container 'engine' with no port named 'http'" in err
+    assert "ports: [{name: http, containerPort: 8000}]" in err
+    # With the port it renders: the Service targets the replacing container's port.
+    ported = (
+        "{containers: [{name: engine, image: 'python:3.12-slim', "
+        "ports: [{name: http, containerPort: 8000}]}]}"
+    )
+    _, objects, _ = render_files("vllm-pd", [*PD, f"pod_overrides={ported}"])
+    pod = dict(_pods(objects))["vllm-pd-prefill"]
+    assert [c["image"] for c in pod["containers"]] == ["python:3.12-slim"]
+
+
 def test_a_yaml_parameter_that_is_not_yaml_structure_is_refused_naming_it() -> None:
     with pytest.raises(UsageError, match=r"parameter 'pod_overrides'.*mapping or list"):
         render_files("vllm-pd", [*PD, "pod_overrides=nvidia"])

@@ -128,6 +128,21 @@ def served_model(entry: str, roles: Sequence[AttachedRole], given: str | None) -
     )
 
 
+def entry_answers(entry: str) -> None:
+    """``UsageError`` (exit 2, nothing recorded) when nothing answers at the entry URL:
+    every request verify and bench send goes there, so a deployment attached by an entry
+    nobody reaches (a wrong port, a router not started, credentials in the URL that the
+    HTTP client cannot use) would be recorded as attached and fail only later."""
+    try:
+        http.get(entry + "/v1/models", timeout=5.0)
+    except http.HTTPError as e:
+        raise UsageError(
+            f"--entry {entry}: nothing answers there ({e}); nothing was recorded",
+            hint="Check the URL (the router's, or the mixed role's) and that it is up, "
+            "then attach again.",
+        ) from None
+
+
 def record_from_urls(
     name: str,
     specs: Sequence[str],
@@ -137,6 +152,7 @@ def record_from_urls(
 ) -> AttachedDeployment:
     roles = roles_from(specs, read)
     entry_url = _base_url(entry, "--entry")
+    entry_answers(entry_url)
     notes = [
         f"{r.name} {rep.name}: claims not determined: {rep.argv_unread}"
         for r in roles

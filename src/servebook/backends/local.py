@@ -297,13 +297,10 @@ class _Launch:
             )
 
     def pick_port(self) -> int:
-        while True:
-            s = http.hold_port(HOST, 0)
-            p = int(s.getsockname()[1])
-            if p not in self.held and p not in self.ports.values():
-                self.held[p] = s
-                return p
-            s.close()
+        s = http.hold_free_port(HOST, avoid={*self.held, *self.ports.values()})
+        p = int(s.getsockname()[1])
+        self.held[p] = s
+        return p
 
     def release(self, port: int) -> None:
         s = self.held.pop(port, None)
@@ -571,7 +568,9 @@ def status(dep: Deployment) -> dict[str, Any]:
                 "name": rp.name,
                 "kind": rp.kind,
                 "state": state,
-                "ok": alive,
+                # A role that answers no /health (stopped, hung, still loading) cannot
+                # serve: not ok, whether or not its process is there.
+                "ok": healthy,
                 "summary": f"pid {rp.pid:>7}  {rp.url}",
                 "pid": rp.pid,
                 "port": rp.port,

@@ -206,7 +206,7 @@ class Worker:
                 if auth.is_rejection(exchange.status):
                     c.add(w, W_AUTH)
             else:
-                finish_record(rec, now_ns())
+                finish_record(rec, now_ns(), ep.model)
         except asyncio.CancelledError:
             if conn is not None:
                 conn.close()

@@ -128,6 +128,9 @@ def apply_data(rec: RequestRecord, t: int, data: bytes, chat: bool) -> dict[str,
     if err is not None:
         rec.error = rec.error or _error_text(err)
         return None
+    model = obj.get("model")
+    if model is not None:
+        rec.answered_model = str(model)
     choices = obj.get("choices")
     if choices:
         c0 = choices[0]
@@ -228,14 +231,22 @@ def fold_known(rec: RequestRecord, t: int, shape: Shape, event: bytes) -> bool:
     return True
 
 
-def finish_record(rec: RequestRecord, t: int) -> None:
-    """Close a stream that ended normally: a stream must end with [DONE] and carry tokens."""
+def finish_record(rec: RequestRecord, t: int, model: str | None = None) -> None:
+    """Close a stream that ended normally: a stream must end with [DONE] and carry tokens,
+    and, where its chunks name a model, name ``model`` (the one asked for): a server that
+    answers as another model (a gateway's fallback, a wrong route) measures that model,
+    not this one."""
     rec.end_ns = t
     if rec.error is None:
         if not rec.done:
             rec.error = "stream closed before data: [DONE]"
         elif rec.output_tokens == 0:
             rec.error = "stream carried no output tokens"
+        elif model is not None and rec.answered_model not in (None, model):
+            rec.error = (
+                f"the server answered as model {rec.answered_model!r}, not {model!r} "
+                "(the model asked for): its tokens are another model's"
+            )
 
 
 # --- reading the body --------------------------------------------------------------------------

@@ -44,7 +44,6 @@ below answers one of those failures.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,6 +54,7 @@ import numpy as np
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load
+from servebook.bench.flags import Warmup
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
@@ -67,110 +67,8 @@ from servebook.results.evidence import server_evidence, with_server_latency
 from servebook.results.provenance import utc_now
 from servebook.results.schema import Point, Results, point_key
 from servebook.results.store import ResultsWriter
-from servebook.values import parse_share
 
 Order = Literal["shuffled", "ascending"]
-
-# --- parsing the protocol flags ---------------------------------------------------------------
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str, flag: str = "--duration") -> float:
-    """``"60s"``, ``"2m"``, ``"500ms"``, ``"90"`` (seconds) -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"{flag} {text!r}: not a duration (examples: 60s, 2m, 500ms)")
-    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
-
-
-@dataclass(frozen=True)
-class Warmup:
-    """Discarded warm-up: the window opens once *both* bounds are met (``None``: no bound)."""
-
-    duration_s: float | None
-    requests: int | None
-
-    def describe(self) -> str:
-        parts = []
-        if self.duration_s:
-            parts.append(f"{self.duration_s:g}s")
-        if self.requests:
-            parts.append(f"{self.requests}r")
-        return ",".join(parts) or "0"
-
-
-NO_WARMUP = Warmup(None, None)
-
-
-def parse_warmup(text: str) -> Warmup:
-    """``"10s"``, ``"200r"``, ``"10s,200r"`` (both), ``"0"`` or ``"none"`` (no warm-up)."""
-    t = text.strip().lower()
-    if t in ("0", "none", "off", "0s", "0r"):
-        return NO_WARMUP
-    duration: float | None = None
-    requests: int | None = None
-    for part in re.split(r"[,+]", t):
-        part = part.strip()
-        if m := re.fullmatch(r"(\d+)\s*r(?:eq(?:uests)?)?", part):
-            requests = int(m.group(1))
-        elif _DURATION.match(part):
-            duration = parse_duration(part, "--warmup")
-        else:
-            raise UsageError(
-                f"--warmup {text!r}: {part!r} is neither a duration (10s) nor a request "
-                "count (200r); combine both with a comma: 10s,200r"
-            )
-    return Warmup(duration, requests)
-
-
-def parse_levels(text: str, flag: str = "--concurrency") -> tuple[int, ...]:
-    """``"1,4,16"`` -> ``(1, 4, 16)``: positive integers, no duplicates."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or int(part) < 1:
-            raise UsageError(f"{flag} {text!r}: {part!r} is not a positive integer")
-        if int(part) in out:
-            raise UsageError(f"{flag} {text!r}: {part} appears twice")
-        out.append(int(part))
-    if not out:
-        raise UsageError(f"{flag} {text!r}: no level given")
-    return tuple(out)
-
-
-def parse_rates(text: str) -> tuple[float, ...]:
-    out: list[float] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            r = float(part)
-        except ValueError:
-            raise UsageError(f"--rate {text!r}: {part!r} is not a number") from None
-        if not r > 0 or not math.isfinite(r):
-            raise UsageError(f"--rate {text!r}: rates must be positive requests per second")
-        out.append(r)
-    if not out:
-        raise UsageError(f"--rate {text!r}: no rate given")
-    return tuple(out)
-
-
-def parse_precision(text: str) -> float | None:
-    """``"5%"`` or ``"0.05"`` -> 0.05; ``"off"``/``"none"``/``"0"`` -> ``None`` (no target)."""
-    if text.strip().lower() in ("off", "none", "0", "0%"):
-        return None
-    return parse_share(
-        text,
-        flag="--precision",
-        what="the largest 95% half-width as a share of the mean",
-        also="off",
-    )
-
 
 # --- settings and order ---------------------------------------------------------------------
 
@@ -212,7 +110,9 @@ class ProtocolSettings:
     duration_s: float = 60.0
     min_requests: int | None = None  # None: 10 x the level's size
     max_point_s: float | None = None  # None: 10 x (warm-up + duration), at least 600 s
-    stall_s: float = 120.0  # no request finished for this long: stop the point
+    # No request succeeded for this long: the point stops and the sweep ends (a stalled
+    # target; ``Stalled``).  Each point gets it afresh.
+    stall_s: float = 120.0
     thresholds: Thresholds = field(default_factory=Thresholds)
     # Precision target: the largest 95% half-width, as a share of the mean, of a level's
     # tok/s and TPOT p50 (None: off, exactly ``repetitions`` repetitions per level).
@@ -244,6 +144,8 @@ class ProtocolSettings:
             raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
         if self.duration_s <= 0:
             raise UsageError("--duration must be positive")
+        if not self.stall_s > 0 or self.stall_s == float("inf"):
+            raise UsageError(f"--stall {self.stall_s:g} s: give a positive duration, e.g. 120s")
         if self.min_requests is not None and self.min_requests < 1:
             raise UsageError("--min-requests must be at least 1")
 
@@ -378,8 +280,9 @@ def needs_round(
 class WindowController:
     """Opens the window when the warm-up is done and stops the load when the window is
     long enough and full enough.  Also stops a point that cannot become valid: errors
-    outnumber successes (at least 20 of them) in the window, or nothing finished for
-    ``stall_s``.  Implements ``client.Controller``."""
+    outnumber successes (at least 20 of them) in the window, or no request succeeded for
+    ``stall_s`` (``stalled``: nothing finished, or only timeouts and errors came back: a
+    target that stopped answering).  Implements ``client.Controller``."""
 
     def __init__(
         self, warmup: Warmup, duration_s: float, min_requests: int, stall_s: float = 120.0
@@ -390,16 +293,20 @@ class WindowController:
         self.stall_s = stall_s
         self.phase: Literal["warmup", "window", "done"] = "warmup"
         self.stop_reason: str | None = None
+        self.stalled = False
         self._last_count = -1
         self._last_change_ns: int | None = None
 
     def __call__(self, progress: Progress) -> Decision:
         p = progress
         finished = p.completed_ok + p.errors
-        if finished != self._last_count or self._last_change_ns is None:
-            self._last_count, self._last_change_ns = finished, p.now_ns
+        if p.completed_ok != self._last_count or self._last_change_ns is None:
+            self._last_count, self._last_change_ns = p.completed_ok, p.now_ns
         if (p.now_ns - self._last_change_ns) / 1e9 > self.stall_s:
-            self.phase, self.stop_reason = "done", f"no request finished for {self.stall_s:g} s"
+            self.phase, self.stalled = "done", True
+            self.stop_reason = f"no request succeeded for {self.stall_s:g} s (--stall)" + (
+                f"; {p.errors} failed" if p.errors else ""
+            )
             return Decision(stop=True)
         if self.phase == "warmup":
             w = self.warmup
@@ -480,6 +387,16 @@ class PointOutcome:
     findings: list[Finding]
     load: LoadResult
     stop_reason: str | None
+    stalled: bool = False  # no request succeeded for the point's stall deadline
+
+
+class Stalled(Exception):
+    """The target stopped answering during a point: the sweep ends after writing that
+    point (every later point would wait out the same deadline, measuring nothing)."""
+
+    def __init__(self, spec: PointSpec, reason: str) -> None:
+        super().__init__(reason)
+        self.spec, self.reason = spec, reason
 
 
 #: What a point whose server gives no counters records as its server evidence.
@@ -635,7 +552,9 @@ def run_point(
             point, edges["open"], edges["close"], decode_role=target.decode_role
         )
     findings += reach_findings(target.problems() if target.problems else {})
-    return PointOutcome(apply_verdict(point, findings), findings, load, stop_reason)
+    return PointOutcome(
+        apply_verdict(point, findings), findings, load, stop_reason, controller.stalled
+    )
 
 
 def run_sweep(
@@ -655,7 +574,8 @@ def run_sweep(
     """Every point in protocol order, round by round (:func:`needs_round` says which levels
     a round runs), skipping those the writer already holds as valid (``--resume``); the
     results file is rewritten after each point.  ``on_point(spec, None)`` announces a
-    point, ``on_point(spec, outcome)`` reports it."""
+    point, ``on_point(spec, outcome)`` reports it.  A point whose target stalled ends the
+    sweep once it is written (``Stalled``)."""
     done = writer.done_keys()
     n = len(settings.levels())
     for rnd in range(settings.repetition_cap):
@@ -690,4 +610,6 @@ def run_sweep(
             writer.add(outcome.point)
             if on_point is not None:
                 on_point(ps, outcome)
+            if outcome.stalled:
+                raise Stalled(ps, outcome.stop_reason or "stalled")
     return writer.results

@@ -59,6 +59,8 @@ class RequestRecord:
     # Stopped by the load's end (the window closed); neither a success nor an error.
     cancelled: bool = False
     done: bool = False  # data: [DONE] seen
+    # The model the server's chunks named (their ``model`` field), when they named one.
+    answered_model: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ from servebook.commands import (
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.console import print_points
 from servebook.errors import UsageError
-from servebook.sweep import BenchArgs, run_bench
+from servebook.sweep import BenchArgs, not_serving, run_bench
 
 if TYPE_CHECKING:
     from servebook.backends.kube_bench import Source
@@ -140,6 +140,12 @@ def bench(
     ),
     request_timeout: float = typer.Option(
         600.0, "--request-timeout", help="Per request, s.", callback=seconds
+    ),
+    stall: str = typer.Option(
+        "120s",
+        "--stall",
+        help="A point in which no request succeeds for this long (a target that stopped "
+        "answering) ends the sweep, exit 1, the points so far kept (e.g. 30s, 2m).",
     ),
     max_client_lag_ms: float = typer.Option(
         10.0,
@@ -279,7 +285,13 @@ def bench(
                 view, api=api, request_timeout_s=request_timeout, api_key=key
             )
             results, path = run_bench(
-                subject, a, out_dir, resume=resume, tokenizer=tokenizer, alive=view.dead_roles
+                subject,
+                a,
+                out_dir,
+                resume=resume,
+                tokenizer=tokenizer,
+                alive=view.dead_roles,
+                serving=not_serving(view),
             )
     print_points(results, path)
     if not all(p.valid for p in results.points):

@@ -169,7 +169,8 @@ def status(
     this machine; without NAME it lists the deployments the backend has (on Kubernetes:
     name, namespace, recipe and roles, found by label).
 
-    Exit 1 when a role is down, 2 when there is no such deployment.
+    Exit 1 when a role cannot serve (down, or alive but not answering /health), 2 when
+    there is no such deployment.
 
     Example: servebook status tiny-pd --json
 

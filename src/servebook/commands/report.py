@@ -17,7 +17,7 @@ from rich.text import Text
 
 from servebook.commands import app, print_json
 from servebook.console import err, out, styled
-from servebook.files import write_atomic
+from servebook.files import write_files
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
 from servebook.report import reproduce as rep
@@ -179,8 +179,10 @@ def compare(
         return
     doc = cmp.to_json(c)
     if output is not None:
-        write_atomic(output / "compare.md", compare_markdown(c))
-        write_atomic(output / "compare.json", json.dumps(doc, indent=2))
+        write_files(
+            output,
+            {"compare.md": compare_markdown(c), "compare.json": json.dumps(doc, indent=2)},
+        )
     if as_json:
         print_json(doc)
         return
@@ -228,8 +230,13 @@ def _reproduce(c: cmp.Comparison, tolerance: float, as_json: bool, output: Path 
     r = rep.reproduce(c.a, c.b, tolerance)
     doc = rep.to_json(r, c.stamp)
     if output is not None:
-        write_atomic(output / "reproduce.md", reproduce_markdown(r, c.stamp))
-        write_atomic(output / "reproduce.json", json.dumps(doc, indent=2))
+        write_files(
+            output,
+            {
+                "reproduce.md": reproduce_markdown(r, c.stamp),
+                "reproduce.json": json.dumps(doc, indent=2),
+            },
+        )
     if as_json:
         print_json(doc)
     else:

@@ -466,4 +466,29 @@ def _override(plan: Plan, role: RolePlan, pod: Obj, overrides: dict[str, Any]) -
             f"{detail}\nFix the override (keys are Pod spec fields: `kubectl explain "
             "pod.spec`)."
         )
+    _check_engine_container(plan, role, pod, merged)
     return merged
+
+
+def _check_engine_container(plan: Plan, role: RolePlan, pod: Obj, merged: Obj) -> None:
+    """An override may replace the containers (a list is replaced whole: a stand-in
+    engine, a wrapped one), but the first container is still the engine's place: the
+    role's Service and probes reach it by its port named ``http``.  Without it the Service
+    had no port to target (a KeyError while rendering)."""
+    wanted = [p["name"] for p in pod["containers"][0].get("ports") or [] if p["name"] == "http"]
+    if not wanted:
+        return  # a headless worker: nothing reaches it over HTTP
+    containers = merged.get("containers") or []
+    first = containers[0] if containers and isinstance(containers[0], dict) else {}
+    names = {p.get("name") for p in first.get("ports") or [] if isinstance(p, dict)}
+    if "http" not in names:
+        who = f"container {first.get('name')!r}" if first else "no container"
+        raise UsageError(
+            f"recipe {plan.recipe}: kubernetes.pod.overrides (parameter pod_overrides) "
+            f"replaces role {role.name}'s containers, and the first, the engine's place, is "
+            f"{who} with no port named 'http': the role's Service and its health probes "
+            "reach the engine by that port; nothing was written.",
+            hint="Give the first container `ports: [{name: http, containerPort: "
+            f"{ENGINE_PORT}}}]` (and the engine listening there), or leave containers out of "
+            "pod_overrides: a list there replaces servebook's engine container whole.",
+        )

@@ -276,7 +276,7 @@ def _is_int(x: Any) -> bool:
 def inspect_safetensors(path: str) -> SafetensorsInfo:
     """Parse a safetensors header (8-byte little-endian length, then that many bytes of
     JSON) and compare the file size with what the tensor offsets require.  Reads the header
-    only; the tensor data is never read."""
+    and a small sample of the tensor data (``_hole_problem``), never all of it."""
 
     def bad(size: int, problem: str) -> SafetensorsInfo:
         return SafetensorsInfo(path, size, problem, {}, -1)
@@ -334,7 +334,52 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
         problem = "over-long: {} bytes beyond the {} its header accounts for".format(
             size - expected, expected
         )
+    else:
+        problem = _hole_problem(path, st, 8 + n, size)
     return SafetensorsInfo(path, size, problem, tensors, expected)
+
+
+# Where a shard's data is sampled for a hole: this many regions of this many bytes, spread
+# evenly over the data (the header is read whole anyway); data shorter than one region is
+# not judged.
+HOLE_SAMPLES = 16
+HOLE_SAMPLE_BYTES = 4096
+
+
+def _hole_problem(path: str, st: os.stat_result, begin: int, size: int) -> str:
+    """A shard of the right size whose data was never written: preallocated by a
+    downloader, or an interrupted copy that set the length first.  It reads as zeros, and
+    vLLM would load them as weights.  Judged on a sample of the data (``HOLE_SAMPLES``
+    regions), with the blocks allocated on disk as evidence: all of the sample zeros, or
+    most of it zeros in a file with less than half its bytes allocated (sparse).  Sparse
+    alone is no verdict: compressing and FUSE filesystems report fewer blocks for real
+    data."""
+    length = size - begin
+    if length < HOLE_SAMPLE_BYTES:
+        return ""
+    step = max(HOLE_SAMPLE_BYTES, (length - HOLE_SAMPLE_BYTES) // max(1, HOLE_SAMPLES - 1))
+    zero = bytes(HOLE_SAMPLE_BYTES)
+    zeros = total = 0
+    try:
+        with open(path, "rb") as f:
+            for at in range(begin, size - HOLE_SAMPLE_BYTES + 1, step):
+                f.seek(at)
+                chunk = f.read(HOLE_SAMPLE_BYTES)
+                total += 1
+                zeros += chunk == zero[: len(chunk)]
+    except OSError as e:
+        return "cannot read its data: {}".format(e.strerror)
+    allocated = getattr(st, "st_blocks", 0) * 512
+    sparse = allocated < size // 2
+    if total and (zeros == total or (sparse and 2 * zeros > total)):
+        return (
+            "data unwritten: {} of {} sampled regions of its tensor data are all zeros, and "
+            "{} of its {} are allocated on disk (a preallocated download or an interrupted "
+            "copy; the engine would load zeros)".format(
+                zeros, total, _human_bytes(allocated), _human_bytes(size)
+            )
+        )
+    return ""
 
 
 def _tensor_problem(t: Any) -> str:

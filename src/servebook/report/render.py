@@ -20,12 +20,13 @@ from pathlib import Path
 
 from servebook import __version__
 from servebook.errors import UsageError
-from servebook.files import write_atomic
+from servebook.files import write_files
 from servebook.report.comparability import differences_table
 from servebook.report.plots import PlotSpec, draw, plot_specs
 from servebook.report.summary import (
     ACCELERATORS_ABSENT,
     describe_protocol,
+    incomplete_note,
     latency_diagnoses,
     summary,
 )
@@ -192,7 +193,16 @@ def build_report(runs: Sequence[Run]) -> Report:
         plots=plot_specs(runs),
         summary=summary(runs),
         server_latency=server_latency_table(runs),
-        notes=[] if any_accelerators(runs) else [ACCELERATORS_ABSENT],
+        notes=[
+            *filter(
+                None,
+                (
+                    incomplete_note(r.label, r.results.provenance.protocol, r.results.points)
+                    for r in runs
+                ),
+            ),
+            *([] if any_accelerators(runs) else [ACCELERATORS_ABSENT]),
+        ],
     )
 
 
@@ -472,13 +482,13 @@ def write_report(result_dirs: list[Path], out_dir: Path, html_name: str = REPORT
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
     report = build_report(runs)
     pngs: dict[str, bytes] = {}
+    files: dict[str, str | bytes] = {}
     for spec in report.plots:
         png, svg = draw(spec)
         pngs[spec.id] = png
-        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.png", png)
-        write_atomic(out_dir / PLOTS_DIR / f"{spec.id}.svg", svg)
-    md_name = Path(html_name).with_suffix(".md").name
-    write_atomic(out_dir / md_name, to_markdown(report))
-    html_path = out_dir / html_name
-    write_atomic(html_path, to_html(report, pngs))
-    return html_path
+        files[f"{PLOTS_DIR}/{spec.id}.png"] = png
+        files[f"{PLOTS_DIR}/{spec.id}.svg"] = svg
+    files[Path(html_name).with_suffix(".md").name] = to_markdown(report)
+    files[html_name] = to_html(report, pngs)
+    write_files(out_dir, files)  # all of them or none: never plots without their report
+    return out_dir / html_name

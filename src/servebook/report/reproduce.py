@@ -231,8 +231,37 @@ class Reproduction:
         return "; ".join(parts) + "."
 
 
+def same_measurements(a: Run, b: Run) -> list[str]:
+    """What shows that B is not a run of its own but A's measurements again (a copy of A's
+    directory, or A's file edited): the run's start time, or a point's, is A's to the
+    microsecond.  Two runs of a sweep never start at the same instant."""
+    shown: list[str] = []
+    start = a.results.provenance.started_at
+    if start and start == b.results.provenance.started_at:
+        shown.append(f"the run's start ({start})")
+    stamps_a = {p.started_at for p in a.results.points if p.started_at}
+    same = [p for p in b.results.points if p.started_at and p.started_at in stamps_a]
+    if same:
+        shown.append(
+            f"{len(same)} of B's {len(b.results.points)} point(s) started when one of A's did "
+            f"(first: {same[0].started_at})"
+        )
+    return shown
+
+
 def reproduce(a: Run, b: Run, tolerance: float = DEFAULT_TOLERANCE) -> Reproduction:
-    """The check per common load level; ``UsageError`` when the runs share none."""
+    """The check per common load level; ``UsageError`` when the runs share none, or when
+    B is not an independent run (``same_measurements``): a copy of A reproduces A
+    trivially, and saying so would vouch for numbers nobody measured twice."""
+    shown = same_measurements(a, b)
+    if shown:
+        raise UsageError(
+            f"{b.path} is not an independent run of {a.path}: it has A's timestamps "
+            f"({'; '.join(shown)}), so it holds A's measurements (a copy of A, or A edited), "
+            "and a copy reproduces its original by construction",
+            hint=f"run the same sweep again into a new -o DIR and compare {a.path.parent} "
+            "with that",
+        )
     la = {(lv.mode, lv.value): lv for lv in levels(a)}
     lb = {(lv.mode, lv.value): lv for lv in levels(b)}
     common = [k for k in la if k in lb]

@@ -290,3 +290,37 @@ def latency_diagnoses(run: Run) -> list[tuple[str, int, dict[str, Any]]]:
             if isinstance(d, Mapping):
                 out.append((lv.label, p.repetition, dict(d)))
     return out
+
+
+def missing_points(protocol: Mapping[str, Any], points: Sequence[Point]) -> list[str]:
+    """The points a run's sweep planned (every level, its minimum repetitions) that its
+    results do not hold, as ``c=4 rep 1``: a sweep stopped before it finished (Ctrl-C, a
+    dead role, a stalled target).  Empty when the plan cannot be read from the protocol."""
+    reps = protocol.get("repetitions")
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        return []
+    if isinstance(protocol.get("precision"), int | float):
+        reps = max(2, reps)
+    levels_ = [(c, None, f"c={_num(c)}") for c in protocol.get("concurrencies") or []]
+    levels_ += [(None, r, f"rate={_num(r)}/s") for r in protocol.get("rates") or []]
+    have = {(p.concurrency, p.rate, p.repetition) for p in points}
+    return [
+        f"{label} rep {rep}"
+        for rep in range(reps)
+        for c, r, label in levels_
+        if (c, r, rep) not in have
+    ]
+
+
+def incomplete_note(label: str, protocol: Mapping[str, Any], points: Sequence[Point]) -> str:
+    """What a report says first about a run whose sweep did not finish; "" when it did."""
+    missing = missing_points(protocol, points)
+    if not missing:
+        return ""
+    planned = len(missing) + len({(p.concurrency, p.rate, p.repetition) for p in points})
+    shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+    return (
+        f"INCOMPLETE: {label} holds {planned - len(missing)} of the {planned} points its "
+        f"sweep planned (missing: {shown}); the sweep stopped before it finished, so its "
+        "figures cover only part of the plan."
+    )

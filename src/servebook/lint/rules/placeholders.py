@@ -259,8 +259,11 @@ RENDERED_BY_ANOTHER_TOOL = register(
     "controller or the overlay. Reporting them as placeholders would fail every checkout "
     "of those projects, and a lint that fails correct files gets switched off; passing "
     "them silently would hide that lint did not see the real values. So lint says once per "
-    "document which tool renders it, as information (it does not fail the run: the file is "
-    "legitimately a template), and still reports any other trap in it.",
+    "document which tool renders it, and still reports any other trap in it. A controller's "
+    "template or a kustomize base is information (it does not fail the run: the file is "
+    "legitimately a template, and an object of its own). A Helm chart's template is never "
+    "applied as written and none of its values were seen: like one that does not parse as "
+    "YAML (SB100), it is input lint could not check, and the run exits 2, never 0.",
     "Lint what the tool produces: `helm template RELEASE CHART -f VALUES > out.yaml`, "
     "`kubectl kustomize DIR > out.yaml`, or the objects the controller created (`kubectl "
     "get ... -o yaml > out.yaml`), then `servebook lint out.yaml`.",
@@ -288,12 +291,16 @@ def check_templates(lint_set: LintSet) -> Iterator[Finding]:
             tool = f"kustomize ({kustomization} builds from it and {'; '.join(said)})"
         if tool is None:
             continue
+        # A Helm template checked as written is no pass (exit 0): an unparseable one is
+        # SB100's error, and one that happens to parse is no more checked than it.
+        helm = tool == "Helm"
         yield finding_at(
             RENDERED_BY_ANOTHER_TOOL,
-            Severity.INFO,
+            Severity.ERROR if helm else Severity.INFO,
             doc,
             (),
             f"{doc.label} is a template that {tool} renders; its template expressions "
-            "are not placeholders and were not checked: lint the rendered output.",
+            "are not placeholders and were not checked: lint the rendered output"
+            + (" (`helm template RELEASE CHART -f VALUES`)." if helm else "."),
             evidence={"rendered_by": tool},
         )
