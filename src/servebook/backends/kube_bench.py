@@ -403,6 +403,11 @@ def wait_for_results(
         )
         for cond in (job.get("status") or {}).get("conditions") or ():
             if cond.get("type") == "Failed" and cond.get("status") == "True":
+                # The Job failed between the Pods' read and its own: the Pod that failed it
+                # is the evidence, named as above when it is still there.
+                for i, pod in sorted(_pods(api, p).items()):
+                    if (pod.get("status") or {}).get("phase") == "Failed":
+                        raise _failed(api, p, i, pod, "a load agent's Pod failed")
                 raise BenchFailed(
                     f"Job/{p.job.name} in namespace {p.namespace} failed: "
                     f"{cond.get('reason', '')}: {cond.get('message', '')}"
