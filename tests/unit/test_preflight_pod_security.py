@@ -35,8 +35,12 @@ def test_baseline_refuses_the_hostpath_and_ipc_lock_of_rdma_engine_pods() -> Non
     assert f.severity is Severity.FAIL
     assert "enforces Pod Security baseline" in f.message
     assert "the Pods of LeaderWorkerSet/vllm-pd-wide-ep-decode-lws-leader" in f.message
-    assert 'hostPath volumes (volume "model")' in f.message
-    assert 'must not include "IPC_LOCK" in securityContext.capabilities.add' in f.message
+    # In Pod Security's own words and order, as the test plane's API server refused such a
+    # Pod (tests/cluster/test_scenarios.py): capabilities first, then hostPath.
+    assert (
+        'non-default capabilities (container "engine" must not include "IPC_LOCK" in '
+        'securityContext.capabilities.add), hostPath volumes (volume "model")'
+    ) in f.message, f.message
     # The router mounts nothing and adds nothing: baseline admits it.
     assert "vllm-pd-wide-ep-router" not in f.message
 

@@ -62,8 +62,6 @@ def violations(level: str, pod_spec: Obj) -> list[str]:
     containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
     host = [str(v.get("name")) for v in pod_spec.get("volumes") or () if "hostPath" in v]
     out: list[str] = []
-    if host:
-        out.append(f"hostPath volumes (volume{'s' if len(host) > 1 else ''} {_names(host)})")
     added = {
         str(c.get("name")): sorted(
             set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
@@ -79,6 +77,10 @@ def violations(level: str, pod_spec: Obj) -> list[str]:
             f"{_names(list(added))} must not include {_names(caps)} in "
             "securityContext.capabilities.add)"
         )
+    # Pod Security names its reasons in the order of its check IDs (capabilities_baseline
+    # before hostPathVolumes), as a real API server's refusal of both reads.
+    if host:
+        out.append(f"hostPath volumes (volume{'s' if len(host) > 1 else ''} {_names(host)})")
     if level == "restricted":
         if host:
             out.append("restricted volume types (hostPath is not one of the allowed types)")
