@@ -79,6 +79,7 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from multidict import CIMultiDict
 
 from tests.unit import kube_standin_rules as rules
 from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
@@ -520,7 +521,6 @@ def _app(st: StandIn) -> web.Application:
                     f'pods "{name}" is forbidden: error looking up service account '
                     f'{ns}/{missing}: serviceaccount "{missing}" not found',
                 )
-        headers = {}
         enforce = labels.get("pod-security.kubernetes.io/enforce")
         warn = labels.get("pod-security.kubernetes.io/warn")
         if kind == "Pod" and enforce in ("baseline", "restricted"):
@@ -531,13 +531,18 @@ def _app(st: StandIn) -> web.Application:
                     "Forbidden",
                     f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
-        if kind != "Pod" and warn in ("baseline", "restricted"):
-            why = pod_security_violations(warn, pod_spec)
+        # A workload's Pod template is judged at the enforce level and at the warn level (the
+        # test plane warned of a Deployment in a namespace labelled only `enforce`), each in
+        # a Warning header whose text is a quoted-string: its quotes escaped.
+        warnings = []
+        for level in dict.fromkeys(lv for lv in (enforce, warn) if kind != "Pod" and lv):
+            why = pod_security_violations(level, pod_spec) if level != "privileged" else ""
             if why:
-                headers["Warning"] = f'299 - "would violate PodSecurity "{warn}:latest": {why}"'
+                text = f'would violate PodSecurity "{level}:latest": {why}'
+                warnings.append(("Warning", '299 - "' + text.replace('"', '\\"') + '"'))
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
-        return web.json_response(obj, status=201, headers=headers)
+        return web.json_response(obj, status=201, headers=CIMultiDict(warnings))
 
     async def create(request: web.Request) -> web.Response:
         plural, ns, _ = where(request)
