@@ -470,3 +470,39 @@ def test_kr8s_pod_identity_notices_a_restart_and_a_deletion(kube: Kube) -> None:
     client = kube_client.connect()
     kube_client.call(client, "DELETE", f"/api/v1/namespaces/{ns}/pods/server", "deleting")
     assert identity(ns, "server") is None
+
+
+def test_a_dry_run_in_a_namespace_enforcing_restricted_names_each_refusal_in_its_words(
+    kube: Kube,
+) -> None:
+    """Preflight's server-side dry run (SB264) of vllm-pd's objects and their Pods where
+    Pod Security enforces `restricted`: each Pod is refused with the API server's own
+    reasons, the router's (which mounts nothing from the node) included."""
+    ns = kube.namespace(labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    plan = resolve("vllm-pd", [f"namespace={ns}"], [VALUES])
+    found = plan_findings(plan, options=LiveOptions(kubeconfig=kube.kubeconfig, poll_s=0.2))
+    (adm,) = [f for f in found if f.check == "SB264"]
+    assert adm.severity is Severity.FAIL, adm.message
+    assert "refuses 3 of the 6 rendered object(s) and 3 Pod(s)" in adm.message, adm.message
+    router = (
+        'pods "vllm-pd-router-servebook-dry-run" is forbidden: violates PodSecurity '
+        '"restricted:latest": allowPrivilegeEscalation != false (container "router" must set '
+        "securityContext.allowPrivilegeEscalation=false), unrestricted capabilities (container "
+        '"router" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true '
+        '(pod or container "router" must set securityContext.runAsNonRoot=true), seccompProfile '
+        '(pod or container "router" must set securityContext.seccompProfile.type to '
+        '"RuntimeDefault" or "Localhost")'
+    )
+    assert router in adm.message, adm.message
+    engine = (
+        'unrestricted capabilities (container "engine" must set '
+        'securityContext.capabilities.drop=["ALL"]; container "engine" must not include '
+        '"IPC_LOCK" in securityContext.capabilities.add), restricted volume types (volume '
+        '"model" uses restricted volume type "hostPath")'
+    )
+    assert adm.message.count(engine) >= 2, adm.message  # prefill's and decode's Pods
+    # The Deployments are admitted with Pod Security's warnings, read as text.
+    assert 'Deployment/vllm-pd-router: would violate PodSecurity "restricted:latest"' in (
+        adm.message
+    ), adm.message
+    assert "\\" not in adm.message, adm.message
