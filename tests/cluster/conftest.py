@@ -9,14 +9,19 @@ never a reason to skip them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLANE = REPO / "scripts" / "kube-plane"
 # On the plane no image is pulled: a container whose command is vLLM's server runs this
 # machine's vLLM, whatever the image. The name is the one a CPU cluster would pull.
+Obj = dict[str, Any]
 PLANE_IMAGE = "vllm/vllm-openai-cpu:v0.32.0-x86_64"
 UP_S = 1800  # pulling a multi-GB image on a laptop cluster is most of it
 
@@ -141,3 +147,348 @@ def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
     left = sb("status", "--backend", "kubernetes", "-n", ns, "--json", timeout=120)
     for found in json.loads(left.stdout or "[]"):
         sb("down", found["name"], "--backend", "kubernetes", "-n", ns, timeout=600)
+
+
+# --- one scenario, two API servers (test_scenarios.py) ---------------------------------------
+#
+# A scenario of the stand-in's (tests/unit/kube_standin.py) runs once against the stand-in and
+# once against the cluster above, with ONE body: ``kube`` is a small facade over either.  What
+# the body does through servebook (its client, `servebook` commands) goes over HTTP to the API
+# server of the facade's ``kubeconfig`` (KUBECONFIG names it); what the facade arranges as a
+# cluster's administrator it does through the stand-in's own API on the stand-in and through
+# kubectl on the plane.  Where the two disagree, the plane is right.
+
+# A Pod's container: an HTTP server on the port it is given that answers "pod-answer PATH",
+# and exits after answering /exit (its container then restarts).  On the plane the node
+# agent runs it as the Pod's process; on the stand-in the facade runs it and plays the kubelet.
+POD_SERVER = """\
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        body = f"pod-answer {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+        if self.path == "/exit":
+            os._exit(0)
+http.server.ThreadingHTTPServer((sys.argv[2], int(sys.argv[1])), H).serve_forever()
+"""
+POD_PORT = 8000
+# The plane's Kubernetes release, which the stand-in answers as: its /version and the
+# port-forward authorization that depends on it (`create` too from 1.35).
+STANDIN_MINOR = 37
+
+
+def pod_server(namespace: str, name: str, grace_s: int = 1) -> dict[str, Any]:
+    """A Pod running ``POD_SERVER`` on ``POD_PORT``, Ready once it answers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": grace_s,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "python:3.12-slim",
+                    "command": ["python3", "-c", POD_SERVER, str(POD_PORT), "0.0.0.0"],
+                    "ports": [{"containerPort": POD_PORT}],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/ready", "port": POD_PORT},
+                        "periodSeconds": 1,
+                    },
+                }
+            ],
+        },
+    }
+
+
+class Kube:
+    """What a scenario arranges as the cluster's administrator (see above)."""
+
+    name = ""
+    kubeconfig = ""
+
+    def namespace(self, labels: dict[str, str] | None = None, create: bool = True) -> str:
+        """A namespace of this test's own (created unless ``create`` is False: then only
+        its name, deleted afterwards if something made it)."""
+        raise NotImplementedError
+
+    def grant(self, namespace: str, rules: list[Obj], cluster_rules: list[Obj]) -> str:
+        """A kubeconfig whose identity may do what ``rules`` allow in ``namespace`` (a Role)
+        and ``cluster_rules`` everywhere (a ClusterRole), and nothing else."""
+        raise NotImplementedError
+
+    def names(self, plural: str, namespace: str) -> list[str]:
+        """The names of the objects of ``plural`` in ``namespace``."""
+        raise NotImplementedError
+
+    def run_pod(self, namespace: str, name: str) -> None:
+        """``pod_server``'s Pod, Ready."""
+        raise NotImplementedError
+
+    def set_replicas(self, namespace: str, deployment: str, replicas: int) -> str:
+        """`kubectl patch` of a Deployment's replicas (a merge patch, an Update by another
+        field manager, which then owns them); that manager's name.  (`kubectl scale` goes
+        through the scale subresource, which on the plane takes no ownership: a later
+        apply sets the replicas back without a conflict.)"""
+        raise NotImplementedError
+
+
+def _unique(prefix: str = "sb-sc") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class PlaneKube(Kube):
+    """The cluster of the tests, administered with kubectl."""
+
+    name = "plane"
+
+    def __init__(self, cluster: Cluster, tmp: Path) -> None:
+        self.kubeconfig = cluster.kubeconfig
+        self._tmp = tmp
+        self._namespaces: list[str] = []
+        self._cluster_scoped: list[str] = []
+
+    def namespace(self, labels: dict[str, str] | None = None, create: bool = True) -> str:
+        ns = _unique()
+        self._namespaces.append(ns)
+        if create:
+            meta = {"name": ns, "labels": labels or {}}
+            kubectl(
+                "create",
+                "-f",
+                "-",
+                stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": meta}),
+            )
+        return ns
+
+    def grant(self, namespace: str, rules: list[Obj], cluster_rules: list[Obj]) -> str:
+        sa = "tester"
+        subject = {"kind": "ServiceAccount", "name": sa, "namespace": namespace}
+        rbac = "rbac.authorization.k8s.io/v1"
+        objs: list[Obj] = [
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": sa, "namespace": namespace},
+            },
+            {
+                "apiVersion": rbac,
+                "kind": "Role",
+                "metadata": {"name": sa, "namespace": namespace},
+                "rules": rules,
+            },
+            {
+                "apiVersion": rbac,
+                "kind": "RoleBinding",
+                "metadata": {"name": sa, "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+                "subjects": [subject],
+            },
+        ]
+        if cluster_rules:
+            self._cluster_scoped.append(namespace)
+            objs += [
+                {
+                    "apiVersion": rbac,
+                    "kind": "ClusterRole",
+                    "metadata": {"name": namespace},
+                    "rules": cluster_rules,
+                },
+                {
+                    "apiVersion": rbac,
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": namespace},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": namespace,
+                    },
+                    "subjects": [subject],
+                },
+            ]
+        kubectl(
+            "create",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}),
+        )
+        token = kubectl("create", "token", sa, "-n", namespace, "--duration=20m").strip()
+        cfg = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+        cfg["users"] = [{"name": sa, "user": {"token": token}}]
+        cfg["contexts"][0]["context"]["user"] = sa
+        path = self._tmp / f"kubeconfig-{namespace}"
+        path.write_text(json.dumps(cfg))
+        return str(path)
+
+    def names(self, plural: str, namespace: str) -> list[str]:
+        out = kubectl("get", plural, "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}")
+        return sorted(out.split())
+
+    def run_pod(self, namespace: str, name: str) -> None:
+        kubectl("create", "-f", "-", stdin=json.dumps(pod_server(namespace, name)))
+        kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace, "--timeout=120s")
+
+    def set_replicas(self, namespace: str, deployment: str, replicas: int) -> str:
+        patch = json.dumps({"spec": {"replicas": replicas}})
+        kubectl("patch", f"deployment/{deployment}", "-n", namespace, "-p", patch)
+        got = kubectl(
+            "get", f"deployment/{deployment}", "-n", namespace, "-o", "json",
+            "--show-managed-fields",
+        )  # fmt: skip
+        (manager,) = [
+            m["manager"]
+            for m in json.loads(got)["metadata"]["managedFields"]
+            if "f:replicas" in json.dumps(m.get("fieldsV1", {})) and m["manager"] != "servebook"
+        ]
+        return str(manager)
+
+    def close(self) -> None:
+        for ns in self._namespaces:
+            subprocess.run(
+                ["kubectl", "delete", "namespace", ns, "--wait=false", "--ignore-not-found"],
+                capture_output=True, timeout=120,
+            )  # fmt: skip
+        for name in self._cluster_scoped:
+            subprocess.run(
+                ["kubectl", "delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found"],
+                capture_output=True, timeout=120,
+            )  # fmt: skip
+
+
+class StandInKube(Kube):
+    """The stand-in API server (tests/unit/kube_standin.py), answering as Kubernetes
+    ``STANDIN_MINOR``; its Pods come up, and stop within their grace periods, in real time
+    (a Pod is scheduled, created and started within a second), and a Pod of ``run_pod``
+    runs here as a process, restarted as a kubelet restarts a container that exits."""
+
+    name = "stand-in"
+
+    def __init__(self, tmp: Path) -> None:
+        from tests.unit.kube_standin import Timing, serve
+
+        self.server = serve()
+        st = self.server.standin
+        st.minor = STANDIN_MINOR
+        st.ready_pods = True
+        st.life.timing = Timing(
+            scale=1.0, schedule_s=0.2, create_s=0.3, start_s=0.3, namespace_s=0.5
+        )
+        self.kubeconfig = str(self.server.write_kubeconfig(tmp / "kubeconfig"))
+        self._pods: list[tuple[subprocess.Popen[bytes] | None, threading.Event]] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._stop = threading.Event()
+
+    def namespace(self, labels: dict[str, str] | None = None, create: bool = True) -> str:
+        ns = _unique()
+        if create:
+            obj = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": ns, "labels": labels or {}},
+            }
+            self.server.call(lambda st: st.put({**obj, "status": {"phase": "Active"}}))
+        return ns
+
+    def grant(self, namespace: str, rules: list[Obj], cluster_rules: list[Obj]) -> str:
+        # The stand-in has one user, the kubeconfig's: from now on it may do this only.
+        self.server.call(lambda st: st.grant({"rules": [*rules, *cluster_rules]}))
+        return self.kubeconfig
+
+    def names(self, plural: str, namespace: str) -> list[str]:
+        got: list[str] = self.server.call(lambda st: st.names(plural, namespace))
+        return got
+
+    def run_pod(self, namespace: str, name: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        pod = pod_server(namespace, name)
+        pod["spec"]["nodeName"] = "node-1"
+        pod["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {"name": "server", "ready": True, "restartCount": 0, "state": {"running": {}}}
+            ],
+        }
+
+        def put(st: Any) -> None:
+            st.put(pod)
+            st.forward_to[f"pod/{name}:{POD_PORT}"] = ("127.0.0.1", port)
+
+        self.server.call(put)
+        started = threading.Event()
+        threading.Thread(
+            target=self._kubelet, args=(namespace, name, port, started), daemon=True
+        ).start()
+        assert started.wait(30), f"the stand-in's Pod {name} did not answer"
+
+    def _kubelet(self, namespace: str, name: str, port: int, started: threading.Event) -> None:
+        """Run the Pod's container here; when it exits, count a restart and run it again."""
+        restarts = 0
+        while not self._stop.is_set():
+            argv = pod_server(namespace, name)["spec"]["containers"][0]["command"]
+            proc = subprocess.Popen([sys.executable, *argv[1:-2], str(port), "127.0.0.1"])
+            self._procs.append(proc)
+            while not started.is_set() and proc.poll() is None:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
+                    started.set()
+                time.sleep(0.05)
+            proc.wait()
+            if self._stop.is_set():
+                return
+            restarts += 1
+            status = {
+                "name": "server",
+                "ready": True,
+                "restartCount": restarts,
+                "state": {"running": {}},
+            }
+            self.server.call(
+                lambda st, s=status: st.set_pod_status(namespace, name, {"containerStatuses": [s]})
+            )
+
+    def set_replicas(self, namespace: str, deployment: str, replicas: int) -> str:
+        key = ("deployments", namespace, deployment)
+
+        def patch(st: Any) -> None:
+            st.objects[key]["spec"]["replicas"] = replicas
+            st.owned_by_other[key] = {".spec.replicas": "kubectl-patch"}
+
+        self.server.call(patch)
+        return "kubectl-patch"
+
+    def close(self) -> None:
+        self._stop.set()
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.server.stop()
+
+
+@pytest.fixture(params=["stand-in", "plane"])
+def kube(
+    request: pytest.FixtureRequest,
+    cluster: Cluster,
+    tmp_path: Path,
+    sb_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Kube]:
+    """The API server of a scenario: the stand-in, or the cluster of the tests; KUBECONFIG
+    names it for the test and every servebook process it starts."""
+    made: StandInKube | PlaneKube
+    made = StandInKube(tmp_path) if request.param == "stand-in" else PlaneKube(cluster, tmp_path)
+    monkeypatch.setenv("KUBECONFIG", made.kubeconfig)
+    try:
+        yield made
+    finally:
+        made.close()

@@ -50,7 +50,13 @@ Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods
 finalizers and Terminating namespaces, creates refused into absent or Terminating
 namespaces, Pods that come up through their phases after the apply, paged lists, the
 LeaderWorkerSet controller and its status per LWS version, a plain-text 404 for an
-unserved group, expiring bearer tokens and connection resets on port-forward streams.
+unserved group (LeaderWorkerSet's when ``serves_lws`` is False, and any group the stand-in
+does not know), the ``kube-root-ca.crt`` ConfigMap in every namespace, expiring bearer
+tokens and connection resets on port-forward streams.
+
+The scenarios of tests/cluster/test_scenarios.py run against this stand-in and the test
+plane with one body each; where they disagreed, this stand-in was changed to answer as the
+plane does.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ import copy
 import hashlib
 import itertools
 import json
+import random
 import threading
 import time
 import uuid
@@ -72,6 +79,7 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+from multidict import CIMultiDict
 
 from tests.unit import kube_standin_rules as rules
 from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
@@ -513,7 +521,6 @@ def _app(st: StandIn) -> web.Application:
                     f'pods "{name}" is forbidden: error looking up service account '
                     f'{ns}/{missing}: serviceaccount "{missing}" not found',
                 )
-        headers = {}
         enforce = labels.get("pod-security.kubernetes.io/enforce")
         warn = labels.get("pod-security.kubernetes.io/warn")
         if kind == "Pod" and enforce in ("baseline", "restricted"):
@@ -524,13 +531,18 @@ def _app(st: StandIn) -> web.Application:
                     "Forbidden",
                     f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
-        if kind != "Pod" and warn in ("baseline", "restricted"):
-            why = pod_security_violations(warn, pod_spec)
+        # A workload's Pod template is judged at the enforce level and at the warn level (the
+        # test plane warned of a Deployment in a namespace labelled only `enforce`), each in
+        # a Warning header whose text is a quoted-string: its quotes escaped.
+        warnings = []
+        for level in dict.fromkeys(lv for lv in (enforce, warn) if kind != "Pod" and lv):
+            why = pod_security_violations(level, pod_spec) if level != "privileged" else ""
             if why:
-                headers["Warning"] = f'299 - "would violate PodSecurity "{warn}:latest": {why}"'
+                text = f'would violate PodSecurity "{level}:latest": {why}'
+                warnings.append(("Warning", '299 - "' + text.replace('"', '\\"') + '"'))
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
-        return web.json_response(obj, status=201, headers=headers)
+        return web.json_response(obj, status=201, headers=CIMultiDict(warnings))
 
     async def create(request: web.Request) -> web.Response:
         plural, ns, _ = where(request)
@@ -629,6 +641,13 @@ def _app(st: StandIn) -> web.Application:
     app.router.add_get("/api/v1/{plural:namespaces}/{name}", get)
     app.router.add_patch("/api/v1/{plural:namespaces}/{name}", apply)
     app.router.add_delete("/api/v1/{plural:namespaces}/{name}", delete)
+
+    async def unserved(request: web.Request) -> web.Response:
+        return _not_served()
+
+    # Any other group (a CRD not installed): the mux's plain-text 404, as the test plane's
+    # API server answers it (aiohttp's own was "404: Not Found").
+    app.router.add_route("*", "/apis/{rest:.*}", unserved)
     return app
 
 
@@ -1322,9 +1341,32 @@ def pod_ip(pod: Obj) -> str:
     return str(status["podIP"])
 
 
+ROOT_CA = "kube-root-ca.crt"
+
+
+def _publish_root_ca(st: StandIn) -> None:
+    """kube-controller-manager's root-ca-cert-publisher: every namespace that is not being
+    deleted holds the ConfigMap ``kube-root-ca.crt`` (the cluster's CA bundle), as every
+    namespace on the test plane does."""
+    for p, _, ns in list(st.objects):
+        space = st.objects[(p, "", ns)] if p == "namespaces" else None
+        if space is None or space["metadata"].get("deletionTimestamp"):
+            continue
+        if ("configmaps", ns, ROOT_CA) not in st.objects:
+            st.put(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": ROOT_CA, "namespace": ns},
+                    "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n"},
+                }
+            )
+
+
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
     now = time.monotonic()
+    _publish_root_ca(st)
     for _ in range(20):
         changed = _finish_deletions(st, now)
         for key in list(st.life.rollouts):
@@ -1555,8 +1597,10 @@ def _refused_by_pod_security(
     controller's ``FailedCreate`` Warning on ``owner`` (one event, its count raised on each
     retry), worded as that controller words it: the StatefulSet controller's
     (pkg/controller/statefulset/stateful_pod_control.go), or for a Job or a ReplicaSet the
-    shared pod control's (pkg/controller/controller_utils.go, ``Error creating: %v``, naming the Pod
-    by its generateName prefix: it has no name yet)."""
+    shared pod control's (pkg/controller/controller_utils.go, ``Error creating: %v``).  The
+    refused Pod is named in full: the API server generates a name from the generateName
+    prefix before admission (the test plane, Kubernetes 1.37, named
+    ``pd-prefill-5d54b5df74-gpt24`` where this stand-in said ``pd-prefill-5d54b5df74-``)."""
     labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
         "labels"
     ) or {}
@@ -1567,6 +1611,8 @@ def _refused_by_pod_security(
     key = ("events", ns, f"{owner}.failedcreate")
     stamp = _now_text()
     old = st.objects.get(key)
+    if pod.endswith("-"):  # a generateName prefix: the name the API server generates
+        pod += "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
     forbidden = f'pods "{pod}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
     if kind == "StatefulSet":
         message = f"create Pod {pod} in StatefulSet {owner} failed error: {forbidden}"

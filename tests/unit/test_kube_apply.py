@@ -3,7 +3,10 @@ server (tests/unit/kube_standin.py) that keeps objects in memory and answers as 
 one does: server-side apply as field manager servebook, deployments named and labelled by
 their name beside each other, refusals (another deployment's object, a field-manager
 conflict, a 403) as exit 2 naming the object or request, and state recovered from labels
-when the local record is gone."""
+when the local record is gone.
+
+Server-side apply's idempotence, a field-manager conflict and a 403 run against this
+stand-in and the test plane with one body each (tests/cluster/test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -58,37 +61,6 @@ def _mine(st: StandIn, name: str) -> list[str]:
 
 def _patches(st: StandIn) -> list[str]:
     return [r.path for r in st.requests if r.method == "PATCH"]
-
-
-def test_apply_is_server_side_and_idempotent(
-    cluster: tuple[StandIn, dict[str, str]], plan: Plan
-) -> None:
-    st, _ = cluster
-    api = kube._api()
-    kube.apply_deployment(api, plan, "vllm-pd")
-    first = {k: v["metadata"]["uid"] for k, v in st.objects.items()}
-    kube.apply_deployment(api, plan, "vllm-pd")
-    assert st.names("deployments", NS) == [
-        "vllm-pd-decode",
-        "vllm-pd-prefill",
-        "vllm-pd-router",
-    ], dump(st)
-    assert st.names("services", NS) == st.names("deployments", NS)
-    assert st.names("namespaces") == [NS]
-    # the same objects, applied again in place (not deleted and re-created)
-    assert {k: v["metadata"]["uid"] for k, v in st.objects.items()} == first
-    patches = [r for r in st.requests if r.method == "PATCH"]
-    # Namespace once (it did not exist), then 6 objects, twice
-    assert len(patches) == 1 + 6 + 6, [r.path for r in patches]
-    for r in patches:
-        assert r.content_type == "application/apply-patch+yaml", r
-        assert r.query == {"fieldManager": "servebook"}, r  # never force
-    assert not [r for r in st.requests if r.method in ("POST", "PUT")]
-    ns = st.objects[("namespaces", "", NS)]
-    assert ns["metadata"]["annotations"][CREATED_BY_ANNOTATION] == "vllm-pd"
-    prefill = st.objects[("deployments", NS, "vllm-pd-prefill")]
-    assert prefill["metadata"]["managedFields"][0]["manager"] == "servebook"
-    assert prefill["spec"]["selector"]["matchLabels"][DEPLOYMENT_LABEL] == "vllm-pd"
 
 
 def test_two_deployments_of_one_recipe_coexist_and_down_removes_exactly_its_own(
@@ -161,36 +133,6 @@ def test_an_object_of_another_deployment_is_refused_and_nothing_is_applied(
     assert "does not adopt" in r.stderr
     assert _patches(st) == []
     assert st.objects[("services", NS, "vllm-pd-decode")]["metadata"]["labels"] == labels
-
-
-def test_a_field_manager_conflict_is_reported_naming_the_object_not_overwritten(
-    cli: Cli, cluster: tuple[StandIn, dict[str, str]], plan: Plan
-) -> None:
-    st, env = cluster
-    kube.apply_deployment(kube._api(), plan, "vllm-pd")
-    # someone scaled the prefill Deployment with `kubectl scale` (another field manager)
-    key = ("deployments", NS, "vllm-pd-prefill")
-    st.objects[key]["spec"]["replicas"] = 0
-    st.owned_by_other[key] = {".spec.replicas": "kubectl"}
-    r = cli(*UP, env=env, timeout=60)
-    assert r.returncode == 2, r.stderr
-    assert f"applying Deployment/vllm-pd-prefill in namespace {NS}" in r.stderr
-    assert "conflicts with another field manager" in r.stderr
-    assert ".spec.replicas" in r.stderr and '"kubectl"' in r.stderr
-    assert st.objects[key]["spec"]["replicas"] == 0  # not forced over
-    assert all("force" not in q.query for q in st.requests)
-
-
-def test_a_403_is_exit_2_naming_the_request(
-    cli: Cli, cluster: tuple[StandIn, dict[str, str]]
-) -> None:
-    st, env = cluster
-    st.forbidden.append(("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/"))
-    r = cli(*UP, env=env, timeout=60)
-    assert r.returncode == 2, r.stderr
-    assert f"PATCH /apis/apps/v1/namespaces/{NS}/deployments/vllm-pd-prefill" in r.stderr
-    assert "403 Forbidden" in r.stderr
-    assert st.names("deployments", NS) == []
 
 
 def test_namespace_only_credentials_use_the_namespace_as_it_is(

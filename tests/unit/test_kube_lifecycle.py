@@ -3,7 +3,12 @@ on the stand-in before: it deleted at once, created into any namespace, made Rea
 inside the PATCH, ignored ``limit``, had no LeaderWorkerSet controller and answered an
 unserved group with a JSON Status); and the defects of issue 23 they showed: ``up`` soon
 after ``down`` (point 2), LeaderWorkerSet readiness on LWS v0.8 and older (point 1), an
-apply of a kind whose CRD is not installed (point 12)."""
+apply of a kind whose CRD is not installed (point 12).
+
+Foreground deletion, Terminating and absent namespaces, paged lists, an unserved group and
+Pod Security's refusal of a Deployment's Pods run against this stand-in and the test plane
+with one body each (tests/cluster/test_scenarios.py); here is what the plane cannot show
+(LeaderWorkerSet versions, a CRD not installed, Pods whose engines would be vLLM)."""
 
 from __future__ import annotations
 
@@ -98,65 +103,6 @@ def _ready(pod: Obj) -> bool:
 # --- the stand-in ---------------------------------------------------------------------------
 
 
-def test_a_foreground_delete_leaves_the_object_until_its_pods_have_stopped(
-    server: Server, api: Any
-) -> None:
-    server.standin.ready_pods = True
-    server.standin.life.timing = Timing(scale=0.02)  # a Pod takes 0.6 s to stop
-    resources.apply(api, [_ns(), _deployment()], lambda s: None)
-    _until("the Deployment's Pod", lambda: _pods(api))
-    path = f"/apis/apps/v1/namespaces/{NS}/deployments/web"
-    kube_client.call(api, "DELETE", path, "deleting", body={"propagationPolicy": "Foreground"})
-    dep = _get(api, path)
-    assert dep is not None, "deleted at once, Pods and all"
-    assert dep["metadata"]["deletionTimestamp"]
-    assert dep["metadata"]["finalizers"] == ["foregroundDeletion"]
-    _until("the Pod terminating", lambda: _pods(api)[0]["metadata"].get("deletionTimestamp"))
-    _until("the Deployment gone", lambda: _get(api, path) is None and not _pods(api))
-
-
-def test_a_terminating_namespace_refuses_creates_and_an_absent_one_is_404(
-    server: Server, api: Any
-) -> None:
-    server.standin.ready_pods = True
-    server.standin.life.timing = Timing(scale=0.05)  # its Pod takes 1.5 s to stop
-    resources.apply(api, [_ns(), _deployment()], lambda s: None)
-    _until("the Pod", lambda: _pods(api))
-    kube_client.call(api, "DELETE", f"/api/v1/namespaces/{NS}", "deleting")
-    space = _get(api, f"/api/v1/namespaces/{NS}")
-    assert space is not None and space["status"]["phase"] == "Terminating"
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": NS}}
-    with pytest.raises(kube_client.RequestFailed) as refused:
-        kube_client.call(
-            api,
-            "PATCH",
-            f"/api/v1/namespaces/{NS}/configmaps/c",
-            "applying",
-            params={"fieldManager": "t"},
-            body=config,
-            content_type="application/apply-patch+yaml",
-        )
-    assert refused.value.code == 403
-    assert refused.value.status["message"] == (
-        'configmaps "c" is forbidden: unable to create new content in namespace life because '
-        "it is being terminated"
-    )
-    assert refused.value.status["details"]["causes"][0]["reason"] == "NamespaceTerminating"
-    with pytest.raises(kube_client.RequestFailed) as absent:
-        kube_client.call(
-            api,
-            "PATCH",
-            "/api/v1/namespaces/nope/configmaps/c",
-            "applying",
-            params={"fieldManager": "t"},
-            body={**config, "metadata": {"name": "c", "namespace": "nope"}},
-            content_type="application/apply-patch+yaml",
-        )
-    assert absent.value.code == 404
-    assert absent.value.status["message"] == 'namespaces "nope" not found'
-    _until("the namespace gone", lambda: _get(api, f"/api/v1/namespaces/{NS}") is None)
-
-
 def test_pods_come_up_after_the_apply_through_their_phases(server: Server, api: Any) -> None:
     server.standin.ready_pods = True
     server.standin.life.timing = Timing(scale=0.03)
@@ -174,21 +120,6 @@ def test_pods_come_up_after_the_apply_through_their_phases(server: Server, api: 
     assert seen[0][0] == "Pending", seen  # not Ready in the PATCH
     assert ("Pending", {"reason": "ContainerCreating"}) in seen
     assert any(phase == "Running" for phase, _ in seen[:-1]), "Running before Ready"
-
-
-def test_lists_page_with_limit_and_continue(server: Server, api: Any) -> None:
-    objs = [_ns()] + [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}", "namespace": NS}}
-        for i in range(5)
-    ]
-    resources.apply(api, objs, lambda s: None)
-    first = kube_client.call(
-        api, "GET", f"/api/v1/namespaces/{NS}/configmaps", "listing", params={"limit": "2"}
-    )
-    assert first is not None and len(first["items"]) == 2
-    assert first["metadata"]["continue"] and first["metadata"]["remainingItemCount"] == 3
-    got = kube_client.list_items(api, f"/api/v1/namespaces/{NS}/configmaps", "listing", page=2)
-    assert [i["metadata"]["name"] for i in got] == [f"c{i}" for i in range(5)]
 
 
 @pytest.mark.parametrize("version", ["v0.7.0", "v0.8.1", "v0.9.0"])
@@ -218,14 +149,6 @@ def test_a_leaderworkerset_has_no_available_condition_before_a_group_is_ready(
     path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{dep.namespace}/leaderworkersets/"
     lws = _until("a status", lambda: (_get(api, path + dep.roles["decode"]) or {}).get("status"))
     assert {c["type"]: c["status"] for c in lws["conditions"]} == {"Progressing": "True"}
-
-
-def test_an_unserved_group_answers_the_plain_text_404(server: Server, api: Any) -> None:
-    server.standin.serves_lws = False
-    with pytest.raises(kube_client.RequestFailed) as e:
-        kube_client.send(api, "GET", "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets", "x")
-    assert e.value.code == 404 and e.value.status == {}
-    assert "404 page not found" in str(e.value.__cause__.response.text)  # type: ignore[union-attr]
 
 
 # --- the defects they showed -----------------------------------------------------------------
@@ -267,20 +190,6 @@ def test_up_at_once_after_down_waits_for_the_namespace_and_says_so(
     said.clear()
     assert kube.up(plan, name="one", timeout_s=30, poll_s=0.05, say=said.append).ready
     assert any("is being deleted (Terminating" in s for s in said), said
-
-
-def test_a_create_into_a_terminating_namespace_is_not_worded_as_rbac(
-    server: Server, api: Any
-) -> None:
-    server.standin.ready_pods = True
-    server.standin.life.timing = Timing(scale=0.1)
-    resources.apply(api, [_ns(), _deployment()], lambda s: None)
-    _until("the Pod", lambda: _pods(api))
-    kube_client.call(api, "DELETE", f"/api/v1/namespaces/{NS}", "deleting")
-    with pytest.raises(resources.NamespaceTerminating) as e:
-        resources.apply(api, [_deployment("other")], lambda s: None)
-    assert "namespace life is being deleted (Terminating)" in str(e.value)
-    assert "RBAC" not in str(e.value) and "servebook needs" not in str(e.value)
 
 
 def test_an_apply_of_a_kind_the_cluster_does_not_serve_names_the_crd_to_install(
@@ -364,19 +273,3 @@ def test_a_group_whose_worker_crashes_fails_up_at_once_naming_the_worker(server:
     assert f"Pod {lws_name}-0-2" in text, text
     assert "RecreateGroupOnPodRestart" in text, text
     assert "is the LeaderWorkerSet controller running" not in text
-
-
-def test_a_deployment_whose_pods_pod_security_refuses_fails_with_the_reason(
-    server: Server,
-) -> None:
-    """The same refusal for roles a Deployment runs (vllm-pd: the engines mount their
-    weights by hostPath, which baseline forbids): the ReplicaSet controller makes no Pod
-    and records FailedCreate on its ReplicaSet; ``up`` fails at once with those words."""
-    plan = resolve("vllm-pd", [], [VALUES])
-    text = _up_under_baseline(server, plan, "pd")
-    ns = plan.kubernetes.namespace if plan.kubernetes else ""
-    assert "the cluster refused to create its Pod: Error creating: pods" in text, text
-    assert 'violates PodSecurity "baseline:latest": hostPath volumes' in text, text
-    pods = [k[2] for k in server.standin.objects if k[0] == "pods" and k[1] == ns]
-    # Only the router, which mounts nothing from the node, was admitted.
-    assert pods and all(p.startswith("pd-router-") for p in pods), pods

@@ -296,7 +296,10 @@ def test_dry_run_reports_every_refusal_at_once(cluster: tuple[Server, Path]) -> 
     # capabilities, as Pod Security's restricted level words it.
     assert "refuses 4 of the" in adm.message
     assert "Pod/vllm-pd-router-servebook-dry-run" in adm.message
-    assert 'runAsNonRoot != true (container "router")' in adm.message
+    assert (
+        'runAsNonRoot != true (pod or container "router" must set '
+        "securityContext.runAsNonRoot=true)"
+    ) in adm.message
     assert (
         "Pod/vllm-pd-prefill-servebook-dry-run (the Pods of Deployment/vllm-pd-prefill): "
         "Pod Security" in adm.message

@@ -35,8 +35,12 @@ def test_baseline_refuses_the_hostpath_and_ipc_lock_of_rdma_engine_pods() -> Non
     assert f.severity is Severity.FAIL
     assert "enforces Pod Security baseline" in f.message
     assert "the Pods of LeaderWorkerSet/vllm-pd-wide-ep-decode-lws-leader" in f.message
-    assert 'hostPath volumes (volume "model")' in f.message
-    assert 'must not include "IPC_LOCK" in securityContext.capabilities.add' in f.message
+    # In Pod Security's own words and order, as the test plane's API server refused such a
+    # Pod (tests/cluster/test_scenarios.py): capabilities first, then hostPath.
+    assert (
+        'non-default capabilities (container "engine" must not include "IPC_LOCK" in '
+        'securityContext.capabilities.add), hostPath volumes (volume "model")'
+    ) in f.message, f.message
     # The router mounts nothing and adds nothing: baseline admits it.
     assert "vllm-pd-wide-ep-router" not in f.message
 
@@ -45,8 +49,24 @@ def test_restricted_says_more_and_privileged_or_no_label_passes() -> None:
     _, objects, _ = render_files("vllm-pd", SETS)
     restricted = pod_security_finding(objects, "s", ns("restricted"))
     assert restricted.severity is Severity.FAIL
-    assert "restricted volume types" in restricted.message
-    assert "runAsNonRoot != true" in restricted.message
+    # Pod Security's words at restricted, as the test plane's API server refused the same
+    # Pods in a dry run (tests/cluster/test_scenarios.py): its checks in place of baseline's.
+    router = (
+        'allowPrivilegeEscalation != false (container "router" must set '
+        "securityContext.allowPrivilegeEscalation=false), unrestricted capabilities (container "
+        '"router" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true '
+        '(pod or container "router" must set securityContext.runAsNonRoot=true), seccompProfile '
+        '(pod or container "router" must set securityContext.seccompProfile.type to '
+        '"RuntimeDefault" or "Localhost")'
+    )
+    assert f"the Pods of Deployment/vllm-pd-router: {router}" in restricted.message
+    engine = (
+        'unrestricted capabilities (container "engine" must set '
+        'securityContext.capabilities.drop=["ALL"]), restricted volume types (volume "model" '
+        'uses restricted volume type "hostPath"), runAsNonRoot'
+    )
+    assert engine in restricted.message, restricted.message
+    assert "hostPath volumes" not in restricted.message
     assert pod_security_finding(objects, "s", ns("privileged")).severity is Severity.PASS
     unlabelled = pod_security_finding(objects, "s", ns(None))
     assert unlabelled.severity is Severity.INFO and "default level" in unlabelled.message
@@ -79,7 +99,9 @@ def test_preflight_on_a_snapshot_fails_before_the_apply(
     findings = json.loads(r.stdout)["findings"]
     (f,) = [f for f in findings if f["check"] == "SB265"]
     assert f["severity"] == "fail", f
-    assert "hostPath volumes" in f["message"]
+    # restricted's own check for the volume replaces baseline's
+    hostpath = "hostPath volumes" if level == "baseline" else 'restricted volume type "hostPath"'
+    assert hostpath in f["message"], f
     assert r.returncode == 1, r.stderr
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -341,7 +342,10 @@ def _warnings(headers: Any) -> tuple[str, ...]:
         text = str(value)
         if text.startswith("299 "):
             text = text[4:].lstrip("- ").strip()
-            text = text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+            if len(text) >= 2 and text[0] == text[-1] == '"':
+                # A quoted-string: the API server escapes the quotes inside it
+                # (`would violate PodSecurity \"restricted:latest\": ...`).
+                text = re.sub(r"\\(.)", r"\1", text[1:-1])
         out.append(text)
     return tuple(out)
 

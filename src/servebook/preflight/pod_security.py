@@ -19,7 +19,7 @@ authority; this check needs no permissions and runs on a snapshot too.  Pure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from servebook.findings import Finding, Severity, register_once
@@ -48,59 +48,98 @@ BASELINE_CAPABILITIES = frozenset(
         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
     }
 )  # fmt: skip
+# The one capability restricted lets a container add (check_capabilities_restricted.go).
+RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
 
 
 def _names(items: Sequence[str]) -> str:
     return ", ".join(f'"{i}"' for i in items)
 
 
+def _who(names: Sequence[str], pod: bool = False) -> str:
+    """``container "a"`` / ``containers "a", "b"`` (``pod or ...`` where the Pod's own
+    securityContext would do), as Pod Security names them."""
+    return ("pod or " if pod else "") + f"container{'s' if len(names) > 1 else ''} {_names(names)}"
+
+
+def _added(containers: Sequence[Obj], allowed: frozenset[str]) -> str:
+    """Pod Security's detail for capabilities added outside ``allowed`` ("" when none)."""
+    added = {
+        str(c.get("name")): sorted(
+            set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
+            - allowed
+        )
+        for c in containers
+    }
+    added = {k: v for k, v in added.items() if v}
+    if not added:
+        return ""
+    caps = sorted({x for v in added.values() for x in v})
+    return (
+        f"{_who(list(added))} must not include {_names(caps)} in securityContext.capabilities.add"
+    )
+
+
 def violations(level: str, pod_spec: Obj) -> list[str]:
     """Pod Security's forbidden reasons (with their details) for ``pod_spec`` at
-    ``level``; empty: admitted (for the fields servebook writes)."""
+    ``level``; empty: admitted (for the fields servebook writes).  In its words and in the
+    order of its check IDs, as the test plane's API server (Kubernetes 1.37) refused
+    servebook's Pods; at restricted its capability and volume checks replace baseline's."""
     if level not in ("baseline", "restricted"):
         return []
     containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
     host = [str(v.get("name")) for v in pod_spec.get("volumes") or () if "hostPath" in v]
     out: list[str] = []
-    if host:
-        out.append(f"hostPath volumes (volume{'s' if len(host) > 1 else ''} {_names(host)})")
-    added = {
-        str(c.get("name")): sorted(
-            set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
-            - BASELINE_CAPABILITIES
-        )
-        for c in containers
-    }
-    added = {k: v for k, v in added.items() if v}
-    if added:
-        caps = sorted({x for v in added.values() for x in v})
-        out.append(
-            f"non-default capabilities (container{'s' if len(added) > 1 else ''} "
-            f"{_names(list(added))} must not include {_names(caps)} in "
-            "securityContext.capabilities.add)"
-        )
-    if level == "restricted":
+    if level == "baseline":
+        added = _added(containers, BASELINE_CAPABILITIES)
+        if added:
+            out.append(f"non-default capabilities ({added})")
         if host:
-            out.append("restricted volume types (hostPath is not one of the allowed types)")
-        pod_sc = pod_spec.get("securityContext") or {}
+            out.append(f"hostPath volumes (volume{'s' if len(host) > 1 else ''} {_names(host)})")
+        return out
+    return _restricted(containers, host, pod_spec.get("securityContext") or {})
 
-        def escalation(sc: Obj) -> bool:
-            return sc.get("allowPrivilegeEscalation") is False
 
-        def drops_all(sc: Obj) -> bool:
-            return "ALL" in ((sc.get("capabilities") or {}).get("drop") or ())
+def _restricted(containers: Sequence[Obj], host: Sequence[str], pod_sc: Obj) -> list[str]:
+    def failing(ok: Callable[[Obj], bool]) -> list[str]:
+        return [str(c.get("name")) for c in containers if not ok(c.get("securityContext") or {})]
 
-        def non_root(sc: Obj) -> bool:
-            return sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True
-
-        for reason, field, ok in (
-            ("allowPrivilegeEscalation != false", "allowPrivilegeEscalation=false", escalation),
-            ("unrestricted capabilities", 'capabilities.drop=["ALL"]', drops_all),
-            ("runAsNonRoot != true", "runAsNonRoot=true", non_root),
-        ):
-            bad = [str(c.get("name")) for c in containers if not ok(c.get("securityContext") or {})]
-            if bad:
-                out.append(f"{reason} (containers {_names(bad)} must set securityContext.{field})")
+    out: list[str] = []
+    escalating = failing(lambda sc: sc.get("allowPrivilegeEscalation") is False)
+    if escalating:
+        out.append(
+            f"allowPrivilegeEscalation != false ({_who(escalating)} must set "
+            "securityContext.allowPrivilegeEscalation=false)"
+        )
+    undropped = failing(lambda sc: "ALL" in ((sc.get("capabilities") or {}).get("drop") or ()))
+    parts = [f'{_who(undropped)} must set securityContext.capabilities.drop=["ALL"]'] * bool(
+        undropped
+    )
+    added = _added(containers, RESTRICTED_CAPABILITIES)
+    parts += [added] * bool(added)
+    if parts:
+        out.append(f"unrestricted capabilities ({'; '.join(parts)})")
+    if host:
+        volumes = f"volume{'s' if len(host) > 1 else ''} {_names(host)}"
+        verb = "uses" if len(host) == 1 else "use"
+        out.append(f'restricted volume types ({volumes} {verb} restricted volume type "hostPath")')
+    root = failing(lambda sc: sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True)
+    if root:
+        out.append(
+            f"runAsNonRoot != true ({_who(root, pod=True)} must set "
+            "securityContext.runAsNonRoot=true)"
+        )
+    profile = (pod_sc.get("seccompProfile") or {}).get("type")
+    unconfined = failing(
+        lambda sc: (
+            (sc.get("seccompProfile") or {}).get("type", profile) in ("RuntimeDefault", "Localhost")
+        )
+    )
+    if unconfined:
+        out.append(
+            f"seccompProfile ({_who(unconfined, pod=True)} must set "
+            'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")'
+        )
     return out
 
 
