@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1841,6 +1841,387 @@ def _(c: Ctx) -> list[Verdict]:
     out = [ran(0, "--warmup", "0r"), ran(1, "--precision", "0%"), skip]
     out.append(ran(3, "--max-client-lag-ms", "nan"))
     return out
+
+
+# =========================================================================================
+# Section 3: secrets
+# =========================================================================================
+
+table("3", "secrets")
+
+KEY = "sk-RERUNKEY4242abcd"
+
+
+@contextlib.contextmanager
+def keyed_engine(c: Ctx, key: str = KEY, **kw: Any) -> Iterator[tuple[str, Any]]:
+    from tests.unit.engine_standin import scripted_engine
+
+    with scripted_engine(tokenizer=c.shared.tiny / "tokenizer.json", require_key=key, **kw) as e:
+        yield e
+
+
+def nowhere(c: Ctx, secret: str, *runs: Run) -> Verdict:
+    """``secret`` in no output and no file under the case's directory (results, reports,
+    saved requests, SERVEBOOK_HOME)."""
+    for r in runs:
+        if secret in r.out + r.err:
+            return f"printed by `{' '.join(map(str, r.args[:2]))}` | {r.text[:300]}"
+    found = leaks(c.root, secret)
+    return f"{secret} written to {found}" if found else None
+
+
+def bench_report_compare(
+    c: Ctx, url: str, *extra: str, env: dict[str, str] | None = None
+) -> Verdict:
+    b = c.sb(*bench_args(c, url, c.p("out"), *extra), env=env, timeout=30)
+    rep = c.sb("report", c.p("out"), "-o", c.p("rep/report.html"))
+    cmp = c.sb("compare", c.p("out"), RESULTS, "--force", "-o", c.p("cmp"))
+    return first(expect(b, 0), expect(rep, 0), expect(cmp, (0, 1)), nowhere(c, KEY, b, rep, cmp))
+
+
+@case("`--api-key K` (bench, report, compare)", "K nowhere")
+def _(c: Ctx) -> Verdict:
+    with keyed_engine(c) as (url, _):
+        return bench_report_compare(c, url, "--api-key", KEY)
+
+
+@case("`--api-key=K`", "K nowhere")
+def _(c: Ctx) -> Verdict:
+    with keyed_engine(c) as (url, _):
+        return bench_report_compare(c, url, f"--api-key={KEY}")
+
+
+@case("`OPENAI_API_KEY`", "K nowhere")
+def _(c: Ctx) -> Verdict:
+    with keyed_engine(c) as (url, _):
+        return bench_report_compare(c, url, env={"OPENAI_API_KEY": KEY})
+
+
+@case("`VLLM_API_KEY`", "K nowhere")
+def _(c: Ctx) -> Verdict:
+    with keyed_engine(c) as (url, _):
+        return bench_report_compare(c, url, env={"VLLM_API_KEY": KEY})
+
+
+@case("wrong key / no key (401)", "exit 2, K hidden", n=2)
+def _(c: Ctx) -> list[Verdict]:
+    wrong = "sk-WRONGKEY9090abcd"
+    with keyed_engine(c) as (url, _):
+        r1 = c.sb(*bench_args(c, url, c.p("o1"), "--api-key", wrong))
+        r2 = c.sb(*bench_args(c, url, c.p("o2")))
+    return [
+        first(expect(r1, 2, says=["401"]), nowhere(c, wrong, r1)),
+        first(expect(r2, 2, says=["401"]), nowhere(c, KEY, r2)),
+    ]
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(d.name)) == sid:
+                    pids.append(int(d.name))
+    return pids
+
+
+@case("`--agents 2` argv/environ of agents", "K absent")
+def _(c: Ctx) -> Verdict:
+    with keyed_engine(c) as (url, _):
+        code = "\n".join([*MEMORY_BOUND, "from servebook.cli import main", "main()"])
+        # The key by flag, as the probe gave it (a variable of bench's own environment is
+        # every child's by inheritance).
+        flags = ("--agents", "2", "--api-key", KEY)
+        args = [str(a) for a in bench_args(c, url, c.p("out"), *flags)]
+        env = {**os.environ, "SERVEBOOK_HOME": str(c.home)}
+        for name in ("OPENAI_API_KEY", "VLLM_API_KEY"):
+            env.pop(name, None)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            cwd=c.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        seen, holding = 0, []
+        try:
+            deadline = time.monotonic() + 25
+            while proc.poll() is None and time.monotonic() < deadline:
+                for pid in session_pids(proc.pid):
+                    if pid == proc.pid:  # the user's own bench: its argv has the key
+                        continue
+                    seen += 1
+                    for part in ("cmdline", "environ"):
+                        with contextlib.suppress(OSError):
+                            if KEY.encode() in Path(f"/proc/{pid}/{part}").read_bytes():
+                                holding.append(f"{pid}/{part}")
+                time.sleep(0.3)
+            timed_out = proc.poll() is None
+        finally:
+            kill_group(proc)
+    if holding:
+        return f"agent processes hold the key: {sorted(set(holding))}"
+    if timed_out:
+        return "bench --agents 2 did not end within 25 s"
+    return None if seen else "no agent process was seen"
+
+
+@case(
+    "server echoes K in 500 body (flag; env + agents + save-requests)",
+    "redacted everywhere",
+    n=2,
+)
+def _(c: Ctx) -> list[Verdict]:
+    out = []
+    for i, (extra, env) in enumerate(
+        [
+            (["--api-key", KEY], None),
+            (["--agents", "2", "--save-requests"], {"OPENAI_API_KEY": KEY}),
+        ]
+    ):
+        with keyed_engine(c, fault="echo500", fault_after=6) as (url, _):
+            b = c.sb(*bench_args(c, url, c.p(f"out{i}"), *extra), env=env, timeout=30)
+        rep = c.sb("report", c.p(f"out{i}"), "-o", c.p(f"rep{i}/report.html"))
+        echoed = (
+            c.p(f"out{i}/results.json").exists()
+            and "invalid request" in c.p(f"out{i}/results.json").read_text()
+        )
+        v = first(expect(b, 1), expect(rep, 0), nowhere(c, KEY, b, rep))
+        out.append(v or (None if echoed else "no echoed error reached results.json"))
+    return out
+
+
+def seckey_recipe(c: Ctx, key: str, hf: str | None = None) -> Path:
+    text = TINY_MIXED.read_text()
+    text = text.replace("--enforce-eager]", f"--enforce-eager, --api-key, {key}]")
+    text = text.replace("name: tiny-mixed", "name: seckey", 1)
+    if hf:
+        text = text.replace("    env:\n", f"    env:\n      HF_TOKEN: {hf}\n", 1)
+    p = c.p("seckey.yaml")
+    p.write_text(text)
+    return p
+
+
+RKEY = "RECIPEKEY4321abcd"
+
+
+@case(
+    "recipe engine_args `--api-key K` (stand-in engine): results, report, vLLM log, "
+    "`status --json`",
+    "redacted",
+    n=4,
+)
+def _(c: Ctx) -> list[Verdict]:
+    recipe = seckey_recipe(c, RKEY)
+    env = {**standin_env(c), "OPENAI_API_KEY": RKEY}
+    u = c.sb("up", recipe, "--name", "sec2", "--timeout", "25", env=env, timeout=30)
+    try:
+        if u.rc != 0:
+            v = expect(u, 0)
+            return [v, v, Skip("up did not come up"), v]
+        b = c.sb("bench", "sec2", *bench_args(c, "", c.p("out"))[3:], env=env, timeout=30)
+        rep = c.sb("report", c.p("out"), "-o", c.p("rep/report.html"), env=env)
+        st = c.sb("status", "sec2", "--json", env=env)
+        res_v = first(
+            expect(b, (0, 1), secrets=[RKEY]),
+            expect(u, 0, secrets=[RKEY]),
+            nowhere_in(c.p("out"), RKEY),
+        )
+        rep_v = first(expect(rep, 0, secrets=[RKEY]), nowhere_in(c.p("rep"), RKEY))
+        st_v = expect(st, 0, secrets=[RKEY])
+    finally:
+        c.sb("down", "sec2", env=env, timeout=30)
+    log = Skip("the stand-in is no vLLM: what vLLM's own log masks is not re-run")
+    return [res_v, rep_v, log, st_v]
+
+
+def nowhere_in(where: Path, secret: str) -> Verdict:
+    found = leaks(where, secret)
+    return f"{secret} written to {found}" if found else None
+
+
+@case("same: `state.json`", "redacted, mode 0600")
+def _(c: Ctx) -> Verdict:
+    recipe = seckey_recipe(c, RKEY)
+    env = {**standin_env(c), "OPENAI_API_KEY": RKEY}
+    u = c.sb("up", recipe, "--name", "sec2", "--timeout", "25", env=env, timeout=30)
+    try:
+        state = c.home / "deployments" / "sec2" / "state.json"
+        if not state.exists():
+            return expect(u, 0) or "no state.json"
+        mode = state.stat().st_mode & 0o777
+        n = state.read_text().count(RKEY)
+        return first(
+            expect(u, 0),
+            f"state.json holds the key {n} time(s)" if n else None,
+            f"state.json is mode {mode:o}" if mode & 0o077 else None,
+        )
+    finally:
+        c.sb("down", "sec2", env=env, timeout=30)
+
+
+@case("same: `recipes show` text / `--json`", "redacted", n=2)
+def _(c: Ctx) -> list[Verdict]:
+    recipe = seckey_recipe(c, RKEY)
+    return [
+        expect(c.sb("recipes", "show", recipe), 0, secrets=[RKEY], says=["--api-key"]),
+        expect(c.sb("recipes", "show", recipe, "--json"), 0, secrets=[RKEY]),
+    ]
+
+
+@case("recipe env `HF_TOKEN` in `recipes show`", "redacted")
+def _(c: Ctx) -> Verdict:
+    hf = "hf_RECIPETOKEN8765abcd"
+    recipe = seckey_recipe(c, RKEY, hf=hf)
+    r = c.sb("recipes", "show", recipe)
+    return expect(r, 0, secrets=[hf], says=["HF_TOKEN"])
+
+
+not_rerun(
+    '`render --set extra_engine_args="--api-key K"`, `--set hf_token=K`, URL `user:pw@`, '
+    "URL password with `@`, URL `?api_key=`/`?token=`, lint secrets",
+    "counted in section 1",
+    "counted once, in section 1, as the probe counts them",
+    n=0,
+)
+
+ATT_TOKEN = "ATTACHTOK5432"
+ATT_PW = "ATTACHPW9876"
+
+
+@case("`attach` with URL creds / token: `attached.json`", "not stored in clear", n=2)
+def _(c: Ctx) -> list[Verdict]:
+    from tests.unit.engine_standin import engine
+
+    out = []
+    with engine() as url:
+        for name, u, secret in [
+            ("att1", url.replace("http://", f"http://admin:{ATT_PW}@"), ATT_PW),
+            ("att2", f"{url}/?token={ATT_TOKEN}", ATT_TOKEN),
+        ]:
+            r = c.sb("attach", name, "--role", f"mixed={u}", "--entry", u, "--model", "tiny")
+            rec = c.home / "deployments" / name / "attached.json"
+            stored = rec.exists() and secret in rec.read_text()
+            v = expect(r, (0, 2), secrets=[secret])
+            out.append(first(v, f"{rec} holds it in clear" if stored else None))
+    return out
+
+
+EKEY = "sk-ENGINEKEY6543abcd"
+
+
+@case(
+    "same: `verify` table (2) / `verify --json` / `status --json` / bench results",
+    "hidden",
+    n=5,
+)
+def _(c: Ctx) -> list[Verdict]:
+    """attach now refuses URL credentials (D5), so the table's two cases are the refused
+    token URL's name and an engine whose own argv holds ``--api-key K`` (what attach reads
+    from /proc); the other three are that engine's."""
+    from tests.unit.engine_standin import engine
+
+    with engine(flags=["--api-key", EKEY]) as url:
+        a0 = c.sb(
+            "attach", "tok", "--role", f"mixed={url}/?token={ATT_TOKEN}",
+            "--entry", f"{url}/?token={ATT_TOKEN}", "--model", "tiny",
+        )  # fmt: skip
+        v0 = c.sb("verify", "tok")
+        a = c.sb("attach", "eng", "--role", f"mixed={url}", "--entry", url, "--model", "tiny")
+        if a.rc != 0:
+            v = expect(a, 0)
+            return [expect(v0, (0, 1, 2), secrets=[ATT_TOKEN]), v, v, v, v]
+        v1 = c.sb("verify", "eng")
+        v2 = c.sb("verify", "eng", "--json")
+        st = c.sb("status", "eng", "--json")
+        b = c.sb("bench", "eng", *bench_args(c, "", c.p("out"))[3:], timeout=25)
+    return [
+        first(expect(a0, (0, 2), secrets=[ATT_TOKEN]), expect(v0, (0, 1, 2), secrets=[ATT_TOKEN])),
+        expect(v1, (0, 1), secrets=[EKEY]),
+        expect(v2, (0, 1), secrets=[EKEY]),
+        expect(st, (0, 1), secrets=[EKEY]),
+        first(expect(b, (0, 1, 2), secrets=[EKEY]), nowhere_in(c.p("out"), EKEY)),
+    ]
+
+
+@case(
+    "redactor probes (Token scheme, `api-key=`, `DB_PASS`, plural, dash value, spaced value)",
+    "redacted",
+)
+def _(c: Ctx) -> Verdict:
+    probes = {
+        "Authorization: Token TOKSCHEME1111": "TOKSCHEME1111",
+        "api-key=sk-KEBAB2222abcd": "KEBAB2222",
+        "DB_PASS=DBPASS3333x": "DBPASS3333",
+        "OPENAI_API_KEYS=sk-PLURAL4444abcd": "PLURAL4444",
+        "--api-key -DASHVAL5555": "DASHVAL5555",
+        '--api-key "sk with SPACED6666"': "SPACED6666",
+        "http://admin:hunter2@TAILSECRET7777@host": "TAILSECRET7777",
+    }
+    code = (
+        "import json, sys\nfrom servebook import redact\n"
+        "print(json.dumps([redact.text(s) for s in json.loads(sys.argv[1])]))"
+    )
+    r = spawn(
+        [sys.executable, "-c", code, json.dumps(list(probes))],
+        {**os.environ},
+        20,
+        cwd=c.root,
+    )
+    if r.rc != 0:
+        return expect(r, 0)
+    got = json.loads(r.out)
+    left = [g for g, secret in zip(got, probes.values(), strict=True) if secret in g]
+    return f"not redacted: {left}" if left else None
+
+
+# =========================================================================================
+# Piped output
+# =========================================================================================
+
+table("piped", "piped output")
+
+
+@case(
+    "`probe --find` / `probe DIR` with a 120-character name, piped, COLUMNS=60/unset",
+    "name whole",
+    n=3,
+)
+def _(c: Ctx) -> list[Verdict]:
+    name = "model-" + "y" * 114
+    d = model(c, f"root/{name}")
+    return [
+        expect(probe(c, "--find", c.p("root"), columns="60"), 0, names=[name], not_says=["…"]),
+        expect(probe(c, d, columns="60"), 0, names=[name], not_says=["…"]),
+        expect(probe(c, d, columns=None), 0, names=[name], not_says=["…"]),
+    ]
+
+
+@case("`compare` of two 100-character run names, piped, COLUMNS=80", "whole")
+def _(c: Ctx) -> Verdict:
+    a = results_dir(c, "a" * 100)
+    b = results_dir(c, "b" * 100, redated(results_doc()))
+    r = c.sb("compare", a, b, columns="80")
+    return expect(r, (0, 1), names=["a" * 100, "b" * 100], not_says=["…"])
+
+
+@case("`status`, `recipes`, `report` piped", "no `…`", n=3)
+def _(c: Ctx) -> list[Verdict]:
+    env = standin_env(c)
+    name = "a-rather-long-deployment-name"
+    up_ = c.sb("up", "tiny-mixed", "--name", name, env=env)
+    st = c.sb("status", columns="60", env=env)
+    c.sb("down", name, env=env)
+    return [
+        first(expect(up_, 0), expect(st, 0, names=[name], not_says=["…"])),
+        expect(c.sb("recipes", columns="60"), 0, not_says=["…"]),
+        expect(
+            c.sb("report", results_dir(c, "r"), "-o", c.p("rep/r.html"), columns="60"),
+            0,
+            not_says=["…"],
+        ),
+    ]
 
 
 # =========================================================================================

@@ -22,14 +22,7 @@ _CODE = """
 import http.server, os
 files = {"/metrics": os.environ["STANDIN_METRICS"], "/v1/models": os.environ["STANDIN_MODELS"]}
 class H(http.server.BaseHTTPRequestHandler):
-    def refused(self):
-        if require_key and self.headers.get("Authorization") != "Bearer " + require_key:
-            self.reply(401, b'{"error": {"message": "Unauthorized", "code": 401}}')
-            return True
-        return False
     def do_GET(self):
-        if self.path.startswith("/v1/") and self.refused():
-            return
         path = files.get(self.path)
         body = open(path, "rb").read() if path else b"{}"
         self.send_response(200 if path or self.path == "/health" else 404)
