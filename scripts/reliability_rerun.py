@@ -179,6 +179,7 @@ class Ctx:
         code = "\n".join([*MEMORY_BOUND, *prelude, "from servebook.cli import main", "main()"])
         argv = [*(NO_DAC if no_dac else []), sys.executable, "-c", code, *map(str, args)]
         full = {**os.environ, "SERVEBOOK_HOME": str(self.home), **self.env, **(env or {})}
+        full["PYTHONPATH"] = this_checkout(full.get("PYTHONPATH"))
         full.pop("COLUMNS", None)
         if columns is not None:
             full["COLUMNS"] = columns
@@ -186,6 +187,13 @@ class Ctx:
             if name not in (env or {}) and name not in self.env:
                 full.pop(name, None)
         return spawn(argv, full, min(timeout, BOUND_S), cwd=self.root)
+
+
+def this_checkout(pythonpath: str | None) -> str:
+    """PYTHONPATH with this checkout's src first: the servebook re-run is this one, not
+    whatever the venv installed (a relative entry would not hold in a case's directory)."""
+    rest = [str(Path(e).resolve()) for e in (pythonpath or "").split(os.pathsep) if e]
+    return os.pathsep.join([str(REPO / "src"), *rest])
 
 
 def spawn(argv: list[str], env: dict[str, str], timeout: float, cwd: Path) -> Run:
@@ -559,7 +567,7 @@ def _(c: Ctx) -> list[Verdict]:
 def _(c: Ctx) -> list[Verdict]:
     marker = c.p("ran")
     values = ["[unclosed", f"!!python/object/apply:os.system ['touch {marker}']", "42"]
-    out = []
+    out: list[Verdict] = []
     for v in values:
         verdict = expect(render_set(c, f"affinity={v}"), names=["affinity"])
         out.append(verdict or ("the YAML ran code" if marker.exists() else None))
@@ -935,7 +943,7 @@ def _(c: Ctx) -> Verdict:
 def _(c: Ctx) -> list[Verdict]:
     text = (RESULTS / "results.json").read_text()
     raws = [text[: len(text) // 2], "\n  \n", "", "\0" * 64]
-    out = []
+    out: list[Verdict] = []
     for i, raw in enumerate(raws):
         d = results_dir(c, f"r{i}", raw=raw)
         out.append(expect(report(c, d), names=[d / "results.json"]))
@@ -961,7 +969,7 @@ def _(c: Ctx) -> list[Verdict]:
     vllm_bench = {"date": "20261204-101010", "backend": "vllm", "completed": 10, "duration": 3.1}
     genai = {"results": [{"concurrency": 1, "throughput": 12.5}], "tool": "genai-perf"}
     docs = [[], v999, none, vllm_bench, genai]
-    out = []
+    out: list[Verdict] = []
     for i, doc in enumerate(docs):
         d = results_dir(c, f"r{i}", doc)
         out.append(expect(report(c, d), names=[d / "results.json"]))
@@ -989,7 +997,7 @@ def _(c: Ctx) -> list[Verdict]:
 
 @case("NaN, +inf, negative tok/s", "refuse or flag, no crash", n=3)
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     for i, v in enumerate([float("nan"), float("inf"), -5.0]):
         doc = results_doc()
         doc["points"][0]["output_tokens_per_s"] = v
@@ -1012,7 +1020,7 @@ def _(c: Ctx) -> list[Verdict]:
 
 @case("no results.json; results.json a directory; FIFO; /dev/zero symlink", "exit 2, no hang", n=4)
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     none = c.p("none")
     none.mkdir()
     out.append(expect(report(c, none), names=[none]))
@@ -1409,7 +1417,7 @@ def _(c: Ctx) -> list[Verdict]:
 
 @case("FIFO shard / config / index / tokenizer", "fail, no hang (tokenizer: said as a FIFO)", n=4)
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     for i, f in enumerate([SHARD, "config.json", INDEX, "tokenizer.json"]):
         d = model(c, f"m{i}")
         (d / f).unlink()
@@ -1457,7 +1465,7 @@ def _(c: Ctx) -> Verdict:
 
 @case("/dev/zero or /dev/urandom as config, /dev/zero shard", "fail", n=3)
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     for i, (f, dev) in enumerate(
         [("config.json", "/dev/zero"), ("config.json", "/dev/urandom"), (SHARD, "/dev/zero")]
     ):
@@ -1496,7 +1504,7 @@ def _(c: Ctx) -> Verdict:
 
 @case("deep config.json / index / safetensors header", "fail finding", n=3)
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     for i, f in enumerate(["config.json", INDEX]):
         d = model(c, f"m{i}")
         (d / f).write_text(deep_json())
@@ -1636,7 +1644,7 @@ def _(c: Ctx) -> list[Verdict]:
     raws += [json.dumps({**healthy(), "items": None})]
     raws += [json.dumps({k: v for k, v in healthy().items() if k != "items"})]
     raws += [json.dumps({**healthy(), "items": [1, "x", None]})]
-    out = []
+    out: list[Verdict] = []
     for i, raw in enumerate(raws):
         p = snapshot(c, raw=raw, name=f"s{i}.json")
         out.append(expect(preflight(c, p), names=[p]))
@@ -1973,7 +1981,7 @@ def _(c: Ctx) -> Verdict:
     n=2,
 )
 def _(c: Ctx) -> list[Verdict]:
-    out = []
+    out: list[Verdict] = []
     for i, (extra, env) in enumerate(
         [
             (["--api-key", KEY], None),
@@ -2094,7 +2102,7 @@ ATT_PW = "ATTACHPW9876"
 def _(c: Ctx) -> list[Verdict]:
     from tests.unit.engine_standin import engine
 
-    out = []
+    out: list[Verdict] = []
     with engine() as url:
         for name, u, secret in [
             ("att1", url.replace("http://", f"http://admin:{ATT_PW}@"), ATT_PW),
@@ -2165,7 +2173,7 @@ def _(c: Ctx) -> Verdict:
     )
     r = spawn(
         [sys.executable, "-c", code, json.dumps(list(probes))],
-        {**os.environ},
+        {**os.environ, "PYTHONPATH": this_checkout(os.environ.get("PYTHONPATH"))},
         20,
         cwd=c.root,
     )
@@ -2222,6 +2230,507 @@ def _(c: Ctx) -> list[Verdict]:
             not_says=["…"],
         ),
     ]
+
+
+# =========================================================================================
+# Section 2: faults during runs (the scripted engine plays the probe's fault server)
+# =========================================================================================
+
+table("2", "faults during runs")
+
+
+def start(
+    c: Ctx, *args: str | Path, env: dict[str, str] | None = None, no_dac: bool = False
+) -> subprocess.Popen[str]:
+    """``servebook ARGS`` started in a session of its own, to be signalled or faulted
+    while it runs; ``finish`` collects it."""
+    code = "\n".join([*MEMORY_BOUND, "from servebook.cli import main", "main()"])
+    argv = [*(NO_DAC if no_dac else []), sys.executable, "-c", code, *map(str, args)]
+    full = {**os.environ, "SERVEBOOK_HOME": str(c.home), "COLUMNS": "200", **(env or {})}
+    full["PYTHONPATH"] = this_checkout(full.get("PYTHONPATH"))
+    for name in ("OPENAI_API_KEY", "VLLM_API_KEY"):
+        if name not in (env or {}):
+            full.pop(name, None)
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+        cwd=c.root,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, t0: float) -> Run:
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=max(0.1, timeout))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_group(proc)
+        out, err = proc.communicate()
+    args = [str(a) for a in proc.args[3:]] if isinstance(proc.args, list) else []
+    return Run(args, proc.returncode, out, err, time.monotonic() - t0, timed_out, timeout)
+
+
+def wait_for(pred: Callable[[], bool], bound: float) -> bool:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def points(d: Path) -> list[dict[str, Any]]:
+    f = d / "results.json"
+    if not f.exists():
+        return []
+    with contextlib.suppress(ValueError):
+        pts: list[dict[str, Any]] = json.loads(f.read_text()).get("points", [])
+        return pts
+    return []
+
+
+def results_intact(d: Path) -> Verdict:
+    f = d / "results.json"
+    if not f.exists():
+        return "no results.json"
+    try:
+        json.loads(f.read_text())
+    except ValueError as e:
+        return f"results.json is not whole: {e}"
+    temps = [x.name for x in d.iterdir() if x.name.startswith(".") or x.suffix == ".tmp"]
+    return f"temporary files left: {temps}" if temps else None
+
+
+def invalid_with_evidence(c: Ctx, r: Run, out: Path) -> Verdict:
+    pts = points(out)
+    return first(
+        expect(r, 1),
+        None if pts else "no points in results.json",
+        "a point is valid" if any(p.get("valid") for p in pts) else None,
+        None if all(p.get("invalid_reasons") for p in pts) else "a point gives no reason",
+    )
+
+
+def fault_bench(c: Ctx, *extra: str, **engine: Any) -> Verdict:
+    from tests.unit.engine_standin import scripted_engine
+
+    out = c.p("out")
+    with scripted_engine(tokenizer=c.shared.tiny / "tokenizer.json", **engine) as (url, _):
+        r = c.sb(*bench_args(c, url, out, *extra), timeout=30)
+    return invalid_with_evidence(c, r, out)
+
+
+@case("all 500", "invalid, exit 1, evidence")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="500")
+
+
+@case("every other 500", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="500half")
+
+
+@case("SSE data not JSON", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="malformed")
+
+
+@case("JSON of wrong shape", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="badjson")
+
+
+@case("other model in every chunk", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, answer_model="someone-else")
+
+
+@case("connection closed after 1 token", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="close")
+
+
+@case("200 with only `[DONE]`", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="notokens")
+
+
+@case("usage lies 10x", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="usage_lie")
+
+
+@case("3x the tokens", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="moretokens")
+
+
+@case("non-SSE 200 JSON", "invalid")
+def _(c: Ctx) -> Verdict:
+    return fault_bench(c, fault="plain200")
+
+
+STALL = ("--concurrency", "1", "--request-timeout", "2", "--stall", "6s")
+
+
+def one_level(args: list[str | Path]) -> list[str | Path]:
+    """``args`` with the concurrency flag left out (the caller gives its own)."""
+    i = args.index("--concurrency")
+    return args[:i] + args[i + 2 :]
+
+
+@case("server never answers (`--request-timeout 2`, `--stall 6s`)", "fail with evidence")
+def _(c: Ctx) -> Verdict:
+    from tests.unit.engine_standin import scripted_engine
+
+    out = c.p("out")
+    with scripted_engine(tokenizer=c.shared.tiny / "tokenizer.json", answer=0) as (url, _):
+        r = c.sb(*one_level(bench_args(c, url, out)), *STALL, timeout=30)
+    return first(expect(r, 1), None if (out / "results.json").exists() else "no results.json")
+
+
+@case("one byte every 0.5 s", "fail")
+def _(c: Ctx) -> Verdict:
+    from tests.unit.engine_standin import scripted_engine
+
+    out = c.p("out")
+    with scripted_engine(tokenizer=c.shared.tiny / "tokenizer.json", fault="slowdrip") as (u, _):
+        r = c.sb(*one_level(bench_args(c, u, out)), *STALL, timeout=30)
+    return expect(r, 1)
+
+
+def fault_mid_sweep(
+    c: Ctx, act: Callable[[subprocess.Popen[bytes]], None], *extra: str
+) -> tuple[Run, Path]:
+    """A bench against a scripted engine; ``act`` on the engine once the first point is
+    in results.json."""
+    from tests.unit.engine_standin import scripted_engine
+
+    out = c.p("out")
+    with scripted_engine(tokenizer=c.shared.tiny / "tokenizer.json") as (url, engine):
+        t0 = time.monotonic()
+        proc = start(c, *bench_args(c, url, out, *extra))
+        if wait_for(lambda: bool(points(out)), 20):
+            act(engine)
+        r = finish(proc, BOUND_S - (time.monotonic() - t0), t0)
+        with contextlib.suppress(ProcessLookupError):
+            engine.send_signal(signal.SIGCONT)
+    return r, out
+
+
+@case("server process dies after the first point (`--url`)", "fail, keep finished points")
+def _(c: Ctx) -> Verdict:
+    r, out = fault_mid_sweep(c, lambda e: e.kill())
+    kept = [p for p in points(out) if p.get("valid")]
+    return first(expect(r, 1), None if kept else "the finished point was not kept")
+
+
+@case("server SIGSTOP mid-sweep (`--url`, `--stall 6s`)", "fail soon")
+def _(c: Ctx) -> Verdict:
+    r, _out = fault_mid_sweep(c, lambda e: e.send_signal(signal.SIGSTOP), "--stall", "6s")
+    return expect(r, 1)
+
+
+@contextlib.contextmanager
+def deployment(c: Ctx, name: str = "dep") -> Iterator[tuple[Run, dict[str, str]]]:
+    """tiny-mixed up on this machine with the stand-in vLLM package; taken down after."""
+    env = standin_env(c)
+    u = c.sb("up", "tiny-mixed", "--name", name, "--timeout", "25", env=env, timeout=30)
+    try:
+        yield u, env
+    finally:
+        for pid in role_pids(c, name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        c.sb("down", name, env=env, timeout=30)
+
+
+def role_pids(c: Ctx, name: str) -> list[int]:
+    f = c.home / "deployments" / name / "state.json"
+    if not f.exists():
+        return []
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        return [int(r["pid"]) for r in json.loads(f.read_text())["roles"] if r.get("pid")]
+    return []
+
+
+def dep_bench(c: Ctx, name: str, out: Path, *extra: str) -> list[str | Path]:
+    return ["bench", name, *bench_args(c, "", out, *extra)[3:]]
+
+
+@case(
+    "engine SIGSTOP: `status` / `verify` / `bench`", "not ok / fail with evidence / fail soon", n=3
+)
+def _(c: Ctx) -> list[Verdict]:
+    with deployment(c) as (u, env):
+        if u.rc != 0:
+            return [expect(u, 0)] * 3
+        for pid in role_pids(c, "dep"):
+            os.kill(pid, signal.SIGSTOP)
+        st = c.sb("status", "dep", env=env)
+        ve = c.sb("verify", "dep", env=env, timeout=30)
+        out = c.p("out")
+        b = c.sb(*one_level(dep_bench(c, "dep", out)), *STALL, env=env, timeout=30)
+    return [expect(st, 1), expect(ve, 1), expect(b, (1, 2))]
+
+
+@case("engine kill -9 mid-bench", "stop, exit 1, keep points; then status/verify/down", n=4)
+def _(c: Ctx) -> list[Verdict]:
+    with deployment(c) as (u, env):
+        if u.rc != 0:
+            return [expect(u, 0)] * 4
+        out = c.p("out")
+        t0 = time.monotonic()
+        proc = start(c, *dep_bench(c, "dep", out, "--concurrency", "1,2,3"), env=env)
+        pids = role_pids(c, "dep")
+        if wait_for(lambda: bool(points(out)), 20):
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        b = finish(proc, BOUND_S - (time.monotonic() - t0), t0)
+        st = c.sb("status", "dep", env=env)
+        ve = c.sb("verify", "dep", env=env, timeout=30)
+        dn = c.sb("down", "dep", env=env, timeout=30)
+    kept = points(out)
+    return [
+        first(expect(b, 1, says=["not running"]), None if kept else "no point kept"),
+        expect(st, 1),
+        expect(ve, 1),
+        expect(dn, 0),
+    ]
+
+
+def mid_size(c: Ctx) -> int:
+    """A size between a quick sweep's results.json after its first point and at its end
+    (measured on a run of its own): a limit there fails the second write."""
+    out = c.p("measure")
+    c.sb(*bench_args(c, c.shared.url, out), timeout=30)
+    f = out / "results.json"
+    if not f.exists():
+        return 0
+    text = f.read_text()
+    doc = json.loads(text)
+    doc["points"] = doc["points"][:1]
+    doc["aggregates"] = [a for a in doc.get("aggregates", []) if a.get("concurrency") == 1]
+    one = len(json.dumps(doc, indent=2 if "\n " in text else None))
+    return (one + len(text)) // 2
+
+
+@case("disk full mid-bench (a file-size limit standing in)", "named error, file intact")
+def _(c: Ctx) -> Verdict:
+    size = mid_size(c)
+    if not size:
+        return "the measuring run wrote no results.json"
+    out = c.p("out")
+    prelude = [
+        "import resource, signal",
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({size}, {size}))",
+    ]
+    r = c.sb(*bench_args(c, c.shared.url, out), prelude=prelude, timeout=30)
+    return first(expect(r, (1, 2), names=["results.json"]), results_intact(out))
+
+
+@case("`-o` not writable from the start", "exit 2 before load")
+def _(c: Ctx) -> Verdict:
+    ro = c.p("ro")
+    ro.mkdir()
+    ro.chmod(0o555)
+    n0 = c.shared.completions()
+    r = c.sb(*bench_args(c, c.shared.url, ro / "r"), no_dac=True)
+    sent = c.shared.completions() - n0
+    return expect(r, names=[ro / "r"]) or (f"{sent} completions sent first" if sent else None)
+
+
+@case("`-o` made read-only mid-run", "named error")
+def _(c: Ctx) -> Verdict:
+    out = c.p("out")
+    t0 = time.monotonic()
+    proc = start(c, *bench_args(c, c.shared.url, out, "--concurrency", "1,2,3"), no_dac=True)
+    if wait_for(lambda: bool(points(out)), 20):
+        out.chmod(0o555)
+    r = finish(proc, BOUND_S - (time.monotonic() - t0), t0)
+    out.chmod(0o755)
+    return first(expect(r, (1, 2), names=[out]), results_intact(out))
+
+
+@case("`report` to unwritable `-o` / full disk", "exit 2, nothing partial", n=2)
+def _(c: Ctx) -> list[Verdict]:
+    run = results_dir(c, "run")
+    ro = c.p("ro")
+    ro.mkdir()
+    ro.chmod(0o555)
+    r1 = c.sb("report", run, "-o", ro / "rep" / "r.html", no_dac=True)
+    prelude = [
+        "import resource, signal",
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))",
+    ]
+    rep = c.p("rep")
+    r2 = c.sb("report", run, "-o", rep / "r.html", prelude=prelude)
+    left = [str(p.relative_to(rep)) for p in rep.rglob("*") if p.is_file()] if rep.exists() else []
+    partial = left and not (rep / "r.html").exists()
+    return [
+        expect(r1, names=[ro]),
+        first(expect(r2), f"left {left} without a report" if partial else None),
+    ]
+
+
+@case("`compare -o` an existing file", "exit 2")
+def _(c: Ctx) -> Verdict:
+    a = results_dir(c, "a")
+    b = results_dir(c, "b", redated(results_doc()))
+    f = c.p("file")
+    f.write_text("x\n")
+    return expect(c.sb("compare", a, b, "-o", f), names=[f])
+
+
+LONG = ("--concurrency", "1,2", "--repetitions", "3", "--duration", "2s")
+
+
+def long_bench(c: Ctx, out: Path, *extra: str) -> list[str | Path]:
+    args = bench_args(c, c.shared.url, out, *extra)
+    for flag, value in zip(LONG[::2], LONG[1::2], strict=True):
+        args[args.index(flag) + 1] = value
+    return args
+
+
+@case("Ctrl-C bench at 0.5, 2, 9, 14 s", "130, points kept, resumable", n=4)
+def _(c: Ctx) -> list[Verdict]:
+    out: list[Verdict] = []
+    for t in (0.5, 2, 9, 14):
+        d = c.p(f"out-{t}")
+        t0 = time.monotonic()
+        proc = start(c, *long_bench(c, d))
+        time.sleep(t)
+        if proc.poll() is not None:
+            out.append(f"bench had already ended at {t} s (exit {proc.returncode})")
+            continue
+        proc.send_signal(signal.SIGINT)
+        r = finish(proc, 20, t0)
+        v = expect(r, 130)
+        if v is None and (d / "results.json").exists():
+            v = results_intact(d)
+        out.append(v)
+    return out
+
+
+@case("`--resume` after Ctrl-C", "continues")
+def _(c: Ctx) -> Verdict:
+    d = c.p("out")
+    t0 = time.monotonic()
+    proc = start(c, *long_bench(c, d))
+    wait_for(lambda: len(points(d)) >= 2, 25)
+    proc.send_signal(signal.SIGINT)
+    first_run = finish(proc, 20, t0)
+    before = len(points(d))
+    r = c.sb(*long_bench(c, d, "--resume"), timeout=30)
+    after = [p for p in points(d) if p.get("valid")]
+    return first(
+        expect(first_run, 130),
+        expect(r, 0),
+        None if len(after) == 6 else f"{len(after)} valid points after resume (from {before})",
+    )
+
+
+_UP = (
+    "needs `up`/`run` of a real engine (never started here); "
+    "tests/unit/test_interrupt.py plays it with the stand-in vLLM package"
+)
+not_rerun("Ctrl-C `up` (before ready)", "clean", _UP)
+not_rerun("Ctrl-C `run` during up", "clean", _UP)
+not_rerun("Ctrl-C `run` during bench", "clean + partial report", _UP)
+not_rerun("partial report marked partial (run interrupted)", "yes", _UP)
+not_rerun(
+    "SIGTERM `up`",
+    "clean or recoverable",
+    "SIGTERM of up: needs a real vLLM engine starting (never started here)",
+)
+not_rerun(
+    "SIGKILL `up`",
+    "`down` recovers",
+    "SIGKILL of up: needs a real vLLM engine starting (never started here)",
+)
+
+
+@case("SIGINT/TERM/KILL of `bench --agents 2`", "no orphan agents, rc 130/143/137", n=3)
+def _(c: Ctx) -> list[Verdict]:
+    out: list[Verdict] = []
+    for sig, rc in ((signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)):
+        d = c.p(f"out-{sig.name}")
+        t0 = time.monotonic()
+        proc = start(c, *long_bench(c, d, "--agents", "2"))
+        wait_for(lambda p=proc: len(session_pids(p.pid)) > 1, 10)  # type: ignore[misc]
+        time.sleep(1)
+        proc.send_signal(sig)
+        r = finish(proc, 20, t0)
+        wait_for(lambda p=proc: not session_pids(p.pid), 10)  # type: ignore[misc]
+        left = session_pids(proc.pid)
+        kill_group(proc)
+        code = expect(r, rc) if sig != signal.SIGKILL else None
+        out.append(first(code, f"processes left: {left}" if left else None))
+    return out
+
+
+not_rerun("re-run after interrupted `up`/`run`", "works", _UP)
+not_rerun(
+    "`up --timeout 5` on tiny-pd",
+    "fails, stops all",
+    "a local tiny-pd deployment of real engines (never started here)",
+)
+
+
+# =========================================================================================
+# Section 4: concurrency
+# =========================================================================================
+
+table("4", "concurrency")
+
+
+@case("two `bench` to one `-o`", "one refused, the other's points whole")
+def _(c: Ctx) -> Verdict:
+    out = c.p("same")
+    t0 = time.monotonic()
+    a = start(c, *bench_args(c, c.shared.url, out, "--seed", "1"))
+    wait_for(lambda: (out / "results.lock").exists(), 15)
+    b = c.sb(*bench_args(c, c.shared.url, out, "--seed", "2"))
+    ra = finish(a, BOUND_S - (time.monotonic() - t0), t0)
+    f = out / "results.json"
+    seed = json.loads(f.read_text())["provenance"]["seed"] if f.exists() else None
+    return first(
+        expect(b, 2, says=["another run"]),
+        expect(ra, 0),
+        None if seed == 1 else f"results.json holds seed {seed}'s run",
+    )
+
+
+_RACE = "a race of two `up` of real engines (never started here)"
+not_rerun("two `up` of one name, model missing", "one refused with a clear reason", _RACE)
+not_rerun("two `up` of one name, model present", "one refused", _RACE)
+
+
+@case("`down` while `bench` runs", "bench stops, exit 1, no point of pure errors")
+def _(c: Ctx) -> Verdict:
+    with deployment(c) as (u, env):
+        if u.rc != 0:
+            return expect(u, 0)
+        out = c.p("out")
+        t0 = time.monotonic()
+        proc = start(c, *dep_bench(c, "dep", out, "--concurrency", "1,2,3"), env=env)
+        if wait_for(lambda: bool(points(out)), 20):
+            c.sb("down", "dep", env=env, timeout=20)
+        r = finish(proc, BOUND_S - (time.monotonic() - t0), t0)
+    pts = points(out)
+    dead = [p["concurrency"] for p in pts if not p.get("requests_ok") and p.get("errors")]
+    return first(
+        expect(r, 1),
+        None if pts else "no point kept",
+        f"points of pure connection errors at c={dead}" if dead else None,
+    )
 
 
 # =========================================================================================

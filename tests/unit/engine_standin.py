@@ -191,8 +191,9 @@ class H(http.server.BaseHTTPRequestHandler):
             return
         if f == "usage_lie":
             used = {**used, "completion_tokens": 10 * k}
-        if f == "moretokens":
+        if f == "moretokens":  # max_tokens ignored
             k = 3 * k
+            used = {**used, "completion_tokens": k}
         for i in range(k):
             end = "length" if i == k - 1 else None
             event([{"index": 0, "text": " a", "logprobs": None, "finish_reason": end}])
