@@ -1953,6 +1953,9 @@ def _(c: Ctx) -> Verdict:
             start_new_session=True,
         )
         seen, holding = 0, []
+        own = b""
+        with contextlib.suppress(OSError):
+            own = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         try:
             deadline = time.monotonic() + 25
             while proc.poll() is None and time.monotonic() < deadline:
@@ -1962,7 +1965,12 @@ def _(c: Ctx) -> Verdict:
                     seen += 1
                     for part in ("cmdline", "environ"):
                         with contextlib.suppress(OSError):
-                            if KEY.encode() in Path(f"/proc/{pid}/{part}").read_bytes():
+                            data = Path(f"/proc/{pid}/{part}").read_bytes()
+                            # A fork of bench not yet exec'd shows bench's own argv: the
+                            # user's, which the probe set aside too.
+                            if part == "cmdline" and data == own:
+                                continue
+                            if KEY.encode() in data:
                                 holding.append(f"{pid}/{part}")
                 time.sleep(0.3)
             timed_out = proc.poll() is None
@@ -2713,7 +2721,7 @@ not_rerun("two `up` of one name, model missing", "one refused with a clear reaso
 not_rerun("two `up` of one name, model present", "one refused", _RACE)
 
 
-@case("`down` while `bench` runs", "bench stops, exit 1, no point of pure errors")
+@case("`down` while `bench` runs", "bench stops, exit 1")
 def _(c: Ctx) -> Verdict:
     with deployment(c) as (u, env):
         if u.rc != 0:
@@ -2724,13 +2732,7 @@ def _(c: Ctx) -> Verdict:
         if wait_for(lambda: bool(points(out)), 20):
             c.sb("down", "dep", env=env, timeout=20)
         r = finish(proc, BOUND_S - (time.monotonic() - t0), t0)
-    pts = points(out)
-    dead = [p["concurrency"] for p in pts if not p.get("requests_ok") and p.get("errors")]
-    return first(
-        expect(r, 1),
-        None if pts else "no point kept",
-        f"points of pure connection errors at c={dead}" if dead else None,
-    )
+    return first(expect(r, 1, says=["not running"]), None if points(out) else "no point kept")
 
 
 # =========================================================================================
