@@ -80,7 +80,9 @@ def engine(
 # engine), STANDIN_ANSWER_MODEL (the model every chunk names), STANDIN_NO_METRICS (no
 # /metrics: a server whose points stand on the client's figures), STANDIN_TERM_LINGER
 # (on SIGTERM its port closes at once and the process exits that many seconds later, as
-# an engine shutting down).
+# an engine shutting down), STANDIN_FAULT (a fault from the completion after the first
+# STANDIN_FAULT_AFTER on: ``FAULTS``), STANDIN_REQUIRE_KEY (401 without ``Bearer KEY``, as
+# vLLM's --api-key).
 _API_SERVER = """
 import http.server, json, os, sys, threading, time
 from pathlib import Path
@@ -99,6 +101,9 @@ if os.environ.get("STANDIN_NO_METRICS"):
     del files["/metrics"]
 answer = int(os.environ.get("STANDIN_ANSWER", "-1"))
 answer_model = os.environ.get("STANDIN_ANSWER_MODEL")
+fault = os.environ.get("STANDIN_FAULT")
+fault_after = int(os.environ.get("STANDIN_FAULT_AFTER", "0"))
+require_key = os.environ.get("STANDIN_REQUIRE_KEY")
 seen = Path(os.environ["STANDIN_SEEN"]) if os.environ.get("STANDIN_SEEN") else None
 tokenizer = None
 if os.environ.get("STANDIN_TOKENIZER"):
@@ -118,7 +123,14 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+    def refused(self):
+        if require_key and self.headers.get("Authorization") != "Bearer " + require_key:
+            self.reply(401, b'{"error": {"message": "Unauthorized", "code": 401}}')
+            return True
+        return False
     def do_GET(self):
+        if self.path.startswith("/v1/") and self.refused():
+            return
         path = files.get(self.path)
         ok = path is not None or self.path == "/health"
         self.reply(200 if ok else 404, path.read_bytes() if path else b"")
@@ -131,10 +143,23 @@ class H(http.server.BaseHTTPRequestHandler):
             (seen / f"completion-{n}").touch()
         if 0 <= answer < n:
             time.sleep(3600)  # busy: the request is held open
+        if self.refused():
+            return
+        f = fault if fault and n > fault_after else None
+        if f == "die":
+            os._exit(1)
+        if f == "500" or (f == "500half" and n % 2 == 0):
+            self.reply(500, b'{"error": {"message": "internal error", "code": 500}}')
+            return
+        if f == "echo500":  # a gateway quoting the request's credentials in its error
+            auth = self.headers.get("Authorization", "")
+            said = f"invalid request: Authorization: {auth} key={auth.split(' ')[-1]}"
+            self.reply(500, json.dumps({"error": {"message": said, "code": 500}}).encode())
+            return
         model = answer_model or req.get("model", "tiny")
         used = {"prompt_tokens": prompt_tokens(req.get("prompt", "")),
                 "completion_tokens": int(req.get("max_tokens", 8))}
-        if not req.get("stream"):
+        if not req.get("stream") or f == "plain200":
             body = {"choices": [{"index": 0, "text": " jumps", "finish_reason": "length"}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 8}}
             self.reply(200, json.dumps(body).encode())
@@ -147,7 +172,28 @@ class H(http.server.BaseHTTPRequestHandler):
                      "model": model, "choices": choices, "usage": usage}
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
             self.wfile.flush()
+        if f == "notokens":
+            self.wfile.write(b"data: [DONE]\\n\\n")
+            return
+        if f in ("malformed", "badjson"):
+            bad = b"{not json" if f == "malformed" else b'{"choices": "x", "model": 7}'
+            self.wfile.write(b"data: " + bad + b"\\n\\n" + b"data: [DONE]\\n\\n")
+            return
+        if f == "slowdrip":  # one SSE comment byte every 0.5 s, for ever
+            while True:
+                self.wfile.write(b":")
+                self.wfile.flush()
+                time.sleep(0.5)
         k = used["completion_tokens"]
+        if f == "close":  # one token, then the connection closes
+            event([{"index": 0, "text": " a", "logprobs": None, "finish_reason": None}])
+            self.close_connection = True
+            return
+        if f == "usage_lie":
+            used = {**used, "completion_tokens": 10 * k}
+        if f == "moretokens":  # max_tokens ignored
+            k = 3 * k
+            used = {**used, "completion_tokens": k}
         for i in range(k):
             end = "length" if i == k - 1 else None
             event([{"index": 0, "text": " a", "logprobs": None, "finish_reason": end}])
@@ -157,7 +203,14 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 
 address = (arg("--host", "127.0.0.1"), int(arg("--port", "8000")))
-server = http.server.ThreadingHTTPServer(address, H)
+class Server(http.server.ThreadingHTTPServer):
+    if ":" in address[0]:
+        import socket
+        address_family = socket.AF_INET6
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # a client gone is no error
+server = Server(address, H)
 server.daemon_threads = True
 linger = float(os.environ.get("STANDIN_TERM_LINGER", "0"))
 if linger:
@@ -171,6 +224,17 @@ server.serve_forever()
 """
 
 
+# The scripted engine's faults (the reliability probe's fault server's modes): every
+# completion a 500, every other one a 500, SSE data that is not JSON, JSON of the wrong
+# shape, the connection closed after one token, a 200 of only [DONE], usage counting 10x
+# the tokens sent, 3x the tokens asked for, a 200 that is not a stream, a 500 quoting the
+# request's Authorization header, one comment byte every 0.5 s, the process exiting.
+FAULTS = (
+    "500", "500half", "malformed", "badjson", "close", "notokens", "usage_lie",
+    "moretokens", "plain200", "echo500", "slowdrip", "die",
+)  # fmt: skip
+
+
 @contextlib.contextmanager
 def scripted_engine(
     *,
@@ -178,6 +242,10 @@ def scripted_engine(
     answer_model: str | None = None,
     tokenizer: Path | None = None,
     seen: Path | None = None,
+    fault: str | None = None,
+    fault_after: int = 0,
+    require_key: str | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The stand-in vLLM server on a free port of 127.0.0.1, streaming completions as
     vLLM does (one token a chunk, a usage chunk, ``[DONE]``) with no /metrics; yields its
@@ -185,9 +253,18 @@ def scripted_engine(
     ``answer`` are held open (a stalled engine); every chunk names ``answer_model``
     instead of the model asked for.  ``tokenizer``: a tokenizer.json that counts the
     prompt's tokens for ``usage`` as vLLM does; each completion it receives leaves a file
-    in ``seen``."""
+    in ``seen``.  ``fault`` (one of ``FAULTS``): what every completion after the first
+    ``fault_after`` gets instead of its answer; ``require_key``: 401 for a request without
+    ``Authorization: Bearer KEY``; ``host``: 127.0.0.1 or ::1."""
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault {fault!r}: one of {', '.join(FAULTS)}")
     port = free_port()
     env = {**os.environ, "STANDIN_FIXTURES": str(FIX), "STANDIN_NO_METRICS": "1"}
+    if fault is not None:
+        env["STANDIN_FAULT"] = fault
+        env["STANDIN_FAULT_AFTER"] = str(fault_after)
+    if require_key is not None:
+        env["STANDIN_REQUIRE_KEY"] = require_key
     env["STANDIN_ANSWER"] = str(-1 if answer is None else answer)
     if answer_model is not None:
         env["STANDIN_ANSWER_MODEL"] = answer_model
@@ -197,16 +274,16 @@ def scripted_engine(
         seen.mkdir(parents=True, exist_ok=True)
         env["STANDIN_SEEN"] = str(seen)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _API_SERVER, "--host", "127.0.0.1", "--port", str(port)], env=env
+        [sys.executable, "-c", _API_SERVER, "--host", host, "--port", str(port)], env=env
     )
     try:
         deadline = time.monotonic() + 20
         while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            with contextlib.suppress(OSError), socket.create_connection((host, port), 0.2):
                 break
             assert proc.poll() is None and time.monotonic() < deadline, "stand-in did not start"
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}", proc
+        yield f"http://{f'[{host}]' if ':' in host else host}:{port}", proc
     finally:
         proc.kill()
         proc.wait(10)
