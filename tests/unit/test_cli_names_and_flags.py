@@ -200,6 +200,14 @@ def test_a_repeated_set_is_refused_like_a_repeated_key_in_a_values_file(
     refused(cli("recipes", "show", "tiny-mixed", "-f", str(values)), "given twice")
 
 
+def test_an_integer_no_engine_or_cluster_field_can_hold_is_refused(cli: Cli) -> None:
+    # The probe's case: rendered without a word, to overflow where it lands.
+    huge = "99999999999999999999999"
+    r = cli("recipes", "show", "tiny-mixed", "--set", f"max_model_len={huge}")
+    refused(r, "max_model_len", "too large", "2147483647")
+    assert cli("recipes", "show", "tiny-mixed", "--set", "max_model_len=4096").returncode == 0
+
+
 # --- D27: two `up` of one name ---------------------------------------------------------
 
 

@@ -241,6 +241,11 @@ def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
             out: Any = int(text)
         except ValueError:
             raise bad("expected an integer") from None
+        if abs(out) > INT32_MAX:
+            raise bad(
+                f"too large: at most {INT32_MAX} (the integer fields an engine and Kubernetes "
+                "take are 32-bit)"
+            )
     elif t is ParamType.FLOAT:
         try:
             out = float(text)
@@ -275,6 +280,11 @@ def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
         if param.max is not None and out > param.max:
             raise bad(f"must be <= {param.max:g}")
     return out
+
+
+# Kubernetes' integer fields (replicas, ports, probe periods) are int32, as are vLLM's token
+# counts; a larger value would overflow where it lands, not where it was given.
+INT32_MAX = 2**31 - 1
 
 
 def _walk_strings(node: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], str]]:
