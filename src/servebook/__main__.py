@@ -4,6 +4,6 @@ workers) imports this module too, as ``__mp_main__``, and importing every comman
 cost each of them ~0.6 s of CPU."""
 
 if __name__ == "__main__":
-    from servebook.cli import main
+    from servebook.entry import main
 
     main()
