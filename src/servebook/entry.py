@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 _EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _default(sig: signal.Signals) -> object:
+def _default(sig: signal.Signals) -> Callable[[int, FrameType | None], Any] | signal.Handlers:
     return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
 
 
