@@ -16,6 +16,29 @@ for arg in "$@"; do
   esac
 done
 
+# The test control plane for tests/cluster: Kubernetes built from source (plane/go.mod),
+# cached outside the repository by content hash, so later set-ups find it at once.  The
+# first build is long and CPU-bound while pip's installs are mostly download and unpack,
+# so it runs beside them and is waited for at the end.
+plane_pid=
+plane_log=
+if [ "$engine" = 1 ]; then
+  plane_log="$(mktemp "${TMPDIR:-/tmp}/servebook-plane-build.XXXXXX")"
+  echo "setup: building the test control plane beside the installs (scripts/kube-plane build; the first build takes minutes; log $plane_log)"
+  # its own process group, so that an interrupt stops go and its compilers too
+  setsid scripts/kube-plane build >"$plane_log" 2>&1 &
+  plane_pid=$!
+fi
+stop_plane_build() {
+  if [ -n "$plane_pid" ]; then
+    kill -TERM -- "-$plane_pid" 2>/dev/null || true
+  fi
+}
+trap 'stop_plane_build; exit 130' INT
+trap 'stop_plane_build; exit 143' TERM
+trap 'stop_plane_build; exit 129' HUP
+trap 'stop_plane_build' EXIT
+
 venv="${SERVEBOOK_VENV:-.venv}"
 py="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
@@ -58,13 +81,12 @@ if [ "$engine" = 1 ]; then
   fi
 fi
 if [ "$engine" = 1 ]; then
-  # The test control plane for tests/cluster: Kubernetes built from source (plane/go.mod),
-  # cached outside the repository by content hash, so later set-ups find it at once.
-  echo "setup: building the test control plane (scripts/kube-plane build; the first build takes minutes)"
-  if ! plane="$(scripts/kube-plane build)"; then
+  if ! wait "$plane_pid"; then
+    cat "$plane_log" >&2
     echo "setup: the test control plane did not build (above); tests/cluster needs it. It needs Go >= 1.26 and the Go module proxy." >&2
     exit 1
   fi
-  echo "setup: test control plane at $plane"
+  plane_pid=
+  echo "setup: test control plane at $(tail -n 1 "$plane_log")"
 fi
 echo "setup: done ($venv)"

@@ -4,26 +4,59 @@ logic lives in the modules they call."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import sys
+from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 from rich.markup import escape
 
-from servebook.commands import app
-from servebook.commands import attach as _attach  # noqa: F401  (registers commands)
-from servebook.commands import bench as _bench  # noqa: F401
-from servebook.commands import deploy as _deploy  # noqa: F401
-from servebook.commands import lint as _lint  # noqa: F401
-from servebook.commands import model as _model  # noqa: F401
-from servebook.commands import preflight as _preflight  # noqa: F401
-from servebook.commands import probe as _probe  # noqa: F401
-from servebook.commands import recipes as _recipes  # noqa: F401
-from servebook.commands import render as _render  # noqa: F401
-from servebook.commands import report as _report  # noqa: F401
-from servebook.commands import verify as _verify  # noqa: F401
+from servebook import commands
 from servebook.console import err, styled
 from servebook.errors import ServebookError
+
+#: The module of ``servebook.commands`` that defines each command, in --help's order.  A
+#: command imports only its own module: importing all of them took 2-4 s, before every
+#: command (``tests/unit/test_cli_lazy.py`` holds this map to what the modules register).
+COMMAND_MODULES = {
+    "attach": "attach",
+    "detach": "attach",
+    "verify": "verify",
+    "bench": "bench",
+    "up": "deploy",
+    "status": "deploy",
+    "down": "deploy",
+    "run": "deploy",
+    "checks": "lint",
+    "lint": "lint",
+    "preflight": "preflight",
+    "probe": "probe",
+    "render": "render",
+    "report": "report",
+    "compare": "report",
+    "recipes": "recipes",
+    "model": "model",
+}
+
+
+def load(argv: Sequence[str] = ()) -> None:
+    """Register the command ``argv`` names (its first word that is not an option), or every
+    command when it names none that exists (--help, a typo, nothing)."""
+    words = [a for a in argv if not a.startswith("-")]
+    wanted = [COMMAND_MODULES[words[0]]] if words and words[0] in COMMAND_MODULES else None
+    for module in wanted or dict.fromkeys(COMMAND_MODULES.values()):
+        importlib.import_module(f"servebook.commands.{module}")
+
+
+def __getattr__(name: str) -> Any:
+    """``servebook.cli.app``: the application with every command (tests run it in-process)."""
+    if name == "app":
+        load()
+        return commands.app
+    raise AttributeError(name)
+
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
@@ -40,13 +73,14 @@ def main() -> None:
     """Console entry point: a command that cannot go on raises ``ServebookError``, and this
     is the one place it is printed (``LABEL: MESSAGE``, then ``fix: HINT`` on its own line)
     and turned into the exit code; nothing else is printed after it."""
+    load(sys.argv[1:])  # before the handlers: a signal now finds entry's, or the defaults
     for sig in STOPPING:
         # Only at their defaults: a signal the caller ignores (nohup's SIGHUP) stays ignored.
         default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         if signal.getsignal(sig) is default:
             signal.signal(sig, _on_stop)
     try:
-        app()
+        commands.app()
     except SystemExit as e:
         # Typer ends a command a stop signal interrupted with exit 130 and no word: say
         # what happened, and exit as a shell reports that signal.
@@ -98,4 +132,4 @@ def _still_cleaning(_signum: int, _frame: FrameType | None) -> None:
         )
 
 
-__all__ = ["app", "main"]
+__all__ = ["COMMAND_MODULES", "load", "main"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderableType
 from rich.markup import escape
@@ -28,9 +28,10 @@ from rich.text import Text
 
 from servebook import redact
 from servebook.findings import Finding
-from servebook.results.schema import Results
-from servebook.results.tpot import judged
-from servebook.verify.smoke import Report
+
+if TYPE_CHECKING:  # the tables' inputs; every command imports this module, few print them
+    from servebook.results.schema import Results
+    from servebook.verify.smoke import Report
 
 # The width of a console that is not a terminal: wider than any line servebook prints, so
 # that no column is cut or folded in a pipe.
@@ -111,6 +112,8 @@ def number(x: float | None, digits: int = 1) -> str:
 
 
 def print_points(results: Results, path: Path) -> None:
+    from servebook.results.tpot import judged
+
     t = Table(title=f"servebook bench: {path}")
     for col in (
         "level",

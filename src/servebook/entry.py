@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -38,6 +39,7 @@ def main() -> None:
             taken.append(sig)
     from servebook import cli
 
+    cli.load(sys.argv[1:])
     for sig in taken:
         signal.signal(sig, _default(sig))  # cli.main takes over the signals at their defaults
     cli.main()

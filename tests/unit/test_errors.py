@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from servebook import cli, redact
+from servebook import cli, commands, redact
 from servebook.backends.base import UpFailed
 from servebook.errors import ServebookError, UsageError
 
@@ -25,7 +25,7 @@ def main_raising(
         def app() -> None:
             raise exc
 
-        monkeypatch.setattr(cli, "app", app)
+        monkeypatch.setattr(commands, "app", app)
         with pytest.raises(SystemExit) as e:
             cli.main()
         code = e.value.code

@@ -1,6 +1,7 @@
 """The Typer application, and the two ways every command prints beside its tables
 (``servebook.console``): progress lines and ``--json``.  Each module beside this one
-attaches one command (or command group) to ``app``; ``servebook.cli`` imports them all."""
+attaches one command (or command group) to ``app``; ``servebook.cli`` imports the one a
+command line names (``COMMAND_MODULES``), or all of them."""
 
 from __future__ import annotations
 
