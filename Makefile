@@ -12,9 +12,11 @@ setup:
 run: setup
 	$(BIN)/servebook run
 
-## Lint, type check, then every test (unit, engine on real vLLM, cluster skips without one).
+## Lint, type check, then every test: unit (3 processes: they mostly wait), then the engine
+## and cluster tests one at a time (real vLLM servers and the test plane share 2 cores).
 test: setup check
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra -n 3 tests/unit
+	$(BIN)/pytest -q -ra tests/engine tests/cluster
 
 check:
 	$(BIN)/ruff check src tests benchmarks
@@ -23,7 +25,7 @@ check:
 	scripts/kube-plane check
 
 unit:
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n 3 tests/unit
 
 engine:
 	$(BIN)/pytest -q -ra tests/engine

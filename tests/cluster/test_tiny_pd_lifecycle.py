@@ -1,5 +1,9 @@
-"""tiny-pd's whole life on a real control plane (issue 31): `up`, `status`, `verify`, `bench`
-in the cluster and through port-forwards, `down`, and `up` again straight after `down`.
+"""tiny-pd's whole life on a real control plane (issue 31), in one deployment, since each
+bring-up costs minutes on 2 cores: `servebook run --keep` (preflight, up, verify, the sweep
+in a load Job beside the servers, report), then `status`, `verify` and `bench` through
+port-forwards by name, a re-up with a change (new Pods, waited for), `down`, and `up` again
+straight after `down` (issue 23 point 2: down waited until the objects and the namespace
+it created were gone, so the new one is not refused by a terminating namespace).
 
 On the test plane the prefill and decode engines are real vLLM CPU servers in Pods of their
 own (own network namespaces, the node directory they share for ExampleConnector's KV), the
@@ -35,39 +39,64 @@ def _bench(out: Path, *extra: str) -> dict[str, Any]:
     return results
 
 
-def test_up_status_verify_bench_down_and_up_again(where: list[str], tmp_path: Path) -> None:
-    up = ["up", "tiny-pd", "--backend", "kubernetes", *where, "--name", "lifecycle"]
-    r = sb(*up, timeout=UP_S)
-    assert r.returncode == 0, r.stdout + r.stderr
+def _roles(name: str) -> dict[str, dict[str, Any]]:
+    status = json.loads(sb("status", name, "--json", timeout=120).stdout)
+    return {role["name"]: role for role in status["roles"]}
 
-    status = json.loads(sb("status", "lifecycle", "--json", timeout=120).stdout)
-    assert {role["name"]: role["ready"] for role in status["roles"]} == {
+
+@pytest.mark.timeout(2400)  # several bring-ups of two vLLM engines on a shared 2-core machine
+def test_run_keep_status_verify_bench_reup_down_and_up_again(
+    where: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    r = sb(
+        "run", "tiny-pd", "--backend", "kubernetes", *where, "--name", "lifecycle",
+        "-o", str(out), "--keep",
+        "--max-repetitions", "3",  # the chain, not the precision, is what this test is about
+        timeout=UP_S + 900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "report.html").is_file() and (out / "results.json").is_file()
+    results = json.loads((out / "results.json").read_text())
+    assert results["provenance"]["target"]["backend"] == "kubernetes"
+    load = results["provenance"]["load"]
+    assert load["route"] == "cluster-service" and load["job"], load
+    assert all(p["server"].get("handoff_share") for p in results["points"])
+    assert "down:" not in r.stdout  # --keep
+
+    roles = _roles("lifecycle")
+    assert {n: role["ready"] for n, role in roles.items()} == {
         "prefill": True,
         "decode": True,
         "router": True,
-    }, status
+    }, roles
 
     r = sb("verify", "lifecycle", "--json", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     handoff = [f for f in json.loads(r.stdout)["findings"] if f["check"] == "SB302"]
     assert {f["subject"]: f["severity"] for f in handoff}["decode"] == "pass", handoff
 
-    inside = _bench(tmp_path / "in-cluster", "--seed", "1")
-    load = inside["provenance"]["load"]
-    assert load["route"] == "cluster-service" and load["job"], load
-    (point,) = inside["points"]
-    assert point["valid"] and point["server"]["handoff_share"] > 0.5, point
-
-    # Another seed: the same prompts again would be served from decode's prefix cache.
+    # Another seed than run's: the same prompts again would be served from the prefix cache.
     forwarded = _bench(tmp_path / "forwarded", "--via", "port-forward", "--seed", "2")
     assert forwarded["provenance"]["load"]["route"] == "port-forward"
     (point,) = forwarded["points"]
     assert point["valid"] and point["server"]["handoff_share"] > 0.5, point
 
+    # A re-up after a change waits for the new Pods, and status shows them.
+    up = ["up", "tiny-pd", "--backend", "kubernetes", *where, "--name", "lifecycle"]
+    r = sb(*up, "--set", "max_model_len=1024", timeout=UP_S)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = _roles("lifecycle")
+    for role in ("prefill", "decode"):
+        old, new = roles[role], after[role]
+        assert new["pod"] != old["pod"] and new["ready"], (old, new)
+        assert new["restarts_since_apply"] == 0, new
+
     down = sb("down", "lifecycle", timeout=600)
     assert down.returncode == 0, down.stdout + down.stderr
     again = sb(*up, timeout=UP_S)  # at once: down waited until its objects were gone
     assert again.returncode == 0, again.stdout + again.stderr
+    assert "being terminated" not in again.stderr
     assert sb("verify", "lifecycle", timeout=600).returncode == 0
     assert sb("down", "lifecycle", timeout=600).returncode == 0
     assert sb("status", "lifecycle", timeout=120).returncode == 2
