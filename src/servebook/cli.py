@@ -14,6 +14,7 @@ from servebook.commands import app
 from servebook.commands import attach as _attach  # noqa: F401  (registers commands)
 from servebook.commands import bench as _bench  # noqa: F401
 from servebook.commands import deploy as _deploy  # noqa: F401
+from servebook.commands import experiment as _experiment  # noqa: F401
 from servebook.commands import lint as _lint  # noqa: F401
 from servebook.commands import model as _model  # noqa: F401
 from servebook.commands import preflight as _preflight  # noqa: F401

@@ -243,19 +243,21 @@ def file_size_limit(n_bytes: int) -> list[str]:
 # batching engine is: every step it sends one token to each request in flight, and a step
 # takes ``loaded`` ms once ``loaded_from`` requests are in flight, ``alone`` ms below that
 # (a step, not a slope: between two requests of a closed loop at c, c - 1 are in flight),
-# times the machine's ``slowdown = 1 + slope * (seconds since the last POST /reset)``,
-# shared by every arm.  Steps are due on the clock (the loop's lateness does not add up),
-# and a request that arrives joins at the next step, so the time a request costs is whole
-# steps for every arm alike: the true tok/s ratio of two arms at a level is the inverse of
-# their step times there.  A process of its own, so that the load generator under test does
-# not share its GIL.
+# divided by the machine's speed, ``1 - slope * (seconds since the last POST /reset)``
+# (throughput falls linearly in time; at least 0.2), shared by every arm.  Steps are due
+# on the clock (the loop's lateness does not add up), and a request that arrives joins at
+# the next step: the true tok/s ratio of two arms at a level is the inverse of their step
+# times there (less the gap between one request and the next, ~1 ms on a quiet machine, up
+# to ~8 ms on a busy one, which is why a request is 8 steps and not 1).  A process of its
+# own, so that the load generator under test does not share its GIL.
 _MACHINE = """
 import asyncio, json, sys, time
 from aiohttp import web
 cfg = json.loads(sys.argv[1])
 t0 = [time.monotonic()]
 def slowdown():
-    return 1.0 + cfg["slope"] * (time.monotonic() - t0[0])
+    speed = max(0.2, 1.0 - cfg["slope"] * (time.monotonic() - t0[0]))
+    return 1.0 / speed
 def app(alone, loaded, loaded_from):
     active = []
     wake = asyncio.Event()
@@ -325,8 +327,8 @@ def scripted_machine(
     arms: list[tuple[float, float, int]], slope_per_s: float, prompt_tokens: int
 ) -> Iterator[tuple[list[str], Callable[[], None]]]:
     """Servers of the arms ``[(alone, loaded, loaded_from), ...]`` (ms a step, times the
-    machine's slowdown) on one simulated machine that slows down by ``slope_per_s``
-    each second since ``reset()``; a text prompt counts ``prompt_tokens``.  Yields the arms'
+    machine's speed) on one simulated machine whose speed falls by ``slope_per_s`` each
+    second since ``reset()``; a text prompt counts ``prompt_tokens``.  Yields the arms'
     base URLs and ``reset``."""
     import json
     import urllib.request

@@ -26,7 +26,7 @@ BASE = (8.0, 8.0, 99)
 CAND = (4.8, 12.8, 3)
 TRUE_RATIO = {1.0: 8 / 4.8, 4.0: 8 / 12.8}
 TRUE_CROSSOVER = 2.5
-SLOPE = 0.1  # the machine's slowdown a second: ~2x over the interleaved experiment
+SLOPE = 0.04  # the machine's speed lost a second: ~half of it over the interleaved run
 PROMPT = "the same short prompt every time"
 
 
@@ -50,7 +50,9 @@ def experiment(urls: list[str], tiny_dir: Path, dataset: Path, blocks: int) -> s
                 "repetitions": 1,
                 "min-requests": 2,
                 "max-client-lag-ms": 1000,
-                "min-achieved-concurrency": 0.5,
+                # a point the loaded test machine starved (requests not sent on time) is
+                # invalid, so it counts for nothing, as in any bench
+                "min-achieved-concurrency": 0.9,
             },
         },
         str(dataset.parent / "mechanics.yaml"),
@@ -107,12 +109,12 @@ def test_interleaved_ratios_hold_the_truth_and_sequential_ones_are_biased(
     assert inter["drift"]["change"] < -0.1
 
     # Sequential: the candidate's benches ran about two benches' time (~3 s) after the
-    # baseline's, on a machine ~20-40% slower, so its ratios are biased low by that much
-    # (seen on the 2-core test machine: -17% to -36%, against an interleaved error of
-    # 0-4%).  The test asks for a bias beyond -10% and more than twice the error.
+    # baseline's, on a machine ~12-20% slower, so its ratios are biased low by about that
+    # much, while the interleaved ones stay within 5%.  The test asks for a bias beyond -7%
+    # and more than twice the interleaved error (its output prints both).
     for level, truth in TRUE_RATIO.items():
         bias = ratio(seq, "output_tokens_per_s", level)["ratio"] / truth - 1
         error = abs(ratio(inter, "output_tokens_per_s", level)["ratio"] / truth - 1)
         print(f"c={level:g}: sequential bias {bias:+.1%}, interleaved error {error:.1%}")
-        assert bias < -0.10
+        assert bias < -0.07
         assert abs(bias) > 2 * error
