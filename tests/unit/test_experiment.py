@@ -17,6 +17,7 @@ from servebook.experiment import analysis, design, session, spec
 from servebook.experiment.runner import StepFailed, Steps
 from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
+from servebook.report import experiment as exp_report
 from tests.conftest import CliResult
 from tests.unit.conftest import scripted_machine
 
@@ -167,6 +168,12 @@ def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
     assert [e["outcome"] for e in done["schedule"]] == ["done"] * 4
     assert done["schedule"][:2] == saved["schedule"][:2]  # not run again
     assert {c["metric"] for c in done["comparisons"]} >= {"output_tokens_per_s", "tpot_ms_p50"}
+    # the report reads experiment.json: every arm x level, the ratios, the schedule
+    html = exp_report.write(out, out).read_text()
+    md = (out / "report.md").read_text()
+    for text in (html, md):
+        assert "Every arm at every level" in text and "Ratios to the baseline a" in text
+        assert text.count("done") >= 4 and "c=2" in text
     # another experiment's file is not resumed into this directory
     other = spec.parse({**doc, "blocks": 3}, str(tmp_path / "exp.yaml"))
     with pytest.raises(UsageError, match="another experiment"):
@@ -263,6 +270,18 @@ def test_a_crossover_is_where_the_interval_leaves_one_side_of_1_for_the_other() 
     vague = [ratio(1, 0.95, 1.3), ratio(4, 0.7, 1.05)]
     (und,) = analysis.crossovers(vague)
     assert und["undetermined"] is True and und["between"] is None
+
+
+def test_the_crossover_is_stated_in_words() -> None:
+    (cross,) = analysis.crossovers([ratio(1, 1.2, 1.4), ratio(16, 0.7, 0.8)])
+    line = exp_report.crossover_line(cross)
+    assert "b is ahead of a in output tok/s up to 1 and behind from 16 on" in line
+    tpot = analysis.crossovers(
+        [ratio(1, 0.7, 0.8, "tpot_ms_p50"), ratio(8, 1.2, 1.3, "tpot_ms_p50")]
+    )
+    assert "b is ahead of a in TPOT p50 (ms) up to 1 and behind from 8 on" in (
+        exp_report.crossover_line(tpot[0])
+    )
 
 
 def test_the_bootstrap_resamples_blocks_so_block_scatter_widens_the_interval() -> None:

@@ -119,7 +119,7 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def summary_lines(state: dict[str, Any]) -> list[str]:
-    from servebook.experiment.words import comparison_line, crossover_line, drift_line
+    from servebook.report.experiment import comparison_line, crossover_line, drift_line
 
     lines = [
         f"  block {b['block']} INVALID: {b['reason']}" for b in state.get("invalid_blocks", [])
