@@ -168,6 +168,8 @@ def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
     assert [e["outcome"] for e in done["schedule"]] == ["done"] * 4
     assert done["schedule"][:2] == saved["schedule"][:2]  # not run again
     assert {c["metric"] for c in done["comparisons"]} >= {"output_tokens_per_s", "tpot_ms_p50"}
+    # what the servers said, compared as `compare` compares it: the same here
+    assert [p["like_for_like"] for p in done["provenance"]] == [True]
     # the report reads experiment.json: every arm x level, the ratios, the schedule
     html = exp_report.write(out, out).read_text()
     md = (out / "report.md").read_text()

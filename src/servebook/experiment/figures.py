@@ -60,6 +60,38 @@ def update(state: dict[str, Any], out_dir: Path) -> None:
     state["crossovers"] = analysis.crossovers(rs)
     state["drift"] = analysis.drift(samples, state["baseline"], order)
     state["absolute"] = absolute(samples)
+    state["provenance"] = measured_differences(state, results)
+
+
+def measured_differences(
+    state: dict[str, Any], results: dict[tuple[str, int], Results]
+) -> list[dict[str, Any]]:
+    """Each arm's measured provenance (its first finished block's results) against the
+    baseline's, by ``compare``'s own comparison: what the servers said (``/version``, each
+    role's command line and image) may differ from what was declared before the start.  A
+    difference outside ``variable:`` is listed here, and the report says so."""
+    from servebook.report.comparability import comparability
+
+    first: dict[str, Results] = {}
+    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
+        first.setdefault(arm, res)
+    base = first.get(state["baseline"])
+    if base is None:
+        return []
+    out = []
+    for arm, res in sorted(first.items()):
+        if arm == state["baseline"]:
+            continue
+        c = comparability(base.provenance, res.provenance, state["variable"])
+        out.append(
+            {
+                "arm": arm,
+                "like_for_like": c.like_for_like,
+                "differences": [d.to_dict() | {"under_test": d.kind in c.allowed_kinds}
+                                for d in c.differences],
+            }
+        )  # fmt: skip
+    return out
 
 
 def absolute(samples: analysis.Samples) -> list[dict[str, Any]]:

@@ -122,6 +122,13 @@ def sentences(doc: dict[str, Any]) -> list[str]:
         out.append("No crossover: no ratio's interval goes from one side of 1 to the other.")
     if doc.get("drift"):
         out.append(drift_line(doc["drift"]).strip())
+    for p in doc.get("provenance", []):
+        if not p["like_for_like"]:
+            fields = ", ".join(d["field"] for d in p["differences"] if not d["under_test"])
+            out.append(
+                f"Arm {p['arm']}'s measured provenance differs from the baseline's beyond the "
+                f"variable: {fields}. Its ratios mix that difference in."
+            )
     return out
 
 
