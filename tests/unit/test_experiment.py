@@ -320,3 +320,28 @@ def test_the_cross_image_ratio_is_refused_with_exit_2(
     assert "roles.images" in r.stderr and "vllm:v1" in r.stderr and "vllm:v2" in r.stderr
     assert "variable: [packages]" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stop_signal_during_a_bench_takes_the_arms_deployment_down(tmp_path: Path) -> None:
+    recipes = [{"name": "a", "recipe": "tiny-mixed"}, {"name": "b", "recipe": "tiny-mixed"}]
+    doc = {**url_arms(), "arms": recipes}
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    log: list[str] = []
+
+    def bench(arm: Arm, name: str | None, where: Path) -> None:
+        raise KeyboardInterrupt  # what cli.main turns SIGINT, SIGTERM and SIGHUP into
+
+    steps = Steps(
+        up=lambda arm, block: f"{arm.name}-{block}",
+        warm=lambda arm, name: None,
+        verify=lambda arm, name: None,
+        bench=bench,
+        down=lambda arm, name: log.append(f"down {name}"),
+    )
+    with pytest.raises(session.ExperimentStopped) as e:
+        session.execute(exp, tmp_path / "out", steps, lambda _l: None)
+    assert e.value.exit_code == 130
+    first = session.order_of(exp)[0]
+    assert log == [f"down {first[1]}-{first[0]}"]
+    saved = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert {e["outcome"] for e in saved["schedule"]} == {"pending"}
