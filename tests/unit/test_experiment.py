@@ -176,6 +176,7 @@ def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
     for text in (html, md):
         assert "Every arm at every level" in text and "Ratios to the baseline a" in text
         assert text.count("done") >= 4 and "c=2" in text
+    assert 'id="plot-ratios"' in html and (out / "plots" / "ratios.png").stat().st_size > 0
     # another experiment's file is not resumed into this directory
     other = spec.parse({**doc, "blocks": 3}, str(tmp_path / "exp.yaml"))
     with pytest.raises(UsageError, match="another experiment"):

@@ -14,7 +14,8 @@ from servebook import inputs
 from servebook.errors import UsageError
 from servebook.experiment.analysis import METRICS
 from servebook.files import write_files
-from servebook.report.render import html_table, md_table, md_text
+from servebook.report.plots import Panel, PlotSpec, Series, draw
+from servebook.report.render import PLOTS_DIR, html_figure, html_table, md_table, md_text
 from servebook.report.tables import NA, Column, Table
 
 
@@ -132,14 +133,72 @@ def sentences(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def ratio_plot(doc: dict[str, Any]) -> PlotSpec | None:
+    """Ratio to the baseline against the level, one panel per metric, one line per arm with
+    its 95% band; the baseline's own line at 1.0, where a band crossing it is a level at
+    which the arms are not distinguishable."""
+    mode = doc.get("level_mode", "concurrency")
+    comps = doc.get("comparisons", [])
+    if not comps:
+        return None
+    arms = sorted({c["arm"] for c in comps})
+    panels = []
+    for metric, (what, higher) in METRICS.items():
+        rows = [c for c in comps if c["metric"] == metric]
+        if not rows:
+            continue
+        levels = sorted({float(c[mode]) for c in rows})
+        ones = [1.0] * len(levels)
+        nan = [float("nan")] * len(levels)
+        series = [Series(f"{doc['baseline']} (baseline)", 0, levels, ones, nan, nan)]
+        for i, arm in enumerate(arms, 1):
+            mine = sorted((c for c in rows if c["arm"] == arm), key=lambda c: c[mode])
+            series.append(
+                Series(
+                    arm,
+                    i,
+                    [float(c[mode]) for c in mine],
+                    [c["ratio"] for c in mine],
+                    [c["ci95"][0] for c in mine],
+                    [c["ci95"][1] for c in mine],
+                )
+            )
+        note = "above 1: more" if higher else "above 1: longer (worse)"
+        panels.append(Panel(what, f"ratio to {doc['baseline']}", series, note=note))
+    all_levels = sorted({float(c[mode]) for c in comps})
+    return PlotSpec(
+        "ratios",
+        f"Ratio to {doc['baseline']} by {mode}, with 95% intervals over blocks",
+        "concurrency" if mode == "concurrency" else "rate (req/s)",
+        panels,
+        caption="A band wholly above or below the baseline's line at 1.0 is a difference; "
+        "where the bands move from one side to the other lies the crossover.",
+        logx=len(all_levels) > 1 and min(all_levels) > 0,
+        xticks=all_levels,
+    )
+
+
 def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
     """``report.md`` and ``report.html`` of an experiment's directory."""
     doc = inputs.load_json(exp_dir / EXPERIMENT_NAME, "experiment")
     if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
         raise UsageError(f"{exp_dir / EXPERIMENT_NAME}: not an experiment's figures")
     ts, words = tables(doc), sentences(doc)
+    files: dict[str, str | bytes] = {}
+    plot = ratio_plot(doc)
+    figure = ""
     md = [f"# servebook experiment: {md_text(str(doc['experiment']))}", ""]
     md += [md_text(w) + "\n" for w in words]
+    if plot is not None:
+        png, svg = draw(plot)
+        files[f"{PLOTS_DIR}/{plot.id}.png"], files[f"{PLOTS_DIR}/{plot.id}.svg"] = png, svg
+        figure = html_figure(plot, png)
+        md += [
+            f"![{md_text(plot.title)}]({PLOTS_DIR}/{plot.id}.png)",
+            "",
+            md_text(plot.caption),
+            "",
+        ]
     for t in ts:
         md += [f"## {md_text(t.title)}", "", md_table(t), ""]
     e = html.escape
@@ -151,13 +210,13 @@ def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
         '<section id="summary">',
         *[f"<p>{e(w)}</p>" for w in words],
         "</section>",
+        figure,
         *[f'<section id="{t.id}"><h2>{e(t.title)}</h2>{html_table(t)}</section>' for t in ts],
         "</body></html>",
     ]
-    write_files(
-        out_dir,
-        {Path(html_name).with_suffix(".md").name: "\n".join(md), html_name: "\n".join(page)},
-    )
+    files[Path(html_name).with_suffix(".md").name] = "\n".join(md)
+    files[html_name] = "\n".join(page)
+    write_files(out_dir, files)
     return out_dir / html_name
 
 
