@@ -109,9 +109,11 @@ def test_interleaved_ratios_hold_the_truth_and_sequential_ones_are_biased(
     assert inter["drift"]["change"] < -0.1
 
     # Sequential: the candidate's benches ran about two benches' time (~3 s) after the
-    # baseline's, on a machine ~12-20% slower, so its ratios are biased low by about that
-    # much, while the interleaved ones stay within 5%.  The test asks for a bias beyond -7%
-    # and more than twice the interleaved error (its output prints both).
+    # baseline's, on a machine ~10% slower, so its ratios are biased low by about that much.
+    # Seen on the 2-core test machine, quiet: a bias of -9% to -11% at both levels against
+    # an interleaved error of 0.3-1.2%.  (At a load average of 6-9 from other work on those
+    # 2 cores, the interleaved error reached 5-7% at c=1 in about half the runs.)  The test
+    # asks for a bias beyond -7% and more than twice the interleaved error.
     for level, truth in TRUE_RATIO.items():
         bias = ratio(seq, "output_tokens_per_s", level)["ratio"] / truth - 1
         error = abs(ratio(inter, "output_tokens_per_s", level)["ratio"] / truth - 1)
