@@ -41,6 +41,7 @@ def url_arms(**extra_b: Any) -> dict[str, Any]:
         ({"blocks": 0}, "blocks", "whole number"),
         ({"load": {"concurency": [1]}}, "load.concurency", "concurrency"),
         ({"variable": "colour"}, "variable", "topology"),
+        ({"slo": {"ttft": "1s"}}, "slo", "remove slo:"),
         (
             {"arms": [{"name": "a", "url": "http://x"}, {"name": "b", "url": "http://y"}]},
             "model",

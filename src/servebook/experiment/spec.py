@@ -136,6 +136,13 @@ def parse(doc: Any, path: str) -> Experiment:
             "not a key of an experiment",
             f"use only {', '.join(sorted(_TOP_KEYS))}",
         )
+    if "slo" in doc:
+        raise _bad(
+            path,
+            "slo",
+            "max load under an SLO is not implemented for experiments yet",
+            "remove slo: (bench each arm with --slo for goodput meanwhile)",
+        )
     arms = _arms(doc.get("arms"), path)
     names = [a.name for a in arms]
     baseline = doc.get("baseline")
