@@ -29,6 +29,7 @@ COMMAND_MODULES = {
     "status": "deploy",
     "down": "deploy",
     "run": "deploy",
+    "experiment": "experiment",
     "checks": "lint",
     "lint": "lint",
     "preflight": "preflight",

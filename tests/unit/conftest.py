@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -234,3 +235,119 @@ def file_size_limit(n_bytes: int) -> list[str]:
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({n_bytes}, {n_bytes}))",
     ]
+
+
+# --- a scripted machine for experiments (tests/unit/test_experiment*.py) -----------------
+
+# One process serving every arm of a simulated machine.  Each arm is an engine loop, as a
+# batching engine is: every step it sends one token to each request in flight, and a step
+# takes ``loaded`` ms once ``loaded_from`` requests are in flight, ``alone`` ms below that
+# (a step, not a slope: between two requests of a closed loop at c, c - 1 are in flight),
+# divided by the machine's speed, ``1 - slope * (seconds since the last POST /reset)``
+# (throughput falls linearly in time; at least 0.2), shared by every arm.  Steps are due
+# on the clock (the loop's lateness does not add up), and a request that arrives joins at
+# the next step: the true tok/s ratio of two arms at a level is the inverse of their step
+# times there (less the gap between one request and the next, ~1 ms on a quiet machine, up
+# to ~8 ms on a busy one, which is why a request is 8 steps and not 1).  A process of its
+# own, so that the load generator under test does not share its GIL.
+_MACHINE = """
+import asyncio, json, sys, time
+from aiohttp import web
+cfg = json.loads(sys.argv[1])
+t0 = [time.monotonic()]
+def slowdown():
+    speed = max(0.2, 1.0 - cfg["slope"] * (time.monotonic() - t0[0]))
+    return 1.0 / speed
+def app(alone, loaded, loaded_from):
+    active = []
+    wake = asyncio.Event()
+    async def engine():
+        due = time.monotonic()
+        while True:
+            if not active:
+                wake.clear()
+                await wake.wait()
+                due = time.monotonic()
+            step = loaded if len(active) >= loaded_from else alone
+            due += step * slowdown() / 1000
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            for q in list(active):
+                q.put_nowait(1)
+    async def models(_r):
+        card = {"id": "tiny", "object": "model", "owned_by": "vllm", "max_model_len": 2048}
+        return web.json_response({"object": "list", "data": [card]})
+    async def reset(_r):
+        t0[0] = time.monotonic()
+        return web.json_response({})
+    async def completions(request):
+        body = await request.json()
+        n = int(body.get("max_tokens", 8))
+        q = asyncio.Queue()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        active.append(q)
+        wake.set()
+        try:
+            for _ in range(n):
+                await q.get()
+                chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+            active.remove(q)
+            usage = {"prompt_tokens": cfg["prompt_tokens"], "completion_tokens": n}
+            chunk = {"choices": [], "usage": usage}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+            await resp.write(b"data: [DONE]\\n\\n")
+        except ConnectionError:
+            pass
+        finally:
+            if q in active:
+                active.remove(q)
+        return resp
+    async def start(_app):
+        _app["engine"] = asyncio.get_running_loop().create_task(engine())
+    w = web.Application()
+    w.on_startup.append(start)
+    w.router.add_get("/v1/models", models)
+    w.router.add_post("/reset", reset)
+    w.router.add_post("/v1/completions", completions)
+    return w
+async def main():
+    for arm, port in zip(cfg["arms"], cfg["ports"]):
+        runner = web.AppRunner(app(*arm), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def scripted_machine(
+    arms: list[tuple[float, float, int]], slope_per_s: float, prompt_tokens: int
+) -> Iterator[tuple[list[str], Callable[[], None]]]:
+    """Servers of the arms ``[(alone, loaded, loaded_from), ...]`` (ms a step, times the
+    machine's speed) on one simulated machine whose speed falls by ``slope_per_s`` each
+    second since ``reset()``; a text prompt counts ``prompt_tokens``.  Yields the arms'
+    base URLs and ``reset``."""
+    import json
+    import urllib.request
+
+    from tests.unit.engine_standin import free_port
+
+    ports = [free_port() for _ in arms]
+    cfg = {"arms": arms, "ports": ports, "slope": slope_per_s, "prompt_tokens": prompt_tokens}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MACHINE, json.dumps(cfg)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+
+        def reset() -> None:
+            urllib.request.urlopen(urllib.request.Request(urls[0] + "/reset", method="POST"))
+
+        yield urls, reset
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -57,12 +57,24 @@ def report(
 ) -> None:
     """Write report.md, a self-contained report.html and PNG/SVG plots from results files.
 
+    On an experiment's directory (DIR/experiment.json, from `servebook experiment`): the
+    table of every arm x level (absolute, per accelerator, TPOT), the ratios to the
+    baseline with their 95% intervals, the crossover in words, the drift and the schedule.
+
     Per run and load level: request and output-token throughput, absolute and per
     accelerator; TTFT/ITL/TPOT p50/p99 with 95% CIs; error rate; validity (invalid points
     listed with their reasons, never plotted as measurements); server evidence (PD handoff
     share, speculative acceptance). Plots: throughput, TPOT and TTFT vs concurrency with CI
     bands, and the Pareto view. Provenance of every run and what differs between them.
     """
+    from servebook.report import experiment as exp_report
+
+    if len(dirs) == 1 and dirs[0].is_dir() and exp_report.is_experiment(dirs[0]):
+        out_dir, html_name = output_paths(output or dirs[0])
+        html_path = exp_report.write(dirs[0], out_dir, html_name)
+        out.print(f"report: {html_path}", highlight=False, soft_wrap=True)
+        out.print(f"report: {html_path.with_suffix('.md')}", highlight=False, soft_wrap=True)
+        return
     if output is None:
         # One run: beside its results (DIR, or the directory of DIR/results.json).
         one = dirs[0] if len(dirs) == 1 else None

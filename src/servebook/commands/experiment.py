@@ -1,0 +1,133 @@
+"""`servebook experiment FILE.yaml -o DIR [--dry-run] [--resume]`: several arms measured in
+blocks, interleaved, with ratios to a baseline (``servebook.experiment``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from servebook.commands import app, print_json, say
+from servebook.commands.verify import ApiKeyOpt
+from servebook.console import out
+
+HELP = (
+    "Compare several arms (recipes brought up fresh per block, attached deployments, or "
+    "URLs) in blocks: each block runs every arm once, in a randomized, counterbalanced "
+    "order (seeded, recorded), each recipe arm up -> warm-up -> verify -> bench -> down. "
+    "Arms may differ only in the file's variable: (topology, engine_args, packages, ...); "
+    "any other difference (an image, the model) is refused before anything starts, as "
+    "`servebook compare` refuses it. DIR/experiment.json is rewritten atomically after every "
+    "bench (--resume continues it with the same schedule) and holds the schedule, each "
+    "arm's results directories, the ratios to the baseline per level (output tok/s, per "
+    "accelerator, TPOT p50) with 95% intervals that resample blocks, the crossovers and "
+    "the baseline's drift. `servebook report DIR` renders it.\n\n"
+    "Exit 0 when every block is valid, 1 when a block is invalid (an arm did not come up or "
+    "failed verify: listed with the reason), 2 on unusable input.\n\n"
+    "Example: servebook experiment spec.yaml -o out/spec-vs-mixed --dry-run"
+)
+
+
+@app.command(help=HELP)
+def experiment(
+    file: Path = typer.Argument(..., metavar="FILE.yaml", help="The experiment file."),
+    out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for experiment.json."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the schedule, the time and what is deployed; run nothing."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue DIR/experiment.json from the last finished bench."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="The plan (--dry-run) or figures as JSON."),
+    api_key: str | None = ApiKeyOpt,
+) -> None:
+    from servebook.experiment import session, spec, steps
+
+    exp = spec.load(file)
+    session.prepare(exp)
+    order = session.order_of(exp)
+    if dry_run:
+        plan = dry_run_plan(exp, order)
+        if as_json:
+            print_json(plan)
+        else:
+            for line in dry_run_lines(plan):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
+        return
+    state = session.execute(
+        exp, out_dir, steps.servebook_steps(exp, say, api_key), say, resume=resume
+    )
+    if as_json:
+        print_json(state)
+    else:
+        for line in summary_lines(state):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
+        out.print(f"experiment: {out_dir / 'experiment.json'}", highlight=False, soft_wrap=True)
+    if state.get("invalid_blocks"):
+        raise typer.Exit(1)
+
+
+def dry_run_plan(exp: Any, order: list[tuple[int, str]]) -> dict[str, Any]:
+    from servebook.experiment import steps
+
+    low, high = steps.estimated_s(exp)
+    ups = sum(1 for _b, a in order if exp.arm(a).kind == "recipe")
+    return {
+        "experiment": exp.path,
+        "seed": exp.seed,
+        "baseline": exp.baseline,
+        "variable": list(exp.variable),
+        "schedule": [{"block": b, "arm": a} for b, a in order],
+        "arms": [{"name": a.name, "what": a.describe()} for a in exp.arms],
+        "deployments": [
+            {"block": b, "arm": a, "name": steps.deployment_name(exp.arm(a), b)}
+            for b, a in order
+            if exp.arm(a).kind == "recipe"
+        ],
+        "estimated_bench_s": [round(low), round(high)],
+        "fresh_deployments": ups,
+    }
+
+
+def dry_run_lines(plan: dict[str, Any]) -> list[str]:
+    lo, hi = plan["estimated_bench_s"]
+    lines = [f"experiment {plan['experiment']} (seed {plan['seed']}), baseline {plan['baseline']}"]
+    lines += [f"  arm {a['name']}: {a['what']}" for a in plan["arms"]]
+    lines.append("schedule (run order):")
+    blocks: dict[int, list[str]] = {}
+    for e in plan["schedule"]:
+        blocks.setdefault(e["block"], []).append(e["arm"])
+    lines += [f"  block {b}: {' -> '.join(arms)}" for b, arms in blocks.items()]
+    span = (f"{lo / 60:.0f}", f"{hi / 60:.0f}", "min") if hi >= 120 else (f"{lo}", f"{hi}", "s")
+    took = (
+        f"about {span[0]} {span[2]}"
+        if span[0] == span[1]
+        else f"about {span[0]} to {span[1]} {span[2]}"
+    )
+    ups = plan["fresh_deployments"]
+    extra = f", plus {ups} fresh deployment(s) (up, warm-up, verify, down each)" if ups else ""
+    lines.append(f"time: benches {took}{extra}")
+    if plan["deployments"]:
+        lines.append("deployed (one at a time, each taken down after its bench):")
+        lines += [
+            f"  {d['name']} (arm {d['arm']}, block {d['block']})" for d in plan["deployments"]
+        ]
+    else:
+        lines.append("deployed: nothing (attached and URL arms are only benched)")
+    return lines
+
+
+def summary_lines(state: dict[str, Any]) -> list[str]:
+    from servebook.report.experiment import comparison_line, crossover_line, drift_line
+
+    lines = [
+        f"  block {b['block']} INVALID: {b['reason']}" for b in state.get("invalid_blocks", [])
+    ]
+    lines += [
+        comparison_line(c, state.get("level_mode", "concurrency")) for c in state["comparisons"]
+    ]
+    lines += [crossover_line(c) for c in state["crossovers"]]
+    if state.get("drift"):
+        lines.append(drift_line(state["drift"]))
+    return lines

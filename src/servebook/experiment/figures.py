@@ -1,0 +1,113 @@
+"""``DIR/experiment.json``'s figures from the state and the arms' results files: which
+blocks are valid (and why not), the comparisons, the crossovers and the drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from servebook.experiment import analysis
+from servebook.experiment.runner import DONE, PENDING
+from servebook.results.schema import RESULTS_NAME, Results
+from servebook.results.store import load_results
+
+
+def invalid_blocks(state: dict[str, Any]) -> dict[int, str]:
+    """Block -> why it is invalid: the first of its entries that did not finish."""
+    out: dict[int, str] = {}
+    for e in state["schedule"]:
+        if e["outcome"] not in (DONE, PENDING) and e["block"] not in out:
+            out[e["block"]] = f"arm {e['arm']} {e['outcome']}"
+    return out
+
+
+def finished_results(state: dict[str, Any], out_dir: Path) -> dict[tuple[str, int], Results]:
+    """The results of every finished entry of a valid block."""
+    bad = invalid_blocks(state)
+    out = {}
+    for e in state["schedule"]:
+        if e["outcome"] == DONE and e["block"] not in bad:
+            arm, block = e["arm"], e["block"]
+            out[(arm, block)] = load_results(
+                out_dir / "arms" / arm / f"block-{block}" / RESULTS_NAME
+            )
+    return out
+
+
+def mode_of(results: dict[tuple[str, int], Results]) -> str:
+    for res in results.values():
+        for p in res.points:
+            return "concurrency" if p.concurrency is not None else "rate"
+    return "concurrency"
+
+
+def update(state: dict[str, Any], out_dir: Path) -> None:
+    """Recompute the figures into ``state`` from what has finished so far."""
+    results = finished_results(state, out_dir)
+    acc = {a["name"]: a.get("accelerators") for a in state["arms"]}
+    samples = analysis.samples_of(results, acc)
+    rs = analysis.ratios(samples, state["baseline"], seed=state["seed"])
+    mode = mode_of(results)
+    order: list[int] = []
+    for e in state["schedule"]:
+        if e["arm"] == state["baseline"] and e["outcome"] == DONE and e["block"] not in order:
+            order.append(e["block"])
+    state["level_mode"] = mode
+    state["invalid_blocks"] = [
+        {"block": b, "reason": why} for b, why in sorted(invalid_blocks(state).items())
+    ]
+    state["comparisons"] = [r.to_dict(mode) for r in rs]
+    state["crossovers"] = analysis.crossovers(rs)
+    state["drift"] = analysis.drift(samples, state["baseline"], order)
+    state["absolute"] = absolute(samples)
+    state["provenance"] = measured_differences(state, results)
+
+
+def measured_differences(
+    state: dict[str, Any], results: dict[tuple[str, int], Results]
+) -> list[dict[str, Any]]:
+    """Each arm's measured provenance (its first finished block's results) against the
+    baseline's, by ``compare``'s own comparison: what the servers said (``/version``, each
+    role's command line and image) may differ from what was declared before the start.  A
+    difference outside ``variable:`` is listed here, and the report says so."""
+    from servebook.report.comparability import comparability
+
+    first: dict[str, Results] = {}
+    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
+        first.setdefault(arm, res)
+    base = first.get(state["baseline"])
+    if base is None:
+        return []
+    out = []
+    for arm, res in sorted(first.items()):
+        if arm == state["baseline"]:
+            continue
+        c = comparability(base.provenance, res.provenance, state["variable"])
+        out.append(
+            {
+                "arm": arm,
+                "like_for_like": c.like_for_like,
+                "differences": [d.to_dict() | {"under_test": d.kind in c.allowed_kinds}
+                                for d in c.differences],
+            }
+        )  # fmt: skip
+    return out
+
+
+def absolute(samples: analysis.Samples) -> list[dict[str, Any]]:
+    """Each arm's mean per level and metric over its valid blocks (the report's table)."""
+    out = []
+    for arm, blocks in sorted(samples.items()):
+        levels = sorted({lv for blk in blocks.values() for lv in blk})
+        for level in levels:
+            row: dict[str, Any] = {"arm": arm, "level": level}
+            for metric in analysis.METRICS:
+                means = [
+                    sum(v) / len(v)
+                    for blk in blocks.values()
+                    if (v := blk.get(level, {}).get(metric))
+                ]
+                row[metric] = round(sum(means) / len(means), 4) if means else None
+            row["blocks"] = sum(1 for blk in blocks.values() if level in blk)
+            out.append(row)
+    return out

@@ -1,0 +1,157 @@
+"""servebook's own steps for an experiment (``runner.Steps``): a recipe arm comes up
+through its backend as `servebook up` brings it up, is warmed and verified as `servebook
+run` verifies, and benched with bench's sweep (``servebook.sweep``); an attached or URL
+arm is benched as `servebook bench NAME` or `--url` benches it.  A failure of one step is
+``StepFailed`` (the block is invalid with its message); a stop signal is not caught here,
+so the runner's ``finally`` takes down what it brought up."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from servebook import auth
+from servebook.bench import target as tgt
+from servebook.errors import ServebookError, UsageError
+from servebook.experiment.runner import Say, StepFailed, Steps
+from servebook.experiment.spec import Arm, Experiment
+from servebook.sweep import BenchArgs, not_serving, run_bench
+
+_BENCH_FIELDS = {f.name: f for f in dataclasses.fields(BenchArgs)}
+_NOT_BENCH_ARGS = {"tokenizer"}
+
+
+def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
+    """bench's settings from the experiment's ``load:`` (each key a bench flag's long
+    name), typed as bench types them; one seed for every arm, so each bench shuffles its
+    levels alike."""
+    given: dict[str, Any] = {"seed": exp.seed, "require_server_evidence": arm.kind != "url"}
+    for key, value in exp.load.items():
+        name = key.replace("-", "_")
+        if name in _NOT_BENCH_ARGS:
+            continue
+        default = getattr(BenchArgs(), name)
+        if name == "dataset":
+            given[name] = Path(exp.path).parent / str(value)
+            continue
+        try:
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError("give true or false")
+                given[name] = value
+            elif isinstance(default, int) or name in ("min_requests", "max_repetitions"):
+                given[name] = int(value)
+            elif isinstance(default, float):
+                given[name] = float(value)
+            else:
+                given[name] = str(value)
+        except ValueError:
+            raise UsageError(
+                f"{exp.path}: load.{key}: {value!r} is not what `servebook bench --{key}` takes",
+                hint=f"see `servebook bench --help` for --{key}",
+            ) from None
+    return BenchArgs(**given)
+
+
+def check_load(exp: Experiment) -> None:
+    """Every arm's bench settings parse (levels, durations, precision), before anything
+    starts."""
+    from servebook.sweep import settings_from
+
+    for arm in exp.arms:
+        settings_from(bench_args(exp, arm), None)
+
+
+def estimated_s(exp: Experiment) -> tuple[float, float]:
+    """The experiment's bench time, low and high (bench's own estimate per bench)."""
+    from servebook.sweep import settings_from
+
+    low = high = 0.0
+    for arm in exp.arms:
+        lo, hi = settings_from(bench_args(exp, arm), None).estimated_s()
+        low += lo * exp.blocks
+        high += hi * exp.blocks
+    return low, high
+
+
+def deployment_name(arm: Arm, block: int) -> str:
+    return f"{arm.name}-b{block}"
+
+
+def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
+    from servebook.backends import base
+
+    key = auth.resolve(api_key)
+    tokenizer = exp.load.get("tokenizer")
+
+    def up(arm: Arm, block: int) -> str:
+        from servebook.recipe.resolve import resolve
+
+        backend = base.get(arm.backend)
+        name = deployment_name(arm, block)
+        assert arm.recipe is not None
+        plan = resolve(arm.recipe, arm.sets, [Path(v) for v in arm.values])
+        try:
+            ready = backend.up(plan, name=name, timeout_s=None, say=say)
+        except ServebookError as e:
+            raise StepFailed(str(e)) from None
+        return str(ready.name)
+
+    def verify(arm: Arm, name: str) -> str | None:
+        from servebook.verify.smoke import Options
+        from servebook.verify.smoke import run as smoke
+
+        opts = Options(api_key=key)
+        with base.get(arm.backend).open(name) as view:
+            rep = smoke(view.targets(), view.claims(), opts)
+        failed = [f for f in rep.findings if f.failed]
+        return "; ".join(f"{f.check} {f.message}" for f in failed) if failed else None
+
+    def warm(arm: Arm, name: str) -> None:
+        say(f"warming {name} up (a verify pass whose verdict is not kept)")
+        verify(arm, name)
+
+    def bench(arm: Arm, name: str | None, where: Path) -> None:
+        a = bench_args(exp, arm)
+        try:
+            if arm.kind == "url":
+                assert arm.url is not None and arm.model is not None
+                subject = tgt.from_url(
+                    arm.url,
+                    model=arm.model,
+                    tokenizer=tokenizer,
+                    api=a.api,
+                    request_timeout_s=a.request_timeout,
+                    api_key=key,
+                )
+                run_bench(subject, a, where, resume=False, tokenizer=tokenizer, resumable=False)
+                return
+            owner, dep = (
+                (base.get(arm.backend), name) if name is not None else base.locate(arm.deployment)
+            )
+            with owner.open(dep) as view:
+                subject = tgt.from_deployment(
+                    view, api=a.api, request_timeout_s=a.request_timeout, api_key=key
+                )
+                run_bench(
+                    subject,
+                    a,
+                    where,
+                    resume=False,
+                    tokenizer=tokenizer,
+                    alive=view.dead_roles,
+                    serving=not_serving(view),
+                    resumable=False,
+                )
+        except UsageError:
+            raise
+        except ServebookError as e:
+            if e.exit_code >= 128:  # stopped by a signal: the experiment stops
+                raise
+            raise StepFailed(str(e)) from None
+
+    def down(arm: Arm, name: str) -> None:
+        base.get(arm.backend).down(name)
+
+    return Steps(up=up, warm=warm, verify=verify, bench=bench, down=down)

@@ -1,0 +1,227 @@
+"""An experiment's report (``servebook report DIR`` on a directory with experiment.json):
+the table of every arm x level, the ratios with their intervals, the crossover in words,
+the drift, and the schedule with each entry's outcome; and the same sentences for the
+terminal.  Reads ``experiment.json`` only (plain data), as the rest of report/ reads
+results files."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from servebook import inputs
+from servebook.errors import UsageError
+from servebook.experiment.analysis import METRICS
+from servebook.files import write_files
+from servebook.report.plots import Panel, PlotSpec, Series, draw
+from servebook.report.render import PLOTS_DIR, html_figure, html_table, md_table, md_text
+from servebook.report.tables import NA, Column, Table
+
+
+def _level(value: float, mode: str) -> str:
+    return f"c={value:g}" if mode == "concurrency" else f"rate={value:g}/s"
+
+
+def comparison_line(c: dict[str, Any], mode: str) -> str:
+    lo, hi = c["ci95"]
+    what = METRICS[c["metric"]][0]
+    return (
+        f"  {c['arm']} / {c['baseline']} at {_level(c[mode], mode)}, {what}: "
+        f"{c['ratio']:.3f} [{lo:.3f}, {hi:.3f}] over {c['blocks']} block(s): {c['verdict']}"
+    )
+
+
+def crossover_line(c: dict[str, Any]) -> str:
+    what = METRICS[c["metric"]][0]
+    if c.get("undetermined"):
+        return f"  crossover of {c['arm']} vs {c['baseline']} in {what}: undetermined ({c['why']})"
+    lo, hi = c["between"]
+    better = METRICS[c["metric"]][1]
+    above = "ahead" if better else "behind"
+    below = "behind" if better else "ahead"
+    first, then = (above, below) if c["direction"] == "above to below 1" else (below, above)
+    return (
+        f"  crossover: {c['arm']} is {first} of {c['baseline']} in {what} up to {lo:g} and "
+        f"{then} from {hi:g} on; the crossover lies between {lo:g} and {hi:g} (95% intervals "
+        "wholly on either side of 1)"
+    )
+
+
+def drift_line(d: dict[str, Any]) -> str:
+    return (
+        f"  drift: the baseline {d['arm']} changed {d['change']:+.1%} in output tok/s from "
+        f"block {d['first_block']} to block {d['last_block']} (the machine moved during the "
+        "experiment; interleaving spreads that over every arm)"
+    )
+
+
+# --- the experiment's report (``servebook report DIR`` on an experiment's directory) -------
+
+EXPERIMENT_NAME = "experiment.json"
+
+
+def is_experiment(path: Path) -> bool:
+    return (path / EXPERIMENT_NAME).is_file()
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return NA if v is None else f"{v:,.{digits}f}"
+
+
+def tables(doc: dict[str, Any]) -> list[Table]:
+    """Every arm x level (absolute, per accelerator, TPOT); the ratios with intervals; the
+    schedule with each entry's outcome."""
+    mode = doc.get("level_mode", "concurrency")
+    absolute = Table(
+        "arms",
+        "Every arm at every level (median over valid blocks' means)",
+        [Column("Arm"), Column("Level"), Column("Output tok/s", True),
+         Column("Per accelerator", True), Column("TPOT p50 (ms)", True), Column("Blocks", True)],
+        [
+            [r["arm"], _level(r["level"], mode), _num(r["output_tokens_per_s"]),
+             _num(r["output_tokens_per_s_per_accelerator"]), _num(r["tpot_ms_p50"], 2),
+             str(r["blocks"])]
+            for r in doc.get("absolute", [])
+        ],
+    )  # fmt: skip
+    ratios = Table(
+        "ratios",
+        f"Ratios to the baseline {doc['baseline']} with 95% intervals over blocks",
+        [Column("Arm"), Column("Level"), Column("Metric"), Column("Ratio", True),
+         Column("95% interval", True), Column("Blocks", True), Column("Verdict")],
+        [
+            [c["arm"], _level(c[mode], mode), METRICS[c["metric"]][0], f"{c['ratio']:.3f}",
+             f"[{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]", str(c["blocks"]), c["verdict"]]
+            for c in doc.get("comparisons", [])
+        ],
+        note="A ratio above 1 is more throughput, or a longer TPOT (worse). The verdict is "
+        "better or worse only when the whole interval is on one side of 1.",
+    )  # fmt: skip
+    schedule = Table(
+        "schedule",
+        "Schedule, in run order, with each entry's outcome",
+        [Column("#", True), Column("Block", True), Column("Arm"), Column("Started"),
+         Column("Ended"), Column("Outcome")],
+        [
+            [str(i), str(e["block"]), e["arm"], e["started_at"] or "", e["ended_at"] or "",
+             e["outcome"]]
+            for i, e in enumerate(doc["schedule"], 1)
+        ],
+    )  # fmt: skip
+    return [absolute, ratios, schedule]
+
+
+def sentences(doc: dict[str, Any]) -> list[str]:
+    out = [
+        f"Baseline {doc['baseline']}; {doc['blocks']} block(s), design {doc['design']}, "
+        f"seed {doc['seed']}; arms may differ in: {', '.join(doc['variable']) or 'nothing'}."
+    ]
+    out += [f"Block {b['block']} is invalid: {b['reason']}." for b in doc.get("invalid_blocks", [])]
+    out += [crossover_line(c).strip() for c in doc.get("crossovers", [])]
+    if not doc.get("crossovers"):
+        out.append("No crossover: no ratio's interval goes from one side of 1 to the other.")
+    if doc.get("drift"):
+        out.append(drift_line(doc["drift"]).strip())
+    for p in doc.get("provenance", []):
+        if not p["like_for_like"]:
+            fields = ", ".join(d["field"] for d in p["differences"] if not d["under_test"])
+            out.append(
+                f"Arm {p['arm']}'s measured provenance differs from the baseline's beyond the "
+                f"variable: {fields}. Its ratios mix that difference in."
+            )
+    return out
+
+
+def ratio_plot(doc: dict[str, Any]) -> PlotSpec | None:
+    """Ratio to the baseline against the level, one panel per metric, one line per arm with
+    its 95% band; the baseline's own line at 1.0, where a band crossing it is a level at
+    which the arms are not distinguishable."""
+    mode = doc.get("level_mode", "concurrency")
+    comps = doc.get("comparisons", [])
+    if not comps:
+        return None
+    arms = sorted({c["arm"] for c in comps})
+    panels = []
+    for metric, (what, higher) in METRICS.items():
+        rows = [c for c in comps if c["metric"] == metric]
+        if not rows:
+            continue
+        levels = sorted({float(c[mode]) for c in rows})
+        ones = [1.0] * len(levels)
+        nan = [float("nan")] * len(levels)
+        series = [Series(f"{doc['baseline']} (baseline)", 0, levels, ones, nan, nan)]
+        for i, arm in enumerate(arms, 1):
+            mine = sorted((c for c in rows if c["arm"] == arm), key=lambda c: c[mode])
+            series.append(
+                Series(
+                    arm,
+                    i,
+                    [float(c[mode]) for c in mine],
+                    [c["ratio"] for c in mine],
+                    [c["ci95"][0] for c in mine],
+                    [c["ci95"][1] for c in mine],
+                )
+            )
+        note = "above 1: more" if higher else "above 1: longer (worse)"
+        panels.append(Panel(what, f"ratio to {doc['baseline']}", series, note=note))
+    all_levels = sorted({float(c[mode]) for c in comps})
+    return PlotSpec(
+        "ratios",
+        f"Ratio to {doc['baseline']} by {mode}, with 95% intervals over blocks",
+        "concurrency" if mode == "concurrency" else "rate (req/s)",
+        panels,
+        caption="A band wholly above or below the baseline's line at 1.0 is a difference; "
+        "where the bands move from one side to the other lies the crossover.",
+        logx=len(all_levels) > 1 and min(all_levels) > 0,
+        xticks=all_levels,
+    )
+
+
+def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
+    """``report.md`` and ``report.html`` of an experiment's directory."""
+    doc = inputs.load_json(exp_dir / EXPERIMENT_NAME, "experiment")
+    if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
+        raise UsageError(f"{exp_dir / EXPERIMENT_NAME}: not an experiment's figures")
+    ts, words = tables(doc), sentences(doc)
+    files: dict[str, str | bytes] = {}
+    plot = ratio_plot(doc)
+    figure = ""
+    md = [f"# servebook experiment: {md_text(str(doc['experiment']))}", ""]
+    md += [md_text(w) + "\n" for w in words]
+    if plot is not None:
+        png, svg = draw(plot)
+        files[f"{PLOTS_DIR}/{plot.id}.png"], files[f"{PLOTS_DIR}/{plot.id}.svg"] = png, svg
+        figure = html_figure(plot, png)
+        md += [
+            f"![{md_text(plot.title)}]({PLOTS_DIR}/{plot.id}.png)",
+            "",
+            md_text(plot.caption),
+            "",
+        ]
+    for t in ts:
+        md += [f"## {md_text(t.title)}", "", md_table(t), ""]
+    e = html.escape
+    page = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        f"<title>servebook experiment: {e(str(doc['experiment']))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>servebook experiment: {e(str(doc['experiment']))}</h1>",
+        '<section id="summary">',
+        *[f"<p>{e(w)}</p>" for w in words],
+        "</section>",
+        figure,
+        *[f'<section id="{t.id}"><h2>{e(t.title)}</h2>{html_table(t)}</section>' for t in ts],
+        "</body></html>",
+    ]
+    files[Path(html_name).with_suffix(".md").name] = "\n".join(md)
+    files[html_name] = "\n".join(page)
+    write_files(out_dir, files)
+    return out_dir / html_name
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em}"
+    ".num{text-align:right}.note{color:#555}"
+)

@@ -1,0 +1,349 @@
+"""`servebook experiment` short of the mechanics (test_experiment_mechanics.py): the file's
+checks, the refusal of arms that differ in an undeclared field before anything starts, the
+counterbalanced schedule, an interrupted experiment resumed with the same schedule, a block
+made invalid by an arm that failed verify, and the analysis' verdicts and crossovers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servebook.errors import UsageError
+from servebook.experiment import analysis, design, session, spec
+from servebook.experiment.runner import StepFailed, Steps
+from servebook.experiment.spec import Arm
+from servebook.experiment.steps import servebook_steps
+from servebook.report import experiment as exp_report
+from tests.conftest import CliResult
+from tests.unit.conftest import scripted_machine
+
+
+def url_arms(**extra_b: Any) -> dict[str, Any]:
+    return {
+        "baseline": "a",
+        "blocks": 2,
+        "arms": [
+            {"name": "a", "url": "http://127.0.0.1:1", "model": "m", "image": "vllm:v1"},
+            {"name": "b", "url": "http://127.0.0.1:2", "model": "m", "image": "vllm:v1", **extra_b},
+        ],
+        "load": {"concurrency": [1, 2], "duration": "1s"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "fix"),
+    [
+        ({"baseline": "zz"}, "baseline", "one of a, b"),
+        ({"blocks": 0}, "blocks", "whole number"),
+        ({"load": {"concurency": [1]}}, "load.concurency", "concurrency"),
+        ({"variable": "colour"}, "variable", "topology"),
+        ({"slo": {"ttft": "1s"}}, "slo", "remove slo:"),
+        (
+            {"arms": [{"name": "a", "url": "http://x"}, {"name": "b", "url": "http://y"}]},
+            "model",
+            "model: NAME",
+        ),
+        (
+            {
+                "arms": [
+                    {"name": "a", "recipe": "r", "url": "http://x"},
+                    {"name": "b", "url": "http://y"},
+                ]
+            },
+            "arms[a]",
+            "exactly one",
+        ),
+    ],
+)
+def test_a_bad_experiment_file_names_the_key_and_the_fix(
+    change: dict[str, Any], key: str, fix: str
+) -> None:
+    with pytest.raises(UsageError) as e:
+        spec.parse({**url_arms(), **change}, "exp.yaml")
+    assert f"exp.yaml: {key}" in str(e.value) or key in str(e.value)
+    assert e.value.hint is not None and fix in e.value.hint
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kind"),
+    [
+        ("image", "vllm:v2", "packages"),
+        ("packages", {"vllm": "0.12.0"}, "packages"),
+        ("engine_version", "0.12.0", "engine"),
+        ("model", "other", "model"),
+    ],
+)
+def test_arms_differing_in_an_undeclared_field_are_refused_before_anything_starts(
+    field: str, value: Any, kind: str, tmp_path: Path
+) -> None:
+    exp = spec.parse(url_arms(**{field: value}), "exp.yaml")
+    with pytest.raises(UsageError) as e:
+        session.prepare(exp)
+    msg = str(e.value)
+    assert "nothing was started" in msg and f"[{kind}]" in msg and "arm b vs baseline a" in msg
+    assert e.value.hint is not None and f"variable: [{kind}]" in e.value.hint
+    assert not (tmp_path / "experiment.json").exists()
+    # declared as the variable, the same difference is what the experiment measures
+    session.prepare(spec.parse({**url_arms(**{field: value}), "variable": kind}, "exp.yaml"))
+
+
+def test_the_schedule_is_counterbalanced_seeded_and_reproducible() -> None:
+    for n in (2, 3, 4):
+        rows = design.williams_rows(n)
+        # every arm once in every position, and every ordered pair once as neighbours
+        for pos in range(n):
+            assert sorted(r[pos] for r in rows) == sorted(list(range(n)) * (len(rows) // n))
+        pairs = [(r[i], r[i + 1]) for r in rows for i in range(n - 1)]
+        assert len(set(pairs)) == n * (n - 1)
+        assert all(pairs.count(p) == len(pairs) // (n * (n - 1)) for p in set(pairs))
+    arms = ["x", "y", "z"]
+    assert design.schedule(arms, 6, 7) == design.schedule(arms, 6, 7)
+    assert design.schedule(arms, 6, 7) != design.schedule(arms, 6, 8)
+    firsts = [row[0] for row in design.schedule(arms, 6, 7)]
+    assert sorted(firsts) == ["x", "x", "y", "y", "z", "z"]
+
+
+QUICK_LOAD = {
+    "concurrency": [2],
+    "output-len": 4,
+    "warmup": "50ms",
+    "duration": "200ms",
+    "repetitions": 1,
+    "min-requests": 2,
+    "max-client-lag-ms": 1000,
+    "min-achieved-concurrency": 0.5,
+}
+
+
+@pytest.fixture(scope="module")
+def two_urls(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Any:
+    """Two scripted arms (4 ms and 3 ms a step) and the load's dataset and tokenizer; one
+    machine for the module (its process takes seconds to start on a busy machine)."""
+    prompt = "a prompt"
+    dataset = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    dataset.write_text(json.dumps({"prompt": prompt}) + "\n")
+    n = len(tok.encode(prompt, add_special_tokens=True))
+    load = {**QUICK_LOAD, "dataset": str(dataset), "tokenizer": str(tiny_dir)}
+    with scripted_machine([(4.0, 4.0, 99), (3.0, 3.0, 99)], 0.0, n) as (urls, _reset):
+        yield urls, load
+
+
+def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
+    two_urls: Any, tmp_path: Path
+) -> None:
+    urls, load = two_urls
+    doc = {
+        "baseline": "a",
+        "blocks": 2,
+        "arms": [
+            {"name": "a", "url": urls[0], "model": "tiny"},
+            {"name": "b", "url": urls[1], "model": "tiny"},
+        ],
+        "load": load,
+    }
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    out = tmp_path / "out"
+    real = servebook_steps(exp, lambda _l: None, None)
+    calls: list[str] = []
+
+    def stopping_bench(arm: Arm, handle: str | None, where: Path) -> None:
+        calls.append(arm.name)
+        if len(calls) == 3:  # Ctrl-C during the third bench
+            raise KeyboardInterrupt
+        real.bench(arm, handle, where)
+
+    stopping = Steps(real.up, real.warm, real.verify, stopping_bench, real.down)
+    with pytest.raises(session.ExperimentStopped, match="--resume"):
+        session.execute(exp, out, stopping, lambda _l: None)
+    saved = json.loads((out / "experiment.json").read_text())
+    assert [e["outcome"] for e in saved["schedule"]] == ["done", "done", "pending", "pending"]
+    planned = [(e["block"], e["arm"]) for e in saved["schedule"]]
+    assert planned == session.order_of(exp)
+
+    done = session.execute(exp, out, real, lambda _l: None, resume=True)
+    assert [(e["block"], e["arm"]) for e in done["schedule"]] == planned
+    assert [e["outcome"] for e in done["schedule"]] == ["done"] * 4
+    assert done["schedule"][:2] == saved["schedule"][:2]  # not run again
+    assert {c["metric"] for c in done["comparisons"]} >= {"output_tokens_per_s", "tpot_ms_p50"}
+    # what the servers said, compared as `compare` compares it: the same here
+    assert [p["like_for_like"] for p in done["provenance"]] == [True]
+    # the report reads experiment.json: every arm x level, the ratios, the schedule
+    html = exp_report.write(out, out).read_text()
+    md = (out / "report.md").read_text()
+    for text in (html, md):
+        assert "Every arm at every level" in text and "Ratios to the baseline a" in text
+        assert text.count("done") >= 4 and "c=2" in text
+    assert 'id="plot-ratios"' in html and (out / "plots" / "ratios.png").stat().st_size > 0
+    # another experiment's file is not resumed into this directory
+    other = spec.parse({**doc, "blocks": 3}, str(tmp_path / "exp.yaml"))
+    with pytest.raises(UsageError, match="another experiment"):
+        session.execute(other, out, real, lambda _l: None, resume=True)
+
+
+def test_an_arm_that_fails_verify_makes_its_block_invalid_with_the_reason(
+    two_urls: Any, tmp_path: Path
+) -> None:
+    urls, load = two_urls
+    doc = {
+        "baseline": "a",
+        "blocks": 2,
+        "arms": [{"name": "a", "recipe": "tiny-mixed"}, {"name": "b", "recipe": "tiny-mixed"}],
+        "load": load,
+    }
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    real = servebook_steps(exp, lambda _l: None, None)
+    served = {"a": urls[0], "b": urls[1]}
+    log: list[str] = []
+
+    def up(arm: Arm, block: int) -> str:
+        log.append(f"up {arm.name}-{block}")
+        return f"{arm.name}-{block}"
+
+    def verify(arm: Arm, name: str) -> str | None:
+        return "SB301 no completion" if name == "b-2" else None
+
+    def bench(arm: Arm, name: str | None, where: Path) -> None:
+        as_url = Arm(name=arm.name, kind="url", url=served[arm.name], model="tiny")
+        real.bench(as_url, None, where)
+
+    def down(arm: Arm, name: str) -> None:
+        log.append(f"down {name}")
+
+    def warm(arm: Arm, name: str) -> None:
+        log.append(f"warm {name}")
+
+    state = session.execute(exp, tmp_path / "out", Steps(up, warm, verify, bench, down), log.append)
+    failed = next(e for e in state["schedule"] if e["arm"] == "b" and e["block"] == 2)
+    assert failed["outcome"] == "failed verify: SB301 no completion"
+    assert state["invalid_blocks"] == [
+        {"block": 2, "reason": "arm b failed verify: SB301 no completion"}
+    ]
+    # every deployment brought up was warmed and taken down, the failed one included
+    for name in ("a-1", "b-1", "a-2", "b-2"):
+        assert log.index(f"up {name.split('-')[0]}-{name[-1]}") < log.index(f"warm {name}")
+        assert f"down {name}" in log
+    assert {c["blocks"] for c in state["comparisons"]} == {1}  # block 2 counts for nothing
+
+
+def test_a_step_failure_is_an_outcome_not_a_crash(two_urls: Any, tmp_path: Path) -> None:
+    urls, load = two_urls
+    doc = {
+        "baseline": "a",
+        "blocks": 1,
+        "load": load,
+        "arms": [
+            {"name": "a", "recipe": "tiny-mixed"},
+            {"name": "b", "url": urls[1], "model": "tiny"},
+        ],
+    }
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    real = servebook_steps(exp, lambda _l: None, None)
+
+    def up(arm: Arm, block: int) -> str:
+        raise StepFailed("role mixed exited 1 (CUDA out of memory)")
+
+    nothing: Callable[..., None] = lambda *_a: None  # noqa: E731
+    steps = Steps(up, nothing, lambda *_a: None, real.bench, nothing)
+    state = session.execute(exp, tmp_path / "out", steps, lambda _l: None)
+    assert state["invalid_blocks"][0]["reason"].startswith("arm a failed to come up: role mixed")
+    assert state["comparisons"] == [] and state["crossovers"] == []
+
+
+def ratio(
+    level: float, lo: float, hi: float, metric: str = "output_tokens_per_s"
+) -> analysis.Ratio:
+    return analysis.Ratio("b", "a", level, metric, (lo + hi) / 2, lo, hi, 3)
+
+
+def test_verdicts_mind_that_lower_tpot_is_better() -> None:
+    assert ratio(1, 1.1, 1.2).verdict == "better"
+    assert ratio(1, 1.1, 1.2, "tpot_ms_p50").verdict == "worse"
+    assert ratio(1, 0.8, 0.9, "tpot_ms_p50").verdict == "better"
+    assert ratio(1, 0.9, 1.1).verdict == "not distinguishable"
+
+
+def test_a_crossover_is_where_the_interval_leaves_one_side_of_1_for_the_other() -> None:
+    rs = [ratio(1, 1.2, 1.4), ratio(4, 0.95, 1.1), ratio(16, 0.7, 0.8), ratio(64, 0.6, 0.7)]
+    (cross,) = analysis.crossovers(rs)
+    assert cross["between"] == [1, 16] and cross["direction"] == "above to below 1"
+    # estimates cross 1 but every interval holds 1: undetermined, not invented
+    vague = [ratio(1, 0.95, 1.3), ratio(4, 0.7, 1.05)]
+    (und,) = analysis.crossovers(vague)
+    assert und["undetermined"] is True and und["between"] is None
+
+
+def test_the_crossover_is_stated_in_words() -> None:
+    (cross,) = analysis.crossovers([ratio(1, 1.2, 1.4), ratio(16, 0.7, 0.8)])
+    line = exp_report.crossover_line(cross)
+    assert "b is ahead of a in output tok/s up to 1 and behind from 16 on" in line
+    tpot = analysis.crossovers(
+        [ratio(1, 0.7, 0.8, "tpot_ms_p50"), ratio(8, 1.2, 1.3, "tpot_ms_p50")]
+    )
+    assert "b is ahead of a in TPOT p50 (ms) up to 1 and behind from 8 on" in (
+        exp_report.crossover_line(tpot[0])
+    )
+
+
+def test_the_bootstrap_resamples_blocks_so_block_scatter_widens_the_interval() -> None:
+    steady = analysis.bootstrap_ratio([[110], [110], [110], [110]], [[100]] * 4, seed=0)
+    scattered = analysis.bootstrap_ratio([[90], [130], [100], [120]], [[100]] * 4, seed=0)
+    assert steady == pytest.approx((1.1, 1.1, 1.1))
+    assert scattered[1] < 1.0 < scattered[2]
+
+
+def test_dry_run_prints_the_schedule_time_and_deployments(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    f = tmp_path / "exp.yaml"
+    f.write_text(
+        "baseline: mixed\nblocks: 2\nvariable: [topology]\narms:\n"
+        "  - {name: mixed, recipe: tiny-mixed}\n  - {name: spec, recipe: tiny-mixed-spec}\n"
+        "load: {concurrency: [1, 4], duration: 15s, warmup: 5s}\n"
+    )
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "block 1: " in r.stdout and "block 2: " in r.stdout
+    assert "time: benches about" in r.stdout and "4 fresh deployment(s)" in r.stdout
+    assert "mixed-b1 (arm mixed, block 1)" in r.stdout and "spec-b2 (arm spec, block 2)" in r.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cross_image_ratio_is_refused_with_exit_2(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    f = tmp_path / "exp.yaml"
+    f.write_text(json.dumps(url_arms(image="vllm:v2")))
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "roles.images" in r.stderr and "vllm:v1" in r.stderr and "vllm:v2" in r.stderr
+    assert "variable: [packages]" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stop_signal_during_a_bench_takes_the_arms_deployment_down(tmp_path: Path) -> None:
+    recipes = [{"name": "a", "recipe": "tiny-mixed"}, {"name": "b", "recipe": "tiny-mixed"}]
+    doc = {**url_arms(), "arms": recipes}
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    log: list[str] = []
+
+    def bench(arm: Arm, name: str | None, where: Path) -> None:
+        raise KeyboardInterrupt  # what cli.main turns SIGINT, SIGTERM and SIGHUP into
+
+    steps = Steps(
+        up=lambda arm, block: f"{arm.name}-{block}",
+        warm=lambda arm, name: None,
+        verify=lambda arm, name: None,
+        bench=bench,
+        down=lambda arm, name: log.append(f"down {name}"),
+    )
+    with pytest.raises(session.ExperimentStopped) as e:
+        session.execute(exp, tmp_path / "out", steps, lambda _l: None)
+    assert e.value.exit_code == 130
+    first = session.order_of(exp)[0]
+    assert log == [f"down {first[1]}-{first[0]}"]
+    saved = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert {e["outcome"] for e in saved["schedule"]} == {"pending"}
