@@ -12,10 +12,12 @@ setup:
 run: setup
 	$(BIN)/servebook run
 
-## Lint, type check, then every test: unit (3 processes: they mostly wait), then the engine
-## and cluster tests one at a time (real vLLM servers and the test plane share 2 cores).
+## Lint, type check, then every test: unit (3 processes: they mostly wait; those whose
+## figures are timings, marked serial, alone), then the engine and cluster tests one at a
+## time (real vLLM servers and the test plane share 2 cores).
 test: setup check
-	$(BIN)/pytest -q -ra -n 3 tests/unit
+	$(BIN)/pytest -q -ra -n 3 -m "not serial" tests/unit
+	$(BIN)/pytest -q -ra -m serial tests/unit
 	$(BIN)/pytest -q -ra tests/engine tests/cluster
 
 check:
@@ -25,7 +27,8 @@ check:
 	scripts/kube-plane check
 
 unit:
-	$(BIN)/pytest -q -n 3 tests/unit
+	$(BIN)/pytest -q -n 3 -m "not serial" tests/unit
+	$(BIN)/pytest -q -m serial tests/unit
 
 engine:
 	$(BIN)/pytest -q -ra tests/engine

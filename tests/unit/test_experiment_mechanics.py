@@ -18,6 +18,9 @@ from servebook.experiment import session, spec
 from servebook.experiment.steps import servebook_steps
 from tests.unit.conftest import scripted_machine
 
+# Its figures are timings: make test runs it alone, after the unit tests that run in parallel.
+pytestmark = pytest.mark.serial
+
 # ms an engine step (alone, loaded, loaded from this many in flight).  The baseline's step
 # takes 8 ms whatever its load; the candidate's 4.8 ms while fewer than 3 requests are in
 # flight and 12.8 ms from 3 on: faster alone (true tok/s ratio 8 / 4.8), slower under load
