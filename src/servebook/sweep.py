@@ -22,6 +22,7 @@ from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
+from servebook.bench.datasets import load_dataset
 from servebook.bench.figures import parse_slo
 from servebook.bench.flags import (
     parse_duration,
@@ -41,7 +42,7 @@ from servebook.bench.protocol import (
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.validity import Thresholds
-from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
+from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
 from servebook.console import err, number
 from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError, UsageError

@@ -64,15 +64,13 @@ prompts this object built, so a test can show none was built during a load.
 i])``: the same seed gives the same prompts, in any order, from any worker process.  Every
 prompt is distinct random text, so no prompt hits another's prefix cache (except the BOS).
 
-**Dataset mode** reads JSONL: one object per line with ``"prompt"`` (a string) and an
-optional ``"output_len"`` (a positive integer); blank lines are skipped.  A bad line is a
-``UsageError`` naming the file and line.
+**Datasets** (JSONL, ShareGPT, traces) are read in ``bench.datasets``; a dataset of text
+prompts is a ``DatasetPrompts``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -377,23 +375,37 @@ def exact_length_prompt(
     last = -1
     for _ in range(MAX_RESTARTS):
         ids = vocab.ids[rng.integers(0, len(vocab.ids), size=content)].tolist()
-        for _ in range(MAX_PASSES):
-            text = tok.decode(ids)
-            last = server_token_count(tok, text, api)
-            if last == target:
-                return text
-            own = tok.encode(text, add_special_tokens=False)
-            if last > target:
-                ids = own[: max(1, len(own) - (last - target))]
-            else:
-                extra = vocab.ids[rng.integers(0, len(vocab.ids), size=target - last)]
-                ids = own + extra.tolist()
+        text, last = converge(tok, ids, target, rng, api)
+        if text is not None:
+            return text
     raise UsageError(
         f"could not build a prompt of exactly {target} tokens with this tokenizer "
         f"({MAX_RESTARTS} fresh samples of {MAX_PASSES} passes each; the last came to "
         f"{last}). The tokenizer does not let decoded text keep its length; use --dataset "
         "with prompts of known length instead."
     )
+
+
+def converge(
+    tok: TextTokenizer, ids: list[int], target: int, rng: np.random.Generator, api: Api
+) -> tuple[str | None, int]:
+    """Content ``ids`` moved to text the server counts as ``target`` tokens (module
+    docstring, steps 2-3): trimmed or extended at the end only, so their beginning stays;
+    ``(None, last count)`` after ``MAX_PASSES`` passes."""
+    vocab = _vocab(tok)
+    last = -1
+    for _ in range(MAX_PASSES):
+        text = tok.decode(ids)
+        last = server_token_count(tok, text, api)
+        if last == target:
+            return text, last
+        own = tok.encode(text, add_special_tokens=False)
+        if last > target:
+            ids = own[: max(1, len(own) - (last - target))]
+        else:
+            extra = vocab.ids[rng.integers(0, len(vocab.ids), size=target - last)]
+            ids = own + extra.tolist()
+    return None, last
 
 
 class PromptSource(Protocol):
@@ -652,40 +664,3 @@ class DatasetPrompts:
             "n": len(self.prompts),
             "prompt_format": "text",
         }
-
-
-def load_dataset(
-    path: str | Path,
-    *,
-    default_output_len: int,
-    tokenizer: TextTokenizer | None = None,
-    api: Api = "completions",
-) -> DatasetPrompts:
-    """Read a JSONL dataset; with a tokenizer each prompt's server-side length is recorded."""
-    import hashlib
-
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read the dataset: {e.strerror or e}") from None
-    prompts: list[Prompt] = []
-    for lineno, line in enumerate(raw.decode("utf-8", "replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{p}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: not JSON ({e.msg}); each line must be one object") from None
-        if not isinstance(obj, dict):
-            raise UsageError(f'{where}: expected an object with a "prompt", got {obj!r:.60}')
-        text = obj.get("prompt")
-        if not isinstance(text, str) or not text:
-            raise UsageError(f'{where}: "prompt" must be a non-empty string')
-        out = obj.get("output_len", default_output_len)
-        if isinstance(out, bool) or not isinstance(out, int) or out < 1:
-            raise UsageError(f'{where}: "output_len" must be a positive integer, got {out!r}')
-        n = server_token_count(tokenizer, text, api) if tokenizer is not None else None
-        prompts.append(Prompt(text, out, n))
-    return DatasetPrompts(prompts, str(p), hashlib.sha256(raw).hexdigest())
