@@ -11,6 +11,7 @@ usable).  Either way the points finished before it are in the results file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,6 @@ from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
-from servebook.bench.datasets import load_dataset
 from servebook.bench.figures import parse_slo
 from servebook.bench.flags import (
     parse_duration,
@@ -37,10 +37,12 @@ from servebook.bench.protocol import (
     ProtocolSettings,
     Stalled,
     point_order,
+    replay_rate,
     run_sweep,
 )
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
 from servebook.console import err, number
@@ -108,19 +110,41 @@ class BenchArgs:
     # max_repetitions (None: the protocol's default).  None: off, --repetitions exactly.
     precision: str | None = None
     max_repetitions: int | None = None
+    dataset_format: str | None = None  # None: detected from the file's content
+    # A trace with timestamps and no --concurrency/--rate is replayed at this speed.
+    replay_speed: float = 1.0
+    max_schedule_lag_ms: float = 50.0
+
+
+#: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
+DEFAULT_CONCURRENCY = "1,4,16"
 
 
 def settings_from(
-    a: BenchArgs, min_handoff_share: float | None, handoff_undecidable: str | None = None
+    a: BenchArgs,
+    min_handoff_share: float | None,
+    handoff_undecidable: str | None = None,
+    prompts: PromptSource | None = None,
 ) -> ProtocolSettings:
+    """The protocol from the flags.  A trace with timestamps (``prompts.arrivals_ns``) and
+    neither --concurrency nor --rate is replayed: one level, the trace's mean rate at
+    --replay-speed."""
     if not 0 < a.min_achieved_concurrency <= 1:
         raise UsageError(
             f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
             "level between 0 and 1, e.g. 0.98"
         )
-    conc = parse_levels(a.concurrency) if a.concurrency else ()
+    trace = getattr(prompts, "arrivals_ns", None)
+    replay = bool(trace) and not a.concurrency and not a.rate
+    conc_text = a.concurrency or (None if a.rate or replay else DEFAULT_CONCURRENCY)
+    conc = parse_levels(conc_text) if conc_text else ()
     rates = parse_rates(a.rate) if a.rate else ()
+    if replay and trace:
+        if not (a.replay_speed > 0 and math.isfinite(a.replay_speed)):
+            raise UsageError(f"--replay-speed {a.replay_speed:g}: give a positive factor, e.g. 1")
+        rates = (round(replay_rate(trace, a.replay_speed), 6),)
     return ProtocolSettings(
+        replay_speed=a.replay_speed if replay else None,
         concurrencies=conc,
         rates=rates,
         repetitions=a.repetitions,
@@ -137,6 +161,7 @@ def settings_from(
             min_handoff_share=min_handoff_share,
             handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
+            max_schedule_lag_p99_ms=a.max_schedule_lag_ms,
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
             min_achieved_concurrency=a.min_achieved_concurrency,
@@ -152,12 +177,16 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
     if a.dataset is not None:
         if a.prompt_format != "text":
             raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
-        return load_dataset(
+        return dataset_prompts(
             a.dataset,
+            a.dataset_format,
             default_output_len=a.output_len,
             tokenizer=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
             api=a.api,  # type: ignore[arg-type]
+            seed=a.seed,
         )
+    if a.dataset_format is not None:
+        raise UsageError("--dataset-format names the format of a --dataset file; give one")
     return RandomPrompts(
         tokenizer,
         input_len=a.input_len,
@@ -254,10 +283,10 @@ def _run(
         handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    settings = settings_from(
-        a, handoff.share if handoff else None, handoff.undecidable if handoff else None
-    )
     prompts = prompts_from(a, tok)
+    settings = settings_from(
+        a, handoff.share if handoff else None, handoff.undecidable if handoff else None, prompts
+    )
     err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
     if handoff is not None and handoff.undecidable:
         err.print(

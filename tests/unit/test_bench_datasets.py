@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from servebook.bench.datasets import detect_format, read_dataset
 from servebook.bench.trace_prompts import TracePrompts, dataset_prompts
 from servebook.bench.workload import HFTokenizer, server_token_count
 from servebook.errors import UsageError
+from tests.conftest import CliResult
+from tests.unit.served_app import served, served_models
 
 DATA = Path(__file__).parent / "fixtures" / "datasets"
 
@@ -35,13 +39,9 @@ def test_sharegpt_prompts_are_human_turns_with_system_context_and_empties_skippe
 
 
 def test_sharegpt_output_len_is_the_reply_length_with_a_tokenizer(tok: HFTokenizer) -> None:
+    path = DATA / "sharegpt.json"
     src = dataset_prompts(
-        DATA / "sharegpt.json",
-        None,
-        default_output_len=99,
-        tokenizer=tok,
-        api="completions",
-        seed=0,
+        path, None, default_output_len=99, tokenizer=tok, api="completions", seed=0
     )
     p = src.get(2)
     assert p.output_len == len(tok.encode("Bonjour.", add_special_tokens=False))
@@ -168,3 +168,21 @@ def test_a_malformed_file_of_each_format_is_refused_naming_line_and_field(
         dataset_prompts(f, fmt, default_output_len=4, tokenizer=None, api="completions", seed=0)
     assert e.value.exit_code == 2
     assert f"{f}:{line}" in str(e.value) and field in str(e.value), str(e.value)
+
+
+def test_bench_refuses_a_malformed_trace_with_exit_2_before_any_load(
+    cli: Callable[..., CliResult], tiny_dir: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "trace.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,12,x\n")
+    app = web.Application()
+    app.router.add_get("/v1/models", served_models("tiny"))
+    out = tmp_path / "out"
+    with served(app) as url:
+        r = cli(
+            "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
+            "--dataset", str(bad), "-o", str(out),
+        )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert f"{bad}:2" in r.stderr and '"GeneratedTokens"' in r.stderr, r.stderr
+    assert not out.exists()

@@ -45,6 +45,10 @@ class LoadSpec:
     cpus: tuple[int, ...] | None = None  # pin worker w to cpus[w % len(cpus)]
     deadline_s: float | None = None
     index_offset: int = 0  # first request index (a repetition's prompts stay distinct)
+    # Trace replay: request ``index_offset + k`` is scheduled ``arrivals_ns[k]`` after the
+    # load's start, whatever is in flight (``rate`` is then the trace's mean rate, for
+    # the record); None: Poisson arrivals at ``rate``.
+    arrivals_ns: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -55,6 +59,8 @@ class LoadSpec:
             raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.arrivals_ns is not None and (self.rate is None or self.num_requests is None):
+            raise ValueError("a replay (arrivals_ns) is open loop with num_requests")
         if self.concurrency is not None and self.workers > self.concurrency:
             raise ValueError(f"{self.workers} workers for concurrency {self.concurrency}")
 
