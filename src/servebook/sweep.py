@@ -114,6 +114,7 @@ class BenchArgs:
     # A trace with timestamps and no --concurrency/--rate is replayed at this speed.
     replay_speed: float = 1.0
     max_schedule_lag_ms: float = 50.0
+    burstiness: float = 1.0  # open loop: gamma shape of inter-arrivals (1: Poisson)
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -145,6 +146,7 @@ def settings_from(
         rates = (round(replay_rate(trace, a.replay_speed), 6),)
     return ProtocolSettings(
         replay_speed=a.replay_speed if replay else None,
+        burstiness=a.burstiness,
         concurrencies=conc,
         rates=rates,
         repetitions=a.repetitions,

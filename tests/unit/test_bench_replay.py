@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servebook.bench.control import next_gap_ns
 from servebook.bench.datasets import Dataset, read_dataset
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import (
@@ -234,3 +235,20 @@ def test_a_trace_without_levels_is_replayed_and_its_workload_is_provenance(
     assert comparability(
         a_provenance(workload=w), a_provenance(workload=faster), ["workload"]
     ).like_for_like
+
+
+@pytest.mark.parametrize("b", [0.25, 1.0, 4.0])
+def test_burstiness_draws_gamma_gaps_with_the_mean_rate_and_cv_one_over_sqrt_b(b: float) -> None:
+    rng = np.random.default_rng([0, 1])
+    gaps = np.array([next_gap_ns(rng, 8.0, b) for _ in range(20_000)]) / 1e9
+    assert gaps.mean() == pytest.approx(1 / 8, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(b), rel=0.05)
+
+
+def test_burstiness_one_sends_the_poisson_arrivals_a_seed_always_sent() -> None:
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    assert [next_gap_ns(a, 2.0) for _ in range(5)] == [
+        int(b.exponential(1e9 / 2.0)) for _ in range(5)
+    ]
+    assert "burstiness" not in ProtocolSettings(rates=(2.0,)).to_dict()
+    assert ProtocolSettings(rates=(2.0,), burstiness=0.5).to_dict()["burstiness"] == 0.5

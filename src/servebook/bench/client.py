@@ -76,6 +76,7 @@ from servebook.bench.control import (
     WindowEdge,
     WindowHook,
     decide,
+    next_gap_ns,
 )
 from servebook.bench.openai_stream import (
     Endpoint,
@@ -297,7 +298,7 @@ class Worker:
                 if arrivals is not None:
                     t_next = self.control.start_ns + arrivals[i - self.spec.index_offset]
                 else:
-                    t_next += int(rng.exponential(1e9 / rate))
+                    t_next += next_gap_ns(rng, rate, self.spec.burstiness)
                 delay = (t_next - now_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)

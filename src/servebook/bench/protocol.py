@@ -121,8 +121,15 @@ class ProtocolSettings:
     # Trace replay (``--replay-speed``): each point sends the trace's rows on its own
     # clock, scaled by this speed (``rates`` then holds the trace's mean rate at it).
     replay_speed: float | None = None
+    # Open loop: gamma inter-arrivals of this shape (CV = 1/sqrt(B)); 1 is Poisson.
+    burstiness: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise UsageError(
+                f"--burstiness {self.burstiness:g}: give a positive shape, e.g. 1 (Poisson), "
+                "0.5 (burstier) or 4 (smoother)"
+            )
         if self.replay_speed is not None and not (
             self.replay_speed > 0 and math.isfinite(self.replay_speed)
         ):
@@ -216,6 +223,8 @@ class ProtocolSettings:
     def to_dict(self) -> dict[str, Any]:
         """What results.json records under provenance.protocol."""
         d = asdict(self)
+        if self.burstiness == 1.0:
+            del d["burstiness"]  # Poisson, as every run before the setting existed
         d["warmup"] = self.warmup.describe() if self.warmup is not None else "default"
         d["warmup_default"] = "max(10 s, 2 x level) - both bounds"
         d["min_requests_default"] = "10 x level"
@@ -537,6 +546,7 @@ def run_point(
         cpus=cpus,
         deadline_s=settings.deadline_for(level) + (replay.span_s if replay else 0.0),
         index_offset=offset,
+        burstiness=settings.burstiness,
         **(replay.spec_fields() if replay else {}),
     )
     edges: dict[str, dict[str, Snapshot | str]] = {}

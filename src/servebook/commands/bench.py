@@ -90,6 +90,13 @@ def bench(
     rate: str | None = typer.Option(
         None, "--rate", help="Open-loop rates (req/s), e.g. 2,8", callback=comma_list
     ),
+    burstiness: float = typer.Option(
+        1.0,
+        "--burstiness",
+        help="Open loop: gamma-distributed gaps between requests with this shape B "
+        "(coefficient of variation 1/sqrt(B), as vLLM's and AIPerf's --burstiness): 1 is "
+        "Poisson, 0.25 bursty, 4 smooth. Recorded. Example: --rate 8 --burstiness 0.5",
+    ),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens (server count)."),
     output_len: int = typer.Option(128, "--output-len", help="Output tokens (ignore_eos)."),
     warmup: str | None = typer.Option(
