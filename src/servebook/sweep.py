@@ -31,6 +31,7 @@ from servebook.bench.flags import (
     parse_rates,
     parse_warmup,
 )
+from servebook.bench.lengths import parse_length_dist
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -115,6 +116,8 @@ class BenchArgs:
     replay_speed: float = 1.0
     max_schedule_lag_ms: float = 50.0
     burstiness: float = 1.0  # open loop: gamma shape of inter-arrivals (1: Poisson)
+    input_len_dist: str | None = None  # None: fixed (bench/lengths.py)
+    output_len_dist: str | None = None
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -179,6 +182,11 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
     if a.dataset is not None:
         if a.prompt_format != "text":
             raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
+        if a.input_len_dist or a.output_len_dist:
+            raise UsageError(
+                "--input-len-dist and --output-len-dist shape random prompts; a --dataset "
+                "brings its own lengths"
+            )
         return dataset_prompts(
             a.dataset,
             a.dataset_format,
@@ -193,6 +201,8 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         tokenizer,
         input_len=a.input_len,
         output_len=a.output_len,
+        input_dist=parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
+        output_dist=parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
         seed=a.seed,
         api=a.api,  # type: ignore[arg-type]
         prompt_format=a.prompt_format,  # type: ignore[arg-type]
@@ -276,8 +286,13 @@ def _run(
     serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     if a.dataset is None:
+        longest_in = parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len)
+        longest_out = parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len)
         tgt.check_fits(
-            subject.max_model_len, a.input_len, a.output_len, subject.target.endpoint.model
+            subject.max_model_len,
+            longest_in.upper(a.input_len),
+            longest_out.upper(a.output_len),
+            subject.target.endpoint.model,
         )
     tok = tgt.tokenizer_for(subject, tokenizer)
     handoff = None

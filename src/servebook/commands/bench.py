@@ -99,6 +99,19 @@ def bench(
     ),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens (server count)."),
     output_len: int = typer.Option(128, "--output-len", help="Output tokens (ignore_eos)."),
+    input_len_dist: str | None = typer.Option(
+        None,
+        "--input-len-dist",
+        help="Prompt lengths around --input-len: fixed (default), uniform:min=A,max=B, "
+        "normal:stdev=S[,min=A][,max=B] or lognormal:stdev=S[,min=A][,max=B]; seeded, "
+        "recorded. Example: --input-len 512 --input-len-dist normal:stdev=128,min=64,max=1024",
+    ),
+    output_len_dist: str | None = typer.Option(
+        None,
+        "--output-len-dist",
+        help="Output lengths around --output-len, as --input-len-dist. Example: "
+        "--output-len-dist uniform:min=32,max=256",
+    ),
     warmup: str | None = typer.Option(
         None,
         "--warmup",
