@@ -11,6 +11,7 @@ usable).  Either way the points finished before it are in the results file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,18 +31,21 @@ from servebook.bench.flags import (
     parse_rates,
     parse_warmup,
 )
+from servebook.bench.lengths import parse_length_dist
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
     ProtocolSettings,
     Stalled,
     point_order,
+    replay_rate,
     run_sweep,
 )
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds
-from servebook.bench.workload import PromptSource, RandomPrompts, load_dataset, load_tokenizer
+from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
 from servebook.console import err, number
 from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError, UsageError
@@ -107,19 +111,45 @@ class BenchArgs:
     # max_repetitions (None: the protocol's default).  None: off, --repetitions exactly.
     precision: str | None = None
     max_repetitions: int | None = None
+    dataset_format: str | None = None  # None: detected from the file's content
+    # A trace with timestamps and no --concurrency/--rate is replayed at this speed.
+    replay_speed: float = 1.0
+    max_schedule_lag_ms: float = 50.0
+    burstiness: float = 1.0  # open loop: gamma shape of inter-arrivals (1: Poisson)
+    input_len_dist: str | None = None  # None: fixed (bench/lengths.py)
+    output_len_dist: str | None = None
+
+
+#: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
+DEFAULT_CONCURRENCY = "1,4,16"
 
 
 def settings_from(
-    a: BenchArgs, min_handoff_share: float | None, handoff_undecidable: str | None = None
+    a: BenchArgs,
+    min_handoff_share: float | None,
+    handoff_undecidable: str | None = None,
+    prompts: PromptSource | None = None,
 ) -> ProtocolSettings:
+    """The protocol from the flags.  A trace with timestamps (``prompts.arrivals_ns``) and
+    neither --concurrency nor --rate is replayed: one level, the trace's mean rate at
+    --replay-speed."""
     if not 0 < a.min_achieved_concurrency <= 1:
         raise UsageError(
             f"--min-achieved-concurrency {a.min_achieved_concurrency:g}: give a share of the "
             "level between 0 and 1, e.g. 0.98"
         )
-    conc = parse_levels(a.concurrency) if a.concurrency else ()
+    trace = getattr(prompts, "arrivals_ns", None)
+    replay = bool(trace) and not a.concurrency and not a.rate
+    conc_text = a.concurrency or (None if a.rate or replay else DEFAULT_CONCURRENCY)
+    conc = parse_levels(conc_text) if conc_text else ()
     rates = parse_rates(a.rate) if a.rate else ()
+    if replay and trace:
+        if not (a.replay_speed > 0 and math.isfinite(a.replay_speed)):
+            raise UsageError(f"--replay-speed {a.replay_speed:g}: give a positive factor, e.g. 1")
+        rates = (round(replay_rate(trace, a.replay_speed), 6),)
     return ProtocolSettings(
+        replay_speed=a.replay_speed if replay else None,
+        burstiness=a.burstiness,
         concurrencies=conc,
         rates=rates,
         repetitions=a.repetitions,
@@ -136,6 +166,7 @@ def settings_from(
             min_handoff_share=min_handoff_share,
             handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
+            max_schedule_lag_p99_ms=a.max_schedule_lag_ms,
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
             min_achieved_concurrency=a.min_achieved_concurrency,
@@ -151,16 +182,27 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
     if a.dataset is not None:
         if a.prompt_format != "text":
             raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
-        return load_dataset(
+        if a.input_len_dist or a.output_len_dist:
+            raise UsageError(
+                "--input-len-dist and --output-len-dist shape random prompts; a --dataset "
+                "brings its own lengths"
+            )
+        return dataset_prompts(
             a.dataset,
+            a.dataset_format,
             default_output_len=a.output_len,
             tokenizer=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
             api=a.api,  # type: ignore[arg-type]
+            seed=a.seed,
         )
+    if a.dataset_format is not None:
+        raise UsageError("--dataset-format names the format of a --dataset file; give one")
     return RandomPrompts(
         tokenizer,
         input_len=a.input_len,
         output_len=a.output_len,
+        input_dist=parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
+        output_dist=parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
         seed=a.seed,
         api=a.api,  # type: ignore[arg-type]
         prompt_format=a.prompt_format,  # type: ignore[arg-type]
@@ -244,8 +286,13 @@ def _run(
     serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     if a.dataset is None:
+        longest_in = parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len)
+        longest_out = parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len)
         tgt.check_fits(
-            subject.max_model_len, a.input_len, a.output_len, subject.target.endpoint.model
+            subject.max_model_len,
+            longest_in.upper(a.input_len),
+            longest_out.upper(a.output_len),
+            subject.target.endpoint.model,
         )
     tok = tgt.tokenizer_for(subject, tokenizer)
     handoff = None
@@ -253,10 +300,10 @@ def _run(
         handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    settings = settings_from(
-        a, handoff.share if handoff else None, handoff.undecidable if handoff else None
-    )
     prompts = prompts_from(a, tok)
+    settings = settings_from(
+        a, handoff.share if handoff else None, handoff.undecidable if handoff else None, prompts
+    )
     err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
     if handoff is not None and handoff.undecidable:
         err.print(

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from servebook.bench.datasets import load_dataset
 from servebook.bench.workload import (
     HFTokenizer,
     RandomPrompts,
     exact_length_prompt,
-    load_dataset,
     load_tokenizer,
     server_token_count,
 )

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servebook.bench.datasets import load_dataset
 from servebook.bench.server_tokenizer import CORPUS, SEPARATOR, ServerTokenizer
 from servebook.bench.workload import (
     HFTokenizer,
     RandomPrompts,
     exact_length_prompt,
-    load_dataset,
     server_token_count,
 )
 from servebook.errors import UsageError

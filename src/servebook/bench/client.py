@@ -76,6 +76,7 @@ from servebook.bench.control import (
     WindowEdge,
     WindowHook,
     decide,
+    next_gap_ns,
 )
 from servebook.bench.openai_stream import (
     Endpoint,
@@ -280,6 +281,7 @@ class Worker:
         sem = asyncio.Semaphore(cap) if cap is not None else None
         tasks: set[asyncio.Task[None]] = set()
         t_next = self.control.start_ns
+        arrivals = self.spec.arrivals_ns
 
         async def one(i: int, t: int) -> None:
             if sem is None:
@@ -293,7 +295,10 @@ class Worker:
                 i = self._take()
                 if i is None:
                     break
-                t_next += int(rng.exponential(1e9 / rate))
+                if arrivals is not None:
+                    t_next = self.control.start_ns + arrivals[i - self.spec.index_offset]
+                else:
+                    t_next += next_gap_ns(rng, rate, self.spec.burstiness)
                 delay = (t_next - now_ns()) / 1e9
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -341,6 +346,10 @@ class Worker:
                 await asyncio.wait_for(pool.warm(slots if slots is not None else cap or 16), 30)
             self.feed.start()
             await self.feed.primed()
+            # The collection before the load (below) runs before this worker says it is
+            # ready: it took 0.2-0.5 s on a loaded 2-core machine, and after the start it
+            # made a replay's first rows leave that late.
+            gc.collect()
             c.add(self.worker, W_READY)
             while not c.start_ns and not c.stopped:  # stopped first: Ctrl-C at the start
                 await asyncio.sleep(0.001)
@@ -352,7 +361,6 @@ class Worker:
             # multi-ms ITL outliers at 512 streams).  A request leaves no reference
             # cycles behind (measured: 0 unreachable objects after 5000 requests with
             # the collector off), so nothing accumulates; collection resumes after.
-            gc.collect()
             gc.freeze()
             gc_was_enabled = gc.isenabled()
             gc.disable()

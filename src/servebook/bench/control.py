@@ -45,6 +45,13 @@ class LoadSpec:
     cpus: tuple[int, ...] | None = None  # pin worker w to cpus[w % len(cpus)]
     deadline_s: float | None = None
     index_offset: int = 0  # first request index (a repetition's prompts stay distinct)
+    # Trace replay: request ``index_offset + k`` is scheduled ``arrivals_ns[k]`` after the
+    # load's start, whatever is in flight (``rate`` is then the trace's mean rate, for
+    # the record); None: Poisson arrivals at ``rate``.
+    arrivals_ns: tuple[int, ...] | None = None
+    # Open loop: gamma inter-arrival times of shape ``burstiness`` (CV = 1/sqrt(B), as
+    # vLLM's and AIPerf's --burstiness); 1 is Poisson, below 1 burstier, above smoother.
+    burstiness: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -55,6 +62,10 @@ class LoadSpec:
             raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.arrivals_ns is not None and (self.rate is None or self.num_requests is None):
+            raise ValueError("a replay (arrivals_ns) is open loop with num_requests")
         if self.concurrency is not None and self.workers > self.concurrency:
             raise ValueError(f"{self.workers} workers for concurrency {self.concurrency}")
 
@@ -73,6 +84,15 @@ class LoadSpec:
             m = self.max_concurrency
             cap = max(1, m // w + (1 if worker < m % w else 0))
         return None, self.rate / w, cap
+
+
+def next_gap_ns(rng: Any, rate: float, burstiness: float = 1.0) -> int:
+    """The next open-loop inter-arrival time: gamma with mean ``1/rate`` and shape
+    ``burstiness`` (CV = 1/sqrt(burstiness)); at 1 the exponential draw Poisson arrivals
+    always used, so a seed sends what it sent before burstiness existed."""
+    if burstiness == 1.0:
+        return int(rng.exponential(1e9 / rate))
+    return int(rng.gamma(burstiness, 1e9 / (rate * burstiness)))
 
 
 STREAMS_PER_WORKER = 256

@@ -136,6 +136,13 @@ def _error_samples(errs: Sequence[RequestRecord]) -> list[str]:
     return seen
 
 
+def _replay_lag(load: LoadResult, lags: list[int], q: float) -> float | None:
+    """A replay's schedule lag percentile in ms (sent minus the trace's send time)."""
+    if load.spec.arrivals_ns is None or not lags:
+        return None
+    return float(np.percentile(lags, q)) * 1e-6
+
+
 def point_from_load(
     load: LoadResult,
     *,
@@ -230,6 +237,8 @@ def point_from_load(
             ),
             target_concurrency=load.spec.concurrency,
             offered_rate=len(lags) / win_s if load.spec.rate is not None and win_s > 0 else None,
+            schedule_lag_p50_ms=_replay_lag(load, lags, 50),
+            schedule_lag_p99_ms=_replay_lag(load, lags, 99),
             prompt_waits=load.prompt_waits,
             prompts_ran_out=load.prompts_ran_out,
             producer_cpu_s=load.producer_cpu_s,

@@ -54,7 +54,7 @@ import numpy as np
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load
-from servebook.bench.flags import Warmup
+from servebook.bench.flags import NO_WARMUP, Warmup
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
@@ -118,8 +118,25 @@ class ProtocolSettings:
     # tok/s and TPOT p50 (None: off, exactly ``repetitions`` repetitions per level).
     precision: float | None = None
     max_repetitions: int | None = None  # with a target; None: DEFAULT_MAX_REPETITIONS
+    # Trace replay (``--replay-speed``): each point sends the trace's rows on its own
+    # clock, scaled by this speed (``rates`` then holds the trace's mean rate at it).
+    replay_speed: float | None = None
+    # Open loop: gamma inter-arrivals of this shape (CV = 1/sqrt(B)); 1 is Poisson.
+    burstiness: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise UsageError(
+                f"--burstiness {self.burstiness:g}: give a positive shape, e.g. 1 (Poisson), "
+                "0.5 (burstier) or 4 (smoother)"
+            )
+        if self.replay_speed is not None and not (
+            self.replay_speed > 0 and math.isfinite(self.replay_speed)
+        ):
+            raise UsageError(
+                f"--replay-speed {self.replay_speed:g}: give a positive factor, e.g. 1 (the "
+                "trace's own clock) or 2 (twice as fast)"
+            )
         if not self.concurrencies and not self.rates:
             raise UsageError("give at least one --concurrency level or --rate")
         if self.repetitions < 1:
@@ -176,10 +193,14 @@ class ProtocolSettings:
     def warmup_for(self, level: Level) -> Warmup:
         if self.warmup is not None:
             return self.warmup
+        if self.replay_speed is not None:
+            return NO_WARMUP  # a replay's window is the whole trace
         return Warmup(10.0, 2 * level.size)
 
     def min_requests_for(self, level: Level) -> int:
-        return self.min_requests if self.min_requests is not None else 10 * level.size
+        if self.min_requests is not None:
+            return self.min_requests
+        return 1 if self.replay_speed is not None else 10 * level.size
 
     def deadline_for(self, level: Level) -> float:
         if self.max_point_s is not None:
@@ -202,6 +223,8 @@ class ProtocolSettings:
     def to_dict(self) -> dict[str, Any]:
         """What results.json records under provenance.protocol."""
         d = asdict(self)
+        if self.burstiness == 1.0:
+            del d["burstiness"]  # Poisson, as every run before the setting existed
         d["warmup"] = self.warmup.describe() if self.warmup is not None else "default"
         d["warmup_default"] = "max(10 s, 2 x level) - both bounds"
         d["min_requests_default"] = "10 x level"
@@ -327,9 +350,10 @@ class WindowController:
 
 
 def controller_for(settings: ProtocolSettings, level: Level) -> WindowController:
+    """The point's window; a replay's stays open until the trace's last request ends."""
     return WindowController(
         settings.warmup_for(level),
-        settings.duration_s,
+        math.inf if settings.replay_speed is not None else settings.duration_s,
         settings.min_requests_for(level),
         settings.stall_s,
     )
@@ -455,6 +479,39 @@ def prompts_needed(settings: ProtocolSettings, level: Level, history: Sequence[P
     return count
 
 
+#: A replay's first row leaves this long after the load starts, so that the window (opened
+#: at the controller's first poll, every 50 ms) is open before any replayed request.
+REPLAY_LEAD_S = 0.5
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A point's schedule of a trace: each request's send time after the load's start."""
+
+    arrivals_ns: tuple[int, ...]
+    span_s: float  # first to last send, at the replay speed
+
+    def spec_fields(self) -> dict[str, Any]:
+        """What a ``LoadSpec`` takes of it: every row once, each at its time."""
+        return {"num_requests": len(self.arrivals_ns), "arrivals_ns": self.arrivals_ns}
+
+
+def replay_schedule(settings: ProtocolSettings, prompts: PromptSource) -> Replay | None:
+    """The trace's clock scaled by ``--replay-speed`` (None: not a replay)."""
+    trace = getattr(prompts, "arrivals_ns", None)
+    if settings.replay_speed is None or not trace:
+        return None
+    speed, lead = settings.replay_speed, int(REPLAY_LEAD_S * 1e9)
+    arrivals = tuple(lead + int(t / speed) for t in trace)
+    return Replay(arrivals, (arrivals[-1] - arrivals[0]) / 1e9)
+
+
+def replay_rate(arrivals_ns: Sequence[int], speed: float) -> float:
+    """A trace's mean request rate at ``speed`` (its level's ``rate``, for the record)."""
+    span_s = (arrivals_ns[-1] - arrivals_ns[0]) / 1e9 / speed if arrivals_ns else 0.0
+    return len(arrivals_ns) / span_s if span_s > 0 else float(len(arrivals_ns))
+
+
 def run_point(
     target: Target,
     spec: PointSpec,
@@ -470,13 +527,12 @@ def run_point(
     history: Sequence[Point] = (),
     launcher: Any = None,
 ) -> PointOutcome:
-    """Run one point (warm-up, window, verdict).  ``position`` is the point's place in
-    the sweep's full order: it seeds the point's arrivals and picks its prompts
-    (``position * 10**7`` onwards), so a resumed sweep sends what the uninterrupted one
-    would have."""
+    """Run one point (warm-up, window, verdict).  ``position``, the point's place in the
+    sweep's full order, seeds its arrivals and picks its prompts (``position * 10**7`` on;
+    a replay: the trace's rows), so a resumed sweep sends what the first run would have."""
     level = spec.level
     controller = controller_for(settings, level)
-    offset = position * 10_000_000
+    offset = 0 if (replay := replay_schedule(settings, prompts)) else position * 10_000_000
     t_build = time.monotonic()
     _pregenerate(prompts, offset, prompts_needed(settings, level, history))
     build_s = time.monotonic() - t_build
@@ -488,8 +544,10 @@ def run_point(
         # An agent needs a slot: --agents 4 still runs c=1 (one agent).
         workers=min(workers, level.concurrency) if level.concurrency is not None else workers,
         cpus=cpus,
-        deadline_s=settings.deadline_for(level),
+        deadline_s=settings.deadline_for(level) + (replay.span_s if replay else 0.0),
         index_offset=offset,
+        burstiness=settings.burstiness,
+        **(replay.spec_fields() if replay else {}),
     )
     edges: dict[str, dict[str, Snapshot | str]] = {}
 
@@ -540,7 +598,7 @@ def run_point(
     )
     findings = judge(
         point,
-        duration_s=settings.duration_s,
+        duration_s=replay.span_s if replay else settings.duration_s,
         min_requests=settings.min_requests_for(level),
         thresholds=settings.thresholds,
         pd=target.pd,

@@ -324,7 +324,7 @@ def provenance(
         model_name=subject.target.endpoint.model,
         model_dir=subject.model_dir,
         protocol=settings.to_dict(),
-        workload=prompts.describe(),
+        workload=workload_of(settings, prompts),
         seed=settings.seed,
         engine="vllm" if subject.engine_version else None,
         engine_version=subject.engine_version,
@@ -339,6 +339,15 @@ def redacted(prov: Provenance) -> Provenance:
     """Provenance with secrets replaced in what may carry them, and ``redacted`` naming
     what was (``servebook.redact.provenance``)."""
     return Provenance.model_validate(redact.provenance(prov.model_dump()))
+
+
+def workload_of(settings: ProtocolSettings, prompts: PromptSource) -> dict[str, Any]:
+    """What provenance records as the workload: the prompt source, and a replay's speed
+    (how the trace's clock was sent is the workload, not the protocol)."""
+    w = prompts.describe()
+    if settings.replay_speed is not None:
+        w["replay_speed"] = settings.replay_speed
+    return w
 
 
 def tokenizer_for(subject: Subject, given: str | None) -> str | ServerTokenizer:

@@ -25,6 +25,8 @@ class Thresholds:
     max_error_rate: float = 0.01
     # Open loop: lateness p99 (scheduled -> sent).  Closed loop: reported, not judged.
     max_send_lag_p99_ms: float = 10.0
+    # Trace replay: schedule lag p99 (actual minus the trace's send time) above this fails.
+    max_schedule_lag_p99_ms: float = 50.0
     max_loop_lag_p99_ms: float = 10.0  # reported, not judged (kept for the record)
     max_client_cpu: float = 0.90  # share of one core, busiest worker
     # Closed loop: achieved concurrency / level below this is a client-limited point.
@@ -201,7 +203,12 @@ def client_kept_load(case: Case) -> Verdict:
         return Verdict(
             False, f"achieved concurrency {got:.1f} of {target} ({100 * share:.1f}%)" + notes
         )
-    late = c.send_lag_p99_ms is not None and c.send_lag_p99_ms > thresholds.max_send_lag_p99_ms
+    # A replay's lateness is judged against its own bound (SB411).
+    late = (
+        c.send_lag_p99_ms is not None
+        and c.send_lag_p99_ms > thresholds.max_send_lag_p99_ms
+        and c.schedule_lag_p99_ms is None
+    )
     rate = (
         f"offered {c.offered_rate:.2f} req/s of {point.rate:g}"
         if c.offered_rate is not None
@@ -386,6 +393,35 @@ INPUT_LENGTH = _length_check(
         "stated input length was never checked"
     ),
 )
+
+
+SCHEDULE_LAG = register(
+    "SB411",
+    "A replayed trace's requests left on the trace's clock",
+    "A replay measures the server under the trace's arrivals only if the requests leave "
+    "when the trace says: a client that sends late smooths the bursts the trace recorded "
+    "(the very load the replay is for), and the server is credited with a calmer load "
+    "than production gave it.",
+    "Use more load agents (--agents) or a machine with free cores for the client, or a "
+    "lower --replay-speed; the bound is --max-schedule-lag-ms.",
+)
+
+
+@VERDICTS.add(SCHEDULE_LAG)
+def replay_on_schedule(case: Case) -> Verdict | None:
+    """Only a replay has a schedule lag: other points get no verdict here."""
+    c, bound = case.point.client, case.thresholds.max_schedule_lag_p99_ms
+    if c.schedule_lag_p99_ms is None:
+        return None
+    p50 = c.schedule_lag_p50_ms or 0.0
+    late = c.schedule_lag_p99_ms > bound
+    return Verdict(
+        late,
+        ("requests left late: " if late else "")
+        + f"schedule lag p50 {p50:.1f} ms, p99 {c.schedule_lag_p99_ms:.1f} ms "
+        f"(bound {bound:g} ms)",
+        dict(p50_ms=p50, p99_ms=c.schedule_lag_p99_ms, bound_ms=bound),
+    )
 
 
 REACH = register(

@@ -64,15 +64,13 @@ prompts this object built, so a test can show none was built during a load.
 i])``: the same seed gives the same prompts, in any order, from any worker process.  Every
 prompt is distinct random text, so no prompt hits another's prefix cache (except the BOS).
 
-**Dataset mode** reads JSONL: one object per line with ``"prompt"`` (a string) and an
-optional ``"output_len"`` (a positive integer); blank lines are skipped.  A bad line is a
-``UsageError`` naming the file and line.
+**Datasets** (JSONL, ShareGPT, traces) are read in ``bench.datasets``; a dataset of text
+prompts is a ``DatasetPrompts``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,6 +79,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from servebook.bench.lengths import FIXED, INPUT_STREAM, OUTPUT_STREAM, LengthDist
 from servebook.errors import UsageError
 
 Api = Literal["completions", "chat"]
@@ -377,23 +376,37 @@ def exact_length_prompt(
     last = -1
     for _ in range(MAX_RESTARTS):
         ids = vocab.ids[rng.integers(0, len(vocab.ids), size=content)].tolist()
-        for _ in range(MAX_PASSES):
-            text = tok.decode(ids)
-            last = server_token_count(tok, text, api)
-            if last == target:
-                return text
-            own = tok.encode(text, add_special_tokens=False)
-            if last > target:
-                ids = own[: max(1, len(own) - (last - target))]
-            else:
-                extra = vocab.ids[rng.integers(0, len(vocab.ids), size=target - last)]
-                ids = own + extra.tolist()
+        text, last = converge(tok, ids, target, rng, api)
+        if text is not None:
+            return text
     raise UsageError(
         f"could not build a prompt of exactly {target} tokens with this tokenizer "
         f"({MAX_RESTARTS} fresh samples of {MAX_PASSES} passes each; the last came to "
         f"{last}). The tokenizer does not let decoded text keep its length; use --dataset "
         "with prompts of known length instead."
     )
+
+
+def converge(
+    tok: TextTokenizer, ids: list[int], target: int, rng: np.random.Generator, api: Api
+) -> tuple[str | None, int]:
+    """Content ``ids`` moved to text the server counts as ``target`` tokens (module
+    docstring, steps 2-3): trimmed or extended at the end only, so their beginning stays;
+    ``(None, last count)`` after ``MAX_PASSES`` passes."""
+    vocab = _vocab(tok)
+    last = -1
+    for _ in range(MAX_PASSES):
+        text = tok.decode(ids)
+        last = server_token_count(tok, text, api)
+        if last == target:
+            return text, last
+        own = tok.encode(text, add_special_tokens=False)
+        if last > target:
+            ids = own[: max(1, len(own) - (last - target))]
+        else:
+            extra = vocab.ids[rng.integers(0, len(vocab.ids), size=target - last)]
+            ids = own + extra.tolist()
+    return None, last
 
 
 class PromptSource(Protocol):
@@ -451,6 +464,8 @@ class RandomPrompts:
         seed: int,
         api: Api = "completions",
         prompt_format: PromptFormat = "text",
+        input_dist: LengthDist = FIXED,
+        output_dist: LengthDist = FIXED,
     ) -> None:
         if input_len < 1 or output_len < 1:
             raise UsageError(
@@ -474,6 +489,7 @@ class RandomPrompts:
         self.seed = seed
         self.api: Api = api
         self.prompt_format: PromptFormat = prompt_format
+        self.input_dist, self.output_dist = input_dist, output_dist
         self.built = 0
         self._tok: TextTokenizer | None = self._given
         self._cache: dict[int, Prompt] = {}
@@ -482,6 +498,7 @@ class RandomPrompts:
         self._sample_ids: np.ndarray | None = None
         self._prefix: list[int] = []
         self._content = 0
+        self._least = 1  # the shortest prompt the server can count as built here
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -519,8 +536,11 @@ class RandomPrompts:
             self._prefix = [int(i) for i in tok.encode("", add_special_tokens=True)]
             self._content = self.input_len - len(self._prefix)
             self._sample_ids = vocab.ids
+            self._least = len(self._prefix)
         elif self._content >= 1:
             self._words = word_table(tok, self.api)
+        if self.prompt_format == "text":
+            self._least = overhead + 1
         self._ready = True
 
     @property
@@ -573,36 +593,47 @@ class RandomPrompts:
             out = []
             for i in indices:
                 rng = np.random.default_rng([self.seed, i])
-                content = ids[rng.integers(0, len(ids), size=self._content)].tolist()
-                out.append(Prompt("", self.output_len, self.input_len, self._prefix + content))
+                n = self._target(i) - len(self._prefix)
+                content = ids[rng.integers(0, len(ids), size=n)].tolist()
+                sent = self._prefix + content
+                out.append(Prompt("", self._output(i), len(sent), sent))
             return out
         words = self._words
         if words is None:
             return [self._slow(i) for i in indices]
+        targets = [self._target(i) for i in indices]
+        grow = self._content - self.input_len  # -overhead
         texts = [
-            words.sample(np.random.default_rng([self.seed, i]), self._content) for i in indices
+            words.sample(np.random.default_rng([self.seed, i]), t + grow)
+            for i, t in zip(indices, targets, strict=True)
         ]
         if self._local:
             sample = texts[::check_every]
             counts = _count_many(self.tokenizer, sample, self.api)
             if check_every > 1:
-                ok = all(c == self.input_len for c in counts)
-                counts = (
-                    [self.input_len] * len(texts)
-                    if ok
-                    else _count_many(self.tokenizer, texts, self.api)
-                )
+                ok = counts == targets[::check_every]
+                counts = targets if ok else _count_many(self.tokenizer, texts, self.api)
         else:
-            counts = [self.input_len] * len(texts)
+            counts = targets
         return [
-            Prompt(t, self.output_len, self.input_len) if n == self.input_len else self._slow(i)
-            for i, t, n in zip(indices, texts, counts, strict=True)
+            Prompt(t, self._output(i), n) if n == want else self._slow(i)
+            for i, t, n, want in zip(indices, texts, counts, targets, strict=True)
         ]
+
+    def _target(self, index: int) -> int:
+        """Prompt ``index``'s length: ``input_len``, or drawn from ``input_dist`` (never
+        below the least prompt built here: the server's own tokens and one more)."""
+        n = self.input_dist.draw(self.input_len, self.seed, INPUT_STREAM, index)
+        return n if self.input_dist.kind == "fixed" else max(n, self._least)
+
+    def _output(self, index: int) -> int:
+        return self.output_dist.draw(self.output_len, self.seed, OUTPUT_STREAM, index)
 
     def _slow(self, index: int) -> Prompt:
         rng = np.random.default_rng([self.seed, index])
-        text = exact_length_prompt(self.tokenizer, self.input_len, rng, self.api)
-        return Prompt(text, self.output_len, self.input_len)
+        target = self._target(index)
+        text = exact_length_prompt(self.tokenizer, target, rng, self.api)
+        return Prompt(text, self._output(index), target)
 
     def describe(self) -> dict[str, Any]:
         if self.tokenizer_dir is not None:
@@ -618,7 +649,17 @@ class RandomPrompts:
             "seed": self.seed,
             "api": self.api,
             "prompt_format": self.prompt_format,
+            **self._dists(),
         }
+
+    def _dists(self) -> dict[str, str]:
+        """The length distributions, when not fixed (a fixed run records what it did)."""
+        d = {}
+        if self.input_dist != FIXED:
+            d["input_len_dist"] = self.input_dist.describe()
+        if self.output_dist != FIXED:
+            d["output_len_dist"] = self.output_dist.describe()
+        return d
 
 
 def _count_many(tok: TextTokenizer, texts: Sequence[str], api: Api) -> list[int]:
@@ -652,40 +693,3 @@ class DatasetPrompts:
             "n": len(self.prompts),
             "prompt_format": "text",
         }
-
-
-def load_dataset(
-    path: str | Path,
-    *,
-    default_output_len: int,
-    tokenizer: TextTokenizer | None = None,
-    api: Api = "completions",
-) -> DatasetPrompts:
-    """Read a JSONL dataset; with a tokenizer each prompt's server-side length is recorded."""
-    import hashlib
-
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read the dataset: {e.strerror or e}") from None
-    prompts: list[Prompt] = []
-    for lineno, line in enumerate(raw.decode("utf-8", "replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{p}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: not JSON ({e.msg}); each line must be one object") from None
-        if not isinstance(obj, dict):
-            raise UsageError(f'{where}: expected an object with a "prompt", got {obj!r:.60}')
-        text = obj.get("prompt")
-        if not isinstance(text, str) or not text:
-            raise UsageError(f'{where}: "prompt" must be a non-empty string')
-        out = obj.get("output_len", default_output_len)
-        if isinstance(out, bool) or not isinstance(out, int) or out < 1:
-            raise UsageError(f'{where}: "output_len" must be a positive integer, got {out!r}')
-        n = server_token_count(tokenizer, text, api) if tokenizer is not None else None
-        prompts.append(Prompt(text, out, n))
-    return DatasetPrompts(prompts, str(p), hashlib.sha256(raw).hexdigest())

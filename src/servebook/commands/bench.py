@@ -81,13 +81,37 @@ def bench(
         "this machine, else the server's own /tokenize and /detokenize).",
     ),
     concurrency: str | None = typer.Option(
-        "1,4,16", "--concurrency", help="e.g. 1,4,16", callback=comma_list
+        None,
+        "--concurrency",
+        help="Closed-loop levels, e.g. 1,4,16 (the default, unless --rate or a trace to "
+        "replay is given).",
+        callback=comma_list,
     ),
     rate: str | None = typer.Option(
         None, "--rate", help="Open-loop rates (req/s), e.g. 2,8", callback=comma_list
     ),
+    burstiness: float = typer.Option(
+        1.0,
+        "--burstiness",
+        help="Open loop: gamma-distributed gaps between requests with this shape B "
+        "(coefficient of variation 1/sqrt(B), as vLLM's and AIPerf's --burstiness): 1 is "
+        "Poisson, 0.25 bursty, 4 smooth. Recorded. Example: --rate 8 --burstiness 0.5",
+    ),
     input_len: int = typer.Option(1024, "--input-len", help="Prompt tokens (server count)."),
     output_len: int = typer.Option(128, "--output-len", help="Output tokens (ignore_eos)."),
+    input_len_dist: str | None = typer.Option(
+        None,
+        "--input-len-dist",
+        help="Prompt lengths around --input-len: fixed (default), uniform:min=A,max=B, "
+        "normal:stdev=S[,min=A][,max=B] or lognormal:stdev=S[,min=A][,max=B]; seeded, "
+        "recorded. Example: --input-len 512 --input-len-dist normal:stdev=128,min=64,max=1024",
+    ),
+    output_len_dist: str | None = typer.Option(
+        None,
+        "--output-len-dist",
+        help="Output lengths around --output-len, as --input-len-dist. Example: "
+        "--output-len-dist uniform:min=32,max=256",
+    ),
     warmup: str | None = typer.Option(
         None,
         "--warmup",
@@ -125,7 +149,38 @@ def bench(
     ),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     dataset: Path | None = typer.Option(
-        None, "--dataset", help="JSONL prompts instead.", callback=regular_file
+        None,
+        "--dataset",
+        help="Prompts or a trace from a file instead of random prompts (format: "
+        "--dataset-format). A trace with timestamps (mooncake, azure, burstgpt) and no "
+        "--concurrency or --rate is replayed on its own clock: each request leaves at its "
+        "offset from the first, whatever is in flight; its window is the whole trace. "
+        "Example: --dataset mooncake_trace.jsonl --replay-speed 2 --tokenizer MODEL_DIR",
+        callback=regular_file,
+    ),
+    dataset_format: str | None = typer.Option(
+        None,
+        "--dataset-format",
+        help='jsonl ({"prompt", "output_len"} a line), sharegpt (JSON array of '
+        "{id, conversations: [{from, value}]}; the first human turn is the prompt), "
+        "mooncake (JSONL {timestamp ms, input_length, output_length, hash_ids}: 512-token "
+        "blocks, shared ids give shared prefixes), azure (CSV TIMESTAMP,ContextTokens,"
+        "GeneratedTokens) or burstgpt (CSV Timestamp s, Request tokens, Response tokens; "
+        "failed rows skipped). Default: detected from the content. Lengths-only traces get "
+        "prompts of exactly their lengths as the server counts them. Example: "
+        "--dataset-format azure",
+    ),
+    replay_speed: float = typer.Option(
+        1.0,
+        "--replay-speed",
+        help="A replayed trace's clock speed: 2 sends it twice as fast, 0.5 at half speed "
+        "(recorded). Example: --replay-speed 2",
+    ),
+    max_schedule_lag_ms: float = typer.Option(
+        50.0,
+        "--max-schedule-lag-ms",
+        help="A replay whose requests leave later than the trace says by more than this "
+        "(p99) is invalid (SB411).",
     ),
     agents: int | None = typer.Option(
         None,
@@ -218,7 +273,7 @@ def bench(
 ) -> None:
     options = dict(locals())  # the parameters, before any other name is bound
     # --rate alone runs open loop only; servebook's own deployments always need server counters.
-    options["concurrency"] = None if rate and concurrency == "1,4,16" else concurrency
+    # Neither --concurrency nor --rate: 1,4,16, or a trace's replay (sweep.settings_from).
     options["require_server_evidence"] = require_server_evidence or url is None
     if agents is not None and workers is not None and agents != workers:
         raise UsageError(f"--agents {agents} and --workers {workers}: give one (they are one)")

@@ -28,7 +28,8 @@ output ``compare.CROSS_PROVENANCE``.
   difference;
 * ``protocol``: every protocol setting except the load levels and the repetition count
   (compare matches the levels both runs have; the intervals account for repetitions);
-* ``workload``: the prompt source (lengths, dataset hash, API), not the tokenizer's path;
+* ``workload``: the prompt source (lengths, dataset format and hash, a replay's speed, API),
+  not the tokenizer's or the dataset's path;
 * ``seed``: the run's seed (the prompts and the point order derive from it);
 * ``route``: how the load reached the server (``provenance.load.route``: directly, through
   port-forwards, from agents in the cluster).  A forward relays every byte through the
@@ -105,6 +106,7 @@ _PROTOCOL_FREE = {
     "precision",
     "max_repetitions",
     "precision_rule",
+    "replay_speed",  # compared as the workload's
 }
 # Workload keys that name a place on a machine; the content is compared elsewhere (model
 # config hash, dataset sha256).

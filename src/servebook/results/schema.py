@@ -157,6 +157,9 @@ class ClientEvidence(BaseModel):
     # Open loop: requests sent per second in the window (the offered rate, as achieved).
     offered_rate: float | None = None
     prompt_waits: int = 0  # requests that waited for their prompt to be built
+    # Trace replay: actual minus intended send time over the window (SB411); None otherwise.
+    schedule_lag_p50_ms: float | None = None
+    schedule_lag_p99_ms: float | None = None
     prompts_ran_out: bool = False  # the prompts built before the point ran out
     # CPU seconds the prompt producer used during the load (it builds prompts ahead of
     # need in a process of its own; 0 when every prompt was built before the warm-up).
