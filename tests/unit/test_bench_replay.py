@@ -112,6 +112,10 @@ def bursty_trace(path: Path, rows: int = 48) -> Path:
     return path
 
 
+# The replay's arrival errors are timings: make test runs this module alone, after the unit
+# tests that run in parallel.
+pytestmark = pytest.mark.serial
+
 @dataclasses.dataclass
 class Replayed:
     ds: Dataset
