@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -138,12 +139,24 @@ def test_the_code_archive_is_what_python_imports_servebook_from(tmp_path: Path) 
     assert code == lj.code_archive()  # one version of servebook, one archive
     z = tmp_path / lj.CODE_KEY
     z.write_bytes(code)
+    modules = [
+        n.removesuffix("/__init__.py").removesuffix(".py").replace("/", ".")
+        for n in zipfile.ZipFile(z).namelist()
+        if n.endswith(".py")
+    ]
+    assert lj.ENTRY_MODULE in modules and "servebook.bench.agent" in modules
+    # only what the Pods run: not the commands, lint, preflight or experiments
+    assert not [m for m in modules if m.split(".")[1:2] in (["commands"], ["lint"], ["preflight"])]
+    # Every module in it imports from it alone (what each imports in a function is in it too:
+    # the archive holds every module named in an import statement, lazy or not).
     probe = (
-        "import servebook.bench.in_cluster as m, servebook.sweep, servebook.recipe.resolve;"
-        "print(m.__file__)"
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    assert importlib.import_module(m).__file__.startswith(sys.path[1]), m\n"
+        "print(importlib.import_module(sys.argv[1]).__file__)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe],
+        [sys.executable, "-c", probe, lj.ENTRY_MODULE],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(z), "PATH": "/usr/bin:/bin"},

@@ -40,6 +40,7 @@ Job whose bench machine vanished does not load the engines or stay forever.
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import io
@@ -130,21 +131,73 @@ class LoadJob:
 
 
 def code_archive(root: Path | None = None) -> bytes:
-    """servebook's own package as a zip (``python -c 'import servebook'`` works with it on
-    ``PYTHONPATH``): every file but caches, in sorted order with fixed times, so one
-    version of servebook makes one archive (its hash names it in the Job)."""
+    """The part of servebook's package the load Job's Pods run, as a zip (``python -m
+    servebook.bench.in_cluster`` works with it on ``PYTHONPATH``): the modules
+    ``ENTRY_MODULE`` imports, directly or through others, lazily or not, with their
+    packages' ``__init__`` and the data files beside them; in sorted order with fixed times,
+    so one version of servebook makes one archive (its hash names it in the Job).  The
+    whole package no longer fitted a ConfigMap (1 MiB) with room to spare."""
     base = root or Path(str(resources.files("servebook")))
+    files = _closure(base, ENTRY_MODULE)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        for path in sorted(base.rglob("*")):
+        for path in sorted(files):
             rel = path.relative_to(base)
-            if not path.is_file() or "__pycache__" in rel.parts or path.suffix == ".pyc":
-                continue
             info = zipfile.ZipInfo(f"servebook/{rel.as_posix()}", (1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             z.writestr(info, path.read_bytes())
     return buf.getvalue()
+
+
+def _module_file(base: Path, module: str) -> Path | None:
+    """The file of ``servebook.X.Y`` under ``base`` (a module or a package), if any."""
+    rel = Path(*module.split(".")[1:])
+    if rel == Path():
+        return base / "__init__.py"
+    for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported(path: Path) -> set[str]:
+    """Every ``servebook`` module ``path`` names in an import statement, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "servebook"}
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] == "servebook"
+        ):
+            # ``from servebook.x import y``: y may be a module of the package x
+            found |= {str(node.module), *(f"{node.module}.{a.name}" for a in node.names)}
+    return found
+
+
+def _closure(base: Path, entry: str) -> set[Path]:
+    files: set[Path] = set()
+    todo = [entry]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # its packages
+        path = _module_file(base, module)
+        if path is None or path in files:
+            continue
+        files.add(path)
+        todo += sorted(_imported(path))
+        if path.name == "__init__.py":  # a package's data files (catalogs, templates)
+            files |= {
+                p for p in path.parent.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")
+            }
+    return files
 
 
 def _meta(job: LoadJob, name: str) -> Obj:
