@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from servebook.backends.base import Found
 from servebook.backends.state import KUBE_STATE_FILE as STATE_FILE
 from servebook.backends.state import deployments_dir, state_dir_for
+from servebook.engines.vllm import flag_value
 from servebook.errors import UsageError
 from servebook.files import read_model, write_record
 from servebook.kube import names
@@ -122,16 +123,6 @@ def _role_rank(role: str) -> tuple[int, str]:
     return (_ROLE_ORDER.index(role) if role in _ROLE_ORDER else len(_ROLE_ORDER), role)
 
 
-def _flag_value(argv: Sequence[Any], flag: str) -> str:
-    args = [str(a) for a in argv]
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return ""
-
-
 def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     """Deployment ``name``'s record rebuilt from API objects (ConfigMaps, Deployments,
     Services and Namespaces, shaped like the items of ``kubectl get
@@ -221,9 +212,8 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
             for c in (
                 (d or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
             ):
-                served = served or _flag_value(
-                    [*c.get("command", []), *c.get("args", [])], "--served-model-name"
-                )
+                argv = [str(a) for a in [*c.get("command", []), *c.get("args", [])]]
+                served = served or flag_value(argv, "--served-model-name") or ""
     stamps = sorted(
         str(meta_of(o).get("creationTimestamp"))
         for o in mine

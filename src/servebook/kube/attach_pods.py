@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from servebook.engines.vllm import flag_value
 from servebook.kube import attach_argv
 from servebook.kube.objects import annotations_of, is_ready, labels_of, name_of
 
@@ -30,17 +31,6 @@ def _int(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return n if 0 < n < 65536 else None
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of ``--flag V`` or ``--flag=V`` (the last one), else None."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
 
 
 def _argv(c: Mapping[str, Any]) -> list[str]:

@@ -40,9 +40,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servebook.engines.vllm import flag_value
 from servebook.errors import UsageError
 from servebook.kube import attach_pods
-from servebook.kube.attach_pods import flag_value
 from servebook.kube.objects import is_terminating, labels_of, name_of
 
 Obj = dict[str, Any]

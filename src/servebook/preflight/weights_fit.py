@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook import inputs
+from servebook.engines.vllm import flag_value
 from servebook.errors import UsageError
 from servebook.findings import Finding, Severity, register_once
 from servebook.kube.objects import BadObject, parse_quantity
@@ -83,17 +84,6 @@ class Parallelism:
         return " x ".join(parts)
 
 
-def _flag(args: Sequence[str], *names: str) -> str | None:
-    value = None
-    for i, a in enumerate(args):
-        for n in names:
-            if a == n and i + 1 < len(args):
-                value = args[i + 1]
-            elif a.startswith(n + "="):
-                value = a.split("=", 1)[1]
-    return value
-
-
 def _positive_int(value: str | None, default: int) -> int:
     try:
         n = int(value) if value is not None else default
@@ -104,15 +94,15 @@ def _positive_int(value: str | None, default: int) -> int:
 
 def parallelism(args: Sequence[str]) -> Parallelism:
     """The engine arguments' parallel sizes (vLLM's long and short spellings)."""
-    util = _flag(args, "--gpu-memory-utilization")
+    util = flag_value(args, "--gpu-memory-utilization")
     try:
         fraction = float(util) if util is not None else DEFAULT_GPU_MEMORY_UTILIZATION
     except ValueError:
         fraction = DEFAULT_GPU_MEMORY_UTILIZATION
     return Parallelism(
-        tensor=_positive_int(_flag(args, "--tensor-parallel-size", "-tp"), 1),
-        pipeline=_positive_int(_flag(args, "--pipeline-parallel-size", "-pp"), 1),
-        data=_positive_int(_flag(args, "--data-parallel-size", "-dp"), 1),
+        tensor=_positive_int(flag_value(args, "--tensor-parallel-size"), 1),
+        pipeline=_positive_int(flag_value(args, "--pipeline-parallel-size"), 1),
+        data=_positive_int(flag_value(args, "--data-parallel-size"), 1),
         expert="--enable-expert-parallel" in args or "-ep" in args,
         gpu_memory_utilization=fraction if 0 < fraction <= 1 else DEFAULT_GPU_MEMORY_UTILIZATION,
     )
