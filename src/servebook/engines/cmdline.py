@@ -483,6 +483,54 @@ def kv_transfer_config(cmd: EngineCommand) -> tuple[dict[str, Any] | None, str |
     return cmd.json_value("--kv-transfer-config")
 
 
+#: The kv_role each side of a PD pair may load: prefill produces the KV cache, decode
+#: consumes it; kv_both does either.  Lint (SB106) and verify (SB310) judge by this rule.
+KV_SIDE_ROLES = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv_both")}
+
+
+def kv_role_problem(side: str, cfg: Mapping[str, Any] | None) -> str | None:
+    """Why an engine on ``side`` (prefill or decode) with this KV-transfer config hands
+    nothing over because of its kv_role, or None (no config: ``kv_connector_problems``)."""
+    role = (cfg or {}).get("kv_role")
+    ok = KV_SIDE_ROLES[side]
+    if isinstance(role, str) and role not in ok:
+        return f"its kv_role is {role}; the {side} side must use {' or '.join(ok)}"
+    return None
+
+
+@dataclass(frozen=True)
+class KvProblem:
+    """A reason no KV cache is handed over between PD engines, and the engines it is about."""
+
+    text: str
+    subjects: tuple[str, ...]
+
+
+def kv_connector_problems(configs: Mapping[str, Mapping[str, Any] | None]) -> list[KvProblem]:
+    """PD engines' KV-transfer configs (subject -> config, None without one): an engine
+    loading no connector beside one that does, and engines loading different ones, hand no
+    KV cache over."""
+    loaded = {s: str((c or {}).get("kv_connector") or "") for s, c in configs.items()}
+    without = tuple(s for s, c in loaded.items() if not c)  # no config, or none named in it
+    names = sorted({c for c in loaded.values() if c})
+    problems: list[KvProblem] = []
+    # When none names one, the launcher may load a connector of its own (Dynamo's
+    # dynamo.vllm loads NIXL unless told otherwise): not a problem of the command lines.
+    if without and names:
+        others = f" (the others load {', '.join(names)})" if names else ""
+        problems.append(
+            KvProblem(f"no --kv-transfer-config on {', '.join(without)}{others}", without)
+        )
+    if len(names) > 1:
+        problems.append(
+            KvProblem(
+                "different connectors: " + ", ".join(f"{s} {c}" for s, c in loaded.items() if c),
+                tuple(loaded),
+            )
+        )
+    return problems
+
+
 @dataclass(frozen=True)
 class SpecComparison:
     """Two roles' speculative configs side by side: ``only`` names the role that has one

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from itertools import combinations
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from servebook.engines import vllm
-from servebook.engines.cmdline import kv_transfer_config
+from servebook.engines.cmdline import kv_connector_problems, kv_role_problem, kv_transfer_config
 from servebook.findings import Finding, Rules, Severity, register
 from servebook.metrics.scrape import Snapshot, delta, split_replicas
 from servebook.verify import checks as C
@@ -126,40 +126,46 @@ CONNECTOR = register(
 def connector_on_every_engine(claims: Claims, targets: Sequence[Target]) -> list[Finding]:
     if claims.topology != "pd":
         return []
-    seen: dict[str, str | None] = {}
-    broken: list[str] = []
+    configs: dict[str, dict[str, Any] | None] = {}
+    subjects: list[str] = []  # every PD engine whose command line was read
+    problems: list[str] = []
     for subject, argv in commands(targets).items():
         if not subject.startswith(("prefill", "decode")):
             continue
+        subjects.append(subject)
         cfg, error = kv_transfer_config(C.role_command(argv))
         if error is not None:
-            broken.append(f"{subject}: {error}")
+            problems.append(f"{subject}: {error}")
             continue
-        seen[subject] = str(cfg.get("kv_connector") or "") or None if cfg else None
-    if not seen and not broken:
+        configs[subject] = cfg
+        side = "prefill" if subject.startswith("prefill") else "decode"
+        if (role := kv_role_problem(side, cfg)) is not None:
+            problems.append(f"{subject}: {role}")
+    if not subjects:
         return []  # no command line read: Claims.argv_unread says so (SB311)
-    subject = ",".join([*seen, *(b.split(":", 1)[0] for b in broken)])
-    without = [s for s, c in seen.items() if c is None]
-    names = sorted({c for c in seen.values() if c})
-    ev = {"kv_connector": seen, "unreadable": broken}
-    if broken or without or len(names) > 1:
-        problems = list(broken)
-        if without:
-            problems.append(
-                "no --kv-transfer-config on "
-                + ", ".join(without)
-                + (f" (the others load {', '.join(names)})" if names else "")
-            )
-        if len(names) > 1:
-            problems.append(
-                "different connectors: " + ", ".join(f"{s} {c}" for s, c in seen.items() if c)
-            )
+    subject = ",".join(subjects)
+    seen = {s: str((c or {}).get("kv_connector") or "") or None for s, c in configs.items()}
+    problems += [p.text for p in kv_connector_problems(configs)]
+    ev = {"kv_connector": seen, "problems": problems}
+    if problems:
         return [
             CONNECTOR.finding(
                 Severity.FAIL,
                 subject,
                 "; ".join(problems) + ": no KV cache is handed over there, and decode "
                 "silently recomputes the prompt",
+                evidence=ev,
+            )
+        ]
+    names = sorted({c for c in seen.values() if c})
+    if not names:
+        return [
+            CONNECTOR.finding(
+                Severity.WARN,
+                subject,
+                "no engine names a KV connector on its command line; its launcher may load "
+                "one (Dynamo's dynamo.vllm loads NIXL by default): the handoff counters "
+                "(SB302) decide",
                 evidence=ev,
             )
         ]

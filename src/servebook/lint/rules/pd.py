@@ -22,7 +22,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from servebook.engines.cmdline import EngineCommand, compare_speculative, speculative_config
+from servebook.engines.cmdline import (
+    EngineCommand,
+    compare_speculative,
+    kv_connector_problems,
+    kv_role_problem,
+    speculative_config,
+)
 from servebook.findings import Check, Finding, Severity, register
 from servebook.lint.rules.images import normalize_image
 from servebook.lint.rules.objects import Engine, finding_at
@@ -159,49 +165,31 @@ PD_CONNECTOR = register(
 
 @PAIR_RULES.add(PD_CONNECTOR)
 def check_pd_connector(p: Engine, d: Engine) -> list[Finding]:
+    # The rule is engines.cmdline's, which verify's SB310 judges by as well.
     findings: list[Finding] = []
-    for e, role, ok, bad in (
-        (p, "prefill", ("kv_producer", "kv_both"), "kv_consumer"),
-        (d, "decode", ("kv_consumer", "kv_both"), "kv_producer"),
-    ):
-        if e.name_role == role and e.kv_role == bad:
+    for e, side in ((p, "prefill"), (d, "decode")):
+        problem = kv_role_problem(side, e.kv_config) if e.name_role == side else None
+        if problem is not None:
             findings.append(
                 finding_at(
                     PD_CONNECTOR,
                     Severity.FAIL,
                     e.doc,
                     e.path,
-                    f"{e.pod.owner} is named as the {role} role but its kv_role is {bad}; "
-                    f"the {role} side must use {' or '.join(ok)}.",
+                    f"{e.pod.owner} is named as the {side} role but {problem}.",
                     extra=f"container {e.cname}",
                 )
             )
     if p.kv_error or d.kv_error:
         return findings
-    if (p.kv_config is None) != (d.kv_config is None):
-        missing = "prefill" if p.kv_config is None else "decode"
+    for kv in kv_connector_problems({"prefill": p.kv_config, "decode": d.kv_config}):
         findings.append(
             _pair_subject_finding(
                 PD_CONNECTOR,
                 Severity.FAIL,
                 p,
                 d,
-                f"--kv-transfer-config is missing on the {missing} role: no KV is handed "
-                "over and decode silently recomputes every prompt",
-            )
-        )
-        return findings
-    if p.kv_config is None or d.kv_config is None:
-        return findings
-    pc, dc = p.kv_config.get("kv_connector"), d.kv_config.get("kv_connector")
-    if pc != dc:
-        findings.append(
-            _pair_subject_finding(
-                PD_CONNECTOR,
-                Severity.FAIL,
-                p,
-                d,
-                f"kv_connector differs: prefill {pc!r}, decode {dc!r}",
+                f"{kv.text}: no KV is handed over and decode silently recomputes every prompt",
             )
         )
     return findings

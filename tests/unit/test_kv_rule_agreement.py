@@ -1,0 +1,100 @@
+"""Lint (SB106, on the manifests) and verify (SB310, on the running engines' command lines)
+judge the KV handoff by one rule (``engines.cmdline.kv_role_problem`` and
+``kv_connector_problems``): on the same prefill and decode command lines they give the same
+verdict. Before, a pair whose kv_roles were reversed failed lint and passed verify."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servebook.findings import Severity
+from servebook.lint.loader import LintSet, parse_yaml
+from servebook.lint.rules import check
+from servebook.verify import rules as R
+from servebook.verify.smoke import Claims, Target
+
+SERVE = ["vllm", "serve", "/models/m", "--served-model-name", "m"]
+
+
+def kv(connector: str | None, role: str | None = "kv_both") -> list[str]:
+    if connector is None:
+        return []
+    cfg: dict[str, str] = {"kv_connector": connector}
+    if role is not None:
+        cfg["kv_role"] = role
+    return ["--kv-transfer-config", json.dumps(cfg)]
+
+
+def _deployment(role: str, args: list[str]) -> str:
+    doc = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"m-{role}", "labels": {"llm-d.ai/role": role}},
+        "spec": {
+            "selector": {"matchLabels": {"app": role}},
+            "template": {
+                "metadata": {"labels": {"app": role, "llm-d.ai/role": role}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.11.0",
+                            "command": args[:2],
+                            "args": args[2:],
+                        }
+                    ]
+                },
+            },
+        },
+    }
+    return json.dumps(doc)
+
+
+def lint_fails(prefill: list[str], decode: list[str]) -> bool:
+    text = _deployment("prefill", prefill) + "\n---\n" + _deployment("decode", decode)
+    found = check(LintSet([parse_yaml(text, "pd.yaml")], []))
+    return any(f.check == "SB106" and f.severity is Severity.FAIL for f in found)
+
+
+def verify_fails(prefill: list[str], decode: list[str]) -> bool:
+    targets = [
+        Target("prefill", "engine", "http://p", argv=prefill),
+        Target("decode", "engine", "http://d", argv=decode),
+        Target("router", "router", "http://r"),
+    ]
+    claims = Claims("pd", False, "m", "http://r")
+    found = R.connector_on_every_engine(claims, targets)
+    return any(f.severity is Severity.FAIL for f in found)
+
+
+CASES = {
+    "same connector, kv_both": (kv("NixlConnector"), kv("NixlConnector"), False),
+    "producer and consumer": (
+        kv("NixlConnector", "kv_producer"),
+        kv("NixlConnector", "kv_consumer"),
+        False,
+    ),
+    "roles reversed": (
+        kv("NixlConnector", "kv_consumer"),
+        kv("NixlConnector", "kv_producer"),
+        True,
+    ),
+    "decode as producer": (kv("NixlConnector"), kv("NixlConnector", "kv_producer"), True),
+    "decode without one": (kv("NixlConnector"), [], True),
+    "prefill without one": ([], kv("NixlConnector"), True),
+    "different connectors": (kv("NixlConnector"), kv("LMCacheConnectorV1"), True),
+    "no kv_role (vLLM's default)": (kv("NixlConnector", None), kv("NixlConnector", None), False),
+    # none on either command line: the launcher may load one (Dynamo's dynamo.vllm does);
+    # verify warns and its handoff counters (SB302) decide
+    "neither names one": ([], [], False),
+}
+
+
+@pytest.mark.parametrize(("p_kv", "d_kv", "fails"), list(CASES.values()), ids=list(CASES))
+def test_lint_and_verify_give_the_same_verdict(
+    p_kv: list[str], d_kv: list[str], fails: bool
+) -> None:
+    prefill, decode = [*SERVE, *p_kv], [*SERVE, *d_kv]
+    assert (lint_fails(prefill, decode), verify_fails(prefill, decode)) == (fails, fails)
