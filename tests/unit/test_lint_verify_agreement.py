@@ -1,4 +1,5 @@
-"""Lint (SB106, on the manifests) and verify (SB310, on the running engines' command lines)
+"""Rules lint (on the manifests) and verify (on the running engines' command lines) both
+judge give the same verdict on the same prefill and decode command lines. SB106 and SB310
 judge the KV handoff by one rule (``engines.cmdline.kv_role_problem`` and
 ``kv_connector_problems``): on the same prefill and decode command lines they give the same
 verdict. Before, a pair whose kv_roles were reversed failed lint and passed verify."""
@@ -98,3 +99,48 @@ def test_lint_and_verify_give_the_same_verdict(
 ) -> None:
     prefill, decode = [*SERVE, *p_kv], [*SERVE, *d_kv]
     assert (lint_fails(prefill, decode), verify_fails(prefill, decode)) == (fails, fails)
+
+
+# SB105 (lint) and SB308 (verify): the speculative configs of prefill and decode, by
+# engines.cmdline.compare_speculative.
+
+
+def spec(n: int | None) -> list[str]:
+    if n is None:
+        return []
+    return ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": n})]
+
+
+def lint_spec_fails(prefill: list[str], decode: list[str]) -> bool:
+    text = _deployment("prefill", prefill) + "\n---\n" + _deployment("decode", decode)
+    found = check(LintSet([parse_yaml(text, "pd.yaml")], []))
+    return any(f.check == "SB105" and f.severity is Severity.FAIL for f in found)
+
+
+def verify_spec_fails(prefill: list[str], decode: list[str]) -> bool:
+    targets = [
+        Target("prefill", "engine", "http://p", argv=prefill),
+        Target("decode", "engine", "http://d", argv=decode),
+    ]
+    found = R.spec_symmetry(Claims("pd", True, "m", "http://r"), targets)
+    return any(f.severity is Severity.FAIL for f in found)
+
+
+SPEC_CASES = {
+    "identical": (spec(3), spec(3), False),
+    "neither": (spec(None), spec(None), False),
+    "decode only": (spec(None), spec(3), True),
+    "prefill only": (spec(3), spec(None), True),
+    "different token counts": (spec(3), spec(5), True),
+}
+
+
+@pytest.mark.parametrize(
+    ("p_spec", "d_spec", "fails"), list(SPEC_CASES.values()), ids=list(SPEC_CASES)
+)
+def test_lint_and_verify_judge_speculation_alike(
+    p_spec: list[str], d_spec: list[str], fails: bool
+) -> None:
+    kv_both = kv("NixlConnector")
+    prefill, decode = [*SERVE, *kv_both, *p_spec], [*SERVE, *kv_both, *d_spec]
+    assert (lint_spec_fails(prefill, decode), verify_spec_fails(prefill, decode)) == (fails, fails)
