@@ -116,6 +116,7 @@ def bursty_trace(path: Path, rows: int = 48) -> Path:
 # tests that run in parallel.
 pytestmark = pytest.mark.serial
 
+
 @dataclasses.dataclass
 class Replayed:
     ds: Dataset
