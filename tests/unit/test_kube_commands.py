@@ -230,6 +230,7 @@ def test_bench_stops_naming_the_role_whose_pod_was_replaced(
         assert time.monotonic() < deadline, "no point finished in 60 s"
         time.sleep(0.2)
     replaced_at = time.monotonic()
+    saved = len(load_results(results).points)
     old = _pod(server, "decode")["metadata"]["name"]
     server.call(lambda st: st.replace_pod("decode"))
     stdout, stderr = proc.communicate(timeout=60)
@@ -239,9 +240,11 @@ def test_bench_stops_naming_the_role_whose_pod_was_replaced(
     res = load_results(results)
     assert len(res.points) < 6
     last = res.points[-1]
-    assert any(r.startswith("SB410: decode") and old in r for r in last.invalid_reasons), (
-        last.invalid_reasons
-    )
+    named = any(r.startswith("SB410: decode") and old in r for r in last.invalid_reasons)
+    # Or the Pod went between a point's save and the check after it (seen under load): the
+    # sweep then stopped after that point, naming decode, before another began.
+    between = len(res.points) == saved and "role(s) decode" in stderr
+    assert named or between, (saved, last.invalid_reasons, stderr)
 
 
 def test_open_view_reads_argv_and_env_from_the_pods_as_applied(
