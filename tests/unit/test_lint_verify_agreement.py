@@ -7,10 +7,11 @@ verdict. Before, a pair whose kv_roles were reversed failed lint and passed veri
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
-from servebook.findings import Severity
+from servebook.findings import Finding, Severity
 from servebook.lint.loader import LintSet, parse_yaml
 from servebook.lint.rules import check
 from servebook.verify import rules as R
@@ -53,20 +54,24 @@ def _deployment(role: str, args: list[str]) -> str:
     return json.dumps(doc)
 
 
-def lint_fails(prefill: list[str], decode: list[str]) -> bool:
+def lint_fails(check_id: str, prefill: list[str], decode: list[str]) -> bool:
     text = _deployment("prefill", prefill) + "\n---\n" + _deployment("decode", decode)
     found = check(LintSet([parse_yaml(text, "pd.yaml")], []))
-    return any(f.check == "SB106" and f.severity is Severity.FAIL for f in found)
+    return any(f.check == check_id and f.severity is Severity.FAIL for f in found)
 
 
-def verify_fails(prefill: list[str], decode: list[str]) -> bool:
+def verify_fails(
+    rule: Callable[[Claims, list[Target]], list[Finding]],
+    prefill: list[str],
+    decode: list[str],
+    speculative: bool = False,
+) -> bool:
     targets = [
         Target("prefill", "engine", "http://p", argv=prefill),
         Target("decode", "engine", "http://d", argv=decode),
         Target("router", "router", "http://r"),
     ]
-    claims = Claims("pd", False, "m", "http://r")
-    found = R.connector_on_every_engine(claims, targets)
+    found = rule(Claims("pd", speculative, "m", "http://r"), targets)
     return any(f.severity is Severity.FAIL for f in found)
 
 
@@ -98,7 +103,11 @@ def test_lint_and_verify_give_the_same_verdict(
     p_kv: list[str], d_kv: list[str], fails: bool
 ) -> None:
     prefill, decode = [*SERVE, *p_kv], [*SERVE, *d_kv]
-    assert (lint_fails(prefill, decode), verify_fails(prefill, decode)) == (fails, fails)
+    verdicts = (
+        lint_fails("SB106", prefill, decode),
+        verify_fails(R.connector_on_every_engine, prefill, decode),
+    )
+    assert verdicts == (fails, fails)
 
 
 # SB105 (lint) and SB308 (verify): the speculative configs of prefill and decode, by
@@ -109,21 +118,6 @@ def spec(n: int | None) -> list[str]:
     if n is None:
         return []
     return ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": n})]
-
-
-def lint_spec_fails(prefill: list[str], decode: list[str]) -> bool:
-    text = _deployment("prefill", prefill) + "\n---\n" + _deployment("decode", decode)
-    found = check(LintSet([parse_yaml(text, "pd.yaml")], []))
-    return any(f.check == "SB105" and f.severity is Severity.FAIL for f in found)
-
-
-def verify_spec_fails(prefill: list[str], decode: list[str]) -> bool:
-    targets = [
-        Target("prefill", "engine", "http://p", argv=prefill),
-        Target("decode", "engine", "http://d", argv=decode),
-    ]
-    found = R.spec_symmetry(Claims("pd", True, "m", "http://r"), targets)
-    return any(f.severity is Severity.FAIL for f in found)
 
 
 SPEC_CASES = {
@@ -143,4 +137,8 @@ def test_lint_and_verify_judge_speculation_alike(
 ) -> None:
     kv_both = kv("NixlConnector")
     prefill, decode = [*SERVE, *kv_both, *p_spec], [*SERVE, *kv_both, *d_spec]
-    assert (lint_spec_fails(prefill, decode), verify_spec_fails(prefill, decode)) == (fails, fails)
+    verdicts = (
+        lint_fails("SB105", prefill, decode),
+        verify_fails(R.spec_symmetry, prefill, decode, speculative=True),
+    )
+    assert verdicts == (fails, fails)
