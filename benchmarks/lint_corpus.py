@@ -75,8 +75,7 @@ def corpus_files(root: Path = CORPUS) -> list[str]:
 def _invoke(target: Path) -> tuple[int, dict[str, Any] | None]:
     from typer.testing import CliRunner
 
-    import servebook.cli  # noqa: F401  (registers every command)
-    from servebook.commands import app
+    from servebook.cli import app  # the application with every command registered
     from servebook.errors import ServebookError
 
     result = CliRunner().invoke(app, ["lint", "--json", str(target)])
