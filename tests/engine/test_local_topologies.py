@@ -166,10 +166,13 @@ def test_up_fails_fast_with_the_role_log_when_the_engine_dies() -> None:
 def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "servebook", "run", "-o", str(out)],
+        # The main job as `make run` runs it, its repetitions capped at 8 a level: on a
+        # shared 2-core machine c=1 swung 91-166 tok/s between repetitions and hit the
+        # default cap of 20 (13 min); the pipeline, not the precision, is under test here.
+        [sys.executable, "-m", "servebook", "run", "--max-repetitions", "8", "-o", str(out)],
         capture_output=True,
         text=True,
-        timeout=1800,  # up to 40 points of ~19 s on a noisy machine, and the servers' start
+        timeout=1800,  # up to 16 points of ~19 s on a noisy machine, and the servers' start
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verify tiny-pd: PASS" in r.stdout
@@ -177,9 +180,9 @@ def test_servebook_run_is_the_main_job(engine_home: Path, tmp_path: Path) -> Non
     assert "router stopped" in r.stdout and "decode stopped" in r.stdout
     assert local.read_state("tiny-pd") is None
     res = load_results(out / RESULTS_NAME)
-    # c=1 and c=4, each repeated 3 to 20 times under the main job's precision target
+    # c=1 and c=4, each repeated 3 to 8 times under the main job's precision target
     per_level = {c: sum(p.concurrency == c for p in res.points) for c in (1, 4)}
-    assert all(3 <= n <= 20 for n in per_level.values()), per_level
+    assert all(3 <= n <= 8 for n in per_level.values()), per_level
     assert len(res.points) == sum(per_level.values()) and all(p.valid for p in res.points)
     assert all(p.server["handoff_share"] > 0 for p in res.points)
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
