@@ -134,7 +134,7 @@ def keyed_recipe(tmp_path: Path) -> Path:
     and a hub token in the role's environment."""
     text = (CATALOG / "tiny-mixed.yaml").read_text()
     text = text.replace("name: tiny-mixed", "name: seckey", 1)
-    text = text.replace("--enforce-eager]", f"--enforce-eager, --api-key, {RECIPE_KEY}]", 1)
+    text = text.replace("--enforce-eager,", f"--enforce-eager, --api-key, {RECIPE_KEY},", 1)
     text = text.replace(
         '      VLLM_CPU_KVCACHE_SPACE: "1"\n',
         f'      VLLM_CPU_KVCACHE_SPACE: "1"\n      HF_TOKEN: {RECIPE_TOKEN}\n',
