@@ -32,6 +32,7 @@ from servebook.bench.flags import (
     parse_warmup,
 )
 from servebook.bench.lengths import parse_length_dist
+from servebook.bench.prefixes import PrefixPrompts
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -118,6 +119,10 @@ class BenchArgs:
     burstiness: float = 1.0  # open loop: gamma shape of inter-arrivals (1: Poisson)
     input_len_dist: str | None = None  # None: fixed (bench/lengths.py)
     output_len_dist: str | None = None
+    # Shared prefixes (bench/prefixes.py): each prompt starts with one of prefix_count
+    # prefixes of prefix_len tokens.  None: none.
+    prefix_len: int | None = None
+    prefix_count: int | None = None
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -179,7 +184,19 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.prompt_format not in ("text", "ids"):
         raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
+    if (a.prefix_len is None) != (a.prefix_count is None):
+        given = "--prefix-len" if a.prefix_len is not None else "--prefix-count"
+        raise UsageError(
+            f"{given} alone: shared prefixes need both --prefix-len L (tokens) and "
+            "--prefix-count P (how many prefixes)",
+            hint="e.g. --prefix-len 256 --prefix-count 4",
+        )
     if a.dataset is not None:
+        if a.prefix_len is not None:
+            raise UsageError(
+                "--prefix-len and --prefix-count build random prompts around shared "
+                "prefixes; a --dataset brings its own text"
+            )
         if a.prompt_format != "text":
             raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
         if a.input_len_dist or a.output_len_dist:
@@ -197,16 +214,18 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         )
     if a.dataset_format is not None:
         raise UsageError("--dataset-format names the format of a --dataset file; give one")
-    return RandomPrompts(
-        tokenizer,
-        input_len=a.input_len,
-        output_len=a.output_len,
-        input_dist=parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
-        output_dist=parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
-        seed=a.seed,
-        api=a.api,  # type: ignore[arg-type]
-        prompt_format=a.prompt_format,  # type: ignore[arg-type]
-    )
+    kw: dict[str, Any] = {
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "input_dist": parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
+        "output_dist": parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
+        "seed": a.seed,
+        "api": a.api,
+        "prompt_format": a.prompt_format,
+    }
+    if a.prefix_len is not None and a.prefix_count is not None:
+        return PrefixPrompts(tokenizer, prefix_len=a.prefix_len, prefix_count=a.prefix_count, **kw)
+    return RandomPrompts(tokenizer, **kw)
 
 
 def run_bench(

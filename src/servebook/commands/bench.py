@@ -112,6 +112,20 @@ def bench(
         help="Output lengths around --output-len, as --input-len-dist. Example: "
         "--output-len-dist uniform:min=32,max=256",
     ),
+    prefix_len: int | None = typer.Option(
+        None,
+        "--prefix-len",
+        help="Shared prefixes: each prompt starts with one of --prefix-count prefixes of this "
+        "many tokens (after the server's own: BOS, chat template), then text of its own up "
+        "to --input-len; the point's server evidence shows the prefix-cache hits. Recorded. "
+        "Example: --input-len 1024 --prefix-len 768 --prefix-count 4",
+    ),
+    prefix_count: int | None = typer.Option(
+        None,
+        "--prefix-count",
+        help="With --prefix-len: how many distinct prefixes (each request picks one, "
+        "seeded). Example: --prefix-count 4",
+    ),
     warmup: str | None = typer.Option(
         None,
         "--warmup",
