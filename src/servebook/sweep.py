@@ -23,6 +23,7 @@ from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
+from servebook.bench.datasets import read_dataset, resolve_format
 from servebook.bench.figures import parse_slo
 from servebook.bench.flags import (
     parse_duration,
@@ -44,6 +45,7 @@ from servebook.bench.protocol import (
 )
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.sessions import sessions_from, sharegpt_sessions
 from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
@@ -123,6 +125,10 @@ class BenchArgs:
     # prefixes of prefix_len tokens.  None: none.
     prefix_len: int | None = None
     prefix_count: int | None = None
+    # Conversations (bench/sessions.py): each later turn carries the conversation so far.
+    multi_turn: bool = False
+    turns: int | None = None  # None: 2 for synthetic sessions, every turn of a dataset's
+    turn_delay: str = "0s"
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -180,6 +186,39 @@ def settings_from(
 
 
 def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
+    """The workload the flags describe: random prompts (with shared prefixes), a dataset,
+    or conversations of either."""
+    if not a.multi_turn:
+        if a.turns is not None or a.turn_delay not in ("0s", "0"):
+            flag = "--turns" if a.turns is not None else "--turn-delay"
+            raise UsageError(f"{flag} shapes conversations", hint="add --multi-turn")
+        return _single_turn(a, tokenizer)
+    if a.api != "chat":
+        raise UsageError(
+            "--multi-turn sends each turn with the conversation so far as chat messages",
+            hint="add --api chat",
+        )
+    delay = parse_duration(a.turn_delay, "--turn-delay")
+    if a.dataset is None:
+        inner = _single_turn(a, tokenizer)
+        return sessions_from(inner, turns=a.turns, turn_delay_s=delay, api=a.api)
+    form = resolve_format(a.dataset, a.dataset_format)
+    if form != "sharegpt":
+        raise UsageError(
+            f"--multi-turn with --dataset {a.dataset}: a {form} file holds single requests; "
+            "conversations come from a ShareGPT file or from synthetic sessions",
+            hint="give a ShareGPT --dataset, or leave --dataset out for --turns N sessions",
+        )
+    return sharegpt_sessions(
+        read_dataset(a.dataset, form),
+        default_output_len=a.output_len,
+        tok=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
+        turns=a.turns,
+        turn_delay_s=delay,
+    )
+
+
+def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.prompt_format not in ("text", "ids"):
@@ -313,6 +352,8 @@ def _run(
             longest_out.upper(a.output_len),
             subject.target.endpoint.model,
         )
+        if a.multi_turn:
+            _check_conversation_fits(a, subject, longest_in.upper(a.input_len))
     tok = tgt.tokenizer_for(subject, tokenizer)
     handoff = None
     if subject.target.decode_role is not None:
@@ -338,6 +379,21 @@ def _run(
     with ResultsWriter(out_dir, prov, resume=resume) as writer:
         checks = _Checks(alive, serving)
         return _sweep(subject, a, settings, prompts, writer, workers, slo, checks, launcher)
+
+
+def _check_conversation_fits(a: BenchArgs, subject: tgt.Subject, longest_in: int) -> None:
+    """A conversation's last turn holds every turn before it and the replies: refused
+    before any load when that cannot fit the served model's context."""
+    turns, context = 2 if a.turns is None else a.turns, subject.max_model_len
+    need = turns * (longest_in + a.output_len)
+    if context is not None and need > context:
+        raise UsageError(
+            f"--multi-turn --turns {turns}: a conversation's last turn carries every turn "
+            f"before it and the replies, about {turns} x ({longest_in} + {a.output_len}) = "
+            f"{need} tokens, more than the served model {subject.target.endpoint.model!r} "
+            f"takes (max_model_len {context}); nothing was measured or written.",
+            hint="lower --turns, --input-len or --output-len",
+        )
 
 
 @dataclasses.dataclass

@@ -126,6 +126,27 @@ def bench(
         help="With --prefix-len: how many distinct prefixes (each request picks one, "
         "seeded). Example: --prefix-count 4",
     ),
+    multi_turn: bool = typer.Option(
+        False,
+        "--multi-turn",
+        help="Conversations (chat API): each later turn is sent with the conversation so "
+        "far, the server's own replies included, by the same agent and slot; TTFT is "
+        "reported per turn. Synthetic sessions of --turns random prompts of --input-len, or "
+        "a ShareGPT --dataset's conversations. The --concurrency level counts conversations. "
+        "Example: --api chat --multi-turn --turns 4 --turn-delay 1s",
+    ),
+    turns: int | None = typer.Option(
+        None,
+        "--turns",
+        help="With --multi-turn: turns a conversation (default 2; a ShareGPT file: all its "
+        "human turns, at most this many when given).",
+    ),
+    turn_delay: str = typer.Option(
+        "0s",
+        "--turn-delay",
+        help="With --multi-turn: the pause between a reply and the next turn (a user "
+        "reading), e.g. 1s, 500ms; the slot stays the conversation's meanwhile.",
+    ),
     warmup: str | None = typer.Option(
         None,
         "--warmup",
