@@ -172,7 +172,7 @@ def test_the_turn_delay_passes_between_a_reply_and_the_next_turn(conversed: Conv
     ]
     assert pairs
     for a, b in pairs:
-        assert a.turn == b.turn - 1
+        assert b.turn is not None and a.turn == b.turn - 1
         # What the slot waited from the reply's end to the turn's start (the event loop's
         # timer may wake a millisecond early).
         assert b.turn_delay_ns == b.scheduled_ns - a.end_ns
