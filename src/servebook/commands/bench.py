@@ -15,8 +15,8 @@ from servebook.commands import (
     KubeconfigOpt,
     app,
     comma_list,
+    dataset_file,
     deployment_name,
-    regular_file,
     seconds,
     seed_number,
     server_url,
@@ -190,8 +190,10 @@ def bench(
         "--dataset-format). A trace with timestamps (mooncake, azure, burstgpt) and no "
         "--concurrency or --rate is replayed on its own clock: each request leaves at its "
         "offset from the first, whatever is in flight; its window is the whole trace. "
-        "Example: --dataset mooncake_trace.jsonl --replay-speed 2 --tokenizer MODEL_DIR",
-        callback=regular_file,
+        "Example: --dataset mooncake_trace.jsonl --replay-speed 2 --tokenizer MODEL_DIR. "
+        "builtin:spec-text is text shipped with servebook whose replies repeat their "
+        "prompts (speculation has tokens to accept).",
+        callback=dataset_file,
     ),
     dataset_format: str | None = typer.Option(
         None,
