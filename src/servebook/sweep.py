@@ -11,7 +11,9 @@ usable).  Either way the points finished before it are in the results file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +49,7 @@ from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.sessions import sessions_from, sharegpt_sessions
 from servebook.bench.trace_prompts import dataset_prompts
-from servebook.bench.validity import Thresholds
+from servebook.bench.validity import Thresholds, prefix_hit_bound
 from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
 from servebook.console import err, number
 from servebook.deployment import DeploymentView
@@ -178,6 +180,7 @@ def settings_from(
             handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
             max_schedule_lag_p99_ms=a.max_schedule_lag_ms,
+            max_prefix_hit_share=_prefix_bound(prompts, a.input_len),
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
             min_achieved_concurrency=a.min_achieved_concurrency,
@@ -185,14 +188,41 @@ def settings_from(
     )
 
 
-def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
+def _prefix_bound(prompts: PromptSource | None, input_len: int) -> float | None:
+    """SB412's bound for this workload (``validity.prefix_hit_bound``)."""
+    declared = getattr(prompts, "shares_prefixes", None)
+    if declared is not False:
+        return None
+    lead = getattr(prompts, "shared_lead_tokens", None)
+    return prefix_hit_bound(False, lead() if lead is not None else 0, input_len)
+
+
+def prompt_run(out_dir: Path, resume: bool) -> int:
+    """The run whose prompts this invocation sends (``workload``, "Seeding"): the results
+    file's when resuming it, so the rest of the sweep is what the first run would have
+    sent; else a fresh one, so that no prompt of an earlier run on the same deployment is
+    sent again (its prefix cache would answer it: issue 32, finding 2)."""
+    path = out_dir / RESULTS_NAME
+    if resume and path.exists():
+        try:
+            old = json.loads(path.read_text()).get("provenance", {}).get("workload", {})
+        except (OSError, ValueError, AttributeError):
+            old = {}
+        if isinstance(old, dict) and isinstance(old.get("run"), int):
+            return int(old["run"])
+    return secrets.randbelow(2**31)
+
+
+def prompts_from(
+    a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None = None
+) -> PromptSource:
     """The workload the flags describe: random prompts (with shared prefixes), a dataset,
     or conversations of either."""
     if not a.multi_turn:
         if a.turns is not None or a.turn_delay not in ("0s", "0"):
             flag = "--turns" if a.turns is not None else "--turn-delay"
             raise UsageError(f"{flag} shapes conversations", hint="add --multi-turn")
-        return _single_turn(a, tokenizer)
+        return _single_turn(a, tokenizer, run)
     if a.api != "chat":
         raise UsageError(
             "--multi-turn sends each turn with the conversation so far as chat messages",
@@ -200,7 +230,7 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         )
     delay = parse_duration(a.turn_delay, "--turn-delay")
     if a.dataset is None:
-        inner = _single_turn(a, tokenizer)
+        inner = _single_turn(a, tokenizer, run)
         return sessions_from(inner, turns=a.turns, turn_delay_s=delay, api=a.api)
     form = resolve_format(a.dataset, a.dataset_format)
     if form != "sharegpt":
@@ -218,7 +248,7 @@ def prompts_from(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
     )
 
 
-def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource:
+def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None) -> PromptSource:
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.prompt_format not in ("text", "ids"):
@@ -250,6 +280,7 @@ def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
             tokenizer=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
             api=a.api,  # type: ignore[arg-type]
             seed=a.seed,
+            run=run,
         )
     if a.dataset_format is not None:
         raise UsageError("--dataset-format names the format of a --dataset file; give one")
@@ -259,6 +290,7 @@ def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer) -> PromptSource
         "input_dist": parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
         "output_dist": parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
         "seed": a.seed,
+        "run": run,
         "api": a.api,
         "prompt_format": a.prompt_format,
     }
@@ -360,7 +392,7 @@ def _run(
         handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    prompts = prompts_from(a, tok)
+    prompts = prompts_from(a, tok, prompt_run(out_dir, resume))
     settings = settings_from(
         a, handoff.share if handoff else None, handoff.undecidable if handoff else None, prompts
     )

@@ -125,3 +125,15 @@ def test_prefixes_with_a_dataset_are_refused(tiny_dir: Path, tmp_path: Path) -> 
     f.write_text('{"prompt": "hi"}\n')
     with pytest.raises(UsageError, match="a --dataset brings its own text"):
         prompts_from(BenchArgs(dataset=f, prefix_len=8, prefix_count=2), str(tiny_dir))
+
+
+def test_prefixes_are_shared_within_a_run_and_drawn_afresh_by_the_next(tiny_dir: Path) -> None:
+    first, again = prefix_prompts(tiny_dir, run=11), prefix_prompts(tiny_dir, run=11)
+    assert first.prefix_texts() == again.prefix_texts()
+    assert first.get(3).text == again.get(3).text
+    nxt = prefix_prompts(tiny_dir, run=12)
+    # A second bench on a warm deployment finds none of the first one's prefixes cached.
+    assert not {tuple(p[:BLOCK]) for p in first.prefix_ids()} & {
+        tuple(p[:BLOCK]) for p in nxt.prefix_ids()
+    }
+    assert first.describe()["run"] == 11

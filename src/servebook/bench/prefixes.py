@@ -13,8 +13,10 @@ pick, uniform over the ``P`` (vLLM's ``--prefix-repetition-*`` and AIPerf's pref
 pick alike; GuideLLM's ``prefix_buckets`` weight buckets, which one bucket of weight 1 is).
 
 **Prefix content.**  Prefix ``p``'s tokens are drawn from its own stream,
-``default_rng([seed, PREFIX_STREAM, p])``, never from a request's: the same in every
-process of a run, and apart from every request's own text.  Prefix ``p`` starts with the
+``default_rng([seed, run, PREFIX_STREAM, p])``, never from a request's: the same in every
+process of a run, apart from every request's own text, and drawn afresh by the next
+invocation (its ``run``, ``workload``'s "Seeding"), so a second bench on a warm deployment
+does not find the first one's prefixes cached.  Prefix ``p`` starts with the
 ``p``-th token of a seeded permutation of the sampled vocabulary, so distinct prefixes
 differ at their first token and share no cache block (a prefix cache matches whole
 blocks from the start).  The suffix is what a random prompt would be
@@ -71,6 +73,7 @@ class PrefixPrompts(RandomPrompts):
         prompt_format: PromptFormat = "text",
         input_dist: LengthDist = FIXED,
         output_dist: LengthDist = FIXED,
+        run: int | None = None,
     ) -> None:
         if prefix_len < 1:
             raise UsageError(f"--prefix-len {prefix_len}: give at least 1 token")
@@ -85,6 +88,7 @@ class PrefixPrompts(RandomPrompts):
             prompt_format=prompt_format,
             input_dist=input_dist,
             output_dist=output_dist,
+            run=run,
         )
         self.prefix_len = prefix_len
         self.prefix_count = prefix_count
@@ -116,13 +120,19 @@ class PrefixPrompts(RandomPrompts):
                 "to start distinct prefixes with",
                 hint=f"give --prefix-count {len(pool)} or fewer",
             )
-        firsts = np.random.default_rng([self.seed, FIRST_STREAM]).permutation(len(pool))
+        firsts = self._stream(FIRST_STREAM).permutation(len(pool))
         self._prefixes = []
         for p in range(self.prefix_count):
-            rng = np.random.default_rng([self.seed, PREFIX_STREAM, p])
+            rng = self._stream(PREFIX_STREAM, p)
             rest = pool[rng.integers(0, len(pool), size=self.prefix_len - 1)]
             self._prefixes.append([int(pool[firsts[p]]), *(int(x) for x in rest)])
         self._prefix_texts = self._texts_of(self._prefixes)
+
+    def _stream(self, *words: int) -> np.random.Generator:
+        """A generator of this run's prefixes: shared by every request of the run, drawn
+        afresh by the next run (``workload``, "Seeding"), apart from every request's own."""
+        run = [] if self.run is None else [self.run]
+        return np.random.default_rng([self.seed, *run, *words])
 
     def _pool(self) -> np.ndarray:
         """The ids prefixes are drawn from: the word tokens where there is a checked table
@@ -166,8 +176,7 @@ class PrefixPrompts(RandomPrompts):
         targets = [self._target(i) for i in indices]
         grow = self._content - self.input_len - self.prefix_len  # -overhead - L
         texts = [
-            self._prefix_texts[self.prefix_of(i)]
-            + words.sample(np.random.default_rng([self.seed, i]), t + grow)
+            self._prefix_texts[self.prefix_of(i)] + words.sample(self._rng(i), t + grow)
             for i, t in zip(indices, targets, strict=True)
         ]
         if self._local:
@@ -186,7 +195,7 @@ class PrefixPrompts(RandomPrompts):
     def _ids_prompt(self, index: int) -> Prompt:
         assert self._sample_ids is not None
         ids = self._sample_ids
-        rng = np.random.default_rng([self.seed, index])
+        rng = self._rng(index)
         head = self._prefix + self._prefixes[self.prefix_of(index)]
         n = self._target(index) - len(head)
         sent = head + ids[rng.integers(0, len(ids), size=n)].tolist()
@@ -195,7 +204,7 @@ class PrefixPrompts(RandomPrompts):
     def _slow(self, index: int) -> Prompt:
         """Prefix and suffix ids moved to the exact length at their end (``converge``)."""
         tok = self.tokenizer
-        rng = np.random.default_rng([self.seed, index])
+        rng = self._rng(index)
         target = self._target(index)
         p = self.prefix_of(index)
         vocab = _vocab(tok)

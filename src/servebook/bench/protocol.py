@@ -382,6 +382,8 @@ class Target:
     problems: Callable[[], Mapping[str, str]] | None = None
     # role -> a name per replica of metrics_urls (a Pod's, a URL), for per-replica evidence
     replica_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The deployment claims speculative decoding: every point must show it (SB413).
+    speculative: bool = False
 
     @property
     def pd(self) -> bool:
@@ -603,6 +605,7 @@ def run_point(
         thresholds=settings.thresholds,
         pd=target.pd,
         stop_reason=stop_reason,
+        speculative=target.speculative,
     )
     point = point.model_copy(update={"prompt_build_s": build_s})
     if "open" in edges and "close" in edges:

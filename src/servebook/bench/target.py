@@ -202,6 +202,7 @@ def from_deployment(
         accelerators_used=view.accelerators,
         problems=lambda: {r.name: r.describe() for r in view.roles if r.alive() is False},
         replica_names={r.name: r.all_replica_names for r in engines if r.replica_metrics_urls},
+        speculative=view.claims().speculative,
     )
     return Subject(
         target=target,

@@ -4,10 +4,12 @@ lengths synthesized for traces that give lengths only (Mooncake, Azure, BurstGPT
 **Blocks from hash ids.**  A Mooncake row names its prompt's blocks of 512 tokens by hash
 id; rows that share leading ids shared that prefix in production, and the server's prefix
 cache should see the same.  So each distinct id gets one block of content token ids, drawn
-once from ``default_rng([seed, BLOCK_STREAM, id])`` and reused wherever the id recurs, and
-distinct ids draw distinct content.  A row's content is its blocks concatenated and cut at
-its length; tokens beyond its blocks (a row of Azure or BurstGPT has no ids), are the row's
-own (``default_rng([seed, ROW_STREAM, row])``).
+once from ``default_rng([seed, run, BLOCK_STREAM, id])`` (``run``: the invocation's,
+``workload`` "Seeding", so a second run on a warm deployment finds none of them cached)
+and reused wherever the id recurs, and distinct ids draw distinct content.  A row's
+content is its blocks concatenated and cut at its length; tokens beyond its blocks (a
+row of Azure or BurstGPT has no ids), are the row's own
+(``default_rng([seed, run, ROW_STREAM, row])``).
 
 **Exact length, as the server counts it.**  The server adds its own tokens (BOS, a chat
 template: ``workload._overhead``), so a row of ``input_length`` tokens has ``input_length
@@ -71,15 +73,23 @@ class TracePrompts:
         *,
         seed: int,
         api: Api = "completions",
+        run: int | None = None,
     ) -> None:
         self.dataset = dataset
         self.seed = seed
+        self.run = run
         self.api: Api = api
         self.block_size = dataset.block_size or DEFAULT_BLOCK
         self.arrivals_ns = tuple(r.arrival_ns for r in dataset.rows)
+        base = (seed,) if run is None else (seed, run)
         self.prompts = build_trace_prompts(
-            tok, dataset, seed=seed, api=api, block_size=self.block_size
+            tok, dataset, seed=base, api=api, block_size=self.block_size
         )
+
+    # A trace's rows share what their hash ids share, and a sweep longer than the file
+    # sends its rows again: whether a cache hit is the trace's or a repeat, the point
+    # cannot tell (SB412 does not judge it; the hit share is recorded).
+    shares_prefixes: bool | None = None
 
     def get(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]
@@ -90,21 +100,22 @@ class TracePrompts:
             **self.dataset.describe(),
             "block_size": self.block_size,
             "seed": self.seed,
+            **({} if self.run is None else {"run": self.run}),
             "api": self.api,
             "input_len_counts": "server-side prompt tokens, special tokens included",
             "prompt_format": "text",
         }
 
 
-def _block_ids(pool: np.ndarray, seed: int, key: int, stream: int, n: int) -> list[int]:
+def _block_ids(pool: np.ndarray, seed: tuple[int, ...], key: int, stream: int, n: int) -> list[int]:
     # A seed sequence takes non-negative words: a negative id gets a stream of its own.
-    words = [seed, stream, key] if key >= 0 else [seed, stream + 1, -key]
+    words = [*seed, stream, key] if key >= 0 else [*seed, stream + 1, -key]
     rng = np.random.default_rng(words)
     return [int(x) for x in pool[rng.integers(0, len(pool), size=n)]]
 
 
 def build_trace_prompts(
-    tok: TextTokenizer, dataset: Dataset, *, seed: int, api: Api, block_size: int
+    tok: TextTokenizer, dataset: Dataset, *, seed: tuple[int, ...], api: Api, block_size: int
 ) -> list[Prompt]:
     """One prompt a row, of exactly its ``input_len`` server tokens, ``output_len`` its
     ``max_tokens`` (module docstring)."""
@@ -142,10 +153,16 @@ def build_trace_prompts(
 
 
 def _exact(
-    tok: TextTokenizer, text: str, target: int, seed: int, row: int, api: Api, path: str
+    tok: TextTokenizer,
+    text: str,
+    target: int,
+    seed: tuple[int, ...],
+    row: int,
+    api: Api,
+    path: str,
 ) -> str:
     own = tok.encode(text, add_special_tokens=False)
-    rng = np.random.default_rng([seed, ROW_STREAM, row, 1])
+    rng = np.random.default_rng([*seed, ROW_STREAM, row, 1])
     fixed, last = converge(tok, own, target, rng, api)
     if fixed is None:
         raise UsageError(
@@ -198,6 +215,7 @@ def dataset_prompts(
     tokenizer: TextTokenizer | None,
     api: Api,
     seed: int,
+    run: int | None = None,
 ) -> PromptSource:
     """The prompt source of ``--dataset PATH --dataset-format FMT`` (detected when
     ``None``).  A trace of lengths needs a tokenizer to build exact prompts."""
@@ -215,4 +233,4 @@ def dataset_prompts(
             "lengths needs the server's tokenizer",
             hint="give --tokenizer DIR (the model's directory)",
         )
-    return TracePrompts(ds, tokenizer, seed=seed, api=api)
+    return TracePrompts(ds, tokenizer, seed=seed, api=api, run=run)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servebook.engines.vllm import speculation_problem
 from servebook.findings import Check, Finding, Rules, Severity, register
 from servebook.results.schema import Point
 
@@ -36,6 +37,9 @@ class Thresholds:
     # PD deployments whose prompts are too short for the threshold to be above 0: why the
     # handoff cannot be judged at this length (SB407 fails, saying so).
     handoff_undecidable: str | None = None
+    # A workload that shares no prefix (``prefix_hit_bound``): the most of its prompt
+    # tokens the engines may find in their prefix caches (SB412).  None: not judged.
+    max_prefix_hit_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Case:
     thresholds: Thresholds
     pd: bool = False
     stop_reason: str | None = None
+    speculative: bool = False  # the deployment claims speculative decoding (SB413)
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,10 @@ def judge(
     thresholds: Thresholds,
     pd: bool = False,
     stop_reason: str | None = None,
+    speculative: bool = False,
 ) -> list[Finding]:
     """Every SB4xx check on one point; a FAIL makes the point invalid."""
-    case = Case(point, duration_s, min_requests, thresholds, pd, stop_reason)
+    case = Case(point, duration_s, min_requests, thresholds, pd, stop_reason, speculative)
     subject = (
         f"c={point.concurrency}" if point.concurrency is not None else f"rate={point.rate:g}/s"
     ) + f" rep {point.repetition}"
@@ -421,6 +427,90 @@ def replay_on_schedule(case: Case) -> Verdict | None:
         + f"schedule lag p50 {p50:.1f} ms, p99 {c.schedule_lag_p99_ms:.1f} ms "
         f"(bound {bound:g} ms)",
         dict(p50_ms=p50, p99_ms=c.schedule_lag_p99_ms, bound_ms=bound),
+    )
+
+
+# A workload of distinct prompts still starts each with the server's own tokens (a chat
+# template, a BOS); beyond those, this share of hits is more than chance.
+PREFIX_HIT_SLACK = 0.05
+
+
+def prefix_hit_bound(
+    shares_prefixes: bool | None, lead_tokens: int, input_len: int
+) -> float | None:
+    """SB412's bound for a workload: None unless it declares that it shares no prefix;
+    else ``PREFIX_HIT_SLACK`` above the share its prompts' common lead tokens can hit."""
+    if shares_prefixes is not False or input_len < 1:
+        return None
+    return min(1.0, PREFIX_HIT_SLACK + lead_tokens / input_len)
+
+
+PREFIX_CACHE = register(
+    "SB412",
+    "Prompts that share no prefix were not served from the prefix cache",
+    "The same seed rebuilds the same prompts: a second identical bench on a warm "
+    "deployment served 55-75% of its prompt tokens from vLLM's prefix cache and ran 5-16% "
+    "faster, every point 'valid' (issue 32). A point measured on a cache it did not "
+    "declare is a different workload.",
+    "Run the point again (each invocation draws new prompts); if it recurs, the server "
+    "saw these prompts before some other way (another client replaying them). A workload "
+    "meant to share prefixes says so (--prefix-len, a trace's hash ids, a dataset).",
+)
+
+
+@VERDICTS.add(PREFIX_CACHE)
+def prefix_cache_cold(case: Case) -> Verdict | None:
+    bound = case.thresholds.max_prefix_hit_share
+    if bound is None:
+        return None
+    server = case.point.server or {}
+    share = server.get("prefix_hit_share")
+    if share is None:
+        return None  # no lookups counted: caching off, or no counters (SB406 judges those)
+    hits = sum(
+        (r.get("counters") or {}).get("prefix_cache_hits") or 0.0
+        for r in (server.get("roles") or {}).values()
+    )
+    return Verdict(
+        share > bound,
+        f"{100 * share:.1f}% of the prompt tokens looked up were found in the engines' prefix "
+        f"caches ({hits:.0f} tokens: vllm:prefix_cache_hits_total over "
+        f"vllm:prefix_cache_queries_total), on a workload that shares no prefix (bound "
+        f"{100 * bound:.1f}%)",
+        dict(share=share, bound=bound, hits=hits),
+    )
+
+
+SPECULATION = register(
+    "SB413",
+    "Speculative decoding drafted and accepted tokens in the window",
+    "A deployment that claims speculative decoding but stopped drafting (or accepts "
+    "nothing) still answers: its figures are then those of plain decoding, labelled "
+    "speculative. The handoff has SB407; speculation needs the same per point.",
+    "Run `servebook verify` on the deployment; check the decoding role's "
+    "--speculative-config, and that the workload is text a draft can predict (random "
+    "tokens accept little: use a --dataset of real text).",
+)
+
+
+@VERDICTS.add(SPECULATION)
+def speculation_engaged(case: Case) -> Verdict | None:
+    if not case.speculative:
+        return None
+    roles = (case.point.server or {}).get("roles") or {}
+    drafted = accepted = 0.0
+    read = False
+    for r in roles.values():
+        c = r.get("counters") or {}
+        if c.get("spec_draft_tokens") is not None:
+            read = True
+            drafted += c["spec_draft_tokens"]
+            accepted += c.get("spec_accepted_tokens") or 0.0
+    problem = speculation_problem(drafted if read else None, accepted)
+    return Verdict(
+        problem is not None,
+        problem or f"{drafted:.0f} draft tokens, {accepted:.0f} accepted in the window",
+        dict(draft_tokens=drafted if read else None, accepted_tokens=accepted),
     )
 
 

@@ -60,9 +60,16 @@ token ids, or a verified word table); a source that is not (a server's ``/tokeni
 without a word table) sends only what was built before the point.  ``built`` counts the
 prompts this object built, so a test can show none was built during a load.
 
-**Seeding.**  Prompt ``i`` of a workload is drawn from ``numpy.random.default_rng([seed,
-i])``: the same seed gives the same prompts, in any order, from any worker process.  Every
-prompt is distinct random text, so no prompt hits another's prefix cache (except the BOS).
+**Seeding.**  Prompt ``i``'s text is drawn from ``numpy.random.default_rng([seed, run,
+i])`` and its lengths from ``[seed, stream, i]``: the same seed and run give the same
+prompts, in any order, from any worker process.  ``run`` is drawn afresh by each
+invocation of a sweep (``sweep.prompt_run``) and kept by ``--resume``; a sweep numbers its
+requests ``i = position x 10**7 + n`` by the point's place in it (``protocol.run_point``),
+so no prompt is sent twice, in a point, a repetition or a second ``bench`` on a warm
+deployment: what is measured is never the server's prefix cache (issue 32, finding 2)
+unless the workload says its prompts share prefixes (``shares_prefixes``).  Every prompt
+is distinct random text, so no prompt hits another's prefix cache (except the template's
+first tokens, ``shared_lead_tokens``).
 
 **Datasets** (JSONL, ShareGPT, traces) are read in ``bench.datasets``; a dataset of text
 prompts is a ``DatasetPrompts``.
@@ -440,6 +447,12 @@ class BuildsPrompts(Protocol):
 
 
 BATCH = 256
+# How a sweep's prompts are drawn, in the words its provenance records.
+SEEDING = (
+    "text of request n of the point at place k in the sweep: numpy default_rng([seed, run, "
+    "k x 10**7 + n]); lengths: default_rng([seed, stream, k x 10**7 + n]); run: drawn by "
+    "each invocation, kept by --resume"
+)
 
 
 class RandomPrompts:
@@ -466,6 +479,7 @@ class RandomPrompts:
         prompt_format: PromptFormat = "text",
         input_dist: LengthDist = FIXED,
         output_dist: LengthDist = FIXED,
+        run: int | None = None,
     ) -> None:
         if input_len < 1 or output_len < 1:
             raise UsageError(
@@ -487,6 +501,7 @@ class RandomPrompts:
         self.input_len = input_len
         self.output_len = output_len
         self.seed = seed
+        self.run = run
         self.api: Api = api
         self.prompt_format: PromptFormat = prompt_format
         self.input_dist, self.output_dist = input_dist, output_dist
@@ -498,6 +513,7 @@ class RandomPrompts:
         self._sample_ids: np.ndarray | None = None
         self._prefix: list[int] = []
         self._content = 0
+        self._overhead = 0
         self._least = 1  # the shortest prompt the server can count as built here
 
     def __getstate__(self) -> dict[str, Any]:
@@ -526,6 +542,7 @@ class RandomPrompts:
         tok = self.tokenizer
         vocab = _vocab(tok)
         overhead = _overhead(tok, self.api, vocab)
+        self._overhead = overhead
         self._content = self.input_len - overhead
         if self.prompt_format == "ids":
             if self._content < 0:
@@ -592,7 +609,7 @@ class RandomPrompts:
             ids = self._sample_ids
             out = []
             for i in indices:
-                rng = np.random.default_rng([self.seed, i])
+                rng = self._rng(i)
                 n = self._target(i) - len(self._prefix)
                 content = ids[rng.integers(0, len(ids), size=n)].tolist()
                 sent = self._prefix + content
@@ -604,8 +621,7 @@ class RandomPrompts:
         targets = [self._target(i) for i in indices]
         grow = self._content - self.input_len  # -overhead
         texts = [
-            words.sample(np.random.default_rng([self.seed, i]), t + grow)
-            for i, t in zip(indices, targets, strict=True)
+            words.sample(self._rng(i), t + grow) for i, t in zip(indices, targets, strict=True)
         ]
         if self._local:
             sample = texts[::check_every]
@@ -620,6 +636,22 @@ class RandomPrompts:
             for i, t, n, want in zip(indices, texts, counts, targets, strict=True)
         ]
 
+    # Random prompts share no prefix: a point whose engines find much of them in their
+    # prefix caches measured a cache, not the deployment (SB412).
+    shares_prefixes: bool | None = False
+
+    def _rng(self, index: int) -> np.random.Generator:
+        """Prompt ``index``'s text's generator (module docstring, "Seeding")."""
+        words = [self.seed, index] if self.run is None else [self.seed, self.run, index]
+        return np.random.default_rng(words)
+
+    def shared_lead_tokens(self) -> int:
+        """At most the tokens every prompt starts with (the chat template's, a BOS), which
+        any prefix cache may hold from a request before: the server's own tokens, of
+        which some may come after the prompt (an upper bound)."""
+        self._setup()
+        return self._overhead
+
     def _target(self, index: int) -> int:
         """Prompt ``index``'s length: ``input_len``, or drawn from ``input_dist`` (never
         below the least prompt built here: the server's own tokens and one more)."""
@@ -630,7 +662,7 @@ class RandomPrompts:
         return self.output_dist.draw(self.output_len, self.seed, OUTPUT_STREAM, index)
 
     def _slow(self, index: int) -> Prompt:
-        rng = np.random.default_rng([self.seed, index])
+        rng = self._rng(index)
         target = self._target(index)
         text = exact_length_prompt(self.tokenizer, target, rng, self.api)
         return Prompt(text, self._output(index), target)
@@ -647,6 +679,7 @@ class RandomPrompts:
             "input_len_counts": "server-side prompt tokens, special tokens included",
             "output_len": self.output_len,
             "seed": self.seed,
+            **({} if self.run is None else {"run": self.run, "seeding": SEEDING}),
             "api": self.api,
             "prompt_format": self.prompt_format,
             **self._dists(),
@@ -681,6 +714,10 @@ class DatasetPrompts:
         self.prompts = list(prompts)
         self.path = path
         self.sha256 = sha256
+
+    # A file's prompts are what they are: whether they share prefixes, and a run longer than
+    # the file repeats them, so a cache hit is not judged (SB412); its share is recorded.
+    shares_prefixes: bool | None = None
 
     def get(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]

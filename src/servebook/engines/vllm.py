@@ -220,6 +220,8 @@ def router_k8s_args(connector: str, startup_timeout_s: int, metrics_port: int) -
 class M:
     """vLLM metric names as exposed on /metrics (vllm.md section 1)."""
 
+    PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # local prefix cache, in tokens
+    PREFIX_HITS = "vllm:prefix_cache_hits_total"
     EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries_total"
     EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits_total"
     PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -231,6 +233,22 @@ class M:
     SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
     SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
     CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+def speculation_problem(draft_tokens: float | None, accepted_tokens: float | None) -> str | None:
+    """Why a window's speculation counters show no speculation (None: it drafted and
+    accepted).  The one rule that verify (SB308, on its own traffic) and every bench point
+    (SB413) read the counters by."""
+    if draft_tokens is None:
+        return f"no {M.SPEC_DRAFT_TOKENS} exported: speculation is not configured"
+    if not draft_tokens:
+        return f"speculation is not engaged: 0 draft tokens ({M.SPEC_DRAFT_TOKENS} did not grow)"
+    if not accepted_tokens:
+        return (
+            f"{draft_tokens:.0f} draft tokens, none accepted ({M.SPEC_ACCEPTED_TOKENS} did not "
+            "grow): every token was decoded without the draft's help"
+        )
+    return None
 
 
 class H:

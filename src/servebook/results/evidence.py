@@ -40,6 +40,7 @@ def server_evidence(
     own names (vLLM's or SGLang's, ``servebook.engines``): per-role deltas, and
     ``handoff_share`` (share of decode's prompt tokens that arrived by KV transfer, when
     ``decode_role`` is given), ``spec_acceptance`` (accepted / draft tokens over roles),
+    ``prefix_hit_share`` (the engines' own prefix-cache hits over lookups, in tokens),
     ``preemptions`` and ``request_errors`` (finished with error or abort).  A role given as
     a string is one whose scrape failed (the string is the error).  ``missing`` lists what
     could not be read; an empty list means the evidence is complete."""
@@ -53,6 +54,8 @@ def server_evidence(
         "spec_draft_tokens": (M.SPEC_DRAFT_TOKENS, {}),
         "spec_accepted_tokens": (M.SPEC_ACCEPTED_TOKENS, {}),
         "external_prefix_hits": (M.EXTERNAL_PREFIX_HITS, {}),
+        "prefix_cache_queries": (M.PREFIX_QUERIES, {}),
+        "prefix_cache_hits": (M.PREFIX_HITS, {}),
         "prompt_tokens_by_transfer": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_EXTERNAL}),
         "prompt_tokens_local_cache": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_LOCAL_CACHE}),
     }
@@ -78,6 +81,9 @@ def server_evidence(
                 "generation_tokens": (sglang.M.GENERATION_TOKENS, {}),
                 "preemptions": (sglang.M.RETRACTED_REQUESTS, {}),
                 "cached_prompt_tokens": (sglang.M.CACHED_TOKENS, {}),
+                # SGLang's radix cache: the prompt tokens it found cached, of all it read
+                "prefix_cache_queries": (sglang.M.PROMPT_TOKENS, {}),
+                "prefix_cache_hits": (sglang.M.CACHED_TOKENS, {}),
                 "requests": (sglang.M.REQUESTS, {}),
                 "request_errors": (sglang.M.ABORTED_REQUESTS, {}),
             }
@@ -150,10 +156,23 @@ def server_evidence(
             if drafts and "spec_accepted_tokens" in totals
             else None
         ),
+        "prefix_hit_share": prefix_hit_share(totals),
         "preemptions": totals.get("preemptions"),
         "request_errors": totals.get("request_errors"),
         "missing": missing,
     }
+
+
+def prefix_hit_share(totals: Mapping[str, float]) -> float | None:
+    """The share of the prompt tokens the engines looked up in their own prefix caches
+    that they found there, over every role (vLLM's ``vllm:prefix_cache_hits_total`` /
+    ``vllm:prefix_cache_queries_total``; SGLang's cached / prompt tokens).  None: no engine
+    counted any lookup (prefix caching off, or no such counters)."""
+    queries = totals.get("prefix_cache_queries")
+    hits = totals.get("prefix_cache_hits")
+    if not queries or hits is None:
+        return None
+    return hits / queries
 
 
 def replica_evidence(
