@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from servebook.bench.workload import RandomPrompts, load_tokenizer, server_token_count
+from servebook.bench.tokens import load_tokenizer, server_token_count
+from servebook.bench.workload import RandomPrompts
 from servebook.models.tiny import make_tiny_model
 
 

@@ -30,7 +30,7 @@ from servebook import redact
 from servebook.findings import Finding
 
 if TYPE_CHECKING:  # the tables' inputs; every command imports this module, few print them
-    from servebook.results.schema import Results
+    from servebook.results.schema import Point, Results
     from servebook.verify.smoke import Report
 
 # The width of a console that is not a terminal: wider than any line servebook prints, so
@@ -149,6 +149,19 @@ def print_points(results: Results, path: Path) -> None:
             "; ".join(r.split(":")[0] for r in p.invalid_reasons),
         )
     out.print(t)
+    from servebook.results.measurement import biasing_choices, not_a_measurement
+
+    protocol = results.provenance.protocol
+    by_level: dict[str, list[Point]] = {}
+    for p in results.points:
+        level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
+        by_level.setdefault(level, []).append(p)
+    for level, pts in by_level.items():
+        why = not_a_measurement(pts, protocol)
+        if why:
+            out.print(f"{level}: not a measurement: {'; '.join(why)}", markup=False)
+    for choice in biasing_choices(protocol):
+        out.print(f"a choice that biases these figures: {choice}", markup=False)
     for agg in results.aggregates:
         if agg.precision is not None:
             level = f"c={agg.concurrency}" if agg.concurrency is not None else f"rate={agg.rate:g}"

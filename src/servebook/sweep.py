@@ -11,7 +11,6 @@ usable).  Either way the points finished before it are in the results file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import secrets
 import time
@@ -48,16 +47,17 @@ from servebook.bench.protocol import (
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.sessions import sessions_from, sharegpt_sessions
+from servebook.bench.tokens import load_tokenizer
 from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
-from servebook.bench.workload import PromptSource, RandomPrompts, load_tokenizer
+from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.console import err, number
 from servebook.deployment import DeploymentView
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
 from servebook.report.summary import describe_protocol
 from servebook.results.schema import RESULTS_NAME, Results
-from servebook.results.store import ResultsWriter
+from servebook.results.store import ResultsWriter, load_results
 
 
 class SweepStopped(ServebookError):
@@ -204,12 +204,10 @@ def prompt_run(out_dir: Path, resume: bool) -> int:
     sent again (its prefix cache would answer it: issue 32, finding 2)."""
     path = out_dir / RESULTS_NAME
     if resume and path.exists():
-        try:
-            old = json.loads(path.read_text()).get("provenance", {}).get("workload", {})
-        except (OSError, ValueError, AttributeError):
-            old = {}
-        if isinstance(old, dict) and isinstance(old.get("run"), int):
-            return int(old["run"])
+        # read as the writer reads it: a file that is not results is refused, naming it
+        run = load_results(path).provenance.workload.get("run")
+        if isinstance(run, int) and not isinstance(run, bool):
+            return run
     return secrets.randbelow(2**31)
 
 

@@ -46,7 +46,18 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     assert lint.returncode == 0, lint.stdout + lint.stderr
     out = tmp_path / "bench"
     args = [
-        *("--agents", "2", "--concurrency", "2", "--repetitions", "1", "--duration", "10s"),
+        *(
+            "--agents",
+            "2",
+            "--concurrency",
+            "2",
+            "--repetitions",
+            "1",
+            "--precision",
+            "off",
+            "--duration",
+            "10s",
+        ),
         *("--warmup", "2s", "--input-len", "32", "--output-len", "16"),
         # A CPU engine on a laptop node: the verdicts are not what this test is about.
         *("--min-achieved-concurrency", "0.3", "--max-client-lag-ms", "5000"),

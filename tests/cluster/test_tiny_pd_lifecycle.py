@@ -26,7 +26,18 @@ pytestmark = pytest.mark.cluster
 # A CPU engine on a shared 2-core machine: the verdicts on the client are not what this is
 # about, the handoff per point and the route are.
 LOAD = [
-    *("--concurrency", "2", "--repetitions", "1", "--duration", "8s", "--warmup", "2s"),
+    *(
+        "--concurrency",
+        "2",
+        "--repetitions",
+        "1",
+        "--precision",
+        "off",
+        "--duration",
+        "8s",
+        "--warmup",
+        "2s",
+    ),
     *("--input-len", "512", "--output-len", "16"),
     *("--min-achieved-concurrency", "0.3", "--max-client-lag-ms", "5000"),
 ]

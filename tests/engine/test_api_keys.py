@@ -66,6 +66,8 @@ def test_tiny_mixed_with_a_key_required_serves_only_with_the_key(
             "1",
             "--repetitions",
             "1",
+            "--precision",
+            "off",
             "--duration",
             "4s",
             "--warmup",

@@ -154,7 +154,17 @@ def test_hand_started_pd_behind_vllm_router_attaches_verifies_and_benches(tmp_pa
         )
         out = tmp_path / "sweep"
         b = _cli(
-            "bench", "hand-pd", *SWEEP, "--concurrency", "1", "--repetitions", "1", "-o", str(out)
+            "bench",
+            "hand-pd",
+            *SWEEP,
+            "--concurrency",
+            "1",
+            "--repetitions",
+            "1",
+            "--precision",
+            "off",
+            "-o",
+            str(out),
         )
         assert b.returncode == 0, b.stdout + b.stderr
         st = _cli("status", "hand-pd")

@@ -56,7 +56,16 @@ def bench(name: str, out: Path, *extra: str) -> subprocess.Popen[str]:
 def test_sweep_over_tiny_pd_is_valid_and_records_the_handoff_share(tmp_path: Path) -> None:
     plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-pd"))
     with deployed(plan, "b-pd"):
-        proc = bench("b-pd", tmp_path / "sweep", "--concurrency", "1,2", "--repetitions", "1")
+        proc = bench(
+            "b-pd",
+            tmp_path / "sweep",
+            "--concurrency",
+            "1,2",
+            "--repetitions",
+            "1",
+            "--precision",
+            "off",
+        )
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stdout + stderr
     res = load_results(tmp_path / "sweep" / RESULTS_NAME)
@@ -76,7 +85,7 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
     out = tmp_path / "sweep"
     results = out / RESULTS_NAME
-    args = ("--concurrency", "1,2", "--repetitions", "2")
+    args = ("--concurrency", "1,2", "--repetitions", "2", "--precision", "off")
     with deployed(plan, "b-kill") as dep:
         proc = bench("b-kill", out, *args)
         deadline = time.monotonic() + 300
@@ -126,6 +135,7 @@ def test_token_id_prompts_have_the_workloads_length_on_the_server(tmp_path: Path
             [
                 sys.executable, "-m", "servebook", "bench", "b-ids",
                 "--prompt-format", "ids", "--concurrency", "2", "--repetitions", "1",
+                "--precision", "off",
                 "--duration", "4s", "--warmup", "1s", "--min-requests", "4",
                 "--input-len", str(input_len), "--output-len", "8",
                 "--min-achieved-concurrency", "0.5", "-o", str(tmp_path / "ids"),

@@ -36,6 +36,7 @@ def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
             [
                 sys.executable, "-m", "servebook", "bench", "b-agents", "--agents", "2",
                 "--prompt-format", "ids", "--concurrency", "4", "--repetitions", "1",
+                "--precision", "off",
                 "--duration", "4s", "--warmup", "1s", "--min-requests", "8",
                 "--input-len", "64", "--output-len", "8", "--min-achieved-concurrency",
                 "0.5", "--save-requests", "-o", str(out),

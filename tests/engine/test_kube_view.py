@@ -84,7 +84,7 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
         out = tmp_path / "sweep"
         r = _sb(
             env, "bench", "kpd", "--via", "port-forward", "--concurrency", "1,2",
-            "--repetitions", "1",
+            "--repetitions", "1", "--precision", "off",
             "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
             "--input-len", "512", "--output-len", "16", "--order", "ascending",
             "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5", "--seed", "1",

@@ -15,7 +15,8 @@ import pytest
 from servebook import http
 from servebook.backends import local
 from servebook.bench.server_tokenizer import ServerTokenizer
-from servebook.bench.workload import RandomPrompts, load_tokenizer, server_token_count
+from servebook.bench.tokens import load_tokenizer, server_token_count
+from servebook.bench.workload import RandomPrompts
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
@@ -87,6 +88,8 @@ def test_server_tokenizer_prompts_have_the_lengths_local_tokenizer_prompts_have(
                 "2",
                 "--repetitions",
                 "1",
+                "--precision",
+                "off",
                 "--duration",
                 "4s",
                 "--warmup",

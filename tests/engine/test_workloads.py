@@ -25,6 +25,8 @@ SHORT = [
     "2",
     "--repetitions",
     "1",
+    "--precision",
+    "off",
     "--duration",
     "5s",
     "--warmup",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from servebook import auth, redact
-from servebook.bench.workload import HFTokenizer, load_tokenizer
+from servebook.bench.tokens import HFTokenizer, load_tokenizer
 from servebook.models.tiny import tokenizer_files
 from servebook.results.schema import (
     ClientEvidence,
@@ -184,7 +184,7 @@ def quick_bench(url: str, tiny_dir: Path, out: Path, *extra: str) -> list[str]:
     windows) against a stand-in server at ``url`` serving ``tiny``."""
     return [
         "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
-        "--concurrency", "1,2", "--repetitions", "1", "--order", "ascending",
+        "--concurrency", "1,2", "--repetitions", "1", "--precision", "off", "--order", "ascending",
         "--duration", "1s", "--warmup", "2r", "--input-len", "16", "--output-len", "4",
         "--min-requests", "2", "--max-client-lag-ms", "1000",
         "--min-achieved-concurrency", "0.5", "-o", str(out), *extra,

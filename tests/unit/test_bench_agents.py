@@ -282,7 +282,7 @@ def test_bench_agents_2_records_two_agents_and_saves_every_request(
         "bench", "--url", ref, "--model", "ref", "--tokenizer", str(tiny_dir),
         "--agents", "2", "--concurrency", "8", "--input-len", "8", "--output-len", "16",
         "--warmup", "1s,8r", "--duration", "3s", "--min-requests", "16",
-        "--repetitions", "1", "--min-achieved-concurrency", "0.5",
+        "--repetitions", "1", "--precision", "off", "--min-achieved-concurrency", "0.5",
         "--max-client-lag-ms", "250", "--save-requests", "-o", str(out),
         timeout=240,
     )  # fmt: skip

@@ -29,7 +29,8 @@ from servebook.bench.protocol import (
 )
 from servebook.bench.sessions import SyntheticSessions, sharegpt_sessions, turn_index
 from servebook.bench.target import workload_of
-from servebook.bench.workload import HFTokenizer, PromptSource, RandomPrompts
+from servebook.bench.tokens import HFTokenizer
+from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.errors import UsageError
 from servebook.sweep import BenchArgs, prompts_from
 from tests.unit.served_app import loose_thresholds

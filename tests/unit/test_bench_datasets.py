@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from servebook.bench.datasets import detect_format, read_dataset
+from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.bench.trace_prompts import TracePrompts, dataset_prompts
-from servebook.bench.workload import HFTokenizer, server_token_count
 from servebook.errors import UsageError
 from tests.conftest import CliResult
 from tests.unit.served_app import served, served_models

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from servebook.bench.lengths import INPUT_STREAM, parse_length_dist
-from servebook.bench.workload import HFTokenizer, RandomPrompts
+from servebook.bench.tokens import HFTokenizer
+from servebook.bench.workload import RandomPrompts
 from servebook.errors import UsageError
 
 

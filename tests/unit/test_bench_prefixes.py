@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servebook.bench.prefixes import PrefixPrompts
-from servebook.bench.workload import HFTokenizer, server_token_count
+from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.errors import UsageError
 from servebook.sweep import BenchArgs, prompts_from
 

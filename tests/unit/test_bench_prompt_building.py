@@ -16,13 +16,8 @@ from servebook.bench.client import run_load
 from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
 from servebook.bench.figures import point_from_load
 from servebook.bench.openai_stream import Endpoint
-from servebook.bench.workload import (
-    DatasetPrompts,
-    HFTokenizer,
-    Prompt,
-    RandomPrompts,
-    server_token_count,
-)
+from servebook.bench.tokens import HFTokenizer, server_token_count
+from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.errors import UsageError
 from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
 
@@ -198,7 +193,8 @@ def test_a_client_error_ends_bench_with_a_message_and_exit_2_not_a_traceback(
     ]
     r = cli(
         "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
-        "--concurrency", "2", "--repetitions", "1", "--duration", "1s", "--warmup", "0",
+        "--concurrency", "2", "--repetitions", "1",
+        "--precision", "off", "--duration", "1s", "--warmup", "0",
         "--input-len", "16", "--output-len", "2", "-o", str(tmp_path / "out"),
         prelude=inject,
     )  # fmt: skip

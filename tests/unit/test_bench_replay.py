@@ -30,9 +30,9 @@ from servebook.bench.protocol import (
     run_point,
 )
 from servebook.bench.target import workload_of
+from servebook.bench.tokens import HFTokenizer
 from servebook.bench.trace_prompts import TracePrompts
 from servebook.bench.validity import Thresholds, judge
-from servebook.bench.workload import HFTokenizer
 from servebook.report.comparability import comparability
 from servebook.sweep import BenchArgs, settings_from
 from tests.unit.conftest import a_point, a_provenance

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from servebook.bench.datasets import load_dataset
-from servebook.bench.workload import (
+from servebook.bench.tokens import (
     HFTokenizer,
-    RandomPrompts,
     exact_length_prompt,
     load_tokenizer,
     server_token_count,
 )
+from servebook.bench.workload import RandomPrompts
 from servebook.errors import UsageError
 
 

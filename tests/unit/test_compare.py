@@ -211,6 +211,71 @@ def test_normalized_command_keeps_real_flags() -> None:
     ]
 
 
+def _renamed(p: dict[str, Any]) -> None:
+    """The same recipe deployed under another name: its KV connector's storage directory
+    (under the deployment's own directory) and the recorded deployment name change."""
+    p["target"]["deployment"] = "pd-b"
+    for r in p["roles"]:
+        r["command"] = [
+            a.replace("/deployments/tiny-pd-spec/", "/deployments/pd-b/") for a in r["command"]
+        ]
+
+
+def test_one_recipe_deployed_under_two_names_has_no_provenance_difference(
+    tmp_path: Path,
+) -> None:
+    """(issue 32, finding 7) The deployment name entered the ExampleConnector's storage
+    path, so two deployments of one recipe differed in engine_args for compare."""
+    b = result_runs.variant(tmp_path, CPU, "b", lambda doc: _renamed(doc["provenance"]))
+    prefill = load_results(b / "results.json").provenance.roles[0]
+    assert any("/deployments/pd-b/kv" in a for a in prefill.command)
+    a_run, b_run = load_runs([CPU, b])
+    assert cb.provenance_differences(a_run.results.provenance, b_run.results.provenance) == []
+
+
+def _local_provenance(plan: Any, port0: int) -> Any:
+    """What a local deployment of ``plan`` records: each role's full command line as the
+    local backend starts it (its ports are the deployment's own)."""
+    from servebook.engines import vllm
+    from servebook.results.schema import ModelInfo, Provenance, RoleProvenance
+
+    roles = [
+        RoleProvenance(
+            name=r.name,
+            command=vllm.server_argv("/venv/bin/python", r.args, "127.0.0.1", port0 + i),
+            env=dict(r.env),
+        )
+        for i, r in enumerate(plan.engine_roles)
+    ]
+    model = ModelInfo(name=plan.served_model_name, path=plan.engine_roles[0].model_path)
+    return Provenance(
+        servebook_version="x",
+        model=model,
+        target={"recipe": plan.recipe, "topology": plan.topology},
+        roles=roles,
+        seed=0,
+        started_at="",
+    )
+
+
+def test_a_one_flag_ab_of_a_tiny_recipe_differs_in_that_flag_only(sb_home: Path) -> None:
+    """(issue 32, finding 7) Two deployments of tiny-pd, the second with one more engine
+    flag: compare sees that flag and nothing else (not the deployments' names)."""
+    from servebook.backends.state import state_dir_for
+    from servebook.recipe.resolve import resolve
+
+    a = resolve("tiny-pd", state_dir=state_dir_for("pd-a"))
+    b = resolve("tiny-pd", ["extra_engine_args=--max-num-seqs 8"], state_dir=state_dir_for("pd-b"))
+    diffs = cb.provenance_differences(_local_provenance(a, 8100), _local_provenance(b, 8200))
+    assert sorted((d.field, d.kind) for d in diffs) == [
+        ("role.decode.command", "engine_args"),
+        ("role.prefill.command", "engine_args"),
+    ]
+    assert {d.describe().split(": ", 1)[1] for d in diffs} == {
+        "(nothing) (A) -> --max-num-seqs 8 (B)"
+    }
+
+
 def test_unknown_variable_is_bad_input_naming_the_vocabulary(cli: Cli) -> None:
     r = cli("compare", str(A), str(B), "--variable", "topolgy")
     assert r.returncode == 2

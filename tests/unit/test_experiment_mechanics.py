@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from servebook.bench.workload import HFTokenizer
+from servebook.bench.tokens import HFTokenizer
 from servebook.experiment import session, spec
 from servebook.experiment.steps import servebook_steps
 from tests.unit.conftest import scripted_machine

@@ -59,7 +59,7 @@ def servebook(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
 def bench(url: str, out: Path, tiny_dir: Path, *extra: str) -> subprocess.Popen[str]:
     args = [
         "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
-        "--concurrency", "2,3", "--repetitions", "1", "--duration", "1s",
+        "--concurrency", "2,3", "--repetitions", "1", "--precision", "off", "--duration", "1s",
         "--warmup", "10s", "--input-len", "16", "--output-len", "4", "--workers", "2",
         "--max-client-lag-ms", "1000", "--min-achieved-concurrency", "0.5", "-o", str(out),
         *extra,

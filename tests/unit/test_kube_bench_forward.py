@@ -32,7 +32,7 @@ def test_bench_via_port_forward_opens_256_streams_through_one_roles_forwards(
     out = tmp_path / "sweep"
     args = [
         *("--via", "port-forward", "--tokenizer", str(tok), "--concurrency", str(LEVEL)),
-        *("--repetitions", "1", "--duration", "3s", "--warmup", "0s"),
+        *("--repetitions", "1", "--precision", "off", "--duration", "3s", "--warmup", "0s"),
         *("--min-requests", str(LEVEL), "--input-len", "8", "--output-len", "16"),
         *("--max-client-lag-ms", "5000", "--min-achieved-concurrency", "0.5"),
     ]

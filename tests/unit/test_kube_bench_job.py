@@ -55,7 +55,18 @@ from tests.unit.test_load_job import _requirement_closure
 Obj = dict[str, Any]
 NS = "moe-pd"
 SWEEP = [
-    *("--concurrency", "2", "--repetitions", "1", "--duration", "2s", "--warmup", "0s"),
+    *(
+        "--concurrency",
+        "2",
+        "--repetitions",
+        "1",
+        "--precision",
+        "off",
+        "--duration",
+        "2s",
+        "--warmup",
+        "0s",
+    ),
     *("--min-requests", "4", "--input-len", "8", "--output-len", "4"),
     *("--max-client-lag-ms", "5000", "--min-achieved-concurrency", "0.3"),
 ]

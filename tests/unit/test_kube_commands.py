@@ -212,7 +212,7 @@ def test_bench_stops_naming_the_role_whose_pod_was_replaced(
     out = tmp_path / "sweep"
     args = [
         *("--via", "port-forward", "--tokenizer", str(tok), "--concurrency", "1,2"),
-        *("--repetitions", "3"),
+        *("--repetitions", "3", "--precision", "off"),
         *("--duration", "2s", "--warmup", "0s", "--min-requests", "1", "--input-len", "8"),
         *("--output-len", "4", "--order", "ascending", "--max-client-lag-ms", "1000"),
     ]

@@ -198,20 +198,29 @@ def test_the_summary_headline_names_the_exact_mean_where_the_p50_is_unplaced() -
     from servebook.report.summary import best_point
 
     pts = [engine_led(i, m) for i, m in enumerate((2.2, 2.3, 2.4))]
-    run = SimpleNamespace(results=SimpleNamespace(points=pts), accelerators=None)
+    run = SimpleNamespace(
+        results=SimpleNamespace(points=pts, provenance=SimpleNamespace(protocol={})),
+        accelerators=None,
+    )
     said = best_point(run)  # type: ignore[arg-type]
     assert said is not None and "TPOT p50" not in said, said
     assert "TPOT mean 2.30 ms from the engine histograms" in said, said
     assert "its histogram places the p50 only below 10 ms" in said
     # repetitions placed in the first bucket and in the next: a span, named as no one bucket
     mixed = [engine_led(0, 9.8), engine_led(1, 10.4, bucket=(10.0, 25.0))]
-    run = SimpleNamespace(results=SimpleNamespace(points=mixed), accelerators=None)
+    run = SimpleNamespace(
+        results=SimpleNamespace(points=mixed, provenance=SimpleNamespace(protocol={})),
+        accelerators=None,
+    )
     said = best_point(run)  # type: ignore[arg-type]
     assert said is not None and "places the p50 only below 25 ms)" in said, said
     assert "first bucket" not in said
     # a p50 a fine bucket places is still an interpolation: the headline reads the mean
     # (before: "TPOT p50 15.50 ms")
     fine = [engine_led(i, 15.0, bucket=(15.0, 16.0)) for i in range(2)]
-    run = SimpleNamespace(results=SimpleNamespace(points=fine), accelerators=None)
+    run = SimpleNamespace(
+        results=SimpleNamespace(points=fine, provenance=SimpleNamespace(protocol={})),
+        accelerators=None,
+    )
     said = best_point(run)  # type: ignore[arg-type]
     assert said is not None and "TPOT mean 15.00 ms from the engine histograms" in said, said

@@ -13,19 +13,20 @@ reads the same counters with (``engines.vllm.speculation_problem``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servebook.bench.tokens import HFTokenizer
 from servebook.bench.validity import Thresholds, judge, prefix_hit_bound
-from servebook.bench.workload import DatasetPrompts, HFTokenizer, Prompt, RandomPrompts
+from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.results.evidence import server_evidence
+from servebook.results.store import ResultsWriter
 from servebook.sweep import BenchArgs, prompt_run, settings_from
 from servebook.verify.checks import Window, check_speculation
-from tests.unit.conftest import a_point
+from tests.unit.conftest import a_point, a_provenance
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 SPEC = "vllm-0.32.0-cpu-pd-spec-{}-{}.prom"
@@ -55,9 +56,8 @@ def test_two_invocations_with_one_seed_send_no_prompt_twice(
 
 
 def test_a_resumed_sweep_takes_the_run_its_results_file_recorded(tmp_path: Path) -> None:
-    (tmp_path / "results.json").write_text(
-        json.dumps({"provenance": {"workload": {"kind": "random", "run": 12345}}})
-    )
+    with ResultsWriter(tmp_path, a_provenance(workload={"kind": "random", "run": 12345})) as w:
+        w.add(a_point(1, 0))
     assert prompt_run(tmp_path, resume=True) == 12345
     assert prompt_run(tmp_path, resume=False) != 12345  # a new invocation: its own run
 

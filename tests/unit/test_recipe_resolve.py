@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from servebook.errors import UsageError
 from servebook.recipe.resolve import catalog_names, resolve
+from tests.conftest import CliResult
+
+Cli = Callable[..., CliResult]
 
 TINY = ["tiny-mixed", "tiny-mixed-spec", "tiny-pd", "tiny-pd-spec"]
 
@@ -210,3 +214,38 @@ def test_an_args_parameter_splices_into_a_list_and_only_there(tmp_path: Path) ->
     inside = spliced.replace('"${extra}"]', '"--x=${extra}"]')
     with pytest.raises(UsageError, match="'extra' holds arguments but is used inside"):
         resolve(_write(tmp_path, inside, "i.yaml"), ["node=n", "extra=--a"])
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_recipes_take_extra_engine_args_after_their_own(name: str, sb_home: Path) -> None:
+    """(issue 32, finding 7) A one-flag A/B on the local recipes: every engine role gets
+    the flags, after the recipe's own; unset, nothing is added."""
+    plan = resolve(name, ["extra_engine_args=--max-num-seqs 8 --block-size 32"])
+    for role in plan.engine_roles:
+        assert role.args[-7:] == [
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
+            "--max-num-seqs",
+            "8",
+            "--block-size",
+            "32",
+        ], role.name
+    assert {r.args[-1] for r in resolve(name).engine_roles} == {"--enforce-eager"}
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("--dtype float32", "roles.mixed.engine_args gives --dtype more than once"),
+        ("--served-model-name other", "sets --served-model-name, which servebook sets from"),
+        ("--max_model_len 64", "sets --max_model_len, which servebook sets from model.max"),
+    ],
+)
+def test_tiny_extra_engine_args_that_collide_exit_2_naming_the_parameter(
+    cli: Cli, value: str, words: str
+) -> None:
+    """(issue 32, finding 7) Refused where it collides, by the rule the GPU recipes use."""
+    r = cli("recipes", "show", "tiny-mixed", "--set", f"extra_engine_args={value}")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert words in r.stderr and "Set by parameter 'extra_engine_args'" in r.stderr, r.stderr

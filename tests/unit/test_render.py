@@ -82,11 +82,21 @@ def _check_golden(d: Path, files: dict[str, str]) -> None:
         shutil.rmtree(expected_dir, ignore_errors=True)
         expected_dir.mkdir()
         for name, text in files.items():
+            (expected_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (expected_dir / name).write_text(text, encoding="utf-8")
-    expected = {p.name: p.read_text(encoding="utf-8") for p in sorted(expected_dir.iterdir())}
+    expected = _tree(expected_dir)
     assert sorted(files) == sorted(expected), "files written differ from the golden set"
     for name, text in files.items():
         assert text == expected[name], f"{name} differs from {expected_dir / name}"
+
+
+def _tree(d: Path) -> dict[str, str]:
+    """Every file under ``d`` by its path relative to ``d`` (``namespace/00-...yaml``)."""
+    return {
+        p.relative_to(d).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _pods(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -485,11 +495,11 @@ def test_rerender_command_in_parameters_md_renders_the_same_manifests(
 # --- bad input: exit 2, names each offending parameter, writes nothing ----------------------
 
 
-def _previous_render(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+def _previous_render(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     out = tmp_path / "deploy"
     _, _, files = render_files("vllm-mixed", MIXED)
     write_atomically(out, files)
-    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+    return out, _tree(out)
 
 
 def _leftovers(tmp_path: Path, out: Path) -> list[str]:
@@ -519,7 +529,7 @@ def test_invalid_node_exits_2_and_leaves_the_previous_render_untouched(
     r = cli("render", "vllm-mixed", *sets, "-o", str(out))
     assert r.returncode == 2, r.stderr
     assert "parameter 'node'" in r.stderr and why in r.stderr
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _tree(out) == before
     assert _leftovers(tmp_path, out) == []
 
 
@@ -588,7 +598,7 @@ def test_rendering_again_replaces_the_previous_render(tmp_path: Path) -> None:
     out, _ = _previous_render(tmp_path)
     _, _, files = render_files("vllm-pd", PD)
     write_atomically(out, files)
-    assert sorted(p.name for p in out.iterdir()) == sorted(files)
+    assert sorted(_tree(out)) == sorted(files)
     assert _leftovers(tmp_path, out) == []
 
 
@@ -596,7 +606,91 @@ def test_without_output_the_manifests_go_to_stdout(cli: Cli) -> None:
     r = cli("render", "vllm-mixed", *[a for s in MIXED for a in ("--set", s)])
     assert r.returncode == 0, r.stderr
     docs = [d for d in yaml.safe_load_all(r.stdout) if d]
-    assert [d["kind"] for d in docs] == ["Namespace", "Deployment", "Service"]
+    # No Namespace: `| kubectl delete -f -` would delete it with every deployment in it
+    # (issue 32, finding 9); stderr says how to make it and how to tear down.
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    assert "kubectl create namespace servebook" in r.stderr
+    assert "teardown: the same render piped to `kubectl delete -f -`" in r.stderr
+
+
+# --- teardown ---------------------------------------------------------------------------------
+
+# What kubectl reads from a directory given to -f without -R: its own files of these
+# suffixes, never a folder's (k8s.io/cli-runtime resource.ExpandPathsToFileVisitors).
+KUBECTL_SUFFIXES = (".json", ".yaml", ".yml")
+Ref = tuple[str, str | None, str]
+
+
+def _kubectl_objects(command: str) -> list[Ref]:
+    """The objects a printed ``kubectl apply|delete -f PATH [&& ...]`` reads, in order."""
+    refs: list[Ref] = []
+    for step in command.split("&&"):
+        words = step.split()
+        assert words[:1] == ["kubectl"] and words[2] == "-f" and len(words) == 4, step
+        path = Path(words[3])
+        files = sorted(
+            f for f in path.iterdir() if f.is_file() and f.name.endswith(KUBECTL_SUFFIXES)
+        )
+        for f in files if path.is_dir() else [path]:
+            for d in yaml.safe_load_all(f.read_text()):
+                meta = d["metadata"]
+                refs.append((d["kind"], meta.get("namespace"), meta["name"]))
+    return refs
+
+
+def _printed(stdout: str, what: str) -> str:
+    line = next(x for x in stdout.splitlines() if x.startswith(f"{what}: "))
+    return line.removeprefix(f"{what}: ").split("   ")[0]
+
+
+def _render_to(cli: Cli, recipe: str, out: Path, *args: str) -> tuple[str, str]:
+    values = FIXTURES / recipe / "values.yaml"
+    r = cli("render", recipe, "-f", str(values), *args, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return _printed(r.stdout, "apply"), _printed(r.stdout, "teardown")
+
+
+def test_a_renders_teardown_deletes_nothing_another_render_applied(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """(issue 32, finding 9) vllm-pd and vllm-pd-spec both render namespace moe-pd; the
+    printed teardown of one (`kubectl delete -f DIR`) deleted that namespace, and with it
+    every object of the other.  Render prints a teardown that removes only its own."""
+    pd_apply, pd_teardown = _render_to(cli, "vllm-pd", tmp_path / "pd")
+    spec_apply, spec_teardown = _render_to(
+        cli, "vllm-pd-spec", tmp_path / "spec", "--set", "namespace=moe-pd"
+    )
+    pd_applied, spec_applied = _kubectl_objects(pd_apply), _kubectl_objects(spec_apply)
+    pd_deleted, spec_deleted = _kubectl_objects(pd_teardown), _kubectl_objects(spec_teardown)
+    # A fresh cluster: each apply makes the namespace before anything goes into it.
+    for applied in (pd_applied, spec_applied):
+        assert applied[0] == ("Namespace", None, "moe-pd")
+        assert {ns for _, ns, _ in applied[1:]} == {"moe-pd"}
+    # Each teardown removes everything its apply made but the namespace, and nothing else.
+    assert set(pd_deleted) == set(pd_applied[1:])
+    assert set(spec_deleted) == set(spec_applied[1:])
+    assert not set(pd_deleted) & set(spec_applied)
+    assert not set(spec_deleted) & set(pd_applied)
+    # The same recipe under two deployment names: the same holds.
+    other_apply, _ = _render_to(cli, "vllm-pd", tmp_path / "pd-b", "--name", "pd-b")
+    assert not set(pd_deleted) & set(_kubectl_objects(other_apply))
+
+
+def test_render_says_the_namespace_stays_and_how_to_delete_it(cli: Cli, tmp_path: Path) -> None:
+    """(issue 32, finding 9) The teardown line says what it leaves behind; PARAMETERS.md
+    carries the same two commands for whoever finds the directory later."""
+    out = tmp_path / "pd"
+    r = cli("render", "vllm-pd", "-f", str(FIXTURES / "vllm-pd" / "values.yaml"), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"teardown: kubectl delete -f {out}/   (this deployment's objects only; " in r.stdout
+    assert "namespace moe-pd stays" in r.stdout
+    assert "`kubectl delete namespace moe-pd` once it is empty" in r.stdout
+    params = (out / PARAMETERS_FILE).read_text()
+    assert "`kubectl apply -f ./namespace/ && kubectl apply -f ./`" in params
+    assert "Tear down: `kubectl delete -f ./`" in params
+    # Rendering into the same directory again replaces it, namespace folder and all.
+    r = cli("render", "vllm-pd", "-f", str(FIXTURES / "vllm-pd" / "values.yaml"), "-o", str(out))
+    assert r.returncode == 0, r.stderr
 
 
 # --- servebook lint on the rendered output ---------------------------------------------------

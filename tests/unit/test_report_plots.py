@@ -50,11 +50,13 @@ def test_a_level_without_valid_repetitions_is_a_gap(tmp_path: Path) -> None:
     assert [(m.level, m.checks) for m in tp.panels[0].invalid] == [("c=4", "SB402")] * 3
 
 
-def test_one_valid_repetition_is_a_point_without_a_band() -> None:
+def test_one_valid_repetition_is_not_a_measurement_so_a_gap_not_a_point() -> None:
+    """Before: one valid repetition was drawn as a point without a band (issue 32,
+    finding 3: it is not a measurement, shown as such and never drawn as a figure)."""
     tp = spec(plot_specs(load_runs([RERUN])), "throughput")
     s = tp.panels[0].series[0]
-    assert s.y[0] == pytest.approx(101.0)
-    assert math.isnan(s.low[0]) and math.isnan(s.high[0])
+    assert math.isnan(s.y[0]) and math.isnan(s.low[0]) and math.isnan(s.high[0])
+    assert "not a measurement, left as gaps" in tp.panels[0].note
     assert [m.repetition for m in tp.panels[0].invalid] == [1, 2]
 
 

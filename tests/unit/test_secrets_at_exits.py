@@ -86,7 +86,8 @@ def test_d3_a_key_echoed_in_server_errors_reaches_no_results_report_request_file
     out = tmp_path / "echo"
     bench = cli(
         "bench", "--url", echoing, "--model", "tiny", "--tokenizer", str(tiny_dir),
-        "--api-key", ECHOED, "--concurrency", "2", "--repetitions", "1", "--warmup", "0",
+        "--api-key", ECHOED, "--concurrency", "2", "--repetitions", "1",
+        "--precision", "off", "--warmup", "0",
         "--duration", "1s", "--input-len", "8", "--output-len", "2", "--save-requests",
         "-o", str(out),
     )  # fmt: skip

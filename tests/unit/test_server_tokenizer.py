@@ -19,12 +19,8 @@ import pytest
 
 from servebook.bench.datasets import load_dataset
 from servebook.bench.server_tokenizer import CORPUS, SEPARATOR, ServerTokenizer
-from servebook.bench.workload import (
-    HFTokenizer,
-    RandomPrompts,
-    exact_length_prompt,
-    server_token_count,
-)
+from servebook.bench.tokens import HFTokenizer, exact_length_prompt, server_token_count
+from servebook.bench.workload import RandomPrompts
 from servebook.errors import UsageError
 
 MODEL = "tiny"

@@ -11,7 +11,7 @@ import pytest
 
 from servebook import datasets
 from servebook.bench.datasets import load_dataset
-from servebook.bench.workload import HFTokenizer
+from servebook.bench.tokens import HFTokenizer
 from servebook.datasets import make_spec_text
 from servebook.errors import UsageError
 from tests.conftest import CliResult

@@ -53,13 +53,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
-from servebook.bench.workload import (
-    Api,
-    DatasetPrompts,
-    Prompt,
-    TextTokenizer,
-    server_token_count,
-)
+from servebook.bench.tokens import Api, TextTokenizer, server_token_count
+from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.errors import UsageError
 
 Format = Literal["jsonl", "sharegpt", "mooncake", "azure", "burstgpt"]

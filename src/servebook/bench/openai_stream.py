@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from servebook.bench.sse import SSEParser
-from servebook.bench.workload import Api
+from servebook.bench.tokens import Api
 
 if TYPE_CHECKING:
     from servebook.bench.records import RequestRecord

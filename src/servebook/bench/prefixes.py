@@ -35,17 +35,8 @@ from typing import Any
 import numpy as np
 
 from servebook.bench.lengths import FIXED, LengthDist
-from servebook.bench.workload import (
-    Api,
-    Prompt,
-    PromptFormat,
-    RandomPrompts,
-    TextTokenizer,
-    _count_many,
-    _overhead,
-    _vocab,
-    converge,
-)
+from servebook.bench.tokens import Api, TextTokenizer, _overhead, _vocab, converge
+from servebook.bench.workload import Prompt, PromptFormat, RandomPrompts, _count_many
 from servebook.errors import UsageError
 
 PREFIX_STREAM = 0x9F1C

@@ -521,6 +521,7 @@ def run_point(
     prompts: PromptSource,
     *,
     position: int = 0,
+    attempt: int = 0,
     workers: int = 1,
     cpus: tuple[int, ...] | None = None,
     slo_ms: Mapping[str, float] | None = None,
@@ -530,11 +531,14 @@ def run_point(
     launcher: Any = None,
 ) -> PointOutcome:
     """Run one point (warm-up, window, verdict).  ``position``, the point's place in the
-    sweep's full order, seeds its arrivals and picks its prompts (``position * 10**7`` on;
-    a replay: the trace's rows), so a resumed sweep sends what the first run would have."""
+    sweep's full order, seeds its arrivals and picks its prompts (``position * 10**7 +
+    attempt * 10**6`` on, ``attempt``: how often the point ran before; a replay: the
+    trace's rows), so a resumed sweep sends what the first run would have, and a point
+    run again sends no prompt it sent before."""
     level = spec.level
     controller = controller_for(settings, level)
-    offset = 0 if (replay := replay_schedule(settings, prompts)) else position * 10_000_000
+    replay = replay_schedule(settings, prompts)
+    offset = 0 if replay else position * 10_000_000 + (attempt % 10) * 1_000_000
     t_build = time.monotonic()
     _pregenerate(prompts, offset, prompts_needed(settings, level, history))
     build_s = time.monotonic() - t_build
@@ -650,8 +654,13 @@ def run_sweep(
             if level not in taking_part:
                 continue
             ps = PointSpec(level, rnd)
-            if point_key(level.concurrency, level.rate, rnd) in done:
+            key = point_key(level.concurrency, level.rate, rnd)
+            if key in done:
                 continue
+            # A point run again (--resume of an invalid one) sends prompts of its own: the
+            # first attempt's are in a warm server's prefix cache (SB412).
+            tried = writer.results.points + writer.results.superseded_points
+            attempt = sum(p.key == key for p in tried)
             if on_point is not None:
                 on_point(ps, None)
             outcome = run_point(
@@ -660,6 +669,7 @@ def run_sweep(
                 settings,
                 prompts,
                 position=rnd * n + i,
+                attempt=attempt,
                 workers=workers,
                 cpus=cpus,
                 slo_ms=slo_ms,

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servebook import http
-from servebook.bench.workload import clean_piece
+from servebook.bench.tokens import clean_piece
 from servebook.errors import UsageError
 
 FIX = "to build prompts with a local tokenizer instead, pass --tokenizer DIR (the model directory)"

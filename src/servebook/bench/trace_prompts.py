@@ -42,18 +42,8 @@ from servebook.bench.datasets import (
     read_dataset,
     resolve_format,
 )
-from servebook.bench.workload import (
-    Api,
-    DatasetPrompts,
-    Prompt,
-    PromptSource,
-    TextTokenizer,
-    _count_many,
-    _overhead,
-    _vocab,
-    converge,
-    word_table,
-)
+from servebook.bench.tokens import Api, TextTokenizer, _overhead, _vocab, converge, word_table
+from servebook.bench.workload import DatasetPrompts, Prompt, PromptSource, _count_many
 from servebook.errors import UsageError
 
 BLOCK_STREAM = 0xB10C

@@ -29,16 +29,22 @@ from servebook.sweep import BenchArgs, not_serving, run_bench
 if TYPE_CHECKING:
     from servebook.backends.kube_bench import Source
 
+# bench takes run's protocol by default: a precision target, up to --max-repetitions
+# (issue 32, finding 3: three repetitions gave ±30-70% intervals with exit 0).
+DEFAULT_PRECISION = "5%"
+
 HELP = (
     "Measure a deployment (or any OpenAI-compatible server with --url) with a load sweep "
     "whose numbers reproduce.\n\n"
     "Per point: a discarded warm-up, then a window bounded below by duration and completed "
     "requests; only requests that start and finish inside it count. Points run in an order "
     "shuffled with the seed (--order ascending to override), repeated --repetitions times "
-    "with 95% confidence intervals; with --precision 5% each level is repeated (in later "
-    "shuffled rounds, never back to back) until those intervals are that tight, and a level "
-    "that reaches --max-repetitions first is reported imprecise with the interval it "
-    "reached. Every point gets a validity verdict with reasons "
+    "with 95% confidence intervals; by default (--precision 5%, as `run`) each level is "
+    "repeated (in later shuffled rounds, never back to back) until those intervals are that "
+    "tight, and a level that reaches --max-repetitions first is reported imprecise with the "
+    "interval it reached. A level without a warm-up, with fewer than 10 requests in a "
+    "window or fewer than 2 valid repetitions is shown as not a measurement, never as a "
+    "figure. Every point gets a validity verdict with reasons "
     "(window, request count, errors, client saturation, server evidence, PD handoff share); "
     "the engine's own latency histograms are recorded beside the client's figures, with the "
     "likely cause when they disagree; and DIR/results.json is rewritten atomically after "
@@ -162,13 +168,13 @@ def bench(
         "--repetitions",
         help="Repetitions of each point (with --precision: the minimum, at least 2).",
     ),
-    precision: str | None = typer.Option(
-        None,
+    precision: str = typer.Option(
+        DEFAULT_PRECISION,
         "--precision",
-        help="Precision target, e.g. 5%: repeat each level until the 95% interval "
-        "half-width of its output tok/s and TPOT p50 is at most that share of the mean, up "
-        "to --max-repetitions; a level that does not get there is marked imprecise. Off by "
-        "default (recorded either way).",
+        help="Precision target: repeat each level until the 95% interval half-width of its "
+        "output tok/s and TPOT p50 is at most that share of the mean, up to "
+        "--max-repetitions; a level that does not get there is marked imprecise. 'off' "
+        "runs exactly --repetitions (recorded either way).",
     ),
     max_repetitions: int | None = typer.Option(
         None,

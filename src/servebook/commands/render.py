@@ -6,6 +6,11 @@ each against the Kubernetes OpenAPI schema, runs `servebook lint`'s rules on the
 directory beside DIR that is renamed into place, so a render that fails at any step leaves
 DIR exactly as it was.  Without ``-o`` the manifests go to stdout (for ``| kubectl apply
 -f -``).
+
+It prints the teardown beside the apply (issue 32): ``kubectl delete -f DIR/`` removes this
+deployment's objects and nothing another deployment needs.  The Namespace, which other
+deployments may share, is written apart (``DIR/namespace/``, applied first) and left out of
+stdout, so no teardown of a render ever deletes it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ _EPILOG = (
     "  servebook render vllm-mixed -f examples/values/dense-8b-one-node.yaml -o deploy/dense\n\n"
     "  servebook render vllm-pd-spec -f examples/values/moe-two-8gpu-nodes.yaml "
     "--set spec_method=mtp -o deploy/moe\n\n"
-    "  servebook render vllm-pd -f values.yaml | kubectl apply -f -\n\n"
+    "  kubectl create namespace NS; servebook render vllm-pd -f values.yaml | kubectl apply "
+    "-f -\n\n"
     "Exit codes: 0 written; 2 a parameter is missing or invalid, or an object does not match "
     "the Kubernetes schema, or `servebook lint` fails a rendered file (nothing is written)."
 )
@@ -57,11 +63,19 @@ def _is_previous_render(path: Path) -> bool:
         return False
     if first != MARKER:
         return False
-    return all(
-        e.is_file()
-        and not e.is_symlink()
-        and (e.name == PARAMETERS_FILE or _MANIFEST_FILE.match(e.name))
-        for e in entries
+    return all(_rendered(e) for e in entries)
+
+
+def _rendered(entry: Path) -> bool:
+    """A file (or the namespace's folder) a render writes, and not a symlink."""
+    if entry.is_symlink():
+        return False
+    if entry.is_file():
+        return entry.name == PARAMETERS_FILE or bool(_MANIFEST_FILE.match(entry.name))
+    return (
+        entry.name == manifests.NAMESPACE_DIR
+        and entry.is_dir()
+        and all(_rendered(e) and e.name != PARAMETERS_FILE for e in entry.iterdir())
     )
 
 
@@ -89,6 +103,7 @@ def write_atomically(
     old: Path | None = None
     try:
         for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
         tmp.chmod(0o755)
         if path.exists():
@@ -191,8 +206,11 @@ def render(
     note = manifests.engine_args_note(plan)
     if note:
         err.print(note, highlight=False, markup=False, soft_wrap=True)
+    namespace = names.settings(plan).namespace
+    has_namespace = any(o["kind"] == "Namespace" for o in objects)
     if output is None:
-        sys.stdout.write("---\n".join(v for k, v in files.items() if k != PARAMETERS_FILE))
+        sys.stdout.write("---\n".join(files[k] for k in manifests.owned_files(files)))
+        _say_stdout_namespace(namespace, has_namespace)
         return
     write_atomically(output, files)
     out.print(
@@ -204,10 +222,35 @@ def render(
     )
     entry = names.object_name(plan, plan.entry_role, name)
     port = names.ROUTER_PORT if plan.topology == "pd" else names.ENGINE_PORT
-    namespace = names.settings(plan).namespace
-    out.print(
-        f"apply: kubectl apply -f {output}/   entry point: service/{entry} port {port} "
-        f"in namespace {namespace}",
+    kept = (
+        f"; namespace {namespace} stays, since other deployments may share it: `kubectl "
+        f"delete namespace {namespace}` once it is empty"
+        if has_namespace
+        else ""
+    )
+    for line in (
+        f"apply: {manifests.apply_command(files, str(output))}",
+        f"teardown: {manifests.teardown_command(str(output))}   (this deployment's "
+        f"objects only{kept})",
+        f"entry point: service/{entry} port {port} in namespace {namespace}",
+    ):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _say_stdout_namespace(namespace: str, left_out: bool) -> None:
+    """Where the manifests went to stdout: what became of the namespace, and the teardown
+    (on stderr, so that stdout stays YAML for `| kubectl apply -f -`)."""
+    if left_out:
+        err.print(
+            f"namespace {namespace} is not in this output: other deployments may share it, "
+            "and `kubectl delete -f` of this output would delete it with everything in it. "
+            f"On a fresh cluster create it first: kubectl create namespace {namespace}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    err.print(
+        "teardown: the same render piped to `kubectl delete -f -` (this deployment's objects only)",
         highlight=False,
         markup=False,
         soft_wrap=True,

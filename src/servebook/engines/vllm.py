@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servebook.engines import cmdline
 from servebook.engines.cmdline import EngineCommand, normalize_flag, parse_engine_args
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -67,6 +68,23 @@ def speculative_config(
         cfg["model"] = draft_path
     cfg.update(extra)
     return cfg
+
+
+# The key of ``kv_connector_extra_config`` that names the directory a file-based connector
+# (ExampleConnector) hands KV over through.  servebook gives each deployment its own (two
+# deployments sharing one would read each other's KV as transferred), so the path says
+# where a deployment lives, not what it runs.
+KV_STORAGE_KEY = "shared_storage_path"
+
+
+def kv_storage_path(argv: Sequence[str]) -> str | None:
+    """The KV connector's storage directory an engine command line (or its arguments
+    alone, as a Plan holds them) names; None: none."""
+    cmd = cmdline.parse_argv(argv) or parse_engine_args(argv, positional_model=False)
+    cfg = cmdline.kv_transfer_config(cmd)[0]
+    extra = (cfg or {}).get("kv_connector_extra_config")
+    path = extra.get(KV_STORAGE_KEY) if isinstance(extra, dict) else None
+    return path if isinstance(path, str) and path else None
 
 
 def kv_transfer_config(

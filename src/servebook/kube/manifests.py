@@ -4,7 +4,12 @@ applies.  Plain data in, plain dicts out; nothing here touches a cluster.
 Each rule answers a failure in the field notes:
 
 * The Namespace is one of the objects (a namespace every manifest referenced and none
-  created made the apply fail).
+  created made the apply fail), but a render writes it apart, under ``namespace/``
+  (``manifest_files``): deployments of several recipes may share it, and `kubectl delete
+  -f DIR` of one deleted the namespace with every other deployment in it (issue 32).
+  ``kubectl apply -f DIR/namespace/`` makes it on a fresh cluster; ``kubectl delete -f
+  DIR/`` (which does not descend into folders) removes this deployment's objects and
+  nothing else.
 * Weights come from the node's disk as hostPath ``type: Directory``, mounted read-only: a
   typo'd or absent directory fails at mount time with the path in the event, instead of
   ``DirectoryOrCreate`` creating it empty and the engine crash-looping minutes later with
@@ -52,6 +57,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -98,6 +104,11 @@ from servebook.recipe.schema import Kubernetes
 # Namespaces every cluster has: emitting a Namespace object for them would only relabel
 # them (and `kubectl delete -f` would try to delete them).
 BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+# Where a render writes the Namespace: a folder `kubectl apply/delete -f DIR/` skips, so that
+# the teardown of one deployment never deletes a namespace others share.
+NAMESPACE_DIR = "namespace"
+# What kubectl reads from a directory given to -f.
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # The router's own identity when it discovers engine Pods (roles with replicas > 1).
 ROUTER_DISCOVERY_VERBS = ["get", "list", "watch"]
 
@@ -513,13 +524,15 @@ _Dumper.add_representer(str, _str)
 
 
 def manifest_files(plan: Plan, objects: list[Obj]) -> dict[str, str]:
-    """File name -> YAML text: the Namespace first, then one file per role holding its
-    Deployment and Service, numbered so `kubectl apply -f DIR` applies them in order."""
+    """File name -> YAML text: the Namespace first, in its own folder (``NAMESPACE_DIR``:
+    other deployments may share it, so deleting this render's files must not delete it),
+    then one file per role holding its Deployment and Service, numbered so `kubectl apply
+    -f DIR` applies them in order."""
     groups: list[tuple[str, list[Obj]]] = []
     for obj in objects:
         name = obj["metadata"]["name"]
         if obj["kind"] == "Namespace":
-            groups.append(("namespace", [obj]))
+            groups.append((f"{NAMESPACE_DIR}/namespace", [obj]))
         elif groups and groups[-1][0] == name:
             groups[-1][1].append(obj)
         else:
@@ -533,5 +546,27 @@ def manifest_files(plan: Plan, objects: list[Obj]) -> dict[str, str]:
         text = yaml.dump_all(
             objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096
         )
-        files[f"{i * 10:02d}-{name}.yaml"] = header + text
+        folder, _, base = name.rpartition("/")
+        files[f"{folder + '/' if folder else ''}{i * 10:02d}-{base}.yaml"] = header + text
     return files
+
+
+def owned_files(files: Iterable[str]) -> list[str]:
+    """The manifests `kubectl delete -f DIR/` reads: those directly in DIR (it does not
+    descend into folders without ``-R``), which hold only the deployment's own objects."""
+    return [f for f in files if "/" not in f and f.endswith(MANIFEST_SUFFIXES)]
+
+
+def apply_command(files: Iterable[str], where: str) -> str:
+    """The kubectl command that applies a render in directory ``where``: the namespace
+    first when the render has one (a fresh cluster has none), then the rest."""
+    files = list(files)
+    shared = sorted({f.rpartition("/")[0] for f in files if "/" in f})
+    steps = [f"kubectl apply -f {where}/{folder}/" for folder in shared]
+    return " && ".join([*steps, f"kubectl apply -f {where}/"])
+
+
+def teardown_command(where: str) -> str:
+    """The kubectl command that removes what a render in ``where`` applied and nothing
+    another deployment needs: never the namespace (``NAMESPACE_DIR``)."""
+    return f"kubectl delete -f {where}/"

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servebook.kube import manifests
 from servebook.recipe.plan import Plan
 from servebook.recipe.schema import Parameter, ParamType
 
@@ -75,11 +76,21 @@ def parameters_markdown(
         "",
         f"Rendered from recipe `{plan.recipe}` by `servebook render`. Every object was checked "
         f"against the Kubernetes {k8s_version} OpenAPI schema (strict) before anything was "
-        "written. Files, in apply order (`kubectl apply -f` on this directory):",
+        "written. Files, in apply order:",
         "",
     ]
     lines += [f"* `{f}`" for f in files]
+    shared = any("/" in f for f in files)
     lines += [
+        "",
+        f"Apply from this directory: `{manifests.apply_command(files, '.')}`. Tear down: "
+        f"`{manifests.teardown_command('.')}`, which removes this deployment's objects only"
+        + (
+            f" (the namespace, which other deployments may share, is in "
+            f"`{manifests.NAMESPACE_DIR}/`, and `kubectl delete -f` does not descend into it)."
+            if shared
+            else "."
+        ),
         "",
         "To change a value, render again rather than editing the manifests; this command "
         "renders the same objects (add `-o` and this directory to replace it):",

@@ -355,7 +355,7 @@ def _kube_variant(
     if recipe.kv_connector is not None:
         extra = dict(recipe.kv_connector.extra_config)
         if k8s.kv_storage is not None:
-            extra["shared_storage_path"] = k8s.kv_storage.container_path
+            extra[vllm.KV_STORAGE_KEY] = k8s.kv_storage.container_path
         buffer_device = None
         if k8s.fabric is not None:
             told = fabrics.connector_config(
@@ -496,7 +496,7 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             kv_cfg = vllm.kv_transfer_config(
                 recipe.kv_connector.name, recipe.kv_connector.extra_config
             )
-            path = recipe.kv_connector.extra_config.get("shared_storage_path")
+            path = recipe.kv_connector.extra_config.get(vllm.KV_STORAGE_KEY)
             if isinstance(path, str) and path not in kv_storage:
                 kv_storage.append(path)
         args = vllm.engine_args(

@@ -21,11 +21,13 @@ output ``compare.CROSS_PROVENANCE``.
   ``target`` keys (not its URL or deployment name), the PD handoff threshold (only a PD
   deployment has one);
 * ``engine_args``: each role's command line and environment, normalized: the interpreter's
-  path, ``--host``/``--port``/``--*-port`` values, URLs and the model's path are replaced
-  by placeholders, and device-placement variables (``CUDA_VISIBLE_DEVICES``...) are left
-  out, because those change between deployments of the same thing.  Per-role fields are
-  compared for the roles both runs have; a role on one side only is a ``topology``
-  difference;
+  path, ``--host``/``--port``/``--*-port`` values, URLs, the model's path and the KV
+  connector's storage directory are replaced by placeholders, and device-placement
+  variables (``CUDA_VISIBLE_DEVICES``...) are left out, because those change between
+  deployments of the same thing (the storage directory is the deployment's own, named
+  after it: two deployments of one recipe under two names run the same engines).
+  Per-role fields are compared for the roles both runs have; a role on one side only is a
+  ``topology`` difference;
 * ``protocol``: every protocol setting except the load levels and the repetition count
   (compare matches the levels both runs have; the intervals account for repetitions);
 * ``workload``: the prompt source (lengths, dataset format and hash, a replay's speed, API),
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.report.tables import Column, Run, Table, show_value
 from servebook.results.schema import ModelInfo, Provenance
@@ -142,7 +145,12 @@ def _endpoint_flag(flag: str) -> str | None:
 def normalize_command(argv: Sequence[str], model: ModelInfo) -> list[str]:
     """A role's command line with what changes between deployments of the same thing
     replaced: the interpreter's path (``/opt/venv/bin/python3.11`` -> ``python``), host
-    and port values, URLs, the model's path."""
+    and port values, URLs, the model's path, the KV connector's storage directory."""
+    places = {model.path.rstrip("/"): "<model>"} if model.path else {}
+    storage = vllm.kv_storage_path(argv)
+    if storage:
+        # As written on the command line: inside the connector's JSON.
+        places[json.dumps(storage.rstrip("/"))[1:-1]] = "<kv-storage>"
     out: list[str] = []
     placeholder: str | None = None
     for i, tok in enumerate(argv):
@@ -164,8 +172,9 @@ def normalize_command(argv: Sequence[str], model: ModelInfo) -> list[str]:
                 placeholder = ph
             continue
         tok = _URL.sub("<url>", tok)
-        if model.path:
-            tok = tok.replace(model.path.rstrip("/"), "<model>")
+        # Longest first: a storage directory inside the model's keeps its own placeholder.
+        for place in sorted(places, key=len, reverse=True):
+            tok = tok.replace(place, places[place])
         out.append(tok)
     return out
 

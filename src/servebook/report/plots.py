@@ -29,6 +29,7 @@ from servebook.report.tables import (
     levels,
     tokens_per_user,
 )
+from servebook.results import stats
 from servebook.results.schema import Point
 from servebook.results.tpot import PER_TOKEN
 
@@ -121,6 +122,9 @@ def _invalid_marks(
     return out
 
 
+NO_FIGURE = stats.Interval(None, None, None, 0)
+
+
 def _of(m: Metric, run: Run) -> Callable[[Point], float | None]:
     return lambda p: m.value(p, run)
 
@@ -128,7 +132,8 @@ def _of(m: Metric, run: Run) -> Callable[[Point], float | None]:
 def _metric_panel(runs: Sequence[Run], mode: Mode, metric: str) -> Panel:
     m = METRICS[metric]
     panel = Panel(m.title, f"{m.title} ({m.unit})" if m.unit else m.title)
-    missing = []
+    missing: list[str] = []
+    unmeasured: list[str] = []
     for i, run in enumerate(runs):
         lvs = [lv for lv in levels(run) if lv.mode == mode]
         if not lvs:
@@ -136,7 +141,9 @@ def _metric_panel(runs: Sequence[Run], mode: Mode, metric: str) -> Panel:
         if not any(m.value(p, run) is not None for lv in lvs for p in lv.points):
             missing.append(run.label)
             continue
-        figs = [lv.figure(metric) for lv in lvs]
+        # A level that is not a measurement (``results.measurement``) is a gap, never a figure.
+        figs = [lv.figure(metric) if not lv.not_measured else NO_FIGURE for lv in lvs]
+        unmeasured += [f"{run.label} {lv.label}" for lv in lvs if lv.not_measured]
         panel.series.append(
             Series(
                 run.label,
@@ -154,6 +161,9 @@ def _metric_panel(runs: Sequence[Run], mode: Mode, metric: str) -> Panel:
         if metric.partition(".")[0] in PER_TOKEN:
             why = "its engine's histogram leads, and places a percentile only within a bucket"
         panel.note = f"n/a for {', '.join(missing)}: {why}"
+    if unmeasured:
+        gap = f"not a measurement, left as gaps: {', '.join(unmeasured)}"
+        panel.note = f"{panel.note}; {gap}" if panel.note else gap
     return panel
 
 
@@ -269,7 +279,11 @@ def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
         lvs = levels(run)
         fy = [lv.figure(metric) for lv in lvs]
         fx = [lv.figure(tokens_per_user) for lv in lvs]
-        keep = [j for j in range(len(lvs)) if fy[j].mean is not None and fx[j].mean is not None]
+        keep = [
+            j
+            for j in range(len(lvs))
+            if fy[j].mean is not None and fx[j].mean is not None and not lvs[j].not_measured
+        ]
         panel.series.append(
             Series(
                 run.label,

@@ -29,6 +29,7 @@ from servebook.report.tables import (
     settings_value,
 )
 from servebook.results.evidence import bucket_words, unplaced_tpot_bucket
+from servebook.results.measurement import biasing_choices
 from servebook.results.schema import Point
 from servebook.results.tpot import judged_key
 
@@ -182,6 +183,8 @@ def imprecise_levels(run: Run) -> list[str]:
 def best_point(run: Run) -> str | None:
     best: tuple[float, Level] | None = None
     for lv in levels(run):
+        if lv.not_measured:
+            continue  # no figure to name (``results.measurement``)
         iv = lv.figure("output_tokens_per_s")
         if iv.mean is not None and (best is None or iv.mean > best[0]):
             best = (iv.mean, lv)
@@ -205,8 +208,25 @@ def best_point(run: Run) -> str | None:
 
 def run_summary(run: Run) -> str:
     parts = []
+    protocol = run.results.provenance.protocol
+    bias = biasing_choices(protocol)
+    if bias:
+        parts.append("choices that bias it: " + "; ".join(bias))
     best = best_point(run)
-    parts.append(best or "no valid point: no figure to report")
+    unmeasured = [(lv.label, lv.not_measured) for lv in levels(run) if lv.not_measured]
+    parts.append(
+        best
+        or (
+            "no level is a measurement: no figure to report"
+            if unmeasured and any(lv.valid for lv in levels(run))
+            else "no valid point: no figure to report"
+        )
+    )
+    if unmeasured:
+        parts.append(
+            "not a measurement, so shown but not drawn as figures: "
+            + "; ".join(f"{label} ({', '.join(why)})" for label, why in unmeasured)
+        )
     brk = slo_break(run)
     if brk:
         parts.append(brk)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from servebook.errors import UsageError
 from servebook.results import stats
 from servebook.results.evidence import one_source
+from servebook.results.measurement import not_a_measurement
 from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
 from servebook.results.store import load_results
 from servebook.results.tpot import (
@@ -308,6 +309,12 @@ class Level:
         """The level stopped at its repetition cap with an interval wider than the target."""
         return any(p.imprecise for p in self.points)
 
+    @property
+    def not_measured(self) -> list[str]:
+        """Why the level is not a measurement (``results.measurement``); empty: it is.
+        Such a level is shown as such and never drawn as a figure."""
+        return not_a_measurement(self.points, self.run.results.provenance.protocol)
+
 
 def level_key(p: Point) -> tuple[int, float]:
     return (0, float(p.concurrency)) if p.concurrency is not None else (1, float(p.rate or 0.0))
@@ -426,12 +433,14 @@ def _level_rows(runs: Sequence[Run], cells: Callable[[Level], list[str]]) -> lis
     rows = []
     for run in runs:
         for lv in levels(run):
-            rows.append([run.label, lv.label, *cells(lv)])
+            label = lv.label + (" (not a measurement)" if lv.not_measured else "")
+            rows.append([run.label, label, *cells(lv)])
     return rows
 
 
 def _valid_cell(lv: Level) -> str:
-    return f"{len(lv.valid)}/{len(lv.points)}" + (" imprecise" if lv.imprecise else "")
+    marks = (" imprecise" if lv.imprecise else "", " not a measurement" if lv.not_measured else "")
+    return f"{len(lv.valid)}/{len(lv.points)}" + "".join(marks)
 
 
 def precision_cell(lv: Level) -> str:
