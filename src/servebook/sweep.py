@@ -24,6 +24,7 @@ from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
+from servebook.bench.datasets import read_dataset, resolve_format
 from servebook.bench.figures import parse_slo
 from servebook.bench.flags import (
     parse_duration,
@@ -33,6 +34,7 @@ from servebook.bench.flags import (
     parse_warmup,
 )
 from servebook.bench.lengths import parse_length_dist
+from servebook.bench.prefixes import PrefixPrompts
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,
@@ -44,6 +46,7 @@ from servebook.bench.protocol import (
 )
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
+from servebook.bench.sessions import sessions_from, sharegpt_sessions
 from servebook.bench.tokens import load_tokenizer
 from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
@@ -120,6 +123,14 @@ class BenchArgs:
     burstiness: float = 1.0  # open loop: gamma shape of inter-arrivals (1: Poisson)
     input_len_dist: str | None = None  # None: fixed (bench/lengths.py)
     output_len_dist: str | None = None
+    # Shared prefixes (bench/prefixes.py): each prompt starts with one of prefix_count
+    # prefixes of prefix_len tokens.  None: none.
+    prefix_len: int | None = None
+    prefix_count: int | None = None
+    # Conversations (bench/sessions.py): each later turn carries the conversation so far.
+    multi_turn: bool = False
+    turns: int | None = None  # None: 2 for synthetic sessions, every turn of a dataset's
+    turn_delay: str = "0s"
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -203,11 +214,56 @@ def prompt_run(out_dir: Path, resume: bool) -> int:
 def prompts_from(
     a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None = None
 ) -> PromptSource:
+    """The workload the flags describe: random prompts (with shared prefixes), a dataset,
+    or conversations of either."""
+    if not a.multi_turn:
+        if a.turns is not None or a.turn_delay not in ("0s", "0"):
+            flag = "--turns" if a.turns is not None else "--turn-delay"
+            raise UsageError(f"{flag} shapes conversations", hint="add --multi-turn")
+        return _single_turn(a, tokenizer, run)
+    if a.api != "chat":
+        raise UsageError(
+            "--multi-turn sends each turn with the conversation so far as chat messages",
+            hint="add --api chat",
+        )
+    delay = parse_duration(a.turn_delay, "--turn-delay")
+    if a.dataset is None:
+        inner = _single_turn(a, tokenizer, run)
+        return sessions_from(inner, turns=a.turns, turn_delay_s=delay, api=a.api)
+    form = resolve_format(a.dataset, a.dataset_format)
+    if form != "sharegpt":
+        raise UsageError(
+            f"--multi-turn with --dataset {a.dataset}: a {form} file holds single requests; "
+            "conversations come from a ShareGPT file or from synthetic sessions",
+            hint="give a ShareGPT --dataset, or leave --dataset out for --turns N sessions",
+        )
+    return sharegpt_sessions(
+        read_dataset(a.dataset, form),
+        default_output_len=a.output_len,
+        tok=load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer,
+        turns=a.turns,
+        turn_delay_s=delay,
+    )
+
+
+def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None) -> PromptSource:
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.prompt_format not in ("text", "ids"):
         raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
+    if (a.prefix_len is None) != (a.prefix_count is None):
+        given = "--prefix-len" if a.prefix_len is not None else "--prefix-count"
+        raise UsageError(
+            f"{given} alone: shared prefixes need both --prefix-len L (tokens) and "
+            "--prefix-count P (how many prefixes)",
+            hint="e.g. --prefix-len 256 --prefix-count 4",
+        )
     if a.dataset is not None:
+        if a.prefix_len is not None:
+            raise UsageError(
+                "--prefix-len and --prefix-count build random prompts around shared "
+                "prefixes; a --dataset brings its own text"
+            )
         if a.prompt_format != "text":
             raise UsageError("--prompt-format ids builds random prompts; a --dataset is text")
         if a.input_len_dist or a.output_len_dist:
@@ -226,17 +282,19 @@ def prompts_from(
         )
     if a.dataset_format is not None:
         raise UsageError("--dataset-format names the format of a --dataset file; give one")
-    return RandomPrompts(
-        tokenizer,
-        input_len=a.input_len,
-        output_len=a.output_len,
-        input_dist=parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
-        output_dist=parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
-        seed=a.seed,
-        run=run,
-        api=a.api,  # type: ignore[arg-type]
-        prompt_format=a.prompt_format,  # type: ignore[arg-type]
-    )
+    kw: dict[str, Any] = {
+        "input_len": a.input_len,
+        "output_len": a.output_len,
+        "input_dist": parse_length_dist(a.input_len_dist, "--input-len-dist", a.input_len),
+        "output_dist": parse_length_dist(a.output_len_dist, "--output-len-dist", a.output_len),
+        "seed": a.seed,
+        "run": run,
+        "api": a.api,
+        "prompt_format": a.prompt_format,
+    }
+    if a.prefix_len is not None and a.prefix_count is not None:
+        return PrefixPrompts(tokenizer, prefix_len=a.prefix_len, prefix_count=a.prefix_count, **kw)
+    return RandomPrompts(tokenizer, **kw)
 
 
 def run_bench(
@@ -324,6 +382,8 @@ def _run(
             longest_out.upper(a.output_len),
             subject.target.endpoint.model,
         )
+        if a.multi_turn:
+            _check_conversation_fits(a, subject, longest_in.upper(a.input_len))
     tok = tgt.tokenizer_for(subject, tokenizer)
     handoff = None
     if subject.target.decode_role is not None:
@@ -349,6 +409,21 @@ def _run(
     with ResultsWriter(out_dir, prov, resume=resume) as writer:
         checks = _Checks(alive, serving)
         return _sweep(subject, a, settings, prompts, writer, workers, slo, checks, launcher)
+
+
+def _check_conversation_fits(a: BenchArgs, subject: tgt.Subject, longest_in: int) -> None:
+    """A conversation's last turn holds every turn before it and the replies: refused
+    before any load when that cannot fit the served model's context."""
+    turns, context = 2 if a.turns is None else a.turns, subject.max_model_len
+    need = turns * (longest_in + a.output_len)
+    if context is not None and need > context:
+        raise UsageError(
+            f"--multi-turn --turns {turns}: a conversation's last turn carries every turn "
+            f"before it and the replies, about {turns} x ({longest_in} + {a.output_len}) = "
+            f"{need} tokens, more than the served model {subject.target.endpoint.model!r} "
+            f"takes (max_model_len {context}); nothing was measured or written.",
+            hint="lower --turns, --input-len or --output-len",
+        )
 
 
 @dataclasses.dataclass

@@ -2,7 +2,10 @@
 (``python tests/unit/recording_server.py TOKENIZER_DIR RECORD_FILE THINK_S``), that
 records when each request arrived and what it asked for, one JSON line a request.  It
 counts each prompt with the model's tokenizer, as vLLM does, and streams ``max_tokens``
-one-token chunks after ``THINK_S`` seconds.
+one-token chunks after ``THINK_S`` seconds.  A chat request (``messages``) is counted as
+the tiny model's chat template renders it, and answered with a reply of its own
+(`` r<N>`` then `` w`` words: ``N`` counts the server's requests), which its record keeps
+beside the messages, so a test can find that reply in a later turn.
 
 **Arrival is the kernel's stamp** (``SO_TIMESTAMPNS``: when the request's bytes reached
 the socket, CLOCK_REALTIME), not the time this process got round to reading them: on a
@@ -60,6 +63,32 @@ def _event(obj: dict[str, Any]) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def render_chat(messages: list[dict[str, str]]) -> str:
+    """The tiny model's chat template (``servebook.models.tiny.CHAT_TEMPLATE``), rendered
+    with the generation prompt."""
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}</s>\n" for m in messages)
+    return f"<s>{turns}<|assistant|>\n"
+
+
+_served = [0]
+
+
+def _answer(body: dict[str, Any], tok: Any, n: int) -> tuple[str, list[bytes], int, str]:
+    """The record's prompt key, the stream's token chunks, the prompt's count and the
+    reply's text."""
+    if "messages" not in body:
+        chunk = _event({"choices": [{"index": 0, "text": "a", "finish_reason": None}]})
+        return body["prompt"], [chunk] * n, len(tok.encode(body["prompt"]).ids), "a" * n
+    rendered = render_chat(body["messages"])
+    words = [f" r{_served[0]}"] + [" w"] * (n - 1)
+    chunks = [
+        _event({"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]})
+        for w in words
+    ]
+    counted = len(tok.encode(rendered, add_special_tokens=False).ids)
+    return rendered, chunks, counted, "".join(words)
+
+
 def serve(conn: socket.socket, tok: Any, think_s: float, out: Any, lock: threading.Lock) -> None:
     conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     buf = b""
@@ -68,7 +97,12 @@ def serve(conn: socket.socket, tok: Any, think_s: float, out: Any, lock: threadi
             stamp, body, buf = read_request(conn, buf)
             n = int(body["max_tokens"])
             with lock:  # before the answer: the test reads the record once answered
-                out.write(json.dumps({"t": stamp, "prompt": body["prompt"], "max_tokens": n}))
+                _served[0] += 1
+                prompt, chunks, counted, reply = _answer(body, tok, n)
+                row: dict[str, Any] = {"t": stamp, "prompt": prompt, "max_tokens": n}
+                if "messages" in body:
+                    row["messages"], row["reply"] = body["messages"], reply
+                out.write(json.dumps(row))
                 out.write("\n")
                 out.flush()
             conn.sendall(
@@ -76,8 +110,6 @@ def serve(conn: socket.socket, tok: Any, think_s: float, out: Any, lock: threadi
                 b"Transfer-Encoding: chunked\r\n\r\n"
             )
             time.sleep(think_s)
-            chunks = [_event({"choices": [{"index": 0, "text": "a", "finish_reason": None}]})] * n
-            counted = len(tok.encode(body["prompt"], add_special_tokens=True).ids)
             usage = {"prompt_tokens": counted, "completion_tokens": n}
             chunks.append(_event({"choices": [], "usage": usage}))
             done = b"data: [DONE]\n\n"

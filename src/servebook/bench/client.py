@@ -84,11 +84,13 @@ from servebook.bench.openai_stream import (
     dumps,
     finish_record,
     fold_chunks,
+    reply_text,
     request_body,
 )
 from servebook.bench.prompt_feed import PromptFeed, start_producers
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
-from servebook.bench.workload import PromptSource
+from servebook.bench.sessions import Message, Sessions, turn_index
+from servebook.bench.workload import Prompt, PromptSource
 
 now_ns = time.monotonic_ns
 
@@ -119,6 +121,17 @@ def _time_out(conn: http1.Connection, after_s: float) -> None:
     conn.fail(f"timed out after {after_s:g} s")
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A conversation's request (``bench/sessions.py``): the messages before its prompt,
+    its number from 0, and how long its slot waited between the reply before it and its
+    start (``--turn-delay``, as the event loop kept it)."""
+
+    history: list[Message]
+    number: int
+    delay_ns: int
+
+
 class Worker:
     def __init__(
         self,
@@ -143,6 +156,8 @@ class Worker:
         self._next = spec.index_offset + worker
         self._end = spec.index_offset + spec.num_requests if spec.num_requests is not None else None
         self._head, self._id_prefix = _request_head(endpoint)
+        self.sessions = prompts if isinstance(prompts, Sessions) else None
+        self._conversations = 0  # this worker's conversations taken so far
 
     def _take(self) -> int | None:
         """The next request's index; None when this worker sends no more: its share is
@@ -159,24 +174,98 @@ class Worker:
         self._next += self.spec.workers
         return i
 
-    async def _send(self, pool: http1.Pool, index: int, scheduled_ns: int) -> bool:
-        """Send request ``index`` and read its stream; False when there was no prompt for
-        it (the prompts built before the load ran out), so nothing was sent."""
+    def _take_conversation(self) -> int | None:
+        """The number ``j`` of this worker's next conversation (its turns' indices:
+        ``sessions.turn_index``); None as ``_take``."""
+        assert self.sessions is not None
+        j = self._conversations
+        s, spec = self.sessions, self.spec
+        first = turn_index(spec.index_offset, self.worker, spec.workers, s.stride, j, 0)
+        if (
+            (self._end is not None and first >= self._end)
+            or self.feed.ran_out
+            or self.control.get(self.worker, W_AUTH)
+        ):
+            return None
+        self._conversations += 1
+        return j
+
+    async def _converse(
+        self,
+        pool: http1.Pool,
+        j: int,
+        scheduled_ns: int,
+        admit: asyncio.Queue[asyncio.Future[None]] | None = None,
+    ) -> bool:
+        """Send this worker's ``j``-th conversation turn by turn, each turn with the
+        messages so far and the replies the server gave; False when a turn had no prompt
+        (the slot ends), True otherwise (a failed turn ends only its conversation)."""
+        s, spec, w = self.sessions, self.spec, self.worker
+        assert s is not None
+        g = spec.index_offset + w + j * spec.workers  # the conversation, for a dataset
+        history = s.opening(g)
+        waited, replied_ns = 0, 0
+        for t in range(s.turns_of(g)):
+            i = turn_index(spec.index_offset, w, spec.workers, s.stride, j, t)
+            if self._end is not None and i >= self._end:
+                return True
+            if t > 0:
+                if s.turn_delay_s:
+                    await asyncio.sleep(s.turn_delay_s)
+                scheduled_ns = now_ns()
+                waited = scheduled_ns - replied_ns
+                if admit is not None:
+                    await self._admitted(admit)
+            if self.control.stopped:
+                return True
+            prompt = s.turn(g, t) or await self.feed.get(i)
+            if prompt is None:
+                return False
+            rec = await self._send(pool, i, scheduled_ns, prompt, Turn(history, t, waited))
+            if rec is None or not rec.ok:
+                return rec is not None
+            replied_ns = rec.end_ns
+            reply = reply_text(rec.body or (), self.chat)
+            rec.body = None
+            history = [
+                *history,
+                {"role": "user", "content": prompt.text},
+                {"role": "assistant", "content": reply},
+            ]
+        return True
+
+    async def _send(
+        self,
+        pool: http1.Pool,
+        index: int,
+        scheduled_ns: int,
+        prompt: Prompt | None = None,
+        turn: Turn | None = None,
+    ) -> RequestRecord | None:
+        """Send request ``index`` (its prompt from the feed unless given) and read its
+        stream; None when there was no prompt for it (the prompts built before the load
+        ran out), so nothing was sent."""
         ep, c, w = self.endpoint, self.control, self.worker
-        prompt = await self.feed.get(index)
         if prompt is None:
-            return False
+            prompt = await self.feed.get(index)
+            if prompt is None:
+                return None
+        # A later turn's length depends on the replies before it: not stated, not checked.
+        stated = turn is None or (turn.number == 0 and not turn.history)
         rec = RequestRecord(
             index,
             w,
             scheduled_ns,
             latency_from="sent" if self.spec.concurrency is not None else "scheduled",
             expected_output_tokens=prompt.output_len,
-            expected_prompt_tokens=prompt.prompt_tokens,
+            expected_prompt_tokens=prompt.prompt_tokens if stated else None,
         )
+        if turn is not None:
+            rec.turn, rec.turn_delay_ns, rec.body = turn.number, turn.delay_ns, []
         self.records.append(rec)
         sent: str | list[int] = prompt.token_ids if prompt.token_ids is not None else prompt.text
-        body = dumps(request_body(ep, sent, prompt.output_len))
+        history = turn.history if turn is not None else ()
+        body = dumps(request_body(ep, sent, prompt.output_len, history))
         request = b"".join(
             (
                 self._head,
@@ -229,21 +318,27 @@ class Worker:
         ws = c.window_start_ns
         if ws and rec.start_ns >= ws:
             c.add(w, W_WIN_ERR if rec.error is not None else W_WIN_OK)
-        return True
+        return rec
+
+    async def _admitted(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
+        """Wait for the admitter's go (``_admitter``)."""
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        admit.put_nowait(turn)
+        await turn
 
     async def _closed_slot(
         self, pool: http1.Pool, admit: asyncio.Queue[asyncio.Future[None]]
     ) -> None:
-        loop = asyncio.get_running_loop()
         while not self.control.stopped:
-            i = self._take()
+            i = self._take() if self.sessions is None else self._take_conversation()
             if i is None:
                 return
             scheduled = now_ns()
-            turn: asyncio.Future[None] = loop.create_future()
-            admit.put_nowait(turn)
-            await turn
-            if not await self._send(pool, i, scheduled):
+            await self._admitted(admit)
+            if self.sessions is not None:
+                if not await self._converse(pool, i, scheduled, admit):
+                    return
+            elif await self._send(pool, i, scheduled) is None:
                 return
 
     async def _admitter(self, admit: asyncio.Queue[asyncio.Future[None]]) -> None:
@@ -284,15 +379,16 @@ class Worker:
         arrivals = self.spec.arrivals_ns
 
         async def one(i: int, t: int) -> None:
+            send = self._send(pool, i, t) if self.sessions is None else self._converse(pool, i, t)
             if sem is None:
-                await self._send(pool, i, t)
+                await send
                 return
             async with sem:
-                await self._send(pool, i, t)
+                await send
 
         try:
             while not self.control.stopped:
-                i = self._take()
+                i = self._take() if self.sessions is None else self._take_conversation()
                 if i is None:
                     break
                 if arrivals is not None:

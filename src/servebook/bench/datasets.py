@@ -76,6 +76,15 @@ class TextRequest:
 
 
 @dataclass(frozen=True)
+class TextConversation:
+    """A whole conversation (sharegpt, for ``--multi-turn``): its system turn, and each
+    human turn with the dataset's reply to it (``None`` when none followed)."""
+
+    system: str | None
+    turns: list[tuple[str, str | None]]
+
+
+@dataclass(frozen=True)
 class TraceRequest:
     """A request given by lengths (mooncake, azure, burstgpt): its arrival as nanoseconds
     after the trace's first row, and the hash ids of its prompt's blocks (mooncake)."""
@@ -94,6 +103,7 @@ class Dataset:
     format: Format
     sha256: str
     texts: list[TextRequest] = field(default_factory=list)
+    conversations: list[TextConversation] = field(default_factory=list)
     rows: list[TraceRequest] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     block_size: int | None = None
@@ -387,6 +397,17 @@ def read_sharegpt(path: Path, text: str, ds: Dataset) -> None:
         prompt = "\n\n".join([*context, chat[0][1]])
         reply = chat[1][1] if len(chat) > 1 and chat[1][0] == "assistant" else None
         ds.texts.append(TextRequest(prompt, reply))
+        ds.conversations.append(TextConversation("\n\n".join(context) or None, _pairs(chat)))
+
+
+def _pairs(chat: list[tuple[str, str]]) -> list[tuple[str, str | None]]:
+    """Each non-empty user turn and the assistant turn right after it, if any."""
+    out: list[tuple[str, str | None]] = []
+    for k, (role, value) in enumerate(chat):
+        if role == "user" and value.strip():
+            nxt = chat[k + 1] if k + 1 < len(chat) else None
+            out.append((value, nxt[1] if nxt is not None and nxt[0] == "assistant" else None))
+    return out
 
 
 #: The readers of this module (``jsonl``, servebook's own, is ``workload.load_dataset``'s).

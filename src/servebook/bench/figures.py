@@ -113,12 +113,14 @@ def achieved_concurrency(
     counts from when its bytes went out until its stream ended (a request still open at the
     load's end counts to then).  A slot waiting for the client to send again is not in
     flight, so a client that cannot keep up shows here, in what it cost the load; a slot
-    restarted a few loop turns late costs almost nothing."""
+    restarted a few loop turns late costs almost nothing.  A conversation's slot waiting
+    out its ``--turn-delay`` is the conversation's, as a user thinking is, and counts
+    (``bench/sessions.py``)."""
     if end_ns <= start_ns:
         return None
     busy = 0
     for r in records:
-        s = r.sent_ns or r.scheduled_ns
+        s = (r.sent_ns or r.scheduled_ns) - r.turn_delay_ns
         e = r.end_ns or load_end_ns
         a, b = max(s, start_ns), min(e, end_ns)
         if b > a:
@@ -134,6 +136,18 @@ def _error_samples(errs: Sequence[RequestRecord]) -> list[str]:
             if len(seen) >= ERROR_SAMPLES:
                 break
     return seen
+
+
+def ttft_by_turn(ok: Sequence[RequestRecord]) -> dict[str, Latency] | None:
+    """TTFT per conversation turn (``"1"`` is the first), for a workload of
+    conversations; None for any other."""
+    by: dict[int, list[float]] = {}
+    for r in ok:
+        if r.turn is not None and r.ttft_ns is not None:
+            by.setdefault(r.turn, []).append(r.ttft_ns * 1e-6)
+    if not by:
+        return None
+    return {str(t + 1): Latency.of(v) for t, v in sorted(by.items())}
 
 
 def _replay_lag(load: LoadResult, lags: list[int], q: float) -> float | None:
@@ -200,6 +214,7 @@ def point_from_load(
         output_tokens_per_s_per_accelerator=per_acc,
         requests_per_s=finished_in / win_s if win_s > 0 else None,
         ttft_ms=Latency.of(ttft),
+        ttft_ms_by_turn=ttft_by_turn(ok),
         itl_ms=Latency.of(itl),
         tpot_ms=Latency.of(tpot),
         e2e_ms=Latency.of(e2e),

@@ -53,13 +53,19 @@ class Endpoint:
         return self.base_url.rstrip("/") + path
 
 
-def request_body(endpoint: Endpoint, prompt: str | list[int], max_tokens: int) -> dict[str, Any]:
-    """The request for one prompt: text, or (completions only) a list of token ids."""
+def request_body(
+    endpoint: Endpoint,
+    prompt: str | list[int],
+    max_tokens: int,
+    history: Sequence[dict[str, str]] = (),
+) -> dict[str, Any]:
+    """The request for one prompt: text, or (completions only) a list of token ids;
+    ``history``: a conversation's messages before it (chat only)."""
     body: dict[str, Any] = {"model": endpoint.model}
     if endpoint.api == "chat":
         if not isinstance(prompt, str):
             raise ValueError("the chat API takes text, not token ids")
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = [*history, {"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     body.update(
@@ -249,6 +255,29 @@ def finish_record(rec: RequestRecord, t: int, model: str | None = None) -> None:
             )
 
 
+def reply_text(body: Sequence[bytes], chat: bool) -> str:
+    """The text a stream carried (a conversation's reply, sent back in its next turn): its
+    events parsed again once it has ended, off the per-token path."""
+    parser = SSEParser()
+    parts: list[str] = []
+    for data in body:
+        for name, event in parser.feed(data):
+            if name == "error" or event == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(event)
+            except ValueError:
+                continue
+            choices = obj.get("choices") if isinstance(obj, dict) else None
+            c0 = choices[0] if isinstance(choices, list) and choices else None
+            if not isinstance(c0, dict):
+                continue
+            piece = (c0.get("delta") or {}).get("content") if chat else c0.get("text")
+            if isinstance(piece, str):
+                parts.append(piece)
+    return "".join(parts)
+
+
 # --- reading the body --------------------------------------------------------------------------
 #
 # The connection (``http1.Connection``) stamps each body chunk inside its ``data_received``
@@ -276,6 +305,8 @@ class StreamSink:
         """Fold a chunk of the learned shape now, in the read (``http1.Exchange.take``);
         False leaves it to the queue and ``fold_chunks``.  Once one chunk is queued, the next
         ones queue behind it, so the record keeps the order they came in."""
+        if self.rec.body is not None:
+            self.rec.body.append(data)
         shape = self.shape
         if shape is None or self.queued or self.busy or not fold_known(self.rec, t, shape, data):
             self.queued += 1

@@ -61,6 +61,13 @@ class RequestRecord:
     done: bool = False  # data: [DONE] seen
     # The model the server's chunks named (their ``model`` field), when they named one.
     answered_model: str | None = None
+    # A conversation's turn (``bench/sessions.py``), counted from 0; None: not one.
+    turn: int | None = None
+    # The --turn-delay the conversation waited before this turn: its slot was the
+    # conversation's meanwhile (``figures.achieved_concurrency``).
+    turn_delay_ns: int = 0
+    # A conversation's turn keeps its stream's bytes until its reply is read from them.
+    body: list[bytes] | None = None
 
     @property
     def ok(self) -> bool:

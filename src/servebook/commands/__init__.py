@@ -105,6 +105,18 @@ def regular_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
     return value
 
 
+def dataset_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """``--dataset``: a shipped dataset (``builtin:NAME``, ``servebook.datasets``) or a
+    regular file (``regular_file``)."""
+    if value is not None:
+        from servebook import datasets
+
+        shipped = datasets.resolve(str(value))
+        if shipped is not None:
+            return shipped
+    return regular_file(param, value)
+
+
 def deployment_name(param: typer.CallbackParam, value: str | None) -> str | None:
     """A deployment NAME argument or ``--name``: a DNS-1123 label (``servebook.names``),
     refused (exit 2) while the command line is read, before anything is written."""

@@ -15,8 +15,8 @@ from servebook.commands import (
     KubeconfigOpt,
     app,
     comma_list,
+    dataset_file,
     deployment_name,
-    regular_file,
     seconds,
     seed_number,
     server_url,
@@ -118,6 +118,41 @@ def bench(
         help="Output lengths around --output-len, as --input-len-dist. Example: "
         "--output-len-dist uniform:min=32,max=256",
     ),
+    prefix_len: int | None = typer.Option(
+        None,
+        "--prefix-len",
+        help="Shared prefixes: each prompt starts with one of --prefix-count prefixes of this "
+        "many tokens (after the server's own: BOS, chat template), then text of its own up "
+        "to --input-len; the point's server evidence shows the prefix-cache hits. Recorded. "
+        "Example: --input-len 1024 --prefix-len 768 --prefix-count 4",
+    ),
+    prefix_count: int | None = typer.Option(
+        None,
+        "--prefix-count",
+        help="With --prefix-len: how many distinct prefixes (each request picks one, "
+        "seeded). Example: --prefix-count 4",
+    ),
+    multi_turn: bool = typer.Option(
+        False,
+        "--multi-turn",
+        help="Conversations (chat API): each later turn is sent with the conversation so "
+        "far, the server's own replies included, by the same agent and slot; TTFT is "
+        "reported per turn. Synthetic sessions of --turns random prompts of --input-len, or "
+        "a ShareGPT --dataset's conversations. The --concurrency level counts conversations. "
+        "Example: --api chat --multi-turn --turns 4 --turn-delay 1s",
+    ),
+    turns: int | None = typer.Option(
+        None,
+        "--turns",
+        help="With --multi-turn: turns a conversation (default 2; a ShareGPT file: all its "
+        "human turns, at most this many when given).",
+    ),
+    turn_delay: str = typer.Option(
+        "0s",
+        "--turn-delay",
+        help="With --multi-turn: the pause between a reply and the next turn (a user "
+        "reading), e.g. 1s, 500ms; the slot stays the conversation's meanwhile.",
+    ),
     warmup: str | None = typer.Option(
         None,
         "--warmup",
@@ -161,8 +196,10 @@ def bench(
         "--dataset-format). A trace with timestamps (mooncake, azure, burstgpt) and no "
         "--concurrency or --rate is replayed on its own clock: each request leaves at its "
         "offset from the first, whatever is in flight; its window is the whole trace. "
-        "Example: --dataset mooncake_trace.jsonl --replay-speed 2 --tokenizer MODEL_DIR",
-        callback=regular_file,
+        "Example: --dataset mooncake_trace.jsonl --replay-speed 2 --tokenizer MODEL_DIR. "
+        "builtin:spec-text is text shipped with servebook whose replies repeat their "
+        "prompts (speculation has tokens to accept).",
+        callback=dataset_file,
     ),
     dataset_format: str | None = typer.Option(
         None,

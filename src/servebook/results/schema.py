@@ -227,6 +227,9 @@ class Point(BaseModel):
     itl_ms: Latency
     tpot_ms: Latency
     e2e_ms: Latency
+    # A workload of conversations: TTFT of each turn ("1" the first), whose later turns
+    # find the conversation so far in the prefix cache.  None: not conversations.
+    ttft_ms_by_turn: dict[str, Latency] | None = None
     output_tokens_mismatch: int = 0  # successful requests whose count differs from asked
     # Successful requests whose server-counted prompt length (usage.prompt_tokens) differs
     # from the workload's: the tokenizer given is not the deployment's.
