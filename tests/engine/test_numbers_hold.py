@@ -30,7 +30,7 @@ pytestmark = pytest.mark.engine
 # the same reason (recorded in each run's provenance).
 SWEEP = (
     "--duration", "5s", "--warmup", "2s", "--min-requests", "10", "--repetitions", "3",
-    "--precision", "off", "--input-len", "256", "--output-len", "32",
+    "--precision", "off", "--input-len", "512", "--output-len", "32",
     "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5",
 )  # fmt: skip
 

@@ -22,6 +22,7 @@ from servebook.bench.tokens import HFTokenizer
 from servebook.bench.validity import Thresholds, judge, prefix_hit_bound
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
+from servebook.report.comparability import provenance_differences
 from servebook.results.evidence import server_evidence
 from servebook.results.store import ResultsWriter
 from servebook.sweep import BenchArgs, prompt_run, settings_from
@@ -167,3 +168,18 @@ def test_a_speculative_point_that_drafted_nothing_is_invalid() -> None:
     ev = server_evidence({"decode": db}, {"decode": db})  # the counters did not move
     (f,) = judged(ev, None, speculative=True)
     assert f.severity.name == "FAIL" and "0 draft tokens" in f.message
+
+
+def test_two_runs_of_one_workload_differ_in_their_run_and_still_compare() -> None:
+    """Each invocation's own ``run`` (and SB412's bound, derived from the workload) is no
+    difference between runs: a re-run must differ in it.  Found on real vLLM: `compare`
+    refused tiny-mixed-spec against tiny-pd-spec over ``workload.run``."""
+    wl = {"kind": "random", "input_len": 512, "seed": 0, "seeding": "..."}
+    a = a_provenance(
+        workload={**wl, "run": 1},
+        protocol={"duration_s": 60, "thresholds": {"max_prefix_hit_share": 0.052}},
+    )
+    b = a_provenance(workload={**wl, "run": 2}, protocol={"duration_s": 60, "thresholds": {}})
+    assert provenance_differences(a, b) == []
+    c = a_provenance(workload={**wl, "run": 1, "input_len": 256})
+    assert [d.field for d in provenance_differences(a, c)] == ["workload.input_len"]

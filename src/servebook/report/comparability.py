@@ -113,7 +113,11 @@ _PROTOCOL_FREE = {
 }
 # Workload keys that name a place on a machine; the content is compared elsewhere (model
 # config hash, dataset sha256).
-_WORKLOAD_FREE = {"tokenizer", "path", "seed"}
+# ``run`` is drawn by each invocation so that no run resends another's prompts (issue 32,
+# finding 2): two runs of one workload always differ in it, as a re-run must.
+_WORKLOAD_FREE = {"tokenizer", "path", "seed", "run", "seeding"}
+# Thresholds derived from what is compared elsewhere: SB412's bound from the workload.
+_THRESHOLDS_FREE = {"max_prefix_hit_share"}
 _TOPOLOGY_THRESHOLDS = {"min_handoff_share"}
 ENGINE_ROLES = {"mixed", "prefill", "decode"}
 ROLE_PREFIX = "role."
@@ -224,6 +228,8 @@ def provenance_fields(prov: Provenance) -> dict[str, FieldValue]:
     for k, v in prov.protocol.items():
         if k == "thresholds" and isinstance(v, dict):
             for tk, tv in v.items():
+                if tk in _THRESHOLDS_FREE:
+                    continue
                 # The PD handoff threshold exists only for PD deployments: it changes with
                 # the topology, not with the protocol.
                 put(
