@@ -142,6 +142,8 @@ def settings_from(
     min_handoff_share: float | None,
     handoff_undecidable: str | None = None,
     prompts: PromptSource | None = None,
+    *,
+    salted_each: bool = False,
 ) -> ProtocolSettings:
     """The protocol from the flags.  A trace with timestamps (``prompts.arrivals_ns``) and
     neither --concurrency nor --rate is replayed: one level, the trace's mean rate at
@@ -180,7 +182,7 @@ def settings_from(
             handoff_undecidable=handoff_undecidable,
             max_send_lag_p99_ms=a.max_client_lag_ms,
             max_schedule_lag_p99_ms=a.max_schedule_lag_ms,
-            max_prefix_hit_share=_prefix_bound(prompts, a.input_len),
+            max_prefix_hit_share=_prefix_bound(prompts, a.input_len, salted_each),
             max_loop_lag_p99_ms=a.max_client_lag_ms,
             require_server_evidence=a.require_server_evidence,
             min_achieved_concurrency=a.min_achieved_concurrency,
@@ -188,9 +190,17 @@ def settings_from(
     )
 
 
-def _prefix_bound(prompts: PromptSource | None, input_len: int) -> float | None:
-    """SB412's bound for this workload (``validity.prefix_hit_bound``)."""
+def _prefix_bound(
+    prompts: PromptSource | None, input_len: int, salted_each: bool = False
+) -> float | None:
+    """SB412's bound for this workload (``validity.prefix_hit_bound``): judged where it
+    shares no prefix, or where each request has a cache salt of its own (``tgt.salted``:
+    then not even a dataset's repeats or a template's tokens can be cache hits)."""
     declared = getattr(prompts, "shares_prefixes", None)
+    if declared is True:
+        return None
+    if salted_each:
+        return prefix_hit_bound(False, 0, input_len)
     if declared is not False:
         return None
     lead = getattr(prompts, "shared_lead_tokens", None)
@@ -390,9 +400,15 @@ def _run(
         handoff = tgt.pd_min_share(
             subject.target.metrics_urls[subject.target.decode_role], a.input_len
         )
-    prompts = prompts_from(a, tok, prompt_run(out_dir, resume))
+    run = prompt_run(out_dir, resume)
+    prompts = prompts_from(a, tok, run)
+    subject.target = tgt.salted(subject, prompts, run)
     settings = settings_from(
-        a, handoff.share if handoff else None, handoff.undecidable if handoff else None, prompts
+        a,
+        handoff.share if handoff else None,
+        handoff.undecidable if handoff else None,
+        prompts,
+        salted_each=subject.target.endpoint.salt_each,
     )
     err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
     if handoff is not None and handoff.undecidable:

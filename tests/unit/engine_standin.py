@@ -140,7 +140,7 @@ class H(http.server.BaseHTTPRequestHandler):
             count[0] += 1
             n = count[0]
         if seen is not None:
-            (seen / f"completion-{n}").touch()
+            (seen / f"completion-{n}").write_text(json.dumps(req))
         if 0 <= answer < n:
             time.sleep(3600)  # busy: the request is held open
         if self.refused():
@@ -253,9 +253,10 @@ def scripted_engine(
     ``answer`` are held open (a stalled engine); every chunk names ``answer_model``
     instead of the model asked for.  ``tokenizer``: a tokenizer.json that counts the
     prompt's tokens for ``usage`` as vLLM does; each completion it receives leaves a file
-    in ``seen``.  ``fault`` (one of ``FAULTS``): what every completion after the first
-    ``fault_after`` gets instead of its answer; ``require_key``: 401 for a request without
-    ``Authorization: Bearer KEY``; ``host``: 127.0.0.1 or ::1."""
+    in ``seen``, holding its JSON body.  ``fault`` (one of ``FAULTS``): what every
+    completion after the first ``fault_after`` gets instead of its answer;
+    ``require_key``: 401 for a request without ``Authorization: Bearer KEY``; ``host``:
+    127.0.0.1 or ::1."""
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault {fault!r}: one of {', '.join(FAULTS)}")
     port = free_port()

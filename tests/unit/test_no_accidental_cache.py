@@ -13,21 +13,25 @@ reads the same counters with (``engines.vllm.speculation_problem``).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from servebook.bench.openai_stream import Endpoint, request_body
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.validity import Thresholds, judge, prefix_hit_bound
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.report.comparability import provenance_differences
 from servebook.results.evidence import server_evidence
-from servebook.results.store import ResultsWriter
+from servebook.results.store import ResultsWriter, load_results
 from servebook.sweep import BenchArgs, prompt_run, settings_from
 from servebook.verify.checks import Window, check_speculation
 from tests.unit.conftest import a_point, a_provenance
+from tests.unit.engine_standin import scripted_engine
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 SPEC = "vllm-0.32.0-cpu-pd-spec-{}-{}.prom"
@@ -183,3 +187,48 @@ def test_two_runs_of_one_workload_differ_in_their_run_and_still_compare() -> Non
     assert provenance_differences(a, b) == []
     c = a_provenance(workload={**wl, "run": 1, "input_len": 256})
     assert [d.field for d in provenance_differences(a, c)] == ["workload.input_len"]
+
+
+def bodies(seen: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(seen.iterdir())]
+
+
+def test_every_request_to_vllm_carries_a_cache_salt_of_its_own_run_and_index(
+    cli: Callable[..., Any], tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A dataset repeats its prompts (a file shorter than the run, a second bench): vLLM's
+    ``cache_salt`` keeps each request out of every other's prefix cache, so SB412 judges a
+    dataset too.  The stand-in answers /version as vLLM 0.32 does."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {w}"}) + "\n" for w in ("a", "b")))
+    salts: list[list[str]] = []
+    for n in range(2):
+        seen = tmp_path / f"seen{n}"
+        seen.mkdir()
+        out = tmp_path / f"out{n}"
+        with scripted_engine(tokenizer=tiny_dir / "tokenizer.json", seen=seen) as (url, _):
+            r = cli(
+                "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
+                "--dataset", str(data), "--concurrency", "1", "--duration", "1s",
+                "--warmup", "2r", "--repetitions", "1", "--precision", "off",
+                "--output-len", "2", "--max-client-lag-ms", "1000",
+                "--min-achieved-concurrency", "0.5", "-o", str(out),
+            )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        sent = bodies(seen)
+        salts.append([b["cache_salt"] for b in sent])
+        assert len(set(salts[-1])) == len(sent) > 2  # one salt a request, prompts repeat
+        res = load_results(out / "results.json")
+        runs = {s.rsplit("-", 1)[0] for s in salts[-1]}
+        assert len(runs) == 1 and runs.pop().startswith("sb")  # the run's salt, then the index
+        assert res.provenance.workload["cache_salt"] == "per request"
+        assert res.provenance.protocol["thresholds"]["max_prefix_hit_share"] == 0.05
+    assert not set(salts[0]) & set(salts[1])
+
+
+def test_a_workload_that_shares_prefixes_is_salted_once_per_run() -> None:
+    ep = Endpoint("http://x", "tiny", cache_salt="sb7", salt_each=False)
+    assert request_body(ep, "hi", 4, index=3)["cache_salt"] == "sb7"
+    each = Endpoint("http://x", "tiny", cache_salt="sb7", salt_each=True)
+    assert request_body(each, "hi", 4, index=3)["cache_salt"] == "sb7-3"
+    assert "cache_salt" not in request_body(Endpoint("http://x", "tiny"), "hi", 4, index=3)

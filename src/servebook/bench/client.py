@@ -265,7 +265,7 @@ class Worker:
         self.records.append(rec)
         sent: str | list[int] = prompt.token_ids if prompt.token_ids is not None else prompt.text
         history = turn.history if turn is not None else ()
-        body = dumps(request_body(ep, sent, prompt.output_len, history))
+        body = dumps(request_body(ep, sent, prompt.output_len, history, index))
         request = b"".join(
             (
                 self._head,

@@ -46,6 +46,12 @@ class Endpoint:
     extra_body: tuple[tuple[str, Any], ...] = ()
     request_timeout_s: float = 600.0
     request_id_prefix: str = "sb-"
+    # vLLM's ``cache_salt``: its prefix cache shares nothing between requests of different
+    # salts.  Set by the sweep (``sweep.salt_for``) for vLLM only: this run's salt, and,
+    # with ``salt_each``, the request's index after it, so no request of this run or an
+    # earlier one is served from the cache unless the workload shares prefixes.
+    cache_salt: str | None = None
+    salt_each: bool = False
 
     @property
     def url(self) -> str:
@@ -58,9 +64,11 @@ def request_body(
     prompt: str | list[int],
     max_tokens: int,
     history: Sequence[dict[str, str]] = (),
+    index: int | None = None,
 ) -> dict[str, Any]:
     """The request for one prompt: text, or (completions only) a list of token ids;
-    ``history``: a conversation's messages before it (chat only)."""
+    ``history``: a conversation's messages before it (chat only); ``index``: the request's
+    number in the sweep (its cache salt, ``Endpoint.salt_each``)."""
     body: dict[str, Any] = {"model": endpoint.model}
     if endpoint.api == "chat":
         if not isinstance(prompt, str):
@@ -78,6 +86,9 @@ def request_body(
     )
     if endpoint.ignore_eos:
         body["ignore_eos"] = True
+    if endpoint.cache_salt is not None:
+        each = endpoint.salt_each and index is not None
+        body["cache_salt"] = f"{endpoint.cache_salt}-{index}" if each else endpoint.cache_salt
     body.update(dict(endpoint.extra_body))
     return body
 

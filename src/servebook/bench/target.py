@@ -16,7 +16,7 @@ prompt plus output longer than the served model's context is refused (``check_fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +325,7 @@ def provenance(
         model_name=subject.target.endpoint.model,
         model_dir=subject.model_dir,
         protocol=settings.to_dict(),
-        workload=workload_of(settings, prompts),
+        workload=workload_of(settings, prompts, subject.target.endpoint),
         seed=settings.seed,
         engine="vllm" if subject.engine_version else None,
         engine_version=subject.engine_version,
@@ -342,13 +342,33 @@ def redacted(prov: Provenance) -> Provenance:
     return Provenance.model_validate(redact.provenance(prov.model_dump()))
 
 
-def workload_of(settings: ProtocolSettings, prompts: PromptSource) -> dict[str, Any]:
-    """What provenance records as the workload: the prompt source, and a replay's speed
-    (how the trace's clock was sent is the workload, not the protocol)."""
+def workload_of(
+    settings: ProtocolSettings, prompts: PromptSource, endpoint: Endpoint | None = None
+) -> dict[str, Any]:
+    """What provenance records as the workload: the prompt source, a replay's speed (how
+    the trace's clock was sent is the workload, not the protocol), and how its requests
+    were salted against the prefix cache (``salted``)."""
     w = prompts.describe()
     if settings.replay_speed is not None:
         w["replay_speed"] = settings.replay_speed
+    if endpoint is not None and endpoint.cache_salt is not None:
+        w["cache_salt"] = "per request" if endpoint.salt_each else "per run"
     return w
+
+
+def salted(subject: Subject, prompts: PromptSource, run: int) -> Target:
+    """The subject's target with vLLM's ``cache_salt`` on every request (issue 32, finding
+    2: no request is served from a cache an earlier request of this run or another filled):
+    the run's own salt, per request unless the workload shares prefixes (a prefix pool, a
+    conversation: per run, so they share within it).  A server that is not vLLM (no
+    ``/version``: provenance's own rule for the engine) gets no salt, nor does an attached
+    deployment, whose entry point may be a gateway that refuses a field it does not know."""
+    attached = subject.view is not None and subject.view.claimed is not None
+    if not subject.engine_version or attached:
+        return subject.target
+    each = getattr(prompts, "shares_prefixes", None) is not True
+    ep = replace(subject.target.endpoint, cache_salt=f"sb{run}", salt_each=each)
+    return replace(subject.target, endpoint=ep)
 
 
 def tokenizer_for(subject: Subject, given: str | None) -> str | ServerTokenizer:
