@@ -211,7 +211,6 @@ TOO_LONG_ALLOWED = {
     "verify/checks.py check_handoff",
 }
 TOO_COMPLEX_ALLOWED = {
-    "backends/kube_bench.py wait_for_results",
     "backends/kube_record.py recover_record",
     "bench/http1.py data_received",
     "bench/http1.py _head",
