@@ -209,7 +209,6 @@ TOO_LONG_ALLOWED = {
     "verify/checks.py check_handoff",
 }
 TOO_COMPLEX_ALLOWED = {
-    "kube/attach_pods.py read_replica",
     "kube/engine_pod.py engine_pod",
     "kube/rollout.py role_state",
     "lint/rules/images.py check_images",
