@@ -207,7 +207,6 @@ TOO_LONG_ALLOWED = {
     "verify/checks.py check_handoff",
 }
 TOO_COMPLEX_ALLOWED = {
-    "lint/rules/images.py check_images",
     "preflight/probe.py inspect_safetensors",
     "preflight/probe.py _check_weights",
     "recipe/resolve.py _coerce",
