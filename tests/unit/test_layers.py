@@ -209,7 +209,6 @@ TOO_LONG_ALLOWED = {
 TOO_COMPLEX_ALLOWED = {
     "preflight/probe.py inspect_safetensors",
     "preflight/probe.py _check_weights",
-    "report/comparability.py provenance_fields",
     "results/evidence.py server_evidence",
 }
 
