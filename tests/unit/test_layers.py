@@ -203,13 +203,11 @@ TOO_LONG_ALLOWED = {
     "preflight/probe.py _check_weights",
     "preflight/probe.py find_models",
     "recipe/plan.py build_plan",
-    "results/evidence.py server_evidence",
     "verify/checks.py check_handoff",
 }
 TOO_COMPLEX_ALLOWED = {
     "preflight/probe.py inspect_safetensors",
     "preflight/probe.py _check_weights",
-    "results/evidence.py server_evidence",
 }
 
 
