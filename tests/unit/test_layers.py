@@ -201,7 +201,6 @@ TOO_LONG_ALLOWED = {
     "preflight/probe.py check_directory",
     "preflight/probe.py _check_weights",
     "preflight/probe.py find_models",
-    "verify/checks.py check_handoff",
 }
 TOO_COMPLEX_ALLOWED = {
     "preflight/probe.py inspect_safetensors",
