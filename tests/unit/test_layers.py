@@ -203,7 +203,6 @@ TOO_LONG_ALLOWED = {
     "preflight/probe.py find_models",
 }
 TOO_COMPLEX_ALLOWED = {
-    "preflight/probe.py inspect_safetensors",
     "preflight/probe.py _check_weights",
 }
 

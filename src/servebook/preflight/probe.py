@@ -290,22 +290,9 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
     size = st.st_size
     if size == 0:
         return bad(0, "empty file (0 bytes)")
-    try:
-        with open(path, "rb") as f:
-            first = f.read(8)
-            if len(first) < 8:
-                return bad(size, "truncated: {} bytes, less than the 8-byte length".format(size))
-            if first == _LFS_POINTER[:8]:
-                return bad(size, "a Git LFS pointer file ({} bytes), not weights".format(size))
-            n = int.from_bytes(first, "little")
-            if n < 2 or n > MAX_HEADER_BYTES:
-                return bad(size, "not safetensors: header length field reads {}".format(n))
-            if 8 + n > size:
-                msg = "truncated or garbage: header length field says {} bytes, {} follow"
-                return bad(size, msg.format(n, size - 8))
-            raw = f.read(n)
-    except OSError as e:
-        return bad(size, "cannot read: {}".format(e.strerror))
+    raw, n, problem = _read_header(path, size)
+    if problem:
+        return bad(size, problem)
     header, problem = _json_document(raw)
     if problem.startswith("not valid JSON"):
         return bad(size, "header is not valid JSON (garbage, or not safetensors)")
@@ -313,19 +300,10 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
         return bad(size, "header is {}".format(problem))
     if not isinstance(header, dict):
         return bad(size, "header is not a JSON object")
-    tensors: Dict[str, int] = {}
-    data_end = 0
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        problem = _tensor_problem(t)
-        if problem:
-            return bad(size, "tensor {!r}: {}".format(name, problem))
-        begin, end = t["data_offsets"]
-        tensors[name] = end - begin
-        data_end = max(data_end, end)
+    tensors, data_end, problem = _tensor_sizes(header)
+    if problem:
+        return bad(size, problem)
     expected = 8 + n + data_end
-    problem = ""
     if size < expected:
         problem = "truncated: {} of the {} bytes its header requires ({:.1f}%)".format(
             size, expected, 100.0 * size / expected
@@ -337,6 +315,44 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
     else:
         problem = _hole_problem(path, st, 8 + n, size)
     return SafetensorsInfo(path, size, problem, tensors, expected)
+
+
+def _read_header(path: str, size: int) -> Tuple[bytes, int, str]:
+    """A safetensors file's header bytes and its length field (checked against ``size``),
+    or why they cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(8)
+            if len(first) < 8:
+                return b"", 0, "truncated: {} bytes, less than the 8-byte length".format(size)
+            if first == _LFS_POINTER[:8]:
+                return b"", 0, "a Git LFS pointer file ({} bytes), not weights".format(size)
+            n = int.from_bytes(first, "little")
+            if n < 2 or n > MAX_HEADER_BYTES:
+                return b"", 0, "not safetensors: header length field reads {}".format(n)
+            if 8 + n > size:
+                msg = "truncated or garbage: header length field says {} bytes, {} follow"
+                return b"", 0, msg.format(n, size - 8)
+            return f.read(n), n, ""
+    except OSError as e:
+        return b"", 0, "cannot read: {}".format(e.strerror)
+
+
+def _tensor_sizes(header: Dict[str, Any]) -> Tuple[Dict[str, int], int, str]:
+    """Each tensor's size in bytes and where the data ends, from a parsed header; or the
+    first tensor entry that is malformed."""
+    tensors: Dict[str, int] = {}
+    data_end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _tensor_problem(t)
+        if problem:
+            return {}, 0, "tensor {!r}: {}".format(name, problem)
+        begin, end = t["data_offsets"]
+        tensors[name] = end - begin
+        data_end = max(data_end, end)
+    return tensors, data_end, ""
 
 
 # Where a shard's data is sampled for a hole: this many regions of this many bytes, spread
