@@ -864,43 +864,8 @@ def check_directory(
     by_name = {e.name: e for e in entries}
 
     # SB202 / SB203: config.json.
-    config: Optional[Dict[str, Any]] = None
-    cfg = by_name.get("config.json")
-    if cfg is None:
-        msg = "no config.json in {}".format(real)
-        if "snapshots" in by_name and "refs" in by_name:
-            msg += " (a Hugging Face cache repository folder: the model is in snapshots/<rev>)"
-        out.append(
-            finding("SB202", FAIL, subject, msg, {"path": os.path.join(real, "config.json")})
-        )
-    elif cfg.is_link and not cfg.exists:
-        out.append(
-            finding(
-                "SB202",
-                FAIL,
-                subject,
-                "config.json is a link to {}, which does not exist".format(os.readlink(cfg.path)),
-            )
-        )
-    else:
-        doc, problem = _read_json_file(cfg.path)
-        if problem:
-            out.append(finding("SB202", FAIL, subject, "config.json: {}".format(problem)))
-        elif not isinstance(doc, dict):
-            out.append(finding("SB202", FAIL, subject, "config.json is not a JSON object"))
-        else:
-            config = doc
-            out.append(
-                finding(
-                    "SB202",
-                    PASS,
-                    subject,
-                    "config.json parses: architectures {}, model_type {}".format(
-                        doc.get("architectures"), doc.get("model_type")
-                    ),
-                    _config_evidence(doc),
-                )
-            )
+    parsed, config = _check_config(by_name, real, subject)
+    out.append(parsed)
     if expect_model is not None:
         out.append(_check_expect(expect_model, config, real, subject))
 
@@ -908,6 +873,57 @@ def check_directory(
     out.extend(_check_weights(real, entries, subject))
 
     # SB208 / SB209: leftovers and links.
+    out.extend(_check_leftovers_and_links(real, subject))
+
+    # SB210: tokenizer.
+    out.append(_check_tokenizer(by_name, role, subject))
+
+    # SB211: filesystem of the directory's own mount (and of where weight links lead).
+    weight_paths = [e.path for e in entries if _is_weight_name(e.name) and e.exists]
+    out.extend(_check_mounts(real, weight_paths, mounts, mount_error, subject))
+    return out
+
+
+def _check_config(
+    by_name: Dict[str, _Entry], real: str, subject: str
+) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+    """SB202: config.json is there and parses as a JSON object; the finding and the config
+    (None when it does not)."""
+    cfg = by_name.get("config.json")
+    if cfg is None:
+        msg = "no config.json in {}".format(real)
+        if "snapshots" in by_name and "refs" in by_name:
+            msg += " (a Hugging Face cache repository folder: the model is in snapshots/<rev>)"
+        return finding(
+            "SB202", FAIL, subject, msg, {"path": os.path.join(real, "config.json")}
+        ), None
+    if cfg.is_link and not cfg.exists:
+        return finding(
+            "SB202",
+            FAIL,
+            subject,
+            "config.json is a link to {}, which does not exist".format(os.readlink(cfg.path)),
+        ), None
+    doc, problem = _read_json_file(cfg.path)
+    if problem:
+        return finding("SB202", FAIL, subject, "config.json: {}".format(problem)), None
+    if not isinstance(doc, dict):
+        return finding("SB202", FAIL, subject, "config.json is not a JSON object"), None
+    parsed = finding(
+        "SB202",
+        PASS,
+        subject,
+        "config.json parses: architectures {}, model_type {}".format(
+            doc.get("architectures"), doc.get("model_type")
+        ),
+        _config_evidence(doc),
+    )
+    return parsed, doc
+
+
+def _check_leftovers_and_links(real: str, subject: str) -> List[Dict[str, Any]]:
+    """SB208: no leftovers of an unfinished download; SB209: every link resolves."""
+    out: List[Dict[str, Any]] = []
     leftovers, dangling, n_links, walk_capped = _walk(real)
     leftovers = leftovers + _hf_blob_leftovers(real)
     cap_note = (
@@ -964,13 +980,6 @@ def check_directory(
                 {"links": n_links, "hf_repo": hf_repo},
             )
         )
-
-    # SB210: tokenizer.
-    out.append(_check_tokenizer(by_name, role, subject))
-
-    # SB211: filesystem of the directory's own mount (and of where weight links lead).
-    weight_paths = [e.path for e in entries if _is_weight_name(e.name) and e.exists]
-    out.extend(_check_mounts(real, weight_paths, mounts, mount_error, subject))
     return out
 
 
