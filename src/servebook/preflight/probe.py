@@ -1096,103 +1096,35 @@ def _is_weight_name(name: str) -> bool:
 
 
 def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[str, Any]]:
+    """SB204-SB207: the weight files are there, whole and match their indexes."""
     out: List[Dict[str, Any]] = []
     by_name = {e.name: e for e in entries}
     indexes = [e for e in entries if e.name.endswith(INDEX_SUFFIXES)]
+    index_docs, named_by_index = _read_indexes(indexes)
     # Weight files: *.safetensors, *.gguf, pytorch_model*.bin, and whatever an index names
     # (a .bin index may name files the pattern misses).
-    index_docs: Dict[str, Tuple[Any, str]] = {}
-    named_by_index: Set[str] = set()
-    for ix in indexes:
-        doc, problem = _read_json_file(ix.path)
-        if not problem and not (isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict)):
-            problem = "has no weight_map object"
-        index_docs[ix.name] = (doc, problem)
-        if not problem:
-            named_by_index.update(str(v) for v in doc["weight_map"].values())
     weights = [e for e in entries if _is_weight_name(e.name) or e.name in named_by_index]
     present = [e for e in weights if e.exists and e.is_file]
 
     # SB204
-    if not present:
-        msg = "no weight files (*.safetensors, pytorch_model*.bin, *.gguf)"
-        if named_by_index:
-            msg += " although the index names {}".format(len(named_by_index))
-        out.append(finding("SB204", FAIL, subject, msg, {"directory": real}))
-    else:
-        total = sum(e.size for e in present)
-        ev = {"files": [e.name for e in present], "bytes": total}
-        if total == 0:
-            msg = "{} weight file(s), all empty (0 bytes)".format(len(present))
-            out.append(finding("SB204", FAIL, subject, msg, ev))
-        else:
-            msg = "{} weight file(s), {}".format(len(present), _human_bytes(total))
-            out.append(finding("SB204", PASS, subject, msg, ev))
+    out.append(_check_present(present, named_by_index, real, subject))
 
     # SB206 first (SB205 and SB207 use the parsed headers).
-    st_infos: Dict[str, SafetensorsInfo] = {}
-    damaged: Dict[str, str] = {}
-    for e in present:
-        if e.name.endswith(".safetensors"):
-            info = inspect_safetensors(e.path)
-            st_infos[e.name] = info
-            problem = info.problem
-        elif e.name.endswith(".gguf"):
-            problem = _gguf_problem(e.path)
-        else:
-            problem = _zip_problem(e.path)
-        if problem:
-            damaged[e.name] = problem
+    st_infos, damaged = _inspect_weights(present)
 
     # SB205: the index (and the -0000i-of-0000n naming) against what is there.
-    missing_files: List[str] = []
-    missing_tensors: List[str] = []
-    index_problems: List[str] = []
-    for ix_name in sorted(index_docs):
-        doc, problem = index_docs[ix_name]
-        if problem:
-            index_problems.append("{}: {}".format(ix_name, problem))
-            continue
-        for tensor, shard in sorted(doc["weight_map"].items()):
-            shard_entry = by_name.get(str(shard))
-            if shard_entry is None or not (shard_entry.exists and shard_entry.is_file):
-                if shard not in missing_files:
-                    missing_files.append(str(shard))
-                continue
-            shard_info = st_infos.get(str(shard))
-            if shard_info and not shard_info.problem and tensor not in shard_info.tensors:
-                missing_tensors.append("{} (in {})".format(tensor, shard))
-    for name in _missing_by_shard_name([e.name for e in present]):
-        if name not in missing_files:
-            missing_files.append(name)
-    missing_files.sort()
+    index_problems, missing_files, missing_tensors = _index_gaps(
+        index_docs, by_name, st_infos, present
+    )
     if index_problems or missing_files or missing_tensors:
-        parts = []
-        if index_problems:
-            parts.append("; ".join(index_problems))
-        if missing_files:
-            parts.append(
-                "{} named shard(s) missing: {}".format(len(missing_files), _listing(missing_files))
-            )
-        if missing_tensors:
-            parts.append(
-                "{} indexed tensor(s) absent from their shard: {}".format(
-                    len(missing_tensors), _listing(missing_tensors, 3)
-                )
-            )
         out.append(
-            finding(
-                "SB205",
-                FAIL,
+            _index_gaps_finding(
+                index_problems,
+                missing_files,
+                missing_tensors,
+                named_by_index,
+                by_name,
                 subject,
-                "; ".join(parts),
-                {
-                    "index_problems": index_problems,
-                    "missing_shards": missing_files,
-                    "missing_tensors": missing_tensors,
-                    "present_shards": len([n for n in named_by_index if n in by_name]),
-                    "indexed_shards": len(named_by_index),
-                },
             )
         )
     elif indexes:
@@ -1216,31 +1148,8 @@ def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[
         )
 
     # SB206
-    if damaged:
-        names = sorted(damaged)
-        out.append(
-            finding(
-                "SB206",
-                FAIL,
-                subject,
-                "{} of {} weight file(s) damaged: {}".format(
-                    len(names),
-                    len(present),
-                    _listing(["{}: {}".format(n, damaged[n]) for n in names], 3),
-                ),
-                {"damaged": damaged, "checked": len(present)},
-            )
-        )
-    elif present:
-        out.append(
-            finding(
-                "SB206",
-                PASS,
-                subject,
-                "{} weight file(s): headers parse and sizes match".format(len(present)),
-                {"checked": len(present)},
-            )
-        )
+    if damaged or present:
+        out.append(_check_damaged(damaged, present, subject))
 
     # SB207: total_size of each safetensors index against the tensors its shards hold.
     for ix_name in sorted(index_docs):
@@ -1249,6 +1158,154 @@ def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[
             continue
         out.append(_check_total_size(ix_name, doc, st_infos, subject))
     return out
+
+
+def _read_indexes(indexes: List[_Entry]) -> Tuple[Dict[str, Tuple[Any, str]], Set[str]]:
+    """Each index file's parsed document and problem (no ``weight_map`` object is one), by
+    name, and every file the readable ones name."""
+    index_docs: Dict[str, Tuple[Any, str]] = {}
+    named_by_index: Set[str] = set()
+    for ix in indexes:
+        doc, problem = _read_json_file(ix.path)
+        if not problem and not (isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict)):
+            problem = "has no weight_map object"
+        index_docs[ix.name] = (doc, problem)
+        if not problem:
+            named_by_index.update(str(v) for v in doc["weight_map"].values())
+    return index_docs, named_by_index
+
+
+def _check_present(
+    present: List[_Entry], named_by_index: Set[str], real: str, subject: str
+) -> Dict[str, Any]:
+    """SB204: there are weight files, and not all of them empty."""
+    if not present:
+        msg = "no weight files (*.safetensors, pytorch_model*.bin, *.gguf)"
+        if named_by_index:
+            msg += " although the index names {}".format(len(named_by_index))
+        return finding("SB204", FAIL, subject, msg, {"directory": real})
+    total = sum(e.size for e in present)
+    ev = {"files": [e.name for e in present], "bytes": total}
+    if total == 0:
+        msg = "{} weight file(s), all empty (0 bytes)".format(len(present))
+        return finding("SB204", FAIL, subject, msg, ev)
+    msg = "{} weight file(s), {}".format(len(present), _human_bytes(total))
+    return finding("SB204", PASS, subject, msg, ev)
+
+
+def _inspect_weights(
+    present: List[_Entry],
+) -> Tuple[Dict[str, SafetensorsInfo], Dict[str, str]]:
+    """Each safetensors file's parsed header, by name, and what is wrong with each damaged
+    weight file (safetensors, GGUF or a zip-format .bin)."""
+    st_infos: Dict[str, SafetensorsInfo] = {}
+    damaged: Dict[str, str] = {}
+    for e in present:
+        if e.name.endswith(".safetensors"):
+            info = inspect_safetensors(e.path)
+            st_infos[e.name] = info
+            problem = info.problem
+        elif e.name.endswith(".gguf"):
+            problem = _gguf_problem(e.path)
+        else:
+            problem = _zip_problem(e.path)
+        if problem:
+            damaged[e.name] = problem
+    return st_infos, damaged
+
+
+def _index_gaps(
+    index_docs: Dict[str, Tuple[Any, str]],
+    by_name: Dict[str, _Entry],
+    st_infos: Dict[str, SafetensorsInfo],
+    present: List[_Entry],
+) -> Tuple[List[str], List[str], List[str]]:
+    """What the indexes (and the shard naming) name that is not there: unreadable indexes,
+    missing shard files (sorted), and indexed tensors absent from a readable shard."""
+    missing_files: List[str] = []
+    missing_tensors: List[str] = []
+    index_problems: List[str] = []
+    for ix_name in sorted(index_docs):
+        doc, problem = index_docs[ix_name]
+        if problem:
+            index_problems.append("{}: {}".format(ix_name, problem))
+            continue
+        for tensor, shard in sorted(doc["weight_map"].items()):
+            shard_entry = by_name.get(str(shard))
+            if shard_entry is None or not (shard_entry.exists and shard_entry.is_file):
+                if shard not in missing_files:
+                    missing_files.append(str(shard))
+                continue
+            shard_info = st_infos.get(str(shard))
+            if shard_info and not shard_info.problem and tensor not in shard_info.tensors:
+                missing_tensors.append("{} (in {})".format(tensor, shard))
+    for name in _missing_by_shard_name([e.name for e in present]):
+        if name not in missing_files:
+            missing_files.append(name)
+    missing_files.sort()
+    return index_problems, missing_files, missing_tensors
+
+
+def _index_gaps_finding(
+    index_problems: List[str],
+    missing_files: List[str],
+    missing_tensors: List[str],
+    named_by_index: Set[str],
+    by_name: Dict[str, _Entry],
+    subject: str,
+) -> Dict[str, Any]:
+    """SB205 failed: the index problems, missing shards and absent tensors, in one finding."""
+    parts = []
+    if index_problems:
+        parts.append("; ".join(index_problems))
+    if missing_files:
+        parts.append(
+            "{} named shard(s) missing: {}".format(len(missing_files), _listing(missing_files))
+        )
+    if missing_tensors:
+        parts.append(
+            "{} indexed tensor(s) absent from their shard: {}".format(
+                len(missing_tensors), _listing(missing_tensors, 3)
+            )
+        )
+    return finding(
+        "SB205",
+        FAIL,
+        subject,
+        "; ".join(parts),
+        {
+            "index_problems": index_problems,
+            "missing_shards": missing_files,
+            "missing_tensors": missing_tensors,
+            "present_shards": len([n for n in named_by_index if n in by_name]),
+            "indexed_shards": len(named_by_index),
+        },
+    )
+
+
+def _check_damaged(damaged: Dict[str, str], present: List[_Entry], subject: str) -> Dict[str, Any]:
+    """SB206: every weight file's header parses and its size matches (a sample of its data
+    is not a hole)."""
+    if damaged:
+        names = sorted(damaged)
+        return finding(
+            "SB206",
+            FAIL,
+            subject,
+            "{} of {} weight file(s) damaged: {}".format(
+                len(names),
+                len(present),
+                _listing(["{}: {}".format(n, damaged[n]) for n in names], 3),
+            ),
+            {"damaged": damaged, "checked": len(present)},
+        )
+    return finding(
+        "SB206",
+        PASS,
+        subject,
+        "{} weight file(s): headers parse and sizes match".format(len(present)),
+        {"checked": len(present)},
+    )
 
 
 def _missing_by_shard_name(names: List[str]) -> List[str]:
