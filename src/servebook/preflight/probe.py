@@ -1567,6 +1567,66 @@ def find_models(
         search["elapsed_s"] = round(clock() - start, 3)
         return FindResult([f], [], search)
 
+    found, beyond_examples = _search(root, max_depth, deadline, clock, search)
+    findings: List[Dict[str, Any]] = []
+    candidates: List[Dict[str, Any]] = []
+    for i, d in enumerate(found):
+        if clock() > deadline:
+            search["time_limit_hit"] = True
+            search["candidates_not_probed"] = len(found) - i
+            for rest in found[i:]:
+                candidates.append(
+                    {"path": rest, "complete": None, "failing": [], "summary": "not probed"}
+                )
+                findings.append(
+                    finding(
+                        "SB212",
+                        WARN,
+                        rest,
+                        "found but not probed: the time bound was hit first",
+                        hint="`servebook probe {}` checks it alone.".format(rest),
+                    )
+                )
+            break
+        candidate, verdict = _probe_candidate(d, mounts, mount_error)
+        candidates.append(candidate)
+        findings.append(verdict)
+    passing = [c for c in candidates if c["complete"] and not c["failing"]]
+    if not found:
+        findings.append(
+            finding(
+                "SB212",
+                FAIL,
+                root,
+                "no model directory (config.json plus weights) found under {}".format(root),
+            )
+        )
+    elif not passing:
+        findings.append(
+            finding(
+                "SB212",
+                FAIL,
+                root,
+                "none of the {} candidate(s) under {} passes every probe check".format(
+                    len(found), root
+                ),
+            )
+        )
+    search["elapsed_s"] = round(clock() - start, 3)
+    findings.append(_bounds_finding(search, beyond_examples))
+    return FindResult(findings, candidates, search)
+
+
+def _search(
+    root: str,
+    max_depth: int,
+    deadline: float,
+    clock: Callable[[], float],
+    search: Dict[str, Any],
+) -> Tuple[List[str], List[str]]:
+    """The directories under ``root`` that look like a model, breadth first, within
+    ``max_depth`` levels and until ``deadline``; a few of the directories beyond the depth
+    as examples.  What it scanned and which bound it hit go into ``search``."""
     found: List[str] = []
     visited: Set[str] = set()
     beyond_examples: List[str] = []
@@ -1595,81 +1655,38 @@ def find_models(
             search["depth_limit_hit"] = True
             search["dirs_beyond_depth"] += len(subdirs)
             beyond_examples.extend(e.path for e in subdirs[: max(0, 3 - len(beyond_examples))])
+    return found, beyond_examples
 
-    findings: List[Dict[str, Any]] = []
-    candidates: List[Dict[str, Any]] = []
-    for i, d in enumerate(found):
-        if clock() > deadline:
-            search["time_limit_hit"] = True
-            search["candidates_not_probed"] = len(found) - i
-            for rest in found[i:]:
-                candidates.append(
-                    {"path": rest, "complete": None, "failing": [], "summary": "not probed"}
-                )
-                findings.append(
-                    finding(
-                        "SB212",
-                        WARN,
-                        rest,
-                        "found but not probed: the time bound was hit first",
-                        hint="`servebook probe {}` checks it alone.".format(rest),
-                    )
-                )
-            break
-        fs = _checked(d, mounts, mount_error)
-        failing = [f for f in fs if _failed(f) or f["severity"] == WARN]
-        completeness = [f for f in failing if f["check"] != "SB211"]
-        summary = _candidate_summary(fs)
-        candidates.append(
-            {
-                "path": d,
-                "complete": not completeness,
-                "failing": [f["check"] for f in failing],
-                "summary": summary,
-            }
-        )
-        ev = {"failing": [{"check": f["check"], "message": f["message"]} for f in failing]}
-        if failing:
-            findings.append(
-                finding(
-                    "SB212",
-                    WARN,
-                    d,
-                    "{}; {}".format(
-                        summary,
-                        "; ".join("{} {}".format(f["check"], f["message"]) for f in failing[:3]),
-                    ),
-                    ev,
-                    hint="`servebook probe {}` shows every check.".format(d),
-                )
-            )
-        else:
-            findings.append(finding("SB212", PASS, d, summary, ev))
 
-    passing = [c for c in candidates if c["complete"] and not c["failing"]]
-    if not found:
-        findings.append(
-            finding(
-                "SB212",
-                FAIL,
-                root,
-                "no model directory (config.json plus weights) found under {}".format(root),
-            )
-        )
-    elif not passing:
-        findings.append(
-            finding(
-                "SB212",
-                FAIL,
-                root,
-                "none of the {} candidate(s) under {} passes every probe check".format(
-                    len(found), root
-                ),
-            )
-        )
-    search["elapsed_s"] = round(clock() - start, 3)
-    findings.append(_bounds_finding(search, beyond_examples))
-    return FindResult(findings, candidates, search)
+def _probe_candidate(
+    d: str, mounts: Optional[List[Mount]], mount_error: str
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """One candidate directory probed: its entry in the candidates list and its SB212
+    finding (a warning naming the first failing checks, else a pass)."""
+    fs = _checked(d, mounts, mount_error)
+    failing = [f for f in fs if _failed(f) or f["severity"] == WARN]
+    completeness = [f for f in failing if f["check"] != "SB211"]
+    summary = _candidate_summary(fs)
+    candidate = {
+        "path": d,
+        "complete": not completeness,
+        "failing": [f["check"] for f in failing],
+        "summary": summary,
+    }
+    ev = {"failing": [{"check": f["check"], "message": f["message"]} for f in failing]}
+    if not failing:
+        return candidate, finding("SB212", PASS, d, summary, ev)
+    return candidate, finding(
+        "SB212",
+        WARN,
+        d,
+        "{}; {}".format(
+            summary,
+            "; ".join("{} {}".format(f["check"], f["message"]) for f in failing[:3]),
+        ),
+        ev,
+        hint="`servebook probe {}` shows every check.".format(d),
+    )
 
 
 def _checked(d: str, mounts: Optional[List[Mount]], mount_error: str) -> List[Dict[str, Any]]:
