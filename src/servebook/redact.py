@@ -30,7 +30,8 @@ carries those notes as ``provenance.redacted``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 REDACTED = "<redacted>"
@@ -227,54 +228,69 @@ def _text(s: str) -> tuple[str, list[str]]:
             s = s.replace(v, REDACTED)
             why.append("a known secret value")
     s = _redact_url_parts(s, why)
-
-    def header(m: re.Match[str]) -> str:
-        val = m.group("val")
-        if is_reference(val) or REDACTED in val or (not m.group("scheme") and _prose(val)):
-            return m.group(0)
-        why.append("Authorization credentials")
-        return f"{m.group('head')}{m.group('scheme') or ''}{REDACTED}"
-
-    def bearer(m: re.Match[str]) -> str:
-        if is_reference(m.group(2)):
-            return m.group(0)
-        why.append(f"{m.group(1)} credentials")
-        return f"{m.group(1)} {REDACTED}"
-
-    def flag(m: re.Match[str]) -> str:
-        v = _Value(m)
-        if v.kept() or not is_secret_name(m.group("flag")):
-            return m.group(0)
-        if m.group("sep").isspace() and not v.quote and _prose(v.text):
-            return m.group(0)
-        why.append(m.group("flag"))
-        return f"{m.group('flag')}{m.group('sep')}{v.replaced()}"
-
-    def env(m: re.Match[str]) -> str:
-        v = _Value(m)
-        if v.kept() or not is_secret_name(m.group("name")):
-            return m.group(0)
-        why.append(m.group("name"))
-        return f"{m.group('name')}={v.replaced()}"
-
-    def keyed(m: re.Match[str]) -> str:
-        v, name = _Value(m), m.group("name")
-        if v.kept() or v.text in ("Bearer", "Basic") or not is_secret_name(name):
-            return m.group(0)
-        # Unquoted, only a name that reads as an identifier (api_key: x, HF-TOKEN: x), and
-        # not a word of prose after it.
-        if not m.group("nq") and (not re.search(r"[_.-]", name) or _prose(v.text)):
-            return m.group(0)
-        why.append(name)
-        nq = m.group("nq")
-        return f"{nq}{name}{nq}: {m.group('open')}{v.replaced()}"
-
-    s = _AUTH_HEADER.sub(header, s)
-    s = _BEARER.sub(bearer, s)
-    s = _FLAG.sub(flag, s)
-    s = _ENV.sub(env, s)
-    s = _KEYED.sub(keyed, s)
+    for pattern, replace in _SHAPES:
+        s = pattern.sub(partial(replace, why), s)
     return s, why
+
+
+# Each replacement below gets ``why`` (what was redacted, appended to) and one match, and
+# returns the match's text with its secret replaced, or unchanged where it is none.
+
+
+def _header(why: list[str], m: re.Match[str]) -> str:
+    val = m.group("val")
+    if is_reference(val) or REDACTED in val or (not m.group("scheme") and _prose(val)):
+        return m.group(0)
+    why.append("Authorization credentials")
+    return f"{m.group('head')}{m.group('scheme') or ''}{REDACTED}"
+
+
+def _bearer(why: list[str], m: re.Match[str]) -> str:
+    if is_reference(m.group(2)):
+        return m.group(0)
+    why.append(f"{m.group(1)} credentials")
+    return f"{m.group(1)} {REDACTED}"
+
+
+def _flag(why: list[str], m: re.Match[str]) -> str:
+    v = _Value(m)
+    if v.kept() or not is_secret_name(m.group("flag")):
+        return m.group(0)
+    if m.group("sep").isspace() and not v.quote and _prose(v.text):
+        return m.group(0)
+    why.append(m.group("flag"))
+    return f"{m.group('flag')}{m.group('sep')}{v.replaced()}"
+
+
+def _env(why: list[str], m: re.Match[str]) -> str:
+    v = _Value(m)
+    if v.kept() or not is_secret_name(m.group("name")):
+        return m.group(0)
+    why.append(m.group("name"))
+    return f"{m.group('name')}={v.replaced()}"
+
+
+def _keyed(why: list[str], m: re.Match[str]) -> str:
+    v, name = _Value(m), m.group("name")
+    if v.kept() or v.text in ("Bearer", "Basic") or not is_secret_name(name):
+        return m.group(0)
+    # Unquoted, only a name that reads as an identifier (api_key: x, HF-TOKEN: x), and
+    # not a word of prose after it.
+    if not m.group("nq") and (not re.search(r"[_.-]", name) or _prose(v.text)):
+        return m.group(0)
+    why.append(name)
+    nq = m.group("nq")
+    return f"{nq}{name}{nq}: {m.group('open')}{v.replaced()}"
+
+
+# The shapes a secret takes in free text, in the order they are replaced.
+_SHAPES: tuple[tuple[re.Pattern[str], Callable[[list[str], re.Match[str]], str]], ...] = (
+    (_AUTH_HEADER, _header),
+    (_BEARER, _bearer),
+    (_FLAG, _flag),
+    (_ENV, _env),
+    (_KEYED, _keyed),
+)
 
 
 def text(s: str) -> str:

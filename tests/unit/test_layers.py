@@ -11,13 +11,21 @@ dependency). Each rule is one test whose failure names the module and line.
 * ``kube`` is the layer under preflight and the Kubernetes backend: it imports neither, and
   preflight imports no backend, so the two never import each other.
 * ``commands`` is the edge (parse, call, print): only ``cli.py`` and the commands import it.
-* No module is so long that it holds several jobs.
+* No module is so long that it holds several jobs, and no function is too long or too
+  branchy to read in one sitting: at most 100 lines and a McCabe complexity of at most 15.
+  A function's length is its body, from its first statement (the docstring, where it has
+  one) to its last line: the signature is declarations, and a Typer command declares every
+  option there (``commands/bench.bench`` has some 200 lines of options over its body), so
+  one count for every function leaves it out; decorators are left out too. Complexity is
+  counted as ruff's C901 (mccabe) counts it, read with ``ast`` so the rule needs no tool
+  on the path: 1, plus 1 for each ``if``/``elif``, loop, ``except``, ``try``'s ``else``,
+  ``match`` case and nested function, boolean operators and comprehensions not counted.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +36,8 @@ LONG_FILES_ALLOWED = {
     # One stdlib script shipped into the probe Pods: it cannot import the rest of servebook.
     "preflight/probe.py",
 }
+MAX_FUNCTION_LINES = 100
+MAX_COMPLEXITY = 15
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,101 @@ def test_no_source_file_is_over_700_lines() -> None:
     }
     long = {f: n for f, n in lines.items() if n > MAX_LINES and f not in LONG_FILES_ALLOWED}
     assert long == {}, f"over {MAX_LINES} lines: {long}"
+
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def functions_in(files: Iterable[Path]) -> Iterator[tuple[str, Function]]:
+    """Every function and method under ``files`` (nested ones too), with its place:
+    ``bench/http1.py:110 data_received``."""
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}", node
+
+
+def body_lines(function: Function) -> int:
+    """The lines of a function's body, its first statement to its last line."""
+    return (function.end_lineno or function.lineno) - function.body[0].lineno + 1
+
+
+def complexity(function: Function) -> int:
+    """The McCabe complexity of a function as ruff's C901 counts it."""
+    return 1 + branches(function.body)
+
+
+def branches(statements: list[ast.stmt]) -> int:
+    """The decision points in ``statements`` and the blocks under them (ruff's
+    ``get_complexity_number``)."""
+    n = 0
+    for s in statements:
+        if isinstance(s, ast.If | ast.For | ast.AsyncFor | ast.While):
+            n += 1 + branches(s.body) + branches(s.orelse)
+        elif isinstance(s, ast.With | ast.AsyncWith | ast.ClassDef):
+            n += branches(s.body)
+        elif isinstance(s, ast.Match):
+            n += sum(1 + branches(case.body) for case in s.cases)
+        elif isinstance(s, ast.Try | ast.TryStar):
+            n += branches(s.body) + branches(s.orelse) + branches(s.finalbody)
+            n += (1 if s.orelse else 0) + sum(1 + branches(h.body) for h in s.handlers)
+        elif isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
+            n += 1 + branches(s.body)
+    return n
+
+
+def offenders(measure: Callable[[Function], int], limit: int) -> dict[str, int]:
+    """Every function whose ``measure`` is over ``limit``, by place, with its figure."""
+    return {place: n for place, f in functions_in(source_files(".")) if (n := measure(f)) > limit}
+
+
+def test_no_function_is_over_100_lines() -> None:
+    long = offenders(body_lines, MAX_FUNCTION_LINES)
+    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_function_has_a_mccabe_complexity_over_15() -> None:
+    branchy = offenders(complexity, MAX_COMPLEXITY)
+    assert branchy == {}, f"functions over a McCabe complexity of {MAX_COMPLEXITY}: {branchy}"
+
+
+def test_the_size_rules_count_the_body_and_every_branch() -> None:
+    source = (
+        "@decorator\n"
+        "def f(\n"
+        "    a: int = 1,\n"  # the signature: not counted
+        ") -> int:\n"
+        '    """Doc."""\n'  # 5: the body starts here
+        "    if a:\n"  # +1
+        "        pass\n"
+        "    elif a > 1 and a < 3:\n"  # +1, the boolean operator not counted
+        "        pass\n"
+        "    else:\n"
+        "        pass\n"
+        "    for _ in [b for b in range(a) if b]:\n"  # +1, the comprehension not counted
+        "        while a:\n"  # +1
+        "            a -= 1\n"
+        "    try:\n"
+        "        pass\n"
+        "    except ValueError:\n"  # +1
+        "        pass\n"
+        "    else:\n"  # +1
+        "        pass\n"
+        "    with open('x'):\n"
+        "        match a:\n"
+        "            case 1:\n"  # +1
+        "                pass\n"
+        "            case _:\n"  # +1
+        "                pass\n"
+        "    def inner() -> None:\n"  # +1
+        "        if a:\n"  # +1
+        "            pass\n"
+        "    return a\n"  # 30
+    )
+    f = ast.parse(source).body[0]
+    assert isinstance(f, ast.FunctionDef)
+    assert body_lines(f) == 26
+    assert complexity(f) == 11
 
 
 def test_the_walk_sees_every_form_of_an_import() -> None:

@@ -381,46 +381,10 @@ def wait_for_results(
     running_said = False
     while True:
         pods = _pods(api, p)
-        for i, pod in sorted(pods.items()):
-            phase = (pod.get("status") or {}).get("phase")
-            if phase == "Failed":
-                raise _failed(api, p, i, pod, "a load agent's Pod failed")
-            if i == 0 and phase == "Succeeded":
-                raise _failed(api, p, i, pod, "the coordinator ended before serving its results")
-            for cs in (pod.get("status") or {}).get("containerStatuses") or ():
-                waiting = (cs.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") in _STUCK:
-                    raise _failed(api, p, i, pod, "a load agent's Pod cannot start")
-        job = (
-            request(
-                api,
-                "GET",
-                where_of("batch/v1", "Job", p.namespace, p.job.name),
-                f"reading Job/{p.job.name}",
-                missing_ok=True,
-            )
-            or {}
-        )
-        for cond in (job.get("status") or {}).get("conditions") or ():
-            if cond.get("type") == "Failed" and cond.get("status") == "True":
-                # The Job failed between the Pods' read and its own: the Pod that failed it
-                # is the evidence, named as above when it is still there.
-                for i, pod in sorted(_pods(api, p).items()):
-                    if (pod.get("status") or {}).get("phase") == "Failed":
-                        raise _failed(api, p, i, pod, "a load agent's Pod failed")
-                raise BenchFailed(
-                    f"Job/{p.job.name} in namespace {p.namespace} failed: "
-                    f"{cond.get('reason', '')}: {cond.get('message', '')}"
-                )
+        _raise_if_a_pod_failed(api, p, pods)
+        _raise_if_the_job_failed(api, p)
         if len(pods) < p.job.agents:
-            refused = _refusal(api, p)
-            if refused:
-                raise BenchFailed(
-                    f"the cluster refused to create the load agents' Pods of Job/{p.job.name} "
-                    f"in namespace {p.namespace}: {refused}",
-                    hint="Let the namespace admit them (its pod-security.kubernetes.io/enforce "
-                    "level), or measure through forwards: --via port-forward.",
-                )
+            _raise_if_pods_refused(api, p)
         running = [
             i
             for i, pod in pods.items()
@@ -448,6 +412,56 @@ def wait_for_results(
                 f"namespace {p.namespace}: {detail}"
             )
         time.sleep(poll_s)
+
+
+def _raise_if_a_pod_failed(api: Any, p: Prepared, pods: dict[int, Obj]) -> None:
+    """A load agent's Pod that failed, a coordinator that ended early or a Pod stuck before
+    it starts ends the wait, naming the Pod."""
+    for i, pod in sorted(pods.items()):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Failed":
+            raise _failed(api, p, i, pod, "a load agent's Pod failed")
+        if i == 0 and phase == "Succeeded":
+            raise _failed(api, p, i, pod, "the coordinator ended before serving its results")
+        for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in _STUCK:
+                raise _failed(api, p, i, pod, "a load agent's Pod cannot start")
+
+
+def _raise_if_the_job_failed(api: Any, p: Prepared) -> None:
+    job = (
+        request(
+            api,
+            "GET",
+            where_of("batch/v1", "Job", p.namespace, p.job.name),
+            f"reading Job/{p.job.name}",
+            missing_ok=True,
+        )
+        or {}
+    )
+    for cond in (job.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            # The Job failed between the Pods' read and its own: the Pod that failed it
+            # is the evidence, named as above when it is still there.
+            for i, pod in sorted(_pods(api, p).items()):
+                if (pod.get("status") or {}).get("phase") == "Failed":
+                    raise _failed(api, p, i, pod, "a load agent's Pod failed")
+            raise BenchFailed(
+                f"Job/{p.job.name} in namespace {p.namespace} failed: "
+                f"{cond.get('reason', '')}: {cond.get('message', '')}"
+            )
+
+
+def _raise_if_pods_refused(api: Any, p: Prepared) -> None:
+    refused = _refusal(api, p)
+    if refused:
+        raise BenchFailed(
+            f"the cluster refused to create the load agents' Pods of Job/{p.job.name} "
+            f"in namespace {p.namespace}: {refused}",
+            hint="Let the namespace admit them (its pod-security.kubernetes.io/enforce "
+            "level), or measure through forwards: --via port-forward.",
+        )
 
 
 def fetch_results(api: Any, p: Prepared, pod: str, into: Path) -> Obj:

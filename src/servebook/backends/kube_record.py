@@ -138,32 +138,9 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
     ]
     if not mine:
         return None
-    namespaces = sorted({str(meta_of(o).get("namespace", "")) for o in mine})
-    if len(namespaces) > 1:
-        raise UsageError(
-            f"deployment {name} has objects in several namespaces ({', '.join(namespaces)}): "
-            f"name one with -n, e.g. `-n {namespaces[0]}`."
-        )
-    namespace = namespaces[0]
-    plan: dict[str, Any] = {}
-    recipe = ""
-    for o in mine:
-        ann = annotations_of(o)
-        recipe = recipe or ann.get(RECIPE_ANNOTATION, "")
-        if not plan and ann.get(PLAN_ANNOTATION):
-            with contextlib.suppress(ValueError):
-                loaded = json.loads(ann[PLAN_ANNOTATION])
-                plan = loaded if isinstance(loaded, dict) else {}
-    role_names = [str(r["name"]) for r in plan.get("roles", []) if isinstance(r, dict)]
-    by_role: dict[str, dict[str, Obj]] = {}
-    for o in mine:
-        role = labels_of(o).get(COMPONENT_LABEL, "")
-        by_role.setdefault(role, {})[str(o["kind"])] = o
-
-    def rank(role: str) -> tuple[int, tuple[int, str]]:
-        return (role_names.index(role) if role in role_names else len(role_names), _role_rank(role))
-
-    order = sorted(by_role, key=rank)
+    namespace = _one_namespace(name, mine)
+    recipe, plan = _recipe_and_plan(mine)
+    by_role, order = _by_role(mine, plan)
     roles = {
         r: str(meta_of(w)["name"])
         for r in order
@@ -179,41 +156,8 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
         None,
     )
     created_ns = ns_obj is not None and annotations_of(ns_obj).get(CREATED_BY_ANNOTATION) == name
-    applied: list[AppliedObject] = []
-    if created_ns:
-        applied.append(AppliedObject(apiVersion="v1", kind="Namespace", name=namespace))
-    for kind in SUPPORT:  # what the roles use comes before them
-        for o in objects:
-            if (
-                o.get("kind") == kind
-                and labels_of(o).get(DEPLOYMENT_LABEL) == name
-                and str(meta_of(o).get("namespace", "")) == namespace
-            ):
-                applied.append(_applied(o, namespace))
-    for r in order:
-        for kind in (*WORKLOADS, "Service"):
-            found = by_role[r].get(kind)
-            if found is not None:
-                applied.append(_applied(found, namespace))
-    if plan.get("topology"):
-        entry_role = "router" if plan["topology"] == "pd" else "mixed"
-    else:
-        entry_role = "router" if "router" in by_role else (order[0] if order else "")
-    entry_svc = by_role.get(entry_role, {}).get("Service")
-    entry_port = names.ROUTER_PORT if entry_role == "router" else names.ENGINE_PORT
-    if entry_svc is not None:
-        for port in entry_svc.get("spec", {}).get("ports", []):
-            if port.get("name") == "http" and isinstance(port.get("port"), int):
-                entry_port = port["port"]
-    served = str(plan.get("served_model_name") or "")
-    if not served:
-        for r in order:
-            d = by_role[r].get("Deployment")
-            for c in (
-                (d or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
-            ):
-                argv = [str(a) for a in [*c.get("command", []), *c.get("args", [])]]
-                served = served or flag_value(argv, "--served-model-name") or ""
+    applied = _applied_in_order(name, objects, namespace, created_ns, by_role, order)
+    entry_role, entry_svc, entry_port = _entry(plan, by_role, order)
     stamps = sorted(
         str(meta_of(o).get("creationTimestamp"))
         for o in mine
@@ -234,7 +178,7 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
             else names.role_object_name(name, entry_role)
         ),
         entry_port=entry_port,
-        served_model_name=served,
+        served_model_name=_served_model_name(plan, by_role, order),
         ready=bool(deployments)
         and all(
             int(d.get("status", {}).get("readyReplicas") or 0)
@@ -243,6 +187,111 @@ def recover_record(name: str, objects: Sequence[Obj]) -> KubeDeployment | None:
         ),
         plan=plan,
     )
+
+
+def _one_namespace(name: str, mine: Sequence[Obj]) -> str:
+    namespaces = sorted({str(meta_of(o).get("namespace", "")) for o in mine})
+    if len(namespaces) > 1:
+        raise UsageError(
+            f"deployment {name} has objects in several namespaces ({', '.join(namespaces)}): "
+            f"name one with -n, e.g. `-n {namespaces[0]}`."
+        )
+    return namespaces[0]
+
+
+def _recipe_and_plan(mine: Sequence[Obj]) -> tuple[str, dict[str, Any]]:
+    """The recipe and the plan ``up`` stored in the objects' annotations (the first found
+    of each; the plan empty when none parses)."""
+    plan: dict[str, Any] = {}
+    recipe = ""
+    for o in mine:
+        ann = annotations_of(o)
+        recipe = recipe or ann.get(RECIPE_ANNOTATION, "")
+        if not plan and ann.get(PLAN_ANNOTATION):
+            with contextlib.suppress(ValueError):
+                loaded = json.loads(ann[PLAN_ANNOTATION])
+                plan = loaded if isinstance(loaded, dict) else {}
+    return recipe, plan
+
+
+def _by_role(
+    mine: Sequence[Obj], plan: dict[str, Any]
+) -> tuple[dict[str, dict[str, Obj]], list[str]]:
+    """The objects by role and kind, and the roles in the plan's order (then the usual
+    order of roles, for a record without a plan)."""
+    role_names = [str(r["name"]) for r in plan.get("roles", []) if isinstance(r, dict)]
+    by_role: dict[str, dict[str, Obj]] = {}
+    for o in mine:
+        role = labels_of(o).get(COMPONENT_LABEL, "")
+        by_role.setdefault(role, {})[str(o["kind"])] = o
+
+    def rank(role: str) -> tuple[int, tuple[int, str]]:
+        return (role_names.index(role) if role in role_names else len(role_names), _role_rank(role))
+
+    return by_role, sorted(by_role, key=rank)
+
+
+def _applied_in_order(
+    name: str,
+    objects: Sequence[Obj],
+    namespace: str,
+    created_ns: bool,
+    by_role: dict[str, dict[str, Obj]],
+    order: list[str],
+) -> list[AppliedObject]:
+    """The deployment's objects in apply order: its Namespace (when it created it), what
+    the roles use, then each role's workload and Service."""
+    applied: list[AppliedObject] = []
+    if created_ns:
+        applied.append(AppliedObject(apiVersion="v1", kind="Namespace", name=namespace))
+    for kind in SUPPORT:  # what the roles use comes before them
+        for o in objects:
+            if (
+                o.get("kind") == kind
+                and labels_of(o).get(DEPLOYMENT_LABEL) == name
+                and str(meta_of(o).get("namespace", "")) == namespace
+            ):
+                applied.append(_applied(o, namespace))
+    for r in order:
+        for kind in (*WORKLOADS, "Service"):
+            found = by_role[r].get(kind)
+            if found is not None:
+                applied.append(_applied(found, namespace))
+    return applied
+
+
+def _entry(
+    plan: dict[str, Any], by_role: dict[str, dict[str, Obj]], order: list[str]
+) -> tuple[str, Obj | None, int]:
+    """The entry role, its Service (None when it has none) and the Service's port."""
+    if plan.get("topology"):
+        entry_role = "router" if plan["topology"] == "pd" else "mixed"
+    else:
+        entry_role = "router" if "router" in by_role else (order[0] if order else "")
+    entry_svc = by_role.get(entry_role, {}).get("Service")
+    entry_port = names.ROUTER_PORT if entry_role == "router" else names.ENGINE_PORT
+    if entry_svc is not None:
+        for port in entry_svc.get("spec", {}).get("ports", []):
+            if port.get("name") == "http" and isinstance(port.get("port"), int):
+                entry_port = port["port"]
+    return entry_role, entry_svc, entry_port
+
+
+def _served_model_name(
+    plan: dict[str, Any], by_role: dict[str, dict[str, Obj]], order: list[str]
+) -> str:
+    """The plan's served model name, or the first ``--served-model-name`` in an engine's
+    command line."""
+    served = str(plan.get("served_model_name") or "")
+    if not served:
+        for r in order:
+            d = by_role[r].get("Deployment")
+            for c in (
+                (d or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            ):
+                argv = [str(a) for a in [*c.get("command", []), *c.get("args", [])]]
+                served = served or flag_value(argv, "--served-model-name") or ""
+    return served
 
 
 def _applied(o: Obj, namespace: str) -> AppliedObject:

@@ -115,11 +115,10 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         pos = 0
         n = len(data)
-        st = self.state
-        if st == _SIZE and not self.buf and ex.status == 200:
+        if self.state == _SIZE and not self.buf and ex.status == 200:
             # The usual read: whole chunks, each queued with one slice.  Anything else (a
             # chunk split across reads, an extension, the last chunk) is left from ``pos``
-            # to the general loop below.
+            # to the general parse (``_rest``).
             queue = self.queue
             tag = ex.tag
             offer = ex.take
@@ -144,13 +143,30 @@ class Connection(asyncio.Protocol):
                     return
         elif self.buf:
             data = self.buf + data
-            n = len(data)
             self.buf = b""
-        if st == _HEAD:
+        if self.state == _HEAD:
             pos = self._head(data)
             if pos < 0:
                 return
-            st = self.state
+        self._rest(t, data, pos)
+
+    def _rest(self, t: int, data: bytes, pos: int) -> None:
+        """The body from ``pos`` on, as the response is framed."""
+        if pos >= len(data):
+            return
+        st = self.state
+        if st == _LENGTH:
+            self._length_body(t, data, pos)
+        elif st == _UNTIL_CLOSE:
+            self._body(t, data[pos:])
+        else:
+            self._chunked(t, data, pos)
+
+    def _chunked(self, t: int, data: bytes, pos: int) -> None:
+        """Parse a chunked body from ``pos``: chunk sizes, data, the CRLF after each and the
+        trailer; what is cut short waits in ``buf`` for the next read."""
+        n = len(data)
+        st = self.state
         while pos < n:
             if st == _SIZE:
                 i = data.find(b"\r\n", pos)
@@ -199,21 +215,18 @@ class Connection(asyncio.Protocol):
                     self._complete()
                     return
                 pos = i + 2
-            elif st == _LENGTH:
-                take = min(self.remaining, n - pos)
-                self._body(t, data[pos : pos + take])
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = _IDLE
-                    self._complete()
-                    return
-                break
-            elif st == _UNTIL_CLOSE:
-                self._body(t, data[pos:])
-                break
             else:  # pragma: no cover - a state this loop never sets
                 break
         self.state = st
+
+    def _length_body(self, t: int, data: bytes, pos: int) -> None:
+        """A body framed by ``Content-Length``: up to what is left of it, then complete."""
+        take = min(self.remaining, len(data) - pos)
+        self._body(t, data[pos : pos + take])
+        self.remaining -= take
+        if self.remaining == 0:
+            self.state = _IDLE
+            self._complete()
 
     # -- response head and body ---------------------------------------------------------
 
@@ -240,26 +253,10 @@ class Connection(asyncio.Protocol):
         if 100 <= status < 200:  # an interim response: the real one follows
             off = self._head(data[end + 4 :])
             return off if off < 0 else off + end + 4
-        chunked = False
-        length: int | None = None
-        keep = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            value = value.strip().lower()
-            if name == b"transfer-encoding":
-                chunked = value.endswith(b"chunked")
-            elif name == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    self.fail(f"malformed Content-Length: {value[:40]!r}")
-                    return -1
-            elif name == b"connection":
-                if b"close" in value:
-                    keep = False
-                elif b"keep-alive" in value:
-                    keep = True
+        framing = self._framing(lines[1:], keep=version == b"HTTP/1.1")
+        if framing is None:
+            return -1
+        chunked, length, keep = framing
         ex = self.exchange
         assert ex is not None
         ex.status = status
@@ -277,6 +274,31 @@ class Connection(asyncio.Protocol):
             self.state = _UNTIL_CLOSE
             self.keep_alive = False
         return end + 4
+
+    def _framing(self, headers: list[bytes], keep: bool) -> tuple[bool, int | None, bool] | None:
+        """From the header lines: whether the body is chunked, its ``Content-Length`` (None
+        when not given) and whether the connection is kept; None when the exchange failed
+        on a malformed length."""
+        chunked = False
+        length: int | None = None
+        for line in headers:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == b"transfer-encoding":
+                chunked = value.endswith(b"chunked")
+            elif name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    self.fail(f"malformed Content-Length: {value[:40]!r}")
+                    return None
+            elif name == b"connection":
+                if b"close" in value:
+                    keep = False
+                elif b"keep-alive" in value:
+                    keep = True
+        return chunked, length, keep
 
     def _body(self, t: int, data: bytes) -> None:
         ex = self.exchange

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from servebook.engines import cmdline
 from servebook.engines.vllm import flag_value
 from servebook.kube import attach_argv
 from servebook.kube.objects import annotations_of, is_ready, labels_of, name_of
@@ -92,6 +93,35 @@ def _dynamo_system_port(c: Mapping[str, Any], env: Mapping[str, str]) -> tuple[i
     return DYNAMO_SYSTEM_PORT, "Dynamo's default system port"
 
 
+def _unstated_port(
+    stack: str,
+    pod: Obj,
+    c: Mapping[str, Any],
+    engine: cmdline.EngineCommand | None,
+    beside: list[tuple[str, int | None, int]],
+    notes: list[str],
+) -> int:
+    """The engine's port when its command line has no ``--port``: the port a proxy beside
+    it forwards to, AIBrix's label, the container's first declared port (for an engine
+    servebook does not read) or vLLM's default; where it came from goes to ``notes``."""
+    targets = [t for _, _, t in beside]
+    declared = container_ports(c)
+    if targets:
+        port = targets[0]
+        notes.append(f"engine port {port} from {beside[0][0]}'s --vllm-port")
+    elif stack == "aibrix" and _int(labels_of(pod).get("model.aibrix.ai/port")):
+        port = int(labels_of(pod)["model.aibrix.ai/port"])
+        notes.append(f"engine port {port} from its model.aibrix.ai/port label")
+    elif engine is None and declared:
+        port = declared[0][1]
+        notes.append(f"port {port}: the container's first declared port")
+    else:
+        port = VLLM_PORT
+        if engine is not None and "dynamo" not in engine.entrypoint:
+            notes.append(f"no --port: vLLM's default {VLLM_PORT}")
+    return port
+
+
 def read_replica(stack: str, pod: Obj) -> dict[str, Any]:
     """The replica's fields (``servebook.kube.stacks.Replica``) read from one Pod."""
     name = name_of(pod)
@@ -115,21 +145,7 @@ def read_replica(stack: str, pod: Obj) -> dict[str, Any]:
     port = _int(engine.value("--port")) if engine else None
     beside = proxies(pod, str(c.get("name", "")))
     if port is None:
-        targets = [t for _, _, t in beside]
-        declared = container_ports(c)
-        if targets:
-            port = targets[0]
-            notes.append(f"engine port {port} from {beside[0][0]}'s --vllm-port")
-        elif stack == "aibrix" and _int(labels_of(pod).get("model.aibrix.ai/port")):
-            port = int(labels_of(pod)["model.aibrix.ai/port"])
-            notes.append(f"engine port {port} from its model.aibrix.ai/port label")
-        elif engine is None and declared:
-            port = declared[0][1]
-            notes.append(f"port {port}: the container's first declared port")
-        else:
-            port = VLLM_PORT
-            if engine is not None and "dynamo" not in engine.entrypoint:
-                notes.append(f"no --port: vLLM's default {VLLM_PORT}")
+        port = _unstated_port(stack, pod, c, engine, beside, notes)
     scheme = "https" if engine is not None and engine.has("--ssl-certfile") else "http"
     api_port, metrics_port, path = port, port, "/metrics"
     if engine is not None and "dynamo.vllm" in engine.entrypoint:

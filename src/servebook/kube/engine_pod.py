@@ -280,6 +280,41 @@ def engine_pod(
             f"recipe {plan.recipe} names no image for role {role.name}: set the recipe's "
             "top-level `image:` (usually `image: ${image}` with an `image` parameter)."
         )
+    nodes = _member_nodes(role, member)
+    volumes, mounts, init = _engine_volumes(plan, role, k8s, name, nodes)
+    container, ports = _engine_container(plan, role, k8s, member, mounts)
+    capabilities, annotations = _capabilities(role, k8s)
+    if capabilities:
+        container["securityContext"] = {"capabilities": {"add": capabilities}}
+
+    pod: Obj = {}
+    _pin(pod, nodes, k8s, selector_for(name, role.name))
+    if k8s.tolerations:
+        pod["tolerations"] = k8s.tolerations
+    pod_identity(pod, k8s)
+    drain = k8s.pod.drain_timeout_s
+    if drain is not None:
+        pod["terminationGracePeriodSeconds"] = drain + DRAIN_MARGIN_S
+    # No Service environment variables: a Service named like `vllm-...` would inject
+    # VLLM_*_PORT=tcp://... variables that vLLM reads as its own settings.
+    pod["enableServiceLinks"] = False
+    if init:
+        pod["initContainers"] = init
+    pod["containers"] = [container]
+    pod["volumes"] = volumes
+    if k8s.pod.overrides:
+        pod = _override(plan, role, pod, k8s.pod.overrides)
+    if role.pod_models and generator_hash:
+        annotations[GENERATOR_HASH_ANNOTATION] = generator_hash
+    return pod, annotations, ports
+
+
+def _engine_volumes(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, name: str, nodes: list[str]
+) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """The engine's volumes, its container's mounts and the Pod's init containers: the
+    weights from the node's disk (or made in the Pod), the KV scratch, the compile cache
+    and shared memory.  A role that mounts a node's directories must be pinned to a node."""
     volumes: list[Obj] = []
     mounts: list[Obj] = []
     for vol, host, inside in (
@@ -309,7 +344,6 @@ def engine_pod(
                     "resources": _init_resources(role),
                 }
             )
-    nodes = _member_nodes(role, member)
     if role.pod_models:
         init += _model_init_containers(plan, role, name)
         volumes += [
@@ -338,7 +372,14 @@ def engine_pod(
         )
     volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}})
     mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    return volumes, mounts, init
 
+
+def _engine_command(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, member: str | None
+) -> tuple[list[str], list[str]]:
+    """The engine container's command and args: the role's engine arguments, a group
+    member's data-parallel flags and the drain timeout."""
     args = _member_args(role, member, list(role.cluster_args))
     drain = k8s.pod.drain_timeout_s
     if drain is not None:
@@ -364,6 +405,15 @@ def engine_pod(
             f"$$((LWS_WORKER_INDEX * {local}))",
             "engine",
         ]
+    return command, cargs
+
+
+def _engine_container(
+    plan: Plan, role: RolePlan, k8s: Kubernetes, member: str | None, mounts: list[Obj]
+) -> tuple[Obj, list[Obj]]:
+    """The engine container (command, environment, ports, resources, mounts, probes) and
+    its ports."""
+    command, cargs = _engine_command(plan, role, k8s, member)
     container: Obj = {
         "name": "engine",
         "image": role.image,
@@ -394,6 +444,11 @@ def engine_pod(
         )
         container["readinessProbe"] = http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
         container["livenessProbe"] = http_probe(vllm.HEALTH_PATH, 30, 30, 5)
+    return container, ports
+
+
+def _capabilities(role: RolePlan, k8s: Kubernetes) -> tuple[list[str], dict[str, str]]:
+    """The capabilities the engine's fabric needs and the Pod annotations that attach it."""
     capabilities: list[str] = []
     annotations: dict[str, str] = {}
     if k8s.fabric is not None:
@@ -407,28 +462,7 @@ def engine_pod(
     elif role.resources.rdma_resource:
         # RDMA registers (pins) GPU and host memory: it needs to lock memory.
         capabilities.append("IPC_LOCK")
-    if capabilities:
-        container["securityContext"] = {"capabilities": {"add": capabilities}}
-
-    pod: Obj = {}
-    _pin(pod, nodes, k8s, selector_for(name, role.name))
-    if k8s.tolerations:
-        pod["tolerations"] = k8s.tolerations
-    pod_identity(pod, k8s)
-    if drain is not None:
-        pod["terminationGracePeriodSeconds"] = drain + DRAIN_MARGIN_S
-    # No Service environment variables: a Service named like `vllm-...` would inject
-    # VLLM_*_PORT=tcp://... variables that vLLM reads as its own settings.
-    pod["enableServiceLinks"] = False
-    if init:
-        pod["initContainers"] = init
-    pod["containers"] = [container]
-    pod["volumes"] = volumes
-    if k8s.pod.overrides:
-        pod = _override(plan, role, pod, k8s.pod.overrides)
-    if role.pod_models and generator_hash:
-        annotations[GENERATOR_HASH_ANNOTATION] = generator_hash
-    return pod, annotations, ports
+    return capabilities, annotations
 
 
 def pod_identity(pod: Obj, k8s: Kubernetes) -> None:

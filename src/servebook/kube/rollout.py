@@ -276,54 +276,96 @@ def role_state(
     makes restarts count from this apply.  Without them, the newest Pod is judged and
     every restart counts."""
     ro = _rollout(deployment_name, deployment, replicasets)
-
-    def old_of(mine: Sequence[Obj], chosen: Obj | None) -> tuple[str, ...]:
-        if not ro.known:
-            return ()
-        names = []
-        for p in pods:
-            if p is chosen:
-                continue
-            meta = p.get("metadata", {})
-            if not any(p is m for m in mine) or meta.get("deletionTimestamp"):
-                names.append(str(meta.get("name", "")))
-        return tuple(sorted(names))
-
-    def old_note(old: tuple[str, ...]) -> str:
-        if not old:
-            return ""
-        by_name = {str(p.get("metadata", {}).get("name", "")): p for p in pods}
-        parts = []
-        for n in old:
-            p = by_name.get(n, {})
-            if is_terminating(p):
-                parts.append(f"old Pod {n} terminating")
-            elif is_ready(p):
-                parts.append(f"old Pod {n} still Ready (not counted)")
-            else:
-                parts.append(f"old Pod {n} not counted")
-        return "; " + "; ".join(parts)
-
     if ro.unobserved:
-        old = old_of([], None)
+        old = _old_pods(ro, pods, [], None)
         return RoleState(
             role,
             "waiting",
-            ro.unobserved + old_note(old),
+            ro.unobserved + _old_note(pods, old),
             {"old_pods": list(old)},
             old_pods=old,
         )
+    mine = _this_applys_pods(ro, pods, replicasets)
+    pod = _newest(mine)
+    old = _old_pods(ro, pods, mine, pod)
+    note = _old_note(pods, old)
+    rollout: dict[str, Any] = {}
+    if ro.known:
+        rollout = {"revision": ro.revision, "old_pods": list(old)}
+        if ro.replicaset:
+            rollout["replicaset"] = ro.replicaset
+    if pod is None:
+        return _without_pod(
+            role,
+            deployment_name,
+            ro,
+            old,
+            note,
+            rollout,
+            _failed_creates(events, ro, deployment_name, started),
+            waited=_age_s(started, now),
+            no_pod_grace_s=no_pod_grace_s,
+            replicasets_given=replicasets is not None,
+        )
+    judged = _judged(role, pod, ro, old, note, rollout, events, now, restart_baseline)
+    return (
+        _mount_verdict(judged)
+        or _ended_verdict(judged)
+        or _schedule_verdict(judged, unschedulable_grace_s)
+        or _container_verdict(judged)
+        or _ready_or_starting(judged, ro, mine)
+    )
 
+
+def _old_pods(
+    ro: _Rollout, pods: Sequence[Obj], mine: Sequence[Obj], chosen: Obj | None
+) -> tuple[str, ...]:
+    """The Pods that are not this apply's (or are being deleted), by name; none without
+    the rollout."""
+    if not ro.known:
+        return ()
+    names = []
+    for p in pods:
+        if p is chosen:
+            continue
+        meta = p.get("metadata", {})
+        if not any(p is m for m in mine) or meta.get("deletionTimestamp"):
+            names.append(str(meta.get("name", "")))
+    return tuple(sorted(names))
+
+
+def _old_note(pods: Sequence[Obj], old: tuple[str, ...]) -> str:
+    """What each old Pod is doing, appended to every summary."""
+    if not old:
+        return ""
+    by_name = {str(p.get("metadata", {}).get("name", "")): p for p in pods}
+    parts = []
+    for n in old:
+        p = by_name.get(n, {})
+        if is_terminating(p):
+            parts.append(f"old Pod {n} terminating")
+        elif is_ready(p):
+            parts.append(f"old Pod {n} still Ready (not counted)")
+        else:
+            parts.append(f"old Pod {n} not counted")
+    return "; " + "; ".join(parts)
+
+
+def _this_applys_pods(
+    ro: _Rollout, pods: Sequence[Obj], replicasets: Sequence[Obj] | None
+) -> Sequence[Obj]:
     if ro.template_hash is not None:
-        mine: Sequence[Obj] = [
-            p for p in pods if labels_of(p).get(TEMPLATE_HASH) == ro.template_hash
-        ]
-    elif ro.known and replicasets is not None:
-        mine = []  # the current ReplicaSet does not exist yet: no Pod is this apply's
-    else:
-        mine = pods
+        return [p for p in pods if labels_of(p).get(TEMPLATE_HASH) == ro.template_hash]
+    if ro.known and replicasets is not None:
+        return []  # the current ReplicaSet does not exist yet: no Pod is this apply's
+    return pods
 
-    failed_create = [
+
+def _failed_creates(
+    events: Sequence[Obj], ro: _Rollout, deployment_name: str, started: datetime
+) -> list[Obj]:
+    """The role's ReplicaSet's ``FailedCreate`` events since this apply."""
+    return [
         e
         for e in (
             _events_for(events, "ReplicaSet", ro.replicaset, exact=True)
@@ -335,240 +377,319 @@ def role_state(
         # in the same namespace is not this one's.
         and event_since(e, started)
     ]
-    pod = _newest(mine)
-    old = old_of(mine, pod)
-    note = old_note(old)
-    rollout: dict[str, Any] = {}
-    if ro.known:
-        rollout = {"revision": ro.revision, "old_pods": list(old)}
-        if ro.replicaset:
-            rollout["replicaset"] = ro.replicaset
-    if pod is None:
-        if failed_create:
-            msg = str(failed_create[-1].get("message", ""))
-            return RoleState(
-                role,
-                "failed",
-                f"the cluster refused to create its Pod: {msg}",
-                {"event": msg, "reason": "FailedCreate", **rollout},
-                revision=ro.revision,
-                old_pods=old,
-            )
-        waited = _age_s(started, now)
-        if old and ro.known:
-            # The controller creates this apply's Pod once the old ones have stopped.
-            what = (
-                f"no Pod of ReplicaSet {ro.replicaset} yet"
-                if ro.replicaset
-                else "the Deployment controller has not created this apply's ReplicaSet yet"
-                if replicasets is not None
-                else "no Pod of this apply yet"
-            )
-            return RoleState(
-                role,
-                "waiting",
-                what + note,
-                {**rollout, "waited_s": round(waited)},
-                revision=ro.revision,
-                old_pods=old,
-            )
-        if waited > no_pod_grace_s:
-            return RoleState(
-                role,
-                "failed",
-                f"no Pod was created for Deployment {deployment_name} in {waited:.0f} s "
-                "(`kubectl describe deployment` and the namespace's events say why)",
-                {"waited_s": round(waited), **rollout},
-                revision=ro.revision,
-                old_pods=old,
-            )
-        return RoleState(
-            role, "waiting", "no Pod yet" + note, rollout, revision=ro.revision, old_pods=old
-        )
 
-    meta = pod.get("metadata", {})
-    name = str(meta.get("name", ""))
-    node = pod.get("spec", {}).get("nodeName") or pod.get("spec", {}).get("nodeSelector", {}).get(
-        "kubernetes.io/hostname"
+
+def _without_pod(
+    role: str,
+    deployment_name: str,
+    ro: _Rollout,
+    old: tuple[str, ...],
+    note: str,
+    rollout: dict[str, Any],
+    failed_create: list[Obj],
+    *,
+    waited: float,
+    no_pod_grace_s: float,
+    replicasets_given: bool,
+) -> RoleState:
+    """A role with no Pod of this apply: refused, waiting for the old Pods to stop or for
+    the controller, or failed after ``no_pod_grace_s``."""
+    if failed_create:
+        msg = str(failed_create[-1].get("message", ""))
+        return RoleState(
+            role,
+            "failed",
+            f"the cluster refused to create its Pod: {msg}",
+            {"event": msg, "reason": "FailedCreate", **rollout},
+            revision=ro.revision,
+            old_pods=old,
+        )
+    if old and ro.known:
+        # The controller creates this apply's Pod once the old ones have stopped.
+        what = (
+            f"no Pod of ReplicaSet {ro.replicaset} yet"
+            if ro.replicaset
+            else "the Deployment controller has not created this apply's ReplicaSet yet"
+            if replicasets_given
+            else "no Pod of this apply yet"
+        )
+        return RoleState(
+            role,
+            "waiting",
+            what + note,
+            {**rollout, "waited_s": round(waited)},
+            revision=ro.revision,
+            old_pods=old,
+        )
+    if waited > no_pod_grace_s:
+        return RoleState(
+            role,
+            "failed",
+            f"no Pod was created for Deployment {deployment_name} in {waited:.0f} s "
+            "(`kubectl describe deployment` and the namespace's events say why)",
+            {"waited_s": round(waited), **rollout},
+            revision=ro.revision,
+            old_pods=old,
+        )
+    return RoleState(
+        role, "waiting", "no Pod yet" + note, rollout, revision=ro.revision, old_pods=old
     )
-    status = pod.get("status", {})
-    total_restarts = restarts(pod)
-    since_apply = max(
-        0, total_restarts - int((restart_baseline or {}).get(str(meta.get("uid", "")), 0))
-    )
-    pod_ready = is_ready(pod)
-    base: dict[str, Any] = {"pod": name, "node": node}
-    per_role: dict[str, Any] = {
-        "pod": name,
-        "node": None if node is None else str(node),
-        "ready": pod_ready,
-        "restarts_since_apply": since_apply,
-        "image": _engine_image(pod),
-        "revision": ro.revision,
-        "old_pods": old,
-    }
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The Pod a role is judged by, and what every verdict on it carries."""
+
+    role: str
+    pod: Obj
+    name: str
+    node: Any
+    now: datetime
+    note: str  # the old Pods, after every summary
+    rollout: dict[str, Any]
+    per_role: dict[str, Any]
+    base: dict[str, Any]  # the evidence every verdict starts from
+    pod_events: list[Obj]
+    statuses: list[Obj]
+    since_apply: int  # restarts since this apply
+    from_apply: bool  # restarts are counted from this apply (a baseline was given)
 
     def result(
+        self,
         state: Literal["ready", "waiting", "failed"],
         summary: str,
         evidence: dict[str, Any],
         crashed: str | None = None,
     ) -> RoleState:
         return RoleState(
-            role,
+            self.role,
             state,
-            summary + note,
-            {**evidence, **rollout},
+            summary + self.note,
+            {**evidence, **self.rollout},
             crashed_container=crashed,
-            **per_role,
+            **self.per_role,
         )
 
-    pod_events = _events_for(events, "Pod", name, exact=True)
-    statuses = list(status.get("containerStatuses") or [])
+
+def _judged(
+    role: str,
+    pod: Obj,
+    ro: _Rollout,
+    old: tuple[str, ...],
+    note: str,
+    rollout: dict[str, Any],
+    events: Sequence[Obj],
+    now: datetime,
+    restart_baseline: Mapping[str, int] | None,
+) -> _Judged:
+    meta = pod.get("metadata", {})
+    name = str(meta.get("name", ""))
+    node = pod.get("spec", {}).get("nodeName") or pod.get("spec", {}).get("nodeSelector", {}).get(
+        "kubernetes.io/hostname"
+    )
+    baseline = int((restart_baseline or {}).get(str(meta.get("uid", "")), 0))
+    since_apply = max(0, restarts(pod) - baseline)
+    per_role: dict[str, Any] = {
+        "pod": name,
+        "node": None if node is None else str(node),
+        "ready": is_ready(pod),
+        "restarts_since_apply": since_apply,
+        "image": _engine_image(pod),
+        "revision": ro.revision,
+        "old_pods": old,
+    }
+    return _Judged(
+        role=role,
+        pod=pod,
+        name=name,
+        node=node,
+        now=now,
+        note=note,
+        rollout=rollout,
+        per_role=per_role,
+        base={"pod": name, "node": node},
+        pod_events=_events_for(events, "Pod", name, exact=True),
+        statuses=list(pod.get("status", {}).get("containerStatuses") or []),
+        since_apply=since_apply,
+        from_apply=restart_baseline is not None,
+    )
+
+
+def _mount_verdict(j: _Judged) -> RoleState | None:
+    """A volume that cannot be mounted: an absent hostPath at once, others once the
+    kubelet's retries persist; nothing once a container has started."""
     # Once a container has started, every volume was mounted: earlier FailedMount events
     # (kubelet's passing "kube-root-ca.crt not registered", kubernetes#105204) are past.
-    mounted = pod_ready or any(
-        cs.get("started") or (cs.get("state") or {}).get("running") for cs in statuses
+    mounted = is_ready(j.pod) or any(
+        cs.get("started") or (cs.get("state") or {}).get("running") for cs in j.statuses
     )
-    for e in [] if mounted else reversed(pod_events):
+    for e in [] if mounted else reversed(j.pod_events):
         msg = str(e.get("message", ""))
         absent = hostpath_absent(msg)
         if e.get("reason") == "FailedMount" and absent:
-            return result(
+            return j.result(
                 "failed",
-                f"{absent} is absent on node {node}: the hostPath mount failed. Put "
+                f"{absent} is absent on node {j.node}: the hostPath mount failed. Put "
                 "the weights there, or fix the model directory parameter and render again.",
-                {**base, "event": msg, "reason": "FailedMount"},
+                {**j.base, "event": msg, "reason": "FailedMount"},
             )
         if e.get("reason") == "FailedMount":
-            if MOUNT_TIMED_OUT in msg or _persisted([e], now, MOUNT_GRACE_S, count=0):
-                return result(
+            if MOUNT_TIMED_OUT in msg or _persisted([e], j.now, MOUNT_GRACE_S, count=0):
+                return j.result(
                     "failed",
-                    f"a volume of Pod {name} cannot be mounted on node {node}: {msg}",
-                    {**base, "event": msg, "reason": "FailedMount"},
+                    f"a volume of Pod {j.name} cannot be mounted on node {j.node}: {msg}",
+                    {**j.base, "event": msg, "reason": "FailedMount"},
                 )
-            return result(
+            return j.result(
                 "waiting",
-                f"a volume of Pod {name} is not mounted yet (the kubelet retries): {msg}",
-                {**base, "event": msg, "reason": "FailedMount"},
+                f"a volume of Pod {j.name} is not mounted yet (the kubelet retries): {msg}",
+                {**j.base, "event": msg, "reason": "FailedMount"},
             )
+    return None
 
+
+def _ended_verdict(j: _Judged) -> RoleState | None:
+    status = j.pod.get("status", {})
     phase = status.get("phase")
     if phase in ("Failed", "Succeeded"):
         why = status.get("message") or status.get("reason") or phase
-        return result("failed", f"Pod {name} ended ({phase}): {why}", {**base, "phase": phase})
+        return j.result(
+            "failed", f"Pod {j.name} ended ({phase}): {why}", {**j.base, "phase": phase}
+        )
+    return None
 
-    sched = condition(pod, "PodScheduled")
-    if sched is not None and sched.get("status") == "False":
-        msg = str(sched.get("message") or sched.get("reason") or "")
-        waited = _age_s(parse_time(str(meta.get("creationTimestamp"))), now)
-        if waited > unschedulable_grace_s:
-            return result(
-                "failed",
-                f"Pod {name} could not be scheduled for {waited:.0f} s: {msg}",
-                {**base, "scheduler": msg, "waited_s": round(waited)},
-            )
-        return result("waiting", f"not scheduled yet: {msg}", {**base, "scheduler": msg})
 
+def _schedule_verdict(j: _Judged, unschedulable_grace_s: float) -> RoleState | None:
+    """A Pod the scheduler cannot place: waiting, then failed after the grace period."""
+    sched = condition(j.pod, "PodScheduled")
+    if sched is None or sched.get("status") != "False":
+        return None
+    msg = str(sched.get("message") or sched.get("reason") or "")
+    waited = _age_s(parse_time(str(j.pod.get("metadata", {}).get("creationTimestamp"))), j.now)
+    if waited > unschedulable_grace_s:
+        return j.result(
+            "failed",
+            f"Pod {j.name} could not be scheduled for {waited:.0f} s: {msg}",
+            {**j.base, "scheduler": msg, "waited_s": round(waited)},
+        )
+    return j.result("waiting", f"not scheduled yet: {msg}", {**j.base, "scheduler": msg})
+
+
+def _container_verdict(j: _Judged) -> RoleState | None:
+    """The first container that cannot start (an image, its configuration) or that
+    crashed since this apply, is crash-looping or has exited."""
     # The restarts beyond the baseline are the container's whose last exit is the newest.
     restarted = sorted(
         (
             cs
-            for cs in statuses
+            for cs in j.statuses
             if as_int(cs.get("restartCount")) > 0 and (cs.get("lastState") or {}).get("terminated")
         ),
         key=_terminated_at,
     )
-    crashed_since_apply = str(restarted[-1].get("name", "")) if since_apply and restarted else None
-    for cs in statuses:
-        cname = str(cs.get("name", ""))
-        now_state = cs.get("state") or {}
-        waiting = now_state.get("waiting") or {}
-        reason = str(waiting.get("reason", ""))
+    crashed_since_apply = (
+        str(restarted[-1].get("name", "")) if j.since_apply and restarted else None
+    )
+    for cs in j.statuses:
+        reason = str(((cs.get("state") or {}).get("waiting") or {}).get("reason", ""))
         if reason in FATAL_WAITING:
-            msg = str(waiting.get("message", ""))
-            tries = [e for e in pod_events if e.get("reason") in ("Failed", "BackOff")]
-            final = reason in FINAL_AT_ONCE or _persisted(
-                tries, now, RETRY_GRACE_S, count=BACKOFF_FINAL
-            )
-            if not tries:  # no events to read: the Pod's own age
-                created = parse_time(str(meta.get("creationTimestamp")))
-                final = final or _age_s(created, now) > RETRY_GRACE_S + 120.0
-            return result(
-                "failed" if final else "waiting",
-                f"{FATAL_WAITING[reason]} ({reason}): {msg or cs.get('image', '')}"
-                + ("" if final else "; the kubelet retries, not yet final"),
-                {**base, "container": cname, "reason": reason, "message": msg},
-            )
+            return _cannot_start(j, cs, reason)
         last = (cs.get("lastState") or {}).get("terminated")
-        container_restarts = as_int(cs.get("restartCount"))
-        ended = now_state.get("terminated")
-        if cname == crashed_since_apply and last:
-            n = min(since_apply, container_restarts)
-            when = " since this apply" if restart_baseline is not None else ""
-            code = last.get("exitCode")
-            why = last.get("reason") or "Error"
-            return result(
-                "failed",
-                f"container {cname} exited with code {code} ({why}) and was restarted "
-                f"{n} time(s){when}; it will restart into the same failure",
-                {
-                    **base,
-                    "container": cname,
-                    "exit_code": code,
-                    "reason": why,
-                    "message": last.get("message"),
-                    "restarts": container_restarts,
-                    "restarts_since_apply": n,
-                },
-                crashed=cname,
-            )
+        if str(cs.get("name", "")) == crashed_since_apply and last:
+            return _crashed_since_apply(j, cs, last)
+        ended = (cs.get("state") or {}).get("terminated")
         if reason == "CrashLoopBackOff" or ended:
-            # Crash-looping or exited now, whenever its restarts were counted.
-            exit_ = ended or last or {}
-            code = exit_.get("exitCode")
-            why = exit_.get("reason") or "Error"
-            doing = "is crash-looping (CrashLoopBackOff)" if reason else "has exited"
-            return result(
-                "failed",
-                f"container {cname} {doing}: its last run exited with code {code} ({why}); "
-                "it will restart into the same failure",
-                {
-                    **base,
-                    "container": cname,
-                    "exit_code": code,
-                    "reason": why,
-                    "message": exit_.get("message"),
-                    "restarts": container_restarts,
-                    "restarts_since_apply": since_apply,
-                },
-                crashed=cname,
-            )
+            return _crashing_now(j, cs, reason, ended or last or {})
+    return None
 
-    if pod_ready:
+
+def _cannot_start(j: _Judged, cs: Obj, reason: str) -> RoleState:
+    """A container waiting for a reason that waiting will not cure: final at once, or once
+    the kubelet's retries have persisted (the Pod's age when there are no events)."""
+    msg = str(((cs.get("state") or {}).get("waiting") or {}).get("message", ""))
+    tries = [e for e in j.pod_events if e.get("reason") in ("Failed", "BackOff")]
+    final = reason in FINAL_AT_ONCE or _persisted(tries, j.now, RETRY_GRACE_S, count=BACKOFF_FINAL)
+    if not tries:  # no events to read: the Pod's own age
+        created = parse_time(str(j.pod.get("metadata", {}).get("creationTimestamp")))
+        final = final or _age_s(created, j.now) > RETRY_GRACE_S + 120.0
+    return j.result(
+        "failed" if final else "waiting",
+        f"{FATAL_WAITING[reason]} ({reason}): {msg or cs.get('image', '')}"
+        + ("" if final else "; the kubelet retries, not yet final"),
+        {**j.base, "container": str(cs.get("name", "")), "reason": reason, "message": msg},
+    )
+
+
+def _crashed_since_apply(j: _Judged, cs: Obj, last: Obj) -> RoleState:
+    n = min(j.since_apply, as_int(cs.get("restartCount")))
+    when = " since this apply" if j.from_apply else ""
+    return _crashed(
+        j,
+        cs,
+        last,
+        n,
+        f"container {cs.get('name', '')} exited with code {last.get('exitCode')} "
+        f"({last.get('reason') or 'Error'}) and was restarted {n} time(s){when}; it will "
+        "restart into the same failure",
+    )
+
+
+def _crashing_now(j: _Judged, cs: Obj, reason: str, exit_: Obj) -> RoleState:
+    """Crash-looping or exited now, whenever its restarts were counted."""
+    doing = "is crash-looping (CrashLoopBackOff)" if reason else "has exited"
+    return _crashed(
+        j,
+        cs,
+        exit_,
+        j.since_apply,
+        f"container {cs.get('name', '')} {doing}: its last run exited with code "
+        f"{exit_.get('exitCode')} ({exit_.get('reason') or 'Error'}); it will restart into "
+        "the same failure",
+    )
+
+
+def _crashed(j: _Judged, cs: Obj, exit_: Obj, since_apply: int, summary: str) -> RoleState:
+    """A container's crash, with its exit and restarts as evidence."""
+    cname = str(cs.get("name", ""))
+    evidence = {
+        **j.base,
+        "container": cname,
+        "exit_code": exit_.get("exitCode"),
+        "reason": exit_.get("reason") or "Error",
+        "message": exit_.get("message"),
+        "restarts": as_int(cs.get("restartCount")),
+        "restarts_since_apply": since_apply,
+    }
+    return j.result("failed", summary, evidence, crashed=cname)
+
+
+def _ready_or_starting(j: _Judged, ro: _Rollout, mine: Sequence[Obj]) -> RoleState:
+    """No verdict of failure: ready when this apply's Pods are, else what it waits for."""
+    if is_ready(j.pod):
         live_mine = [p for p in mine if not is_terminating(p)]
         ready_n = sum(1 for p in live_mine if is_ready(p))
         if ro.updated is not None and ro.updated < ro.desired:
-            return result(
+            return j.result(
                 "waiting",
-                f"Pod {name} is Ready on {node}, but the Deployment reports {ro.updated} of "
-                f"{ro.desired} Pod(s) of this apply's template",
-                base,
+                f"Pod {j.name} is Ready on {j.node}, but the Deployment reports {ro.updated} "
+                f"of {ro.desired} Pod(s) of this apply's template",
+                j.base,
             )
         if ro.known and ready_n < ro.desired:
-            return result("waiting", f"{ready_n} of {ro.desired} Pods Ready", base)
-        return result("ready", f"Pod {name} is Ready on {node}", base)
+            return j.result("waiting", f"{ready_n} of {ro.desired} Pods Ready", j.base)
+        return j.result("ready", f"Pod {j.name} is Ready on {j.node}", j.base)
     running_since = None
-    for cs in statuses:
+    for cs in j.statuses:
         running_since = parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     if running_since is not None:
-        what = f"engine starting on {node} for {_age_s(running_since, now):.0f} s"
+        what = f"engine starting on {j.node} for {_age_s(running_since, j.now):.0f} s"
     else:
         reason = ""
-        for cs in statuses:
+        for cs in j.statuses:
             reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason") or reason
-        what = f"{reason or phase or 'Pending'} on {node}"
-    return result("waiting", what, base)
+        phase = j.pod.get("status", {}).get("phase")
+        what = f"{reason or phase or 'Pending'} on {j.node}"
+    return j.result("waiting", what, j.base)
 
 
 def overall(states: Sequence[RoleState]) -> Literal["ready", "waiting", "failed"]:

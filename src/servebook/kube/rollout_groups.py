@@ -53,21 +53,9 @@ def group_state(
     crashes, scheduling), and the first that failed fails the role, named."""
     live = [p for p in pods if not is_terminating(p)]
     gone = tuple(sorted(str(p["metadata"].get("name", "")) for p in pods if p not in live))
-    for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
-        one = role_state(
-            role,
-            lws_name,
-            [p],
-            events,
-            now=now,
-            started=started,
-            restart_baseline=restart_baseline,
-        )
-        if one.state == "failed":
-            member = labels_of(p).get(LWS_WORKER_INDEX)
-            group = labels_of(p).get(LWS_GROUP_INDEX)
-            where = f" (group {group}, member {member})" if group is not None else ""
-            return replace(one, summary=one.summary + where, old_pods=gone)
+    failed = _failed_member(role, lws_name, live, events, now, started, restart_baseline)
+    if failed is not None:
+        return replace(failed, old_pods=gone)
     crash = _restarted_member(pods, restart_baseline)
     recreated = recreations(events, lws_name, started)
     if crash is not None or recreated is not None:
@@ -103,6 +91,50 @@ def group_state(
                 old_pods=gone,
             )
         return RoleState(role, "waiting", "no Pod yet", old_pods=gone)
+    return _groups_ready(role, live, groups, replicas, size, lws, restart_baseline, gone)
+
+
+def _failed_member(
+    role: str,
+    lws_name: str,
+    live: Sequence[Obj],
+    events: Sequence[Obj],
+    now: datetime,
+    started: datetime,
+    restart_baseline: Mapping[str, int] | None,
+) -> RoleState | None:
+    """The first member Pod (by name) that ``role_state`` judges failed, its group and
+    member named; None when none has."""
+    for p in sorted(live, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
+        one = role_state(
+            role,
+            lws_name,
+            [p],
+            events,
+            now=now,
+            started=started,
+            restart_baseline=restart_baseline,
+        )
+        if one.state == "failed":
+            member = labels_of(p).get(LWS_WORKER_INDEX)
+            group = labels_of(p).get(LWS_GROUP_INDEX)
+            where = f" (group {group}, member {member})" if group is not None else ""
+            return replace(one, summary=one.summary + where)
+    return None
+
+
+def _groups_ready(
+    role: str,
+    live: Sequence[Obj],
+    groups: Mapping[str, list[Obj]],
+    replicas: int,
+    size: int,
+    lws: Obj | None,
+    restart_baseline: Mapping[str, int] | None,
+    gone: tuple[str, ...],
+) -> RoleState:
+    """Ready when every group has all its Pods Ready (and the LeaderWorkerSet counts them
+    so), else waiting, with the groups and Pods Ready so far; shown by the leader Pod."""
     complete = [
         g for g, members in groups.items() if len(members) >= size and all(map(is_ready, members))
     ]
@@ -130,16 +162,7 @@ def group_state(
             for p in live
         ),
     }
-    counted_ok = True
-    if lws is not None:
-        status = lws.get("status") or {}
-        available = _lws_condition(lws, "Available")
-        counted_ok = (
-            as_int(status.get("updatedReplicas")) >= replicas
-            and as_int(status.get("readyReplicas")) >= replicas
-            and (available is None or available.get("status") == "True")
-        )
-    if len(complete) >= replicas and counted_ok:
+    if len(complete) >= replicas and _counted_ready(lws, replicas):
         return RoleState(
             role,
             "ready",
@@ -155,6 +178,20 @@ def group_state(
         "Pods); a group serves only once all its Pods are Ready",
         evidence,
         **per_role,
+    )
+
+
+def _counted_ready(lws: Obj | None, replicas: int) -> bool:
+    """Whether the LeaderWorkerSet (when given) counts every group updated and ready, and
+    is not unavailable."""
+    if lws is None:
+        return True
+    status = lws.get("status") or {}
+    available = _lws_condition(lws, "Available")
+    return (
+        as_int(status.get("updatedReplicas")) >= replicas
+        and as_int(status.get("readyReplicas")) >= replicas
+        and (available is None or available.get("status") == "True")
     )
 
 

@@ -290,22 +290,9 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
     size = st.st_size
     if size == 0:
         return bad(0, "empty file (0 bytes)")
-    try:
-        with open(path, "rb") as f:
-            first = f.read(8)
-            if len(first) < 8:
-                return bad(size, "truncated: {} bytes, less than the 8-byte length".format(size))
-            if first == _LFS_POINTER[:8]:
-                return bad(size, "a Git LFS pointer file ({} bytes), not weights".format(size))
-            n = int.from_bytes(first, "little")
-            if n < 2 or n > MAX_HEADER_BYTES:
-                return bad(size, "not safetensors: header length field reads {}".format(n))
-            if 8 + n > size:
-                msg = "truncated or garbage: header length field says {} bytes, {} follow"
-                return bad(size, msg.format(n, size - 8))
-            raw = f.read(n)
-    except OSError as e:
-        return bad(size, "cannot read: {}".format(e.strerror))
+    raw, n, problem = _read_header(path, size)
+    if problem:
+        return bad(size, problem)
     header, problem = _json_document(raw)
     if problem.startswith("not valid JSON"):
         return bad(size, "header is not valid JSON (garbage, or not safetensors)")
@@ -313,19 +300,10 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
         return bad(size, "header is {}".format(problem))
     if not isinstance(header, dict):
         return bad(size, "header is not a JSON object")
-    tensors: Dict[str, int] = {}
-    data_end = 0
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        problem = _tensor_problem(t)
-        if problem:
-            return bad(size, "tensor {!r}: {}".format(name, problem))
-        begin, end = t["data_offsets"]
-        tensors[name] = end - begin
-        data_end = max(data_end, end)
+    tensors, data_end, problem = _tensor_sizes(header)
+    if problem:
+        return bad(size, problem)
     expected = 8 + n + data_end
-    problem = ""
     if size < expected:
         problem = "truncated: {} of the {} bytes its header requires ({:.1f}%)".format(
             size, expected, 100.0 * size / expected
@@ -337,6 +315,44 @@ def inspect_safetensors(path: str) -> SafetensorsInfo:
     else:
         problem = _hole_problem(path, st, 8 + n, size)
     return SafetensorsInfo(path, size, problem, tensors, expected)
+
+
+def _read_header(path: str, size: int) -> Tuple[bytes, int, str]:
+    """A safetensors file's header bytes and its length field (checked against ``size``),
+    or why they cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(8)
+            if len(first) < 8:
+                return b"", 0, "truncated: {} bytes, less than the 8-byte length".format(size)
+            if first == _LFS_POINTER[:8]:
+                return b"", 0, "a Git LFS pointer file ({} bytes), not weights".format(size)
+            n = int.from_bytes(first, "little")
+            if n < 2 or n > MAX_HEADER_BYTES:
+                return b"", 0, "not safetensors: header length field reads {}".format(n)
+            if 8 + n > size:
+                msg = "truncated or garbage: header length field says {} bytes, {} follow"
+                return b"", 0, msg.format(n, size - 8)
+            return f.read(n), n, ""
+    except OSError as e:
+        return b"", 0, "cannot read: {}".format(e.strerror)
+
+
+def _tensor_sizes(header: Dict[str, Any]) -> Tuple[Dict[str, int], int, str]:
+    """Each tensor's size in bytes and where the data ends, from a parsed header; or the
+    first tensor entry that is malformed."""
+    tensors: Dict[str, int] = {}
+    data_end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _tensor_problem(t)
+        if problem:
+            return {}, 0, "tensor {!r}: {}".format(name, problem)
+        begin, end = t["data_offsets"]
+        tensors[name] = end - begin
+        data_end = max(data_end, end)
+    return tensors, data_end, ""
 
 
 # Where a shard's data is sampled for a hole: this many regions of this many bytes, spread
@@ -848,43 +864,8 @@ def check_directory(
     by_name = {e.name: e for e in entries}
 
     # SB202 / SB203: config.json.
-    config: Optional[Dict[str, Any]] = None
-    cfg = by_name.get("config.json")
-    if cfg is None:
-        msg = "no config.json in {}".format(real)
-        if "snapshots" in by_name and "refs" in by_name:
-            msg += " (a Hugging Face cache repository folder: the model is in snapshots/<rev>)"
-        out.append(
-            finding("SB202", FAIL, subject, msg, {"path": os.path.join(real, "config.json")})
-        )
-    elif cfg.is_link and not cfg.exists:
-        out.append(
-            finding(
-                "SB202",
-                FAIL,
-                subject,
-                "config.json is a link to {}, which does not exist".format(os.readlink(cfg.path)),
-            )
-        )
-    else:
-        doc, problem = _read_json_file(cfg.path)
-        if problem:
-            out.append(finding("SB202", FAIL, subject, "config.json: {}".format(problem)))
-        elif not isinstance(doc, dict):
-            out.append(finding("SB202", FAIL, subject, "config.json is not a JSON object"))
-        else:
-            config = doc
-            out.append(
-                finding(
-                    "SB202",
-                    PASS,
-                    subject,
-                    "config.json parses: architectures {}, model_type {}".format(
-                        doc.get("architectures"), doc.get("model_type")
-                    ),
-                    _config_evidence(doc),
-                )
-            )
+    parsed, config = _check_config(by_name, real, subject)
+    out.append(parsed)
     if expect_model is not None:
         out.append(_check_expect(expect_model, config, real, subject))
 
@@ -892,6 +873,57 @@ def check_directory(
     out.extend(_check_weights(real, entries, subject))
 
     # SB208 / SB209: leftovers and links.
+    out.extend(_check_leftovers_and_links(real, subject))
+
+    # SB210: tokenizer.
+    out.append(_check_tokenizer(by_name, role, subject))
+
+    # SB211: filesystem of the directory's own mount (and of where weight links lead).
+    weight_paths = [e.path for e in entries if _is_weight_name(e.name) and e.exists]
+    out.extend(_check_mounts(real, weight_paths, mounts, mount_error, subject))
+    return out
+
+
+def _check_config(
+    by_name: Dict[str, _Entry], real: str, subject: str
+) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+    """SB202: config.json is there and parses as a JSON object; the finding and the config
+    (None when it does not)."""
+    cfg = by_name.get("config.json")
+    if cfg is None:
+        msg = "no config.json in {}".format(real)
+        if "snapshots" in by_name and "refs" in by_name:
+            msg += " (a Hugging Face cache repository folder: the model is in snapshots/<rev>)"
+        return finding(
+            "SB202", FAIL, subject, msg, {"path": os.path.join(real, "config.json")}
+        ), None
+    if cfg.is_link and not cfg.exists:
+        return finding(
+            "SB202",
+            FAIL,
+            subject,
+            "config.json is a link to {}, which does not exist".format(os.readlink(cfg.path)),
+        ), None
+    doc, problem = _read_json_file(cfg.path)
+    if problem:
+        return finding("SB202", FAIL, subject, "config.json: {}".format(problem)), None
+    if not isinstance(doc, dict):
+        return finding("SB202", FAIL, subject, "config.json is not a JSON object"), None
+    parsed = finding(
+        "SB202",
+        PASS,
+        subject,
+        "config.json parses: architectures {}, model_type {}".format(
+            doc.get("architectures"), doc.get("model_type")
+        ),
+        _config_evidence(doc),
+    )
+    return parsed, doc
+
+
+def _check_leftovers_and_links(real: str, subject: str) -> List[Dict[str, Any]]:
+    """SB208: no leftovers of an unfinished download; SB209: every link resolves."""
+    out: List[Dict[str, Any]] = []
     leftovers, dangling, n_links, walk_capped = _walk(real)
     leftovers = leftovers + _hf_blob_leftovers(real)
     cap_note = (
@@ -948,13 +980,6 @@ def check_directory(
                 {"links": n_links, "hf_repo": hf_repo},
             )
         )
-
-    # SB210: tokenizer.
-    out.append(_check_tokenizer(by_name, role, subject))
-
-    # SB211: filesystem of the directory's own mount (and of where weight links lead).
-    weight_paths = [e.path for e in entries if _is_weight_name(e.name) and e.exists]
-    out.extend(_check_mounts(real, weight_paths, mounts, mount_error, subject))
     return out
 
 
@@ -1071,103 +1096,35 @@ def _is_weight_name(name: str) -> bool:
 
 
 def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[str, Any]]:
+    """SB204-SB207: the weight files are there, whole and match their indexes."""
     out: List[Dict[str, Any]] = []
     by_name = {e.name: e for e in entries}
     indexes = [e for e in entries if e.name.endswith(INDEX_SUFFIXES)]
+    index_docs, named_by_index = _read_indexes(indexes)
     # Weight files: *.safetensors, *.gguf, pytorch_model*.bin, and whatever an index names
     # (a .bin index may name files the pattern misses).
-    index_docs: Dict[str, Tuple[Any, str]] = {}
-    named_by_index: Set[str] = set()
-    for ix in indexes:
-        doc, problem = _read_json_file(ix.path)
-        if not problem and not (isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict)):
-            problem = "has no weight_map object"
-        index_docs[ix.name] = (doc, problem)
-        if not problem:
-            named_by_index.update(str(v) for v in doc["weight_map"].values())
     weights = [e for e in entries if _is_weight_name(e.name) or e.name in named_by_index]
     present = [e for e in weights if e.exists and e.is_file]
 
     # SB204
-    if not present:
-        msg = "no weight files (*.safetensors, pytorch_model*.bin, *.gguf)"
-        if named_by_index:
-            msg += " although the index names {}".format(len(named_by_index))
-        out.append(finding("SB204", FAIL, subject, msg, {"directory": real}))
-    else:
-        total = sum(e.size for e in present)
-        ev = {"files": [e.name for e in present], "bytes": total}
-        if total == 0:
-            msg = "{} weight file(s), all empty (0 bytes)".format(len(present))
-            out.append(finding("SB204", FAIL, subject, msg, ev))
-        else:
-            msg = "{} weight file(s), {}".format(len(present), _human_bytes(total))
-            out.append(finding("SB204", PASS, subject, msg, ev))
+    out.append(_check_present(present, named_by_index, real, subject))
 
     # SB206 first (SB205 and SB207 use the parsed headers).
-    st_infos: Dict[str, SafetensorsInfo] = {}
-    damaged: Dict[str, str] = {}
-    for e in present:
-        if e.name.endswith(".safetensors"):
-            info = inspect_safetensors(e.path)
-            st_infos[e.name] = info
-            problem = info.problem
-        elif e.name.endswith(".gguf"):
-            problem = _gguf_problem(e.path)
-        else:
-            problem = _zip_problem(e.path)
-        if problem:
-            damaged[e.name] = problem
+    st_infos, damaged = _inspect_weights(present)
 
     # SB205: the index (and the -0000i-of-0000n naming) against what is there.
-    missing_files: List[str] = []
-    missing_tensors: List[str] = []
-    index_problems: List[str] = []
-    for ix_name in sorted(index_docs):
-        doc, problem = index_docs[ix_name]
-        if problem:
-            index_problems.append("{}: {}".format(ix_name, problem))
-            continue
-        for tensor, shard in sorted(doc["weight_map"].items()):
-            shard_entry = by_name.get(str(shard))
-            if shard_entry is None or not (shard_entry.exists and shard_entry.is_file):
-                if shard not in missing_files:
-                    missing_files.append(str(shard))
-                continue
-            shard_info = st_infos.get(str(shard))
-            if shard_info and not shard_info.problem and tensor not in shard_info.tensors:
-                missing_tensors.append("{} (in {})".format(tensor, shard))
-    for name in _missing_by_shard_name([e.name for e in present]):
-        if name not in missing_files:
-            missing_files.append(name)
-    missing_files.sort()
+    index_problems, missing_files, missing_tensors = _index_gaps(
+        index_docs, by_name, st_infos, present
+    )
     if index_problems or missing_files or missing_tensors:
-        parts = []
-        if index_problems:
-            parts.append("; ".join(index_problems))
-        if missing_files:
-            parts.append(
-                "{} named shard(s) missing: {}".format(len(missing_files), _listing(missing_files))
-            )
-        if missing_tensors:
-            parts.append(
-                "{} indexed tensor(s) absent from their shard: {}".format(
-                    len(missing_tensors), _listing(missing_tensors, 3)
-                )
-            )
         out.append(
-            finding(
-                "SB205",
-                FAIL,
+            _index_gaps_finding(
+                index_problems,
+                missing_files,
+                missing_tensors,
+                named_by_index,
+                by_name,
                 subject,
-                "; ".join(parts),
-                {
-                    "index_problems": index_problems,
-                    "missing_shards": missing_files,
-                    "missing_tensors": missing_tensors,
-                    "present_shards": len([n for n in named_by_index if n in by_name]),
-                    "indexed_shards": len(named_by_index),
-                },
             )
         )
     elif indexes:
@@ -1191,31 +1148,8 @@ def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[
         )
 
     # SB206
-    if damaged:
-        names = sorted(damaged)
-        out.append(
-            finding(
-                "SB206",
-                FAIL,
-                subject,
-                "{} of {} weight file(s) damaged: {}".format(
-                    len(names),
-                    len(present),
-                    _listing(["{}: {}".format(n, damaged[n]) for n in names], 3),
-                ),
-                {"damaged": damaged, "checked": len(present)},
-            )
-        )
-    elif present:
-        out.append(
-            finding(
-                "SB206",
-                PASS,
-                subject,
-                "{} weight file(s): headers parse and sizes match".format(len(present)),
-                {"checked": len(present)},
-            )
-        )
+    if damaged or present:
+        out.append(_check_damaged(damaged, present, subject))
 
     # SB207: total_size of each safetensors index against the tensors its shards hold.
     for ix_name in sorted(index_docs):
@@ -1224,6 +1158,154 @@ def _check_weights(real: str, entries: List[_Entry], subject: str) -> List[Dict[
             continue
         out.append(_check_total_size(ix_name, doc, st_infos, subject))
     return out
+
+
+def _read_indexes(indexes: List[_Entry]) -> Tuple[Dict[str, Tuple[Any, str]], Set[str]]:
+    """Each index file's parsed document and problem (no ``weight_map`` object is one), by
+    name, and every file the readable ones name."""
+    index_docs: Dict[str, Tuple[Any, str]] = {}
+    named_by_index: Set[str] = set()
+    for ix in indexes:
+        doc, problem = _read_json_file(ix.path)
+        if not problem and not (isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict)):
+            problem = "has no weight_map object"
+        index_docs[ix.name] = (doc, problem)
+        if not problem:
+            named_by_index.update(str(v) for v in doc["weight_map"].values())
+    return index_docs, named_by_index
+
+
+def _check_present(
+    present: List[_Entry], named_by_index: Set[str], real: str, subject: str
+) -> Dict[str, Any]:
+    """SB204: there are weight files, and not all of them empty."""
+    if not present:
+        msg = "no weight files (*.safetensors, pytorch_model*.bin, *.gguf)"
+        if named_by_index:
+            msg += " although the index names {}".format(len(named_by_index))
+        return finding("SB204", FAIL, subject, msg, {"directory": real})
+    total = sum(e.size for e in present)
+    ev = {"files": [e.name for e in present], "bytes": total}
+    if total == 0:
+        msg = "{} weight file(s), all empty (0 bytes)".format(len(present))
+        return finding("SB204", FAIL, subject, msg, ev)
+    msg = "{} weight file(s), {}".format(len(present), _human_bytes(total))
+    return finding("SB204", PASS, subject, msg, ev)
+
+
+def _inspect_weights(
+    present: List[_Entry],
+) -> Tuple[Dict[str, SafetensorsInfo], Dict[str, str]]:
+    """Each safetensors file's parsed header, by name, and what is wrong with each damaged
+    weight file (safetensors, GGUF or a zip-format .bin)."""
+    st_infos: Dict[str, SafetensorsInfo] = {}
+    damaged: Dict[str, str] = {}
+    for e in present:
+        if e.name.endswith(".safetensors"):
+            info = inspect_safetensors(e.path)
+            st_infos[e.name] = info
+            problem = info.problem
+        elif e.name.endswith(".gguf"):
+            problem = _gguf_problem(e.path)
+        else:
+            problem = _zip_problem(e.path)
+        if problem:
+            damaged[e.name] = problem
+    return st_infos, damaged
+
+
+def _index_gaps(
+    index_docs: Dict[str, Tuple[Any, str]],
+    by_name: Dict[str, _Entry],
+    st_infos: Dict[str, SafetensorsInfo],
+    present: List[_Entry],
+) -> Tuple[List[str], List[str], List[str]]:
+    """What the indexes (and the shard naming) name that is not there: unreadable indexes,
+    missing shard files (sorted), and indexed tensors absent from a readable shard."""
+    missing_files: List[str] = []
+    missing_tensors: List[str] = []
+    index_problems: List[str] = []
+    for ix_name in sorted(index_docs):
+        doc, problem = index_docs[ix_name]
+        if problem:
+            index_problems.append("{}: {}".format(ix_name, problem))
+            continue
+        for tensor, shard in sorted(doc["weight_map"].items()):
+            shard_entry = by_name.get(str(shard))
+            if shard_entry is None or not (shard_entry.exists and shard_entry.is_file):
+                if shard not in missing_files:
+                    missing_files.append(str(shard))
+                continue
+            shard_info = st_infos.get(str(shard))
+            if shard_info and not shard_info.problem and tensor not in shard_info.tensors:
+                missing_tensors.append("{} (in {})".format(tensor, shard))
+    for name in _missing_by_shard_name([e.name for e in present]):
+        if name not in missing_files:
+            missing_files.append(name)
+    missing_files.sort()
+    return index_problems, missing_files, missing_tensors
+
+
+def _index_gaps_finding(
+    index_problems: List[str],
+    missing_files: List[str],
+    missing_tensors: List[str],
+    named_by_index: Set[str],
+    by_name: Dict[str, _Entry],
+    subject: str,
+) -> Dict[str, Any]:
+    """SB205 failed: the index problems, missing shards and absent tensors, in one finding."""
+    parts = []
+    if index_problems:
+        parts.append("; ".join(index_problems))
+    if missing_files:
+        parts.append(
+            "{} named shard(s) missing: {}".format(len(missing_files), _listing(missing_files))
+        )
+    if missing_tensors:
+        parts.append(
+            "{} indexed tensor(s) absent from their shard: {}".format(
+                len(missing_tensors), _listing(missing_tensors, 3)
+            )
+        )
+    return finding(
+        "SB205",
+        FAIL,
+        subject,
+        "; ".join(parts),
+        {
+            "index_problems": index_problems,
+            "missing_shards": missing_files,
+            "missing_tensors": missing_tensors,
+            "present_shards": len([n for n in named_by_index if n in by_name]),
+            "indexed_shards": len(named_by_index),
+        },
+    )
+
+
+def _check_damaged(damaged: Dict[str, str], present: List[_Entry], subject: str) -> Dict[str, Any]:
+    """SB206: every weight file's header parses and its size matches (a sample of its data
+    is not a hole)."""
+    if damaged:
+        names = sorted(damaged)
+        return finding(
+            "SB206",
+            FAIL,
+            subject,
+            "{} of {} weight file(s) damaged: {}".format(
+                len(names),
+                len(present),
+                _listing(["{}: {}".format(n, damaged[n]) for n in names], 3),
+            ),
+            {"damaged": damaged, "checked": len(present)},
+        )
+    return finding(
+        "SB206",
+        PASS,
+        subject,
+        "{} weight file(s): headers parse and sizes match".format(len(present)),
+        {"checked": len(present)},
+    )
 
 
 def _missing_by_shard_name(names: List[str]) -> List[str]:
@@ -1485,6 +1567,66 @@ def find_models(
         search["elapsed_s"] = round(clock() - start, 3)
         return FindResult([f], [], search)
 
+    found, beyond_examples = _search(root, max_depth, deadline, clock, search)
+    findings: List[Dict[str, Any]] = []
+    candidates: List[Dict[str, Any]] = []
+    for i, d in enumerate(found):
+        if clock() > deadline:
+            search["time_limit_hit"] = True
+            search["candidates_not_probed"] = len(found) - i
+            for rest in found[i:]:
+                candidates.append(
+                    {"path": rest, "complete": None, "failing": [], "summary": "not probed"}
+                )
+                findings.append(
+                    finding(
+                        "SB212",
+                        WARN,
+                        rest,
+                        "found but not probed: the time bound was hit first",
+                        hint="`servebook probe {}` checks it alone.".format(rest),
+                    )
+                )
+            break
+        candidate, verdict = _probe_candidate(d, mounts, mount_error)
+        candidates.append(candidate)
+        findings.append(verdict)
+    passing = [c for c in candidates if c["complete"] and not c["failing"]]
+    if not found:
+        findings.append(
+            finding(
+                "SB212",
+                FAIL,
+                root,
+                "no model directory (config.json plus weights) found under {}".format(root),
+            )
+        )
+    elif not passing:
+        findings.append(
+            finding(
+                "SB212",
+                FAIL,
+                root,
+                "none of the {} candidate(s) under {} passes every probe check".format(
+                    len(found), root
+                ),
+            )
+        )
+    search["elapsed_s"] = round(clock() - start, 3)
+    findings.append(_bounds_finding(search, beyond_examples))
+    return FindResult(findings, candidates, search)
+
+
+def _search(
+    root: str,
+    max_depth: int,
+    deadline: float,
+    clock: Callable[[], float],
+    search: Dict[str, Any],
+) -> Tuple[List[str], List[str]]:
+    """The directories under ``root`` that look like a model, breadth first, within
+    ``max_depth`` levels and until ``deadline``; a few of the directories beyond the depth
+    as examples.  What it scanned and which bound it hit go into ``search``."""
     found: List[str] = []
     visited: Set[str] = set()
     beyond_examples: List[str] = []
@@ -1513,81 +1655,38 @@ def find_models(
             search["depth_limit_hit"] = True
             search["dirs_beyond_depth"] += len(subdirs)
             beyond_examples.extend(e.path for e in subdirs[: max(0, 3 - len(beyond_examples))])
+    return found, beyond_examples
 
-    findings: List[Dict[str, Any]] = []
-    candidates: List[Dict[str, Any]] = []
-    for i, d in enumerate(found):
-        if clock() > deadline:
-            search["time_limit_hit"] = True
-            search["candidates_not_probed"] = len(found) - i
-            for rest in found[i:]:
-                candidates.append(
-                    {"path": rest, "complete": None, "failing": [], "summary": "not probed"}
-                )
-                findings.append(
-                    finding(
-                        "SB212",
-                        WARN,
-                        rest,
-                        "found but not probed: the time bound was hit first",
-                        hint="`servebook probe {}` checks it alone.".format(rest),
-                    )
-                )
-            break
-        fs = _checked(d, mounts, mount_error)
-        failing = [f for f in fs if _failed(f) or f["severity"] == WARN]
-        completeness = [f for f in failing if f["check"] != "SB211"]
-        summary = _candidate_summary(fs)
-        candidates.append(
-            {
-                "path": d,
-                "complete": not completeness,
-                "failing": [f["check"] for f in failing],
-                "summary": summary,
-            }
-        )
-        ev = {"failing": [{"check": f["check"], "message": f["message"]} for f in failing]}
-        if failing:
-            findings.append(
-                finding(
-                    "SB212",
-                    WARN,
-                    d,
-                    "{}; {}".format(
-                        summary,
-                        "; ".join("{} {}".format(f["check"], f["message"]) for f in failing[:3]),
-                    ),
-                    ev,
-                    hint="`servebook probe {}` shows every check.".format(d),
-                )
-            )
-        else:
-            findings.append(finding("SB212", PASS, d, summary, ev))
 
-    passing = [c for c in candidates if c["complete"] and not c["failing"]]
-    if not found:
-        findings.append(
-            finding(
-                "SB212",
-                FAIL,
-                root,
-                "no model directory (config.json plus weights) found under {}".format(root),
-            )
-        )
-    elif not passing:
-        findings.append(
-            finding(
-                "SB212",
-                FAIL,
-                root,
-                "none of the {} candidate(s) under {} passes every probe check".format(
-                    len(found), root
-                ),
-            )
-        )
-    search["elapsed_s"] = round(clock() - start, 3)
-    findings.append(_bounds_finding(search, beyond_examples))
-    return FindResult(findings, candidates, search)
+def _probe_candidate(
+    d: str, mounts: Optional[List[Mount]], mount_error: str
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """One candidate directory probed: its entry in the candidates list and its SB212
+    finding (a warning naming the first failing checks, else a pass)."""
+    fs = _checked(d, mounts, mount_error)
+    failing = [f for f in fs if _failed(f) or f["severity"] == WARN]
+    completeness = [f for f in failing if f["check"] != "SB211"]
+    summary = _candidate_summary(fs)
+    candidate = {
+        "path": d,
+        "complete": not completeness,
+        "failing": [f["check"] for f in failing],
+        "summary": summary,
+    }
+    ev = {"failing": [{"check": f["check"], "message": f["message"]} for f in failing]}
+    if not failing:
+        return candidate, finding("SB212", PASS, d, summary, ev)
+    return candidate, finding(
+        "SB212",
+        WARN,
+        d,
+        "{}; {}".format(
+            summary,
+            "; ".join("{} {}".format(f["check"], f["message"]) for f in failing[:3]),
+        ),
+        ev,
+        hint="`servebook probe {}` shows every check.".format(d),
+    )
 
 
 def _checked(d: str, mounts: Optional[List[Mount]], mount_error: str) -> List[Dict[str, Any]]:

@@ -22,6 +22,7 @@ from servebook.recipe.schema import (
     Placement,
     Recipe,
     Resources,
+    Role,
 )
 
 # kubernetes.model_source 'generate': where each engine Pod makes its models (an emptyDir
@@ -449,12 +450,73 @@ def _fabric_resources(origin: str, recipe: Recipe, name: str) -> Resources:
     return role.resources.model_copy(update={"rdma_resource": resource, "rdma_count": count})
 
 
+def _role_speculative(
+    origin: str,
+    recipe: Recipe,
+    name: str,
+    role_draft: str | None,
+    model_container: str | None,
+    generate: dict[str, Generate],
+) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """A role's speculative config (None without speculative decoding), its draft's node
+    path and container path; a draft to generate is added to ``generate``."""
+    spec = recipe.speculative
+    if spec is None:
+        return None, None, None
+    draft_container = None
+    draft_path, draft_key = _draft(origin, recipe, name, role_draft)
+    if draft_path is not None and spec.container_path is not None:
+        draft_container = spec.container_path
+        _mounted(origin, draft_path, draft_key, draft_container, "draft model")
+        if draft_container == model_container:
+            raise RecipeValueError(
+                f"{origin}: the model and the draft are both mounted at "
+                f"{draft_container}; give speculative.container_path its own path.",
+                ["speculative.container_path"],
+            )
+    # The engine is given the container path when there is one, so PD roles whose
+    # nodes keep the draft at different paths still get byte-identical configs.
+    spec_cfg = vllm.speculative_config(
+        spec.method, spec.num_speculative_tokens, draft_container or draft_path, spec.extra
+    )
+    if spec.generate is not None and draft_path is not None:
+        generate[draft_path] = spec.generate
+    return spec_cfg, draft_path, draft_container
+
+
+def _kv_transfer(recipe: Recipe, kv_storage: list[str]) -> dict[str, Any] | None:
+    """The KV connector's transfer config (None without one); its storage path, when it
+    has one, is added to ``kv_storage``."""
+    if recipe.kv_connector is None:
+        return None
+    kv_cfg = vllm.kv_transfer_config(recipe.kv_connector.name, recipe.kv_connector.extra_config)
+    path = recipe.kv_connector.extra_config.get(vllm.KV_STORAGE_KEY)
+    if isinstance(path, str) and path not in kv_storage:
+        kv_storage.append(path)
+    return kv_cfg
+
+
+def _check_gpus(origin: str, name: str, role: Role, args: list[str]) -> None:
+    """A role's Pod must request at least the GPU workers its engine arguments start."""
+    gpus = role.resources.gpus
+    # A group's Pod runs its node's share of the data-parallel ranks.
+    per_pod = vllm.parallel_size(args) // role.nodes_per_replica
+    if isinstance(gpus, int) and gpus > 0 and per_pod > gpus:
+        raise RecipeValueError(
+            f"{origin}: role {name} runs {per_pod} GPU workers per Pod "
+            f"(tensor x pipeline x data parallel sizes in its engine arguments, the "
+            f"data-parallel ranks over {role.nodes_per_replica} node(s)) but "
+            f"requests {gpus} GPU(s); the engine would fail to start. Make the parallel "
+            "sizes multiply to at most the GPU count.",
+            [f"roles.{name}.engine_args", f"roles.{name}.resources.gpus"],
+        )
+
+
 def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
     """Turn a fully substituted recipe into a Plan."""
     roles: list[RolePlan] = []
     generate: dict[str, Generate] = {}
     kv_storage: list[str] = []
-    spec = recipe.speculative
     plan_spec: dict[str, Any] | None = None
     for name in ENGINE_ROLES[recipe.topology]:
         role = recipe.roles[name]
@@ -468,37 +530,13 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             _mounted(origin, model_path, model_key, model_container, "model")
         if recipe.model.generate is not None:
             generate[model_path] = recipe.model.generate
-        spec_cfg = None
-        draft_path = None
-        draft_container = None
-        if spec is not None:
-            draft_path, draft_key = _draft(origin, recipe, name, role.draft_path)
-            if draft_path is not None and spec.container_path is not None:
-                draft_container = spec.container_path
-                _mounted(origin, draft_path, draft_key, draft_container, "draft model")
-                if draft_container == model_container:
-                    raise RecipeValueError(
-                        f"{origin}: the model and the draft are both mounted at "
-                        f"{draft_container}; give speculative.container_path its own path.",
-                        ["speculative.container_path"],
-                    )
-            # The engine is given the container path when there is one, so PD roles whose
-            # nodes keep the draft at different paths still get byte-identical configs.
-            spec_cfg = vllm.speculative_config(
-                spec.method, spec.num_speculative_tokens, draft_container or draft_path, spec.extra
-            )
-            if spec.generate is not None and draft_path is not None:
-                generate[draft_path] = spec.generate
+        spec_cfg, draft_path, draft_container = _role_speculative(
+            origin, recipe, name, role.draft_path, model_container, generate
+        )
+        if spec_cfg is not None:
             # Identical on every role except for where each node keeps the draft.
             plan_spec = {k: v for k, v in spec_cfg.items() if k != "model"}
-        kv_cfg = None
-        if recipe.kv_connector is not None:
-            kv_cfg = vllm.kv_transfer_config(
-                recipe.kv_connector.name, recipe.kv_connector.extra_config
-            )
-            path = recipe.kv_connector.extra_config.get(vllm.KV_STORAGE_KEY)
-            if isinstance(path, str) and path not in kv_storage:
-                kv_storage.append(path)
+        kv_cfg = _kv_transfer(recipe, kv_storage)
         args = vllm.engine_args(
             model_path=model_container or model_path,
             served_name=recipe.model.served_name,
@@ -508,18 +546,7 @@ def build_plan(recipe: Recipe, params: dict[str, Any], *, origin: str) -> Plan:
             extra=_role_extra(recipe, name),
         )
         kube_args, pod_models = _kube_variant(recipe, name, draft_path, args)
-        gpus = role.resources.gpus
-        # A group's Pod runs its node's share of the data-parallel ranks.
-        per_pod = vllm.parallel_size(args) // role.nodes_per_replica
-        if isinstance(gpus, int) and gpus > 0 and per_pod > gpus:
-            raise RecipeValueError(
-                f"{origin}: role {name} runs {per_pod} GPU workers per Pod "
-                f"(tensor x pipeline x data parallel sizes in its engine arguments, the "
-                f"data-parallel ranks over {role.nodes_per_replica} node(s)) but "
-                f"requests {gpus} GPU(s); the engine would fail to start. Make the parallel "
-                "sizes multiply to at most the GPU count.",
-                [f"roles.{name}.engine_args", f"roles.{name}.resources.gpus"],
-            )
+        _check_gpus(origin, name, role, args)
         roles.append(
             RolePlan(
                 name=name,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -201,85 +201,134 @@ def load_values_file(path: Path) -> dict[str, Any]:
 
 def _coerce(name: str, param: Parameter, value: Any, origin: str) -> Any:
     """Convert a supplied value to the parameter's type, or say exactly what is wrong."""
-
-    def bad(why: str) -> UsageError:
-        return UsageError(
-            f"parameter '{name}' = {value!r} (from {origin}) is invalid: {why}. "
+    try:
+        return _converted(param, value)
+    except _Invalid as e:
+        shown = value if e.value is _AS_GIVEN else e.value
+        raise UsageError(
+            f"parameter '{name}' = {shown!r} (from {origin}) is invalid: {e}. "
             f"It is: {param.description} Supply a valid value with --set {name}=VALUE."
-        )
+        ) from None
 
+
+_AS_GIVEN = object()
+
+
+class _Invalid(Exception):
+    """Why a value is not of its parameter's type; ``value``, when set, is the value to show
+    in place of the one supplied (YAML shows what it parsed)."""
+
+    def __init__(self, why: str, value: Any = _AS_GIVEN) -> None:
+        super().__init__(why)
+        self.value = value
+
+
+def _converted(param: Parameter, value: Any) -> Any:
     if param.type is ParamType.ARGS:
-        if isinstance(value, list):
-            return [str(v) for v in value]
-        try:
-            return shlex.split(str(value or ""))
-        except ValueError as e:
-            raise bad(f"cannot split it into arguments ({e}); quote it as a shell would") from None
+        return _as_args(value)
     if param.type is ParamType.YAML:
-        if isinstance(value, str):
-            try:
-                value = inputs.safe_load(value)
-            except yaml.YAMLError as e:
-                problem = getattr(e, "problem", None) or str(e)
-                raise bad(f"not valid YAML ({problem})") from None
-        if not isinstance(value, (dict, list)):
-            raise bad(
-                "expected a YAML mapping or list, e.g. --set NAME='{key: value}' or "
-                "--set NAME='[{key: value}]', or the same under NAME: in a values file"
-            )
-        return value
+        return _as_yaml(value)
     text = str(value).strip() if value is not None else ""
     if value is None or text == "":
-        raise bad("it is empty")
+        raise _Invalid("it is empty")
     if "<" in text and ">" in text:
-        raise bad("it looks like an unfilled placeholder such as <NODE>")
-    t = param.type
-    if t is ParamType.INT:
-        if isinstance(value, bool):
-            raise bad("expected an integer")
-        try:
-            out: Any = int(text)
-        except ValueError:
-            raise bad("expected an integer") from None
-        if abs(out) > INT32_MAX:
-            raise bad(
-                f"too large: at most {INT32_MAX} (the integer fields an engine and Kubernetes "
-                "take are 32-bit)"
-            )
-    elif t is ParamType.FLOAT:
-        try:
-            out = float(text)
-        except ValueError:
-            raise bad("expected a number") from None
-    elif t is ParamType.BOOL:
-        if isinstance(value, bool):
-            out = value
-        elif text.lower() in ("true", "yes", "1", "on"):
-            out = True
-        elif text.lower() in ("false", "no", "0", "off"):
-            out = False
-        else:
-            raise bad("expected true or false")
-    elif t is ParamType.CHOICE:
-        assert param.choices is not None
-        if text not in param.choices:
-            raise bad(f"expected one of {', '.join(param.choices)}")
-        out = text
-    elif t in (ParamType.NODE, ParamType.LABEL):
-        if len(text) > 63 or not LABEL_VALUE.match(text):
-            raise bad(
-                "not a valid Kubernetes label value (at most 63 characters: letters, "
-                "digits, '-', '_', '.', starting and ending with a letter or digit)"
-            )
-        out = text
-    else:
-        out = text
-    if t in (ParamType.INT, ParamType.FLOAT):
+        raise _Invalid("it looks like an unfilled placeholder such as <NODE>")
+    out = _SCALARS.get(param.type, _as_text)(param, value, text)
+    if param.type in (ParamType.INT, ParamType.FLOAT):
         if param.min is not None and out < param.min:
-            raise bad(f"must be >= {param.min:g}")
+            raise _Invalid(f"must be >= {param.min:g}")
         if param.max is not None and out > param.max:
-            raise bad(f"must be <= {param.max:g}")
+            raise _Invalid(f"must be <= {param.max:g}")
     return out
+
+
+def _as_args(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    try:
+        return shlex.split(str(value or ""))
+    except ValueError as e:
+        raise _Invalid(f"cannot split it into arguments ({e}); quote it as a shell would") from None
+
+
+def _as_yaml(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value = inputs.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e)
+            raise _Invalid(f"not valid YAML ({problem})") from None
+    if not isinstance(value, (dict, list)):
+        raise _Invalid(
+            "expected a YAML mapping or list, e.g. --set NAME='{key: value}' or "
+            "--set NAME='[{key: value}]', or the same under NAME: in a values file",
+            value,
+        )
+    return value
+
+
+def _as_int(param: Parameter, value: Any, text: str) -> int:
+    if isinstance(value, bool):
+        raise _Invalid("expected an integer")
+    try:
+        out = int(text)
+    except ValueError:
+        raise _Invalid("expected an integer") from None
+    if abs(out) > INT32_MAX:
+        raise _Invalid(
+            f"too large: at most {INT32_MAX} (the integer fields an engine and Kubernetes "
+            "take are 32-bit)"
+        )
+    return out
+
+
+def _as_float(param: Parameter, value: Any, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise _Invalid("expected a number") from None
+
+
+def _as_bool(param: Parameter, value: Any, text: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if text.lower() in ("true", "yes", "1", "on"):
+        return True
+    if text.lower() in ("false", "no", "0", "off"):
+        return False
+    raise _Invalid("expected true or false")
+
+
+def _as_choice(param: Parameter, value: Any, text: str) -> str:
+    assert param.choices is not None
+    if text not in param.choices:
+        raise _Invalid(f"expected one of {', '.join(param.choices)}")
+    return text
+
+
+def _as_label(param: Parameter, value: Any, text: str) -> str:
+    if len(text) > 63 or not LABEL_VALUE.match(text):
+        raise _Invalid(
+            "not a valid Kubernetes label value (at most 63 characters: letters, "
+            "digits, '-', '_', '.', starting and ending with a letter or digit)"
+        )
+    return text
+
+
+def _as_text(param: Parameter, value: Any, text: str) -> str:
+    return text
+
+
+# How a scalar parameter's value (stripped, not empty) becomes its type; a type not listed
+# (str, path) keeps the text.
+_SCALARS: dict[ParamType, Callable[[Parameter, Any, str], Any]] = {
+    ParamType.INT: _as_int,
+    ParamType.FLOAT: _as_float,
+    ParamType.BOOL: _as_bool,
+    ParamType.CHOICE: _as_choice,
+    ParamType.NODE: _as_label,
+    ParamType.LABEL: _as_label,
+}
 
 
 # Kubernetes' integer fields (replicas, ports, probe periods) are int32, as are vLLM's token
@@ -379,23 +428,14 @@ def _unresolved_line(name: str, param: Parameter, usages: Mapping[str, list[str]
     return line + f" Supply it with --set {name}=VALUE or in a -f values.yaml file."
 
 
-def resolve_values(
+def _check_names(
     src: Source,
     declared: Mapping[str, Parameter],
     supplied: Mapping[str, tuple[Any, str]],
-    builtins: Mapping[str, str],
-    origins: dict[str, str] | None = None,
-    unresolved_on: dict[str, list[str]] | None = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """Parameter values from defaults and supplied (value, origin) pairs, typed and
-    validated, and a message per unresolved parameter (with where it is used).  Unresolved
-    parameters get a typed stand-in value so the rest of the recipe can still be checked.
-    ``origins``, when given, receives where each value came from; ``unresolved_on``, per
-    backend, a message per unset parameter only that backend requires (``required_on``),
-    which is left unset like an optional one."""
-    origins = {} if origins is None else origins
-    unresolved_on = {} if unresolved_on is None else unresolved_on
-    usages = _usages(src.data)
+    usages: Mapping[str, list[str]],
+) -> None:
+    """Every ``${name}`` the recipe uses and every name supplied is a declared parameter
+    (or a built-in, for a reference)."""
     for ref, where in usages.items():
         if ref not in declared and ref not in BUILTINS:
             hint = (
@@ -416,6 +456,25 @@ def resolve_values(
                 f"This recipe's parameters: {', '.join(sorted(declared)) or 'none'}."
             )
 
+
+def resolve_values(
+    src: Source,
+    declared: Mapping[str, Parameter],
+    supplied: Mapping[str, tuple[Any, str]],
+    builtins: Mapping[str, str],
+    origins: dict[str, str] | None = None,
+    unresolved_on: dict[str, list[str]] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Parameter values from defaults and supplied (value, origin) pairs, typed and
+    validated, and a message per unresolved parameter (with where it is used).  Unresolved
+    parameters get a typed stand-in value so the rest of the recipe can still be checked.
+    ``origins``, when given, receives where each value came from; ``unresolved_on``, per
+    backend, a message per unset parameter only that backend requires (``required_on``),
+    which is left unset like an optional one."""
+    origins = {} if origins is None else origins
+    unresolved_on = {} if unresolved_on is None else unresolved_on
+    usages = _usages(src.data)
+    _check_names(src, declared, supplied, usages)
     values: dict[str, Any] = dict(builtins)
     missing: list[str] = []
     invalid: list[str] = []

@@ -48,7 +48,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -212,38 +212,45 @@ def provenance_fields(prov: Provenance) -> dict[str, FieldValue]:
     engines = [r for r in prov.roles if r.name in ENGINE_ROLES or r.engine_version]
     put("roles.engine_versions", "engine", sorted({r.engine_version or "" for r in engines}))
     put("roles.images", "packages", sorted({r.image or "" for r in engines}))
-    # Per role: compared only for roles both runs have (``provenance_differences``); a role
-    # on one side only is the topology difference ``roles``.
+    f.update(_role_fields(prov))
+    f.update(_protocol_fields(prov.protocol))
+    for k, v in prov.workload.items():
+        if k not in _WORKLOAD_FREE:
+            put(f"workload.{k}", "workload", v)
+    put("seed", "seed", prov.seed)
+    put("load.route", "route", prov.load.route if prov.load is not None else None)
+    return f
+
+
+def _role_fields(prov: Provenance) -> dict[str, FieldValue]:
+    """Per role: compared only for roles both runs have (``provenance_differences``); a role
+    on one side only is the topology difference ``roles``."""
+    f: dict[str, FieldValue] = {}
     for role in prov.roles:
         if role.name not in ENGINE_ROLES and not role.engine_version:
-            put(f"{ROLE_PREFIX}{role.name}.image", "packages", role.image)
-        put(
-            f"{ROLE_PREFIX}{role.name}.command",
-            "engine_args",
-            " ".join(normalize_command(role.command, prov.model)),
+            f[f"{ROLE_PREFIX}{role.name}.image"] = FieldValue("packages", role.image)
+        f[f"{ROLE_PREFIX}{role.name}.command"] = FieldValue(
+            "engine_args", " ".join(normalize_command(role.command, prov.model))
         )
         for k, v in role.env.items():
             if k not in _PLACEMENT_ENV:
-                put(f"{ROLE_PREFIX}{role.name}.env.{k}", "engine_args", v)
-    for k, v in prov.protocol.items():
+                f[f"{ROLE_PREFIX}{role.name}.env.{k}"] = FieldValue("engine_args", v)
+    return f
+
+
+def _protocol_fields(protocol: Mapping[str, Any]) -> dict[str, FieldValue]:
+    f: dict[str, FieldValue] = {}
+    for k, v in protocol.items():
         if k == "thresholds" and isinstance(v, dict):
             for tk, tv in v.items():
                 if tk in _THRESHOLDS_FREE:
                     continue
                 # The PD handoff threshold exists only for PD deployments: it changes with
                 # the topology, not with the protocol.
-                put(
-                    f"protocol.thresholds.{tk}",
-                    "topology" if tk in _TOPOLOGY_THRESHOLDS else "protocol",
-                    tv,
-                )
+                kind = "topology" if tk in _TOPOLOGY_THRESHOLDS else "protocol"
+                f[f"protocol.thresholds.{tk}"] = FieldValue(kind, tv)
         elif k not in _PROTOCOL_FREE:
-            put(f"protocol.{k}", "protocol", v)
-    for k, v in prov.workload.items():
-        if k not in _WORKLOAD_FREE:
-            put(f"workload.{k}", "workload", v)
-    put("seed", "seed", prov.seed)
-    put("load.route", "route", prov.load.route if prov.load is not None else None)
+            f[f"protocol.{k}"] = FieldValue("protocol", v)
     return f
 
 

@@ -29,6 +29,33 @@ from servebook.results.schema import Latency, Point
 # --- server evidence -----------------------------------------------------------------------
 
 
+# The counters read per role, by key: (metric name, labels), under each engine's names.
+_Counters = dict[str, tuple[str, dict[str, str]]]
+_VLLM_COUNTERS: _Counters = {
+    "prompt_tokens": (M.PROMPT_TOKENS, {}),
+    "generation_tokens": (M.GENERATION_TOKENS, {}),
+    "preemptions": (M.PREEMPTIONS, {}),
+    "spec_draft_tokens": (M.SPEC_DRAFT_TOKENS, {}),
+    "spec_accepted_tokens": (M.SPEC_ACCEPTED_TOKENS, {}),
+    "external_prefix_hits": (M.EXTERNAL_PREFIX_HITS, {}),
+    "prefix_cache_queries": (M.PREFIX_QUERIES, {}),
+    "prefix_cache_hits": (M.PREFIX_HITS, {}),
+    "prompt_tokens_by_transfer": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_EXTERNAL}),
+    "prompt_tokens_local_cache": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_LOCAL_CACHE}),
+}
+_SGLANG_COUNTERS: _Counters = {
+    "prompt_tokens": (sglang.M.PROMPT_TOKENS, {}),
+    "generation_tokens": (sglang.M.GENERATION_TOKENS, {}),
+    "preemptions": (sglang.M.RETRACTED_REQUESTS, {}),
+    "cached_prompt_tokens": (sglang.M.CACHED_TOKENS, {}),
+    # SGLang's radix cache: the prompt tokens it found cached, of all it read
+    "prefix_cache_queries": (sglang.M.PROMPT_TOKENS, {}),
+    "prefix_cache_hits": (sglang.M.CACHED_TOKENS, {}),
+    "requests": (sglang.M.REQUESTS, {}),
+    "request_errors": (sglang.M.ABORTED_REQUESTS, {}),
+}
+
+
 def server_evidence(
     before: Mapping[str, Snapshot | str],
     after: Mapping[str, Snapshot | str],
@@ -45,100 +72,12 @@ def server_evidence(
     a string is one whose scrape failed (the string is the error).  ``missing`` lists what
     could not be read; an empty list means the evidence is complete."""
     missing: list[str] = []
-    roles: dict[str, Any] = {}
     totals: dict[str, float] = {}
-    vllm_names: dict[str, tuple[str, dict[str, str]]] = {
-        "prompt_tokens": (M.PROMPT_TOKENS, {}),
-        "generation_tokens": (M.GENERATION_TOKENS, {}),
-        "preemptions": (M.PREEMPTIONS, {}),
-        "spec_draft_tokens": (M.SPEC_DRAFT_TOKENS, {}),
-        "spec_accepted_tokens": (M.SPEC_ACCEPTED_TOKENS, {}),
-        "external_prefix_hits": (M.EXTERNAL_PREFIX_HITS, {}),
-        "prefix_cache_queries": (M.PREFIX_QUERIES, {}),
-        "prefix_cache_hits": (M.PREFIX_HITS, {}),
-        "prompt_tokens_by_transfer": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_EXTERNAL}),
-        "prompt_tokens_local_cache": (M.PROMPT_TOKENS_BY_SOURCE, {"source": SOURCE_LOCAL_CACHE}),
+    roles = {
+        role: _role_evidence(role, before.get(role), after.get(role), totals, missing)
+        for role in sorted(set(before) | set(after))
     }
-    for role in sorted(set(before) | set(after)):
-        b, a = before.get(role), after.get(role)
-        if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
-            err = b if isinstance(b, str) else a if isinstance(a, str) else "not scraped"
-            missing.append(f"{role}: /metrics not read ({err})")
-            roles[role] = {"scraped": False, "error": err}
-            continue
-        engine = counters_of(set(a.samples))
-        if engine is None:
-            missing.append(
-                f"{role}: metric(s) absent: no counters of vLLM "
-                f"({', '.join(VLLM.required)}) or SGLang ({', '.join(SGLANG.required)})"
-            )
-            roles[role] = {"scraped": True, "url": a.url, "engine": None}
-            continue
-        names: dict[str, tuple[str, dict[str, str]]]
-        if engine is SGLANG:
-            names = {
-                "prompt_tokens": (sglang.M.PROMPT_TOKENS, {}),
-                "generation_tokens": (sglang.M.GENERATION_TOKENS, {}),
-                "preemptions": (sglang.M.RETRACTED_REQUESTS, {}),
-                "cached_prompt_tokens": (sglang.M.CACHED_TOKENS, {}),
-                # SGLang's radix cache: the prompt tokens it found cached, of all it read
-                "prefix_cache_queries": (sglang.M.PROMPT_TOKENS, {}),
-                "prefix_cache_hits": (sglang.M.CACHED_TOKENS, {}),
-                "requests": (sglang.M.REQUESTS, {}),
-                "request_errors": (sglang.M.ABORTED_REQUESTS, {}),
-            }
-        else:
-            names = vllm_names
-        counters: dict[str, float | None] = {}
-        resets: list[str] = []
-        for key, (name, labels) in names.items():
-            d = delta(b, a, name, **labels)
-            counters[key] = d.value
-            if d.reset:
-                resets.append(name)
-            if d.value is not None:
-                totals[key] = totals.get(key, 0.0) + d.value
-        if engine is not SGLANG:
-            bad = 0.0
-            for reason in BAD_FINISH_REASONS:
-                d = delta(b, a, M.REQUEST_SUCCESS, finished_reason=reason)
-                bad += d.value or 0.0
-            counters["request_errors"] = bad
-            totals["request_errors"] = totals.get("request_errors", 0.0) + bad
-        absent = [n for n in engine.required if not a.has(n)]
-        if absent:
-            missing.append(f"{role}: metric(s) absent: {', '.join(absent)}")
-        if resets:
-            missing.append(f"{role}: counters went backwards (the role restarted in the window)")
-        roles[role] = {
-            "scraped": True,
-            "url": a.url,
-            "engine": engine.engine,
-            "counters": counters,
-            "reset": resets,
-        }
-    share = None
-    if decode_role is not None:
-        c = roles.get(decode_role, {}).get("counters") or {}
-        moved = c.get("prompt_tokens_by_transfer")
-        if moved is None:
-            moved = c.get("external_prefix_hits")
-        total = c.get("prompt_tokens")
-        # Tokens decode found in its own prefix cache needed no transfer (a prompt it had
-        # seen, e.g. a second sweep with the same seed on a kept deployment): the share is
-        # of the tokens decode had to get from somewhere.
-        cached = c.get("prompt_tokens_local_cache") or 0.0
-        needed = total - cached if total else total
-        if moved is not None and needed:
-            share = moved / needed
-        elif moved is not None and total:
-            missing.append(
-                f"{decode_role}: every prompt token of the window was in decode's own prefix "
-                "cache (prompts it had already seen: run with another --seed), so no handoff "
-                "could be measured"
-            )
-        elif decode_role in roles and roles[decode_role].get("scraped"):
-            missing.append(f"{decode_role}: no KV-transfer counters to compute the handoff share")
+    share = None if decode_role is None else _handoff_share(decode_role, roles, missing)
     drafts = totals.get("spec_draft_tokens")
     replicas = replica_evidence(before, after, decode_role, replica_names or {})
     for role, by_replica in replicas.items():
@@ -161,6 +100,82 @@ def server_evidence(
         "request_errors": totals.get("request_errors"),
         "missing": missing,
     }
+
+
+def _role_evidence(
+    role: str,
+    b: Snapshot | str | None,
+    a: Snapshot | str | None,
+    totals: dict[str, float],
+    missing: list[str],
+) -> dict[str, Any]:
+    """One role's counters over the window, under its engine's names; each is added to
+    ``totals``, and what could not be read to ``missing``."""
+    if not isinstance(b, Snapshot) or not isinstance(a, Snapshot):
+        err = b if isinstance(b, str) else a if isinstance(a, str) else "not scraped"
+        missing.append(f"{role}: /metrics not read ({err})")
+        return {"scraped": False, "error": err}
+    engine = counters_of(set(a.samples))
+    if engine is None:
+        missing.append(
+            f"{role}: metric(s) absent: no counters of vLLM "
+            f"({', '.join(VLLM.required)}) or SGLang ({', '.join(SGLANG.required)})"
+        )
+        return {"scraped": True, "url": a.url, "engine": None}
+    counters: dict[str, float | None] = {}
+    resets: list[str] = []
+    for key, (name, labels) in (_SGLANG_COUNTERS if engine is SGLANG else _VLLM_COUNTERS).items():
+        d = delta(b, a, name, **labels)
+        counters[key] = d.value
+        if d.reset:
+            resets.append(name)
+        if d.value is not None:
+            totals[key] = totals.get(key, 0.0) + d.value
+    if engine is not SGLANG:
+        bad = 0.0
+        for reason in BAD_FINISH_REASONS:
+            d = delta(b, a, M.REQUEST_SUCCESS, finished_reason=reason)
+            bad += d.value or 0.0
+        counters["request_errors"] = bad
+        totals["request_errors"] = totals.get("request_errors", 0.0) + bad
+    absent = [n for n in engine.required if not a.has(n)]
+    if absent:
+        missing.append(f"{role}: metric(s) absent: {', '.join(absent)}")
+    if resets:
+        missing.append(f"{role}: counters went backwards (the role restarted in the window)")
+    return {
+        "scraped": True,
+        "url": a.url,
+        "engine": engine.engine,
+        "counters": counters,
+        "reset": resets,
+    }
+
+
+def _handoff_share(decode_role: str, roles: Mapping[str, Any], missing: list[str]) -> float | None:
+    """The share of decode's prompt tokens that arrived by KV transfer; None (and why, in
+    ``missing``) when it cannot be measured."""
+    c = roles.get(decode_role, {}).get("counters") or {}
+    moved = c.get("prompt_tokens_by_transfer")
+    if moved is None:
+        moved = c.get("external_prefix_hits")
+    total = c.get("prompt_tokens")
+    # Tokens decode found in its own prefix cache needed no transfer (a prompt it had
+    # seen, e.g. a second sweep with the same seed on a kept deployment): the share is
+    # of the tokens decode had to get from somewhere.
+    cached = c.get("prompt_tokens_local_cache") or 0.0
+    needed = total - cached if total else total
+    if moved is not None and needed:
+        return moved / needed
+    if moved is not None and total:
+        missing.append(
+            f"{decode_role}: every prompt token of the window was in decode's own prefix "
+            "cache (prompts it had already seen: run with another --seed), so no handoff "
+            "could be measured"
+        )
+    elif decode_role in roles and roles[decode_role].get("scraped"):
+        missing.append(f"{decode_role}: no KV-transfer counters to compute the handoff share")
+    return None
 
 
 def prefix_hit_share(totals: Mapping[str, float]) -> float | None:

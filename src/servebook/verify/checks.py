@@ -182,41 +182,54 @@ def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
             hits.value / queries.value if hits.value is not None and queries.value else None
         ),
     }
-    out: list[Finding] = []
+    return [
+        _decode_finding(decode, transferred, total, required, block, w, evidence),
+        _prefill_finding(prefill, transferred, w),
+    ]
+
+
+def _decode_finding(
+    decode: str,
+    transferred: float,
+    total: float,
+    required: int,
+    block: int,
+    w: Window,
+    evidence: dict[str, Any],
+) -> Finding:
+    """Whether decode received at least the tokens the whole-block transfer guarantees."""
+    share = transferred / total
+    threshold = required / total
     if required == 0:
-        out.append(
-            HANDOFF.finding(
-                Severity.ERROR,
-                decode,
-                f"{decode}: {handoff_not_judged(block)}; verify's prompts had "
-                f"{', '.join(str(n) for n in w.prompt_tokens)}.",
-                evidence=evidence,
-            )
+        return HANDOFF.finding(
+            Severity.ERROR,
+            decode,
+            f"{decode}: {handoff_not_judged(block)}; verify's prompts had "
+            f"{', '.join(str(n) for n in w.prompt_tokens)}.",
+            evidence=evidence,
         )
-    elif transferred < required:
-        out.append(
-            HANDOFF.finding(
-                Severity.FAIL,
-                decode,
-                f"{decode}: only {transferred:.0f} of {total:.0f} prompt tokens "
-                f"({_fmt_share(share)}) arrived by KV transfer; at least {required} "
-                f"({_fmt_share(threshold)}, whole {block}-token blocks less one per request) "
-                "were expected. The handoff failed open: decode recomputed the prompt.",
-                evidence=evidence,
-            )
+    if transferred < required:
+        return HANDOFF.finding(
+            Severity.FAIL,
+            decode,
+            f"{decode}: only {transferred:.0f} of {total:.0f} prompt tokens "
+            f"({_fmt_share(share)}) arrived by KV transfer; at least {required} "
+            f"({_fmt_share(threshold)}, whole {block}-token blocks less one per request) "
+            "were expected. The handoff failed open: decode recomputed the prompt.",
+            evidence=evidence,
         )
-    else:
-        out.append(
-            HANDOFF.finding(
-                Severity.PASS,
-                decode,
-                f"{decode}: {transferred:.0f} of {total:.0f} prompt tokens "
-                f"({_fmt_share(share)}) arrived by KV transfer (threshold "
-                f"{_fmt_share(threshold)})",
-                evidence=evidence,
-            )
-        )
-    # Prefill must have computed what decode received.
+    return HANDOFF.finding(
+        Severity.PASS,
+        decode,
+        f"{decode}: {transferred:.0f} of {total:.0f} prompt tokens "
+        f"({_fmt_share(share)}) arrived by KV transfer (threshold "
+        f"{_fmt_share(threshold)})",
+        evidence=evidence,
+    )
+
+
+def _prefill_finding(prefill: str, transferred: float, w: Window) -> Finding:
+    """Prefill must have computed what decode received."""
     pb, pa = w.before[prefill], w.after[prefill]
     computed = delta(pb, pa, M.PROMPT_TOKENS_BY_SOURCE, source=vllm.SOURCE_LOCAL_COMPUTE)
     cached = delta(pb, pa, M.PROMPT_TOKENS_BY_SOURCE, source=vllm.SOURCE_LOCAL_CACHE)
@@ -225,31 +238,23 @@ def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
     done = (computed.value or 0) + (cached.value or 0)
     pev = {"prefill_prompt_tokens": done, "decode_transferred_tokens": transferred}
     if computed.value is None or computed.reset:
-        out.append(
-            HANDOFF.finding(
-                Severity.ERROR, prefill, f"{prefill}: prompt token counters unusable", evidence=pev
-            )
+        return HANDOFF.finding(
+            Severity.ERROR, prefill, f"{prefill}: prompt token counters unusable", evidence=pev
         )
-    elif done < transferred:
-        out.append(
-            HANDOFF.finding(
-                Severity.FAIL,
-                prefill,
-                f"{prefill}: prefill processed {done:.0f} prompt tokens but decode received "
-                f"{transferred:.0f} by transfer: the KV did not come from this prefill role.",
-                evidence=pev,
-            )
+    if done < transferred:
+        return HANDOFF.finding(
+            Severity.FAIL,
+            prefill,
+            f"{prefill}: prefill processed {done:.0f} prompt tokens but decode received "
+            f"{transferred:.0f} by transfer: the KV did not come from this prefill role.",
+            evidence=pev,
         )
-    else:
-        out.append(
-            HANDOFF.finding(
-                Severity.PASS,
-                prefill,
-                f"{prefill}: computed {done:.0f} prompt tokens, covering what decode received",
-                evidence=pev,
-            )
-        )
-    return out
+    return HANDOFF.finding(
+        Severity.PASS,
+        prefill,
+        f"{prefill}: computed {done:.0f} prompt tokens, covering what decode received",
+        evidence=pev,
+    )
 
 
 SPECULATION = register(

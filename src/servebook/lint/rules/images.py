@@ -123,13 +123,40 @@ IMAGE_MISMATCH = register(
 )
 
 
+# repo -> {tag: [file:line of each image field naming it]}
+Fields = dict[str, dict[str, list[str]]]
+
+
 @SET_RULES.add(IMAGE_MISMATCH)
 def check_images(lint_set: LintSet) -> list[Finding]:
     findings: list[Finding] = []
-    # repo -> {tag: [(file:line)]} per file, and per directory for the docs beside it.
-    by_file: dict[str, dict[str, dict[str, list[str]]]] = {}
-    by_dir: dict[PurePath, dict[str, dict[str, list[str]]]] = {}
-    imaged: set[str] = set()  # files with an image field, a placeholder one included
+    by_file, by_dir, imaged = _image_fields(lint_set)
+    for yf in lint_set.yaml_files:
+        fields = by_file.get(yf.path)
+        if not fields:
+            continue
+        for c in yf.comments:
+            findings += _compare(fields, c.text, yf.path, c.line, "comment")
+        for doc in yf.documents:
+            for keypath, text in _text_values(doc):
+                findings += _compare(
+                    fields, text, yf.path, doc.line_at(keypath), f"{keypath_str(keypath)}"
+                )
+    for md in lint_set.markdown_files:
+        fields = _fields_for_doc(lint_set, md.path, md.text, by_file, by_dir, imaged)
+        if fields:
+            findings += _compare(fields, _without_build_files(md.text), md.path, 1, "doc")
+    return findings
+
+
+def _image_fields(
+    lint_set: LintSet,
+) -> tuple[dict[str, Fields], dict[PurePath, Fields], set[str]]:
+    """The image fields per file and per directory (for the docs beside them), and the
+    files with an image field, a placeholder one included."""
+    by_file: dict[str, Fields] = {}
+    by_dir: dict[PurePath, Fields] = {}
+    imaged: set[str] = set()
     for yf in lint_set.yaml_files:
         for doc in yf.documents:
             for keypath, ref in image_fields(doc):
@@ -142,63 +169,66 @@ def check_images(lint_set: LintSet) -> list[Finding]:
                 by_file.setdefault(yf.path, {}).setdefault(repo, {}).setdefault(tag, []).append(at)
                 d = by_dir.setdefault(PurePath(yf.path).parent, {})
                 d.setdefault(repo, {}).setdefault(tag, []).append(at)
+    return by_file, by_dir, imaged
 
-    def compare(
-        fields: Mapping[str, Mapping[str, list[str]]],
-        text: str,
-        where: str,
-        first_line: int,
-        kind: str,
-    ) -> None:
-        for offset, written, repo, tag in image_mentions(text):
-            tags = fields.get(repo)
-            if not tags or tag in tags or find_placeholders(written):
-                continue  # a doc naming the placeholder to replace (`:my-tag`) is not stale
-            field_refs = "; ".join(f"{repo}:{t} at {', '.join(ats)}" for t, ats in tags.items())
-            findings.append(
-                IMAGE_MISMATCH.finding(
-                    Severity.FAIL,
-                    f"{where}:{first_line + offset}",
-                    f"{kind} names {written}, but the image field says {field_refs}.",
-                    evidence={
-                        "file": where,
-                        "line": first_line + offset,
-                        "mentioned": written,
-                        "fields": {t: list(a) for t, a in tags.items()},
-                    },
-                )
+
+def _fields_for_doc(
+    lint_set: LintSet,
+    path: str,
+    text: str,
+    by_file: dict[str, Fields],
+    by_dir: dict[PurePath, Fields],
+    imaged: set[str],
+) -> Fields | None:
+    """The image fields a markdown doc is compared with."""
+    # The manifests beside the doc, or, for a doc in a subdirectory of its own (docs/,
+    # build/), the manifests one directory up.
+    here = PurePath(path).parent
+    fields = by_dir.get(here) or by_dir.get(here.parent)
+    # A doc that names the manifests it describes (`kubectl apply -f disagg.yaml`) is
+    # compared with those, not with every other manifest of its directory.
+    named = [
+        f
+        for yf in lint_set.yaml_files
+        if yf.path in imaged
+        and PurePath(yf.path).parent in (here, here.parent)
+        and re.search(rf"(?<![\w.-]){re.escape(PurePath(yf.path).name)}(?![\w-])", text)
+        for f in [by_file.get(yf.path, {})]
+    ]
+    if named:
+        fields = {}
+        for f in named:
+            for repo, tags in f.items():
+                for tag, ats in tags.items():
+                    fields.setdefault(repo, {}).setdefault(tag, []).extend(ats)
+    return fields
+
+
+def _compare(
+    fields: Mapping[str, Mapping[str, list[str]]],
+    text: str,
+    where: str,
+    first_line: int,
+    kind: str,
+) -> list[Finding]:
+    """A finding for each image ``text`` names with a tag its image fields do not say."""
+    findings = []
+    for offset, written, repo, tag in image_mentions(text):
+        tags = fields.get(repo)
+        if not tags or tag in tags or find_placeholders(written):
+            continue  # a doc naming the placeholder to replace (`:my-tag`) is not stale
+        field_refs = "; ".join(f"{repo}:{t} at {', '.join(ats)}" for t, ats in tags.items())
+        findings.append(
+            IMAGE_MISMATCH.finding(
+                Severity.FAIL,
+                f"{where}:{first_line + offset}",
+                f"{kind} names {written}, but the image field says {field_refs}.",
+                evidence={
+                    "file": where,
+                    "line": first_line + offset,
+                    "mentioned": written,
+                    "fields": {t: list(a) for t, a in tags.items()},
+                },
             )
-
-    for yf in lint_set.yaml_files:
-        fields = by_file.get(yf.path)
-        if not fields:
-            continue
-        for c in yf.comments:
-            compare(fields, c.text, yf.path, c.line, "comment")
-        for doc in yf.documents:
-            for keypath, text in _text_values(doc):
-                compare(fields, text, yf.path, doc.line_at(keypath), f"{keypath_str(keypath)}")
-    for md in lint_set.markdown_files:
-        # The manifests beside the doc, or, for a doc in a subdirectory of its own (docs/,
-        # build/), the manifests one directory up.
-        here = PurePath(md.path).parent
-        fields = by_dir.get(here) or by_dir.get(here.parent)
-        # A doc that names the manifests it describes (`kubectl apply -f disagg.yaml`) is
-        # compared with those, not with every other manifest of its directory.
-        named = [
-            f
-            for yf in lint_set.yaml_files
-            if yf.path in imaged
-            and PurePath(yf.path).parent in (here, here.parent)
-            and re.search(rf"(?<![\w.-]){re.escape(PurePath(yf.path).name)}(?![\w-])", md.text)
-            for f in [by_file.get(yf.path, {})]
-        ]
-        if named:
-            fields = {}
-            for f in named:
-                for repo, tags in f.items():
-                    for tag, ats in tags.items():
-                        fields.setdefault(repo, {}).setdefault(tag, []).extend(ats)
-        if fields:
-            compare(fields, _without_build_files(md.text), md.path, 1, "doc")
+        )
     return findings
