@@ -36,15 +36,19 @@ from servebook.report.tables import (
     Run,
     Table,
     any_accelerators,
+    fmt_interval,
     fmt_num,
     invalid_table,
     latency_table,
+    levels,
     load_runs,
     provenance_table,
     runs_table,
     throughput_table,
     validity_table,
 )
+from servebook.results import stats
+from servebook.results.schema import Latency
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -97,6 +101,7 @@ class Report:
     plots: list[PlotSpec] = field(default_factory=list)
     summary: str = ""  # the opening paragraph (``summary.summary``)
     server_latency: Table | None = None  # only when the results carry the diagnosis
+    turns: Table | None = None  # only for conversations (``turns_table``)
     notes: list[str] = field(default_factory=list)  # said once, under the summary
 
     @property
@@ -105,6 +110,8 @@ class Report:
         out = [self.runs_table, self.throughput, self.latency]
         if self.server_latency is not None and self.server_latency.rows:
             out.append(self.server_latency)
+        if self.turns is not None:
+            out.append(self.turns)
         out.append(self.validity)
         if self.invalid.rows:
             out.append(self.invalid)
@@ -164,6 +171,49 @@ def server_latency_table(runs: Sequence[Run]) -> Table | None:
     )
 
 
+def turns_table(runs: Sequence[Run]) -> Table | None:
+    """TTFT per conversation turn, per load level: the mean over the level's valid
+    repetitions of each turn's p50 and p99 (``Point.ttft_ms_by_turn``); a later turn's
+    prompt holds the conversation so far, which the prefix cache may hold.  ``None``
+    when no run is of conversations."""
+    rows = []
+    for run in runs:
+        for lv in levels(run):
+            by: dict[str, list[Latency]] = {}
+            for p in lv.valid:
+                for turn, lat in (p.ttft_ms_by_turn or {}).items():
+                    by.setdefault(turn, []).append(lat)
+            for turn, lats in sorted(by.items(), key=lambda kv: int(kv[0])):
+                rows.append(
+                    [
+                        run.label,
+                        lv.label,
+                        turn,
+                        fmt_interval(stats.mean_ci(x.p50 for x in lats)),
+                        fmt_interval(stats.mean_ci(x.p99 for x in lats)),
+                        str(sum(x.n for x in lats)),
+                    ]
+                )
+    if not rows:
+        return None
+    return Table(
+        "turns",
+        "TTFT per conversation turn (ms)",
+        [
+            Column("Run"),
+            Column("Load"),
+            Column("Turn", True),
+            Column("TTFT p50", True),
+            Column("TTFT p99", True),
+            Column("Requests", True),
+        ],
+        rows,
+        note="Mean ± 95% CI half-width over the level's valid repetitions of each turn's "
+        "percentile. Turn 1 is a conversation's first request; each later turn carries the "
+        "conversation so far, including the server's replies.",
+    )
+
+
 def build_report(runs: Sequence[Run]) -> Report:
     runs = list(runs)
     return Report(
@@ -193,6 +243,7 @@ def build_report(runs: Sequence[Run]) -> Report:
         plots=plot_specs(runs),
         summary=summary(runs),
         server_latency=server_latency_table(runs),
+        turns=turns_table(runs),
         notes=[
             *filter(
                 None,
@@ -296,6 +347,8 @@ def to_markdown(report: Report) -> str:
     out += ["## Latency", "", *figures("tpot"), *figures("ttft"), md_table(report.latency), ""]
     if report.server_latency is not None:
         out += [md_table(report.server_latency), ""]
+    if report.turns is not None:
+        out += [md_table(report.turns), ""]
     out += ["## Pareto view", "", *figures("pareto")]
     out += ["## Errors, validity and server evidence", "", md_table(report.validity), ""]
     out += ["### Invalid points", ""]
@@ -431,6 +484,7 @@ def to_html(report: Report, pngs: dict[str, bytes]) -> str:
         figures("ttft"),
         html_table(report.latency),
         html_table(report.server_latency) if report.server_latency is not None else "",
+        html_table(report.turns) if report.turns is not None else "",
         "</section>",
         '<section id="pareto"><h2>Pareto view</h2>',
         figures("pareto"),
