@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from servebook.errors import UsageError
-from servebook.experiment import analysis, design, session, spec
+from servebook.experiment import analysis, design, session, slo, spec
 from servebook.experiment.runner import StepFailed, Steps
 from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
@@ -41,7 +41,8 @@ def url_arms(**extra_b: Any) -> dict[str, Any]:
         ({"blocks": 0}, "blocks", "whole number"),
         ({"load": {"concurency": [1]}}, "load.concurency", "concurrency"),
         ({"variable": "colour"}, "variable", "topology"),
-        ({"slo": {"ttft": "1s"}}, "slo", "remove slo:"),
+        ({"slo": "ttft=fast"}, "slo", "ttft=500ms,tpot=50ms"),
+        ({"slo": {"latency": "1s"}}, "slo", "keys ttft, tpot, itl, e2e"),
         (
             {"arms": [{"name": "a", "url": "http://x"}, {"name": "b", "url": "http://y"}]},
             "model",
@@ -144,6 +145,7 @@ def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
             {"name": "b", "url": urls[1], "model": "tiny"},
         ],
         "load": load,
+        "slo": "ttft=10s,tpot=1s",
     }
     exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
     out = tmp_path / "out"
@@ -178,6 +180,25 @@ def test_an_interrupted_experiment_resumes_and_finishes_with_the_same_schedule(
         assert "Every arm at every level" in text and "Ratios to the baseline a" in text
         assert text.count("done") >= 4 and "c=2" in text
     assert 'id="plot-ratios"' in html and (out / "plots" / "ratios.png").stat().st_size > 0
+    # the Pareto view: each arm's tok/s per user (1000 / TPOT) against its tok/s, absolute
+    # (URL arms without an accelerator count), drawn as a report of runs draws it
+    pareto = done["pareto"]
+    assert pareto["per_accelerator"] is False and pareto["left_out"] == []
+    by_arm = {p["arm"]: p for p in pareto["points"]}
+    assert set(by_arm) == {"a", "b"} and all(p["level"] == 2 for p in by_arm.values())
+    # the scripted arms take 4 and 3 ms a token: ~250 and ~333 tok/s per user
+    assert by_arm["a"]["tokens_per_user"][0] < by_arm["b"]["tokens_per_user"][0]
+    assert 'id="plot-pareto"' in html and (out / "plots" / "pareto.png").stat().st_size > 0
+    assert "Throughput vs speed per user (absolute: no accelerator counts)" in (
+        (out / "plots" / "pareto.svg").read_text()
+    )
+    # the SLO, met at the one level swept: no max load is invented above it, and it says so
+    assert [(m["arm"], m["outcome"]) for m in done["max_load"]] == [
+        ("a", "met at every level"),
+        ("b", "met at every level"),
+    ]
+    said = "max load of a under p99 TTFT <= 10000 ms and p99 TPOT <= 1000 ms: met at every"
+    assert said in html.replace("&lt;", "<")
     # another experiment's file is not resumed into this directory
     other = spec.parse({**doc, "blocks": 3}, str(tmp_path / "exp.yaml"))
     with pytest.raises(UsageError, match="another experiment"):
@@ -347,3 +368,62 @@ def test_a_stop_signal_during_a_bench_takes_the_arms_deployment_down(tmp_path: P
     assert log == [f"down {first[1]}-{first[0]}"]
     saved = json.loads((tmp_path / "out" / "experiment.json").read_text())
     assert {e["outcome"] for e in saved["schedule"]} == {"pending"}
+
+
+def test_the_slo_is_bench_s_syntax_as_text_or_a_mapping() -> None:
+    text = spec.parse({**url_arms(), "slo": "ttft=500ms,tpot=0.05s"}, "exp.yaml")
+    mapping = spec.parse({**url_arms(), "slo": {"ttft": "500ms", "tpot": 50}}, "exp.yaml")
+    assert text.slo == mapping.slo == {"ttft": 500.0, "tpot": 50.0}
+    # analysis only: the same experiment, so --resume may judge it against another SLO
+    assert text.digest() == spec.parse(url_arms(), "exp.yaml").digest()
+
+
+def slo_samples(ttft_per_level: float, blocks: int = 4) -> dict[int, Any]:
+    """An arm's samples whose p99 TTFT is ``ttft_per_level`` ms per unit of concurrency
+    (plus a block's own offset of -6..+6 ms and a repetition's +-2 ms), TPOT 20 ms flat."""
+    out: dict[int, Any] = {}
+    for b in range(1, blocks + 1):
+        offset = (b - (blocks + 1) / 2) * 4.0
+        out[b] = {
+            float(c): {
+                "ttft_ms_p99": [ttft_per_level * c + offset - 2, ttft_per_level * c + offset + 2],
+                "tpot_ms_p99": [20.0, 20.0],
+            }
+            for c in (1, 4, 16)
+        }
+    return out
+
+
+def test_max_load_under_an_slo_is_where_the_p99_crosses_its_limit_between_the_levels() -> None:
+    # p99 TTFT 50 ms per unit of concurrency: 50 at c=1, 200 at c=4, 800 at c=16; under
+    # ttft=500ms the limit is reached at c=10, between the swept 4 and 16.
+    got = slo.max_load(slo_samples(50.0), {"ttft": 500.0, "tpot": 50.0}, seed=1)
+    assert got["outcome"] == "crossed" and got["between"] == [4.0, 16.0]
+    assert got["level"] == pytest.approx(10.0, abs=0.05) and got["binding"] == "ttft"
+    lo, hi = got["ci95"]
+    assert 4.0 <= lo < 10.0 < hi <= 16.0 and hi - lo < 1.0  # the blocks' +-6 ms, no more
+    # A TPOT that reaches its limit first binds instead: 20 ms up to c=4, 60 at c=16, so
+    # a 30 ms limit falls a quarter of the way, at c=7.
+    steep = slo_samples(50.0)
+    for blk in steep.values():
+        blk[16.0]["tpot_ms_p99"] = [60.0, 60.0]
+    tpot = slo.max_load(steep, {"ttft": 500.0, "tpot": 30.0})
+    assert tpot["binding"] == "tpot" and tpot["level"] == pytest.approx(7.0)
+    # Missed at the lowest level: no figure is invented below the sweep either.
+    low = slo.max_load(slo_samples(50.0), {"tpot": 15.0})
+    assert low["outcome"] == "missed at the lowest level" and low["between"] == [None, 1.0]
+    # Met at every swept level: no figure is invented above the sweep.
+    easy = slo.max_load(slo_samples(10.0), {"ttft": 500.0})
+    assert easy["outcome"] == "met at every level" and easy["level"] is None
+    assert easy["between"] == [16.0, None] and easy["ci95"] == [16.0, 16.0]
+
+
+def test_the_max_load_is_recorded_per_arm_and_said_in_words() -> None:
+    samples = {"a": slo_samples(50.0), "b": slo_samples(100.0)}
+    rows = slo.max_loads(samples, {"ttft": 500.0}, seed=0)
+    assert [(r["arm"], r["slo"]) for r in rows] == [("a", {"ttft": 500.0}), ("b", {"ttft": 500.0})]
+    # b's TTFT grows twice as fast: 400 at c=4, 1600 at c=16, so the limit falls at c=5
+    assert rows[1]["level"] == pytest.approx(5.0, abs=0.05)
+    line = exp_report.max_load_line(rows[1], "concurrency")
+    assert "max load of b under p99 TTFT <= 500 ms: about c=5" in line
+    assert "meets the SLO at c=4 and misses it at c=16 (p99 TTFT reaches its limit first)" in line

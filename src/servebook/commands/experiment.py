@@ -119,7 +119,12 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def summary_lines(state: dict[str, Any]) -> list[str]:
-    from servebook.report.experiment import comparison_line, crossover_line, drift_line
+    from servebook.report.experiment import (
+        comparison_line,
+        crossover_line,
+        drift_line,
+        max_load_line,
+    )
 
     lines = [
         f"  block {b['block']} INVALID: {b['reason']}" for b in state.get("invalid_blocks", [])
@@ -130,4 +135,6 @@ def summary_lines(state: dict[str, Any]) -> list[str]:
     lines += [crossover_line(c) for c in state["crossovers"]]
     if state.get("drift"):
         lines.append(drift_line(state["drift"]))
+    mode = state.get("level_mode", "concurrency")
+    lines += [max_load_line(m, mode) for m in state.get("max_load", [])]
     return lines

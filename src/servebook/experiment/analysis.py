@@ -24,8 +24,18 @@ from typing import Any
 import numpy as np
 
 from servebook.results.schema import Point, Results
+from servebook.results.tpot import engine_led, judged
 
 BOOTSTRAP_DRAWS = 2000
+
+# The p99 of each latency an SLO may bound (``bench --slo``'s keys), per valid point: the
+# figures ``experiment.slo`` locates each arm's max load with.  Not compared between arms.
+SLO_FIGURES = {
+    "ttft": "ttft_ms_p99",
+    "tpot": "tpot_ms_p99",
+    "itl": "itl_ms_p99",
+    "e2e": "e2e_ms_p99",
+}
 
 # metric -> (what it is, whether higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -39,8 +49,10 @@ Samples = dict[str, dict[int, dict[float, dict[str, list[float]]]]]
 
 
 def point_values(p: Point, accelerators: int | None) -> dict[str, float]:
-    """The compared figures of one valid point; per accelerator from the point itself (a
-    recipe arm's provenance counts them) or from the arm's declared ``accelerators``."""
+    """The figures of one valid point: those compared (``METRICS``), each latency's p99 an
+    SLO may bound (``SLO_FIGURES``) and the tokens/s one user sees (1000 / the judged
+    TPOT, the Pareto view's x); per accelerator from the point itself (a recipe arm's
+    provenance counts them) or from the arm's declared ``accelerators``."""
     out: dict[str, float] = {}
     if p.output_tokens_per_s is not None:
         out["output_tokens_per_s"] = p.output_tokens_per_s
@@ -51,6 +63,15 @@ def point_values(p: Point, accelerators: int | None) -> dict[str, float]:
             out["output_tokens_per_s_per_accelerator"] = per
     if p.tpot_ms.p50 is not None:
         out["tpot_ms_p50"] = p.tpot_ms.p50
+    for key, name in SLO_FIGURES.items():
+        latency = getattr(p, f"{key}_ms")
+        # Where the engine's histogram leads a per-token figure (the client timed it
+        # wrong), its percentiles are bucket midpoints, no figure (``results.tpot``).
+        if latency.p99 is not None and not engine_led(p, f"{key}_ms"):
+            out[name] = latency.p99
+    per_user = judged(p).value
+    if per_user:
+        out["tokens_per_user"] = 1000.0 / per_user
     return out
 
 
@@ -116,26 +137,34 @@ def bootstrap_ratio(
     n = len(arm)
     est = float(np.median([np.mean(b) for b in arm]) / np.median([np.mean(b) for b in base]))
     picks = rng.integers(0, n, size=(BOOTSTRAP_DRAWS, n))
-    draws = _block_medians(arm, picks, rng) / _block_medians(base, picks, rng)
+    draws = block_medians(arm, picks, rng) / block_medians(base, picks, rng)
     lo, hi = np.nanpercentile(draws, [2.5, 97.5])
     return est, float(lo), float(hi)
 
 
-def _block_medians(
+def block_medians(
     blocks: Sequence[Sequence[float]], picks: np.ndarray, rng: np.random.Generator
 ) -> np.ndarray:
     """For each draw (a row of ``picks``: the blocks drawn), the median over the drawn
-    blocks of each one's mean over its repetitions drawn with replacement."""
+    blocks of each one's mean over its repetitions drawn with replacement.  A block with no
+    repetitions (no valid point at that level) counts for nothing in a draw that picks it;
+    a draw that picks only such blocks is NaN."""
     draws, n = picks.shape
     means = np.empty((draws, n))
     for i, reps in enumerate(blocks):
         a = np.asarray(reps, dtype=float)
-        if len(a) == 1:
+        if len(a) == 0:
+            means[:, i] = np.nan
+        elif len(a) == 1:
             means[:, i] = a[0]
         else:
             means[:, i] = a[rng.integers(0, len(a), size=(draws, len(a)))].mean(axis=1)
     # means[:, i] is block i's resampled mean in each draw; take each draw's picked blocks
-    return np.median(np.take_along_axis(means, picks, axis=1), axis=1)
+    picked = np.take_along_axis(means, picks, axis=1)
+    out = np.full(draws, np.nan)
+    some = ~np.all(np.isnan(picked), axis=1)
+    out[some] = np.nanmedian(picked[some], axis=1)
+    return out
 
 
 def ratios(samples: Samples, baseline: str, seed: int = 0) -> list[Ratio]:

@@ -65,6 +65,9 @@ def execute(
                 hint="continue it with --resume, or give another -o DIR",
             )
         state = runner.new_state(exp, order, design_name)
+    # The SLO is analysis only: a resumed experiment is judged against the file's SLO now.
+    state["slo"] = exp.slo
+    if not resume:
         runner.save(out_dir, state)
     try:
         state = runner.run(

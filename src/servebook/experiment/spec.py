@@ -95,7 +95,10 @@ class Experiment:
     load: dict[str, Any]  # bench flag (long name) -> value, as given
     variable: tuple[str, ...] = ()
     seed: int = 0
-    slo: dict[str, Any] | None = None
+    # Each latency's p99 limit in ms (``bench --slo``'s keys): every arm's max load under
+    # it is located (``experiment.slo``).  Analysis only: not part of the digest, so a
+    # resumed experiment may be judged against another SLO.
+    slo: dict[str, float] | None = None
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -136,13 +139,6 @@ def parse(doc: Any, path: str) -> Experiment:
             "not a key of an experiment",
             f"use only {', '.join(sorted(_TOP_KEYS))}",
         )
-    if "slo" in doc:
-        raise _bad(
-            path,
-            "slo",
-            "max load under an SLO is not implemented for experiments yet",
-            "remove slo: (bench each arm with --slo for goodput meanwhile)",
-        )
     arms = _arms(doc.get("arms"), path)
     names = [a.name for a in arms]
     baseline = doc.get("baseline")
@@ -169,8 +165,29 @@ def parse(doc: Any, path: str) -> Experiment:
         load=_load(doc.get("load"), path),
         variable=_variable(doc.get("variable"), path),
         seed=seed,
-        slo=doc.get("slo"),
+        slo=_slo(doc.get("slo"), path),
     )
+
+
+def _slo(v: Any, path: str) -> dict[str, float] | None:
+    """``slo: ttft=500ms,tpot=50ms`` (bench's --slo syntax) or ``slo: {ttft: 500ms, tpot:
+    50ms}``; parsed by bench's own parser."""
+    from servebook.bench.figures import parse_slo
+
+    if v is None:
+        return None
+    text = ",".join(f"{k}={x}" for k, x in v.items()) if isinstance(v, dict) else v
+    if not isinstance(text, str):
+        raise _bad(path, "slo", f"{v!r}", "write slo: ttft=500ms,tpot=50ms (bench's --slo)")
+    try:
+        return parse_slo(text)
+    except UsageError as e:
+        raise _bad(
+            path,
+            "slo",
+            str(e).removeprefix("--slo "),
+            "write slo: ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2e: each latency's p99 limit)",
+        ) from None
 
 
 def _variable(v: Any, path: str) -> tuple[str, ...]:

@@ -12,9 +12,10 @@ from typing import Any
 
 from servebook import inputs
 from servebook.errors import UsageError
+from servebook.experiment import slo as slo_
 from servebook.experiment.analysis import METRICS
 from servebook.files import write_files
-from servebook.report.plots import Panel, PlotSpec, Series, draw
+from servebook.report.plots import Panel, PlotSpec, Series, draw, pareto_view
 from servebook.report.render import PLOTS_DIR, html_figure, html_table, md_table, md_text
 from servebook.report.tables import NA, Column, Table
 
@@ -45,6 +46,39 @@ def crossover_line(c: dict[str, Any]) -> str:
         f"  crossover: {c['arm']} is {first} of {c['baseline']} in {what} up to {lo:g} and "
         f"{then} from {hi:g} on; the crossover lies between {lo:g} and {hi:g} (95% intervals "
         "wholly on either side of 1)"
+    )
+
+
+_LATENCY = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "end-to-end latency"}
+
+
+def slo_words(slo: dict[str, float]) -> str:
+    """``p99 TTFT <= 500 ms and p99 TPOT <= 50 ms``."""
+    return " and ".join(f"p99 {_LATENCY[k]} <= {v:g} ms" for k, v in slo.items())
+
+
+def max_load_line(m: dict[str, Any], mode: str) -> str:
+    """One arm's max load under the SLO in words (``experiment.slo``)."""
+    head = f"  max load of {m['arm']} under {slo_words(m['slo'])}:"
+    lo, hi = m["between"] or (0.0, 0.0)
+    if m["outcome"] == slo_.MET_EVERYWHERE:
+        return (
+            f"{head} met at every swept level, up to {_level(lo, mode)}; the max load is "
+            "above it (sweep higher levels to locate it)"
+        )
+    if m["outcome"] == slo_.MISSED_EVERYWHERE:
+        return (
+            f"{head} missed already at the lowest level, {_level(hi, mode)}; the max load "
+            "is below it (sweep lower levels to locate it)"
+        )
+    if m["outcome"] != slo_.CROSSED:
+        return f"{head} {m.get('why', m['outcome'])}"
+    first = f"p99 {_LATENCY[m['binding']]} reaches its limit first" if m["binding"] else "missed"
+    clo, chi = m["ci95"]
+    return (
+        f"{head} about {_level(round(m['level'], 1), mode)} (95% interval {clo:g} to {chi:g} over "
+        f"{m['blocks']} block(s)); it meets the SLO at {_level(lo, mode)} and misses it at "
+        f"{_level(hi, mode)} ({first}); the max load is interpolated between the two"
     )
 
 
@@ -123,6 +157,8 @@ def sentences(doc: dict[str, Any]) -> list[str]:
         out.append("No crossover: no ratio's interval goes from one side of 1 to the other.")
     if doc.get("drift"):
         out.append(drift_line(doc["drift"]).strip())
+    mode = doc.get("level_mode", "concurrency")
+    out += [max_load_line(m, mode).strip() for m in doc.get("max_load", [])]
     for p in doc.get("provenance", []):
         if not p["like_for_like"]:
             fields = ", ".join(d["field"] for d in p["differences"] if not d["under_test"])
@@ -178,6 +214,41 @@ def ratio_plot(doc: dict[str, Any]) -> PlotSpec | None:
     )
 
 
+def _nan(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def pareto_plot(doc: dict[str, Any]) -> PlotSpec | None:
+    """The Pareto view of the arms (``report.plots.pareto_view``, as a report of runs draws
+    it): one series per arm, a point per level, each the mean over valid blocks with its
+    95% interval over blocks on both axes."""
+    view = doc.get("pareto") or {}
+    points = view.get("points") or []
+    if not points:
+        return None
+    mode = doc.get("level_mode", "concurrency")
+    arms = [a["name"] for a in doc["arms"]]
+    series = []
+    for arm in arms:
+        mine = sorted((p for p in points if p["arm"] == arm), key=lambda p: p["level"])
+        if not mine:
+            continue
+        x = [[_nan(v) for v in p["tokens_per_user"]] for p in mine]
+        y = [[_nan(v) for v in p["tokens_per_s"]] for p in mine]
+        series.append(
+            Series(arm, arms.index(arm), [v[0] for v in x], [v[0] for v in y],
+                   [v[1] for v in y], [v[2] for v in y], [v[1] for v in x], [v[2] for v in x],
+                   [_level(p["level"], mode) for p in mine])
+        )  # fmt: skip
+    return pareto_view(
+        series,
+        per_accelerator=bool(view.get("per_accelerator")),
+        left_out=view.get("left_out") or [],
+        caption="Each point is an arm at a load level (mean over valid blocks, 95% intervals "
+        "over blocks on both axes); up and to the right is better on both.",
+    )
+
+
 def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
     """``report.md`` and ``report.html`` of an experiment's directory."""
     doc = inputs.load_json(exp_dir / EXPERIMENT_NAME, "experiment")
@@ -185,14 +256,15 @@ def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
         raise UsageError(f"{exp_dir / EXPERIMENT_NAME}: not an experiment's figures")
     ts, words = tables(doc), sentences(doc)
     files: dict[str, str | bytes] = {}
-    plot = ratio_plot(doc)
-    figure = ""
+    figures = []
     md = [f"# servebook experiment: {md_text(str(doc['experiment']))}", ""]
     md += [md_text(w) + "\n" for w in words]
-    if plot is not None:
+    for plot in (ratio_plot(doc), pareto_plot(doc)):
+        if plot is None:
+            continue
         png, svg = draw(plot)
         files[f"{PLOTS_DIR}/{plot.id}.png"], files[f"{PLOTS_DIR}/{plot.id}.svg"] = png, svg
-        figure = html_figure(plot, png)
+        figures.append(html_figure(plot, png))
         md += [
             f"![{md_text(plot.title)}]({PLOTS_DIR}/{plot.id}.png)",
             "",
@@ -210,7 +282,7 @@ def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
         '<section id="summary">',
         *[f"<p>{e(w)}</p>" for w in words],
         "</section>",
-        figure,
+        *figures,
         *[f'<section id="{t.id}"><h2>{e(t.title)}</h2>{html_table(t)}</section>' for t in ts],
         "</body></html>",
     ]

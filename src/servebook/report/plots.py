@@ -256,6 +256,39 @@ def latency_plot(runs: Sequence[Run], mode: Mode, name: str) -> PlotSpec:
     )
 
 
+def pareto_view(
+    series: Sequence[Series],
+    *,
+    per_accelerator: bool,
+    left_out: Sequence[str] = (),
+    invalid: Sequence[InvalidMark] = (),
+    caption: str = "Each point is a load level (mean over valid repetitions, 95% CI bars); "
+    f"up and to the right is better on both. {_INVALID}",
+) -> PlotSpec:
+    """The Pareto view (a report's, an experiment's): output tokens/s per accelerator, or
+    absolute where no series has an accelerator count (the panel's title and axis say so),
+    against output tokens/s per user; ``left_out`` names the series without a count when
+    others have one (never divided by something else)."""
+    panel = Panel(
+        "Throughput per accelerator vs speed per user"
+        if per_accelerator
+        else "Throughput vs speed per user (absolute: no accelerator counts)",
+        "Output tokens/s per accelerator" if per_accelerator else "Output tokens/s (absolute)",
+        list(series),
+        list(invalid),
+    )
+    if left_out:
+        panel.note = f"n/a for {', '.join(left_out)}: accelerator count unknown"
+    return PlotSpec(
+        "pareto",
+        "Pareto view: output tokens/s per accelerator vs per user",
+        "Output tokens/s per user (1000 / median TPOT in ms)",
+        [panel],
+        caption,
+        ncols=1,
+    )
+
+
 def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
     """Per-accelerator throughput for every run whose accelerator count is known (the
     others are named in a note, never divided by something else); absolute throughput
@@ -264,15 +297,9 @@ def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
     per_acc = bool(known)
     metric = "output_tokens_per_s_per_accelerator" if per_acc else "output_tokens_per_s"
     m = METRICS[metric]
-    panel = Panel(
-        "Throughput per accelerator vs speed per user"
-        if per_acc
-        else "Throughput vs speed per user (absolute: no accelerator counts)",
-        "Output tokens/s per accelerator" if per_acc else "Output tokens/s (absolute)",
-    )
     left_out = [r.label for r in runs if per_acc and not r.accelerators]
-    if left_out:
-        panel.note = f"n/a for {', '.join(left_out)}: accelerator count unknown"
+    series: list[Series] = []
+    invalid: list[InvalidMark] = []
     for i, run in enumerate(runs):
         if run.label in left_out:
             continue
@@ -284,7 +311,7 @@ def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
             for j in range(len(lvs))
             if fy[j].mean is not None and fx[j].mean is not None and not lvs[j].not_measured
         ]
-        panel.series.append(
+        series.append(
             Series(
                 run.label,
                 i,
@@ -298,16 +325,8 @@ def pareto_plot(runs: Sequence[Run]) -> PlotSpec:
                 imprecise=[lvs[j].imprecise for j in keep],
             )
         )
-        panel.invalid += _invalid_marks(run, i, lvs, lambda _lv, p: tokens_per_user(p), _of(m, run))
-    return PlotSpec(
-        "pareto",
-        "Pareto view: output tokens/s per accelerator vs per user",
-        "Output tokens/s per user (1000 / median TPOT in ms)",
-        [panel],
-        "Each point is a load level (mean over valid repetitions, 95% CI bars); up and to "
-        f"the right is better on both. {_INVALID}",
-        ncols=1,
-    )
+        invalid += _invalid_marks(run, i, lvs, lambda _lv, p: tokens_per_user(p), _of(m, run))
+    return pareto_view(series, per_accelerator=per_acc, left_out=left_out, invalid=invalid)
 
 
 def plot_specs(runs: Sequence[Run]) -> list[PlotSpec]:
