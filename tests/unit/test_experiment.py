@@ -427,3 +427,83 @@ def test_the_max_load_is_recorded_per_arm_and_said_in_words() -> None:
     line = exp_report.max_load_line(rows[1], "concurrency")
     assert "max load of b under p99 TTFT <= 500 ms: about c=5" in line
     assert "meets the SLO at c=4 and misses it at c=16 (p99 TTFT reaches its limit first)" in line
+
+
+# One site's values for vllm-pd and vllm-pd-spec: the pd recipe's golden values, and the
+# draft heads only vllm-pd-spec declares.
+SITE_VALUES = (
+    (Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml").read_text()
+    + "spec_method: eagle3\n"
+    + "prefill_draft_dir: /data/models/EAGLE3-Kimi-K2\n"
+    + "decode_draft_dir: /mnt/nvme0/models/EAGLE3-Kimi-K2\n"
+)
+
+
+def pd_vs_spec(values: str) -> str:
+    return (
+        "baseline: pd\nblocks: 2\nvariable: [topology]\n"
+        f"values: {values}\n"
+        "arms:\n"
+        "  - {name: pd, recipe: vllm-pd, backend: kubernetes}\n"
+        "  - {name: spec, recipe: vllm-pd-spec, backend: kubernetes}\n"
+        "load: {concurrency: [1, 4], duration: 15s, warmup: 5s}\n"
+    )
+
+
+def test_one_values_file_serves_every_recipe_of_the_experiment(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """decode_draft_dir is vllm-pd-spec's alone: given to the vllm-pd arm too, it is no
+    error there; each recipe takes the keys it declares."""
+    (tmp_path / "site.yaml").write_text(SITE_VALUES)
+    f = tmp_path / "exp.yaml"
+    f.write_text(pd_vs_spec("site.yaml"))
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["fresh_deployments"] == 4
+    # the same values inline, and the spec arm's plan has them where its recipe uses them
+    exp = spec.parse(
+        {
+            "baseline": "pd",
+            "values": inputs_of(SITE_VALUES),
+            "arms": [
+                {"name": "pd", "recipe": "vllm-pd"},
+                {"name": "spec", "recipe": "vllm-pd-spec"},
+            ],
+        },
+        str(f),
+    )
+    from servebook.experiment.values import resolve_arm
+
+    spec_plan = resolve_arm(exp, exp.arm("spec"))
+    assert spec_plan.param_origins["decode_draft_dir"] == f"{f} values:"
+    assert "decode_draft_dir" not in resolve_arm(exp, exp.arm("pd")).param_origins
+
+
+def test_a_values_key_no_recipe_of_the_experiment_declares_is_refused_naming_it_and_the_file(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    (tmp_path / "site.yaml").write_text(SITE_VALUES + "namespce: bench\n")
+    f = tmp_path / "exp.yaml"
+    f.write_text(pd_vs_spec("site.yaml"))
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run")
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = " ".join(r.stderr.split())
+    assert f"values file {tmp_path / 'site.yaml'}: 'namespce' is a parameter of no recipe" in said
+    assert "vllm-pd, vllm-pd-spec" in said and "servebook recipes show NAME" in said
+    # an arm's set: stays strict: another recipe's key there is its own recipe's error
+    f.write_text(
+        pd_vs_spec("site.yaml").replace(
+            "recipe: vllm-pd, backend", "recipe: vllm-pd, set: {decode_draft_dir: /x}, backend"
+        )
+    )
+    (tmp_path / "site.yaml").write_text(SITE_VALUES)
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run")
+    assert r.returncode == 2 and "no parameter named 'decode_draft_dir'" in r.stderr, r.stderr
+
+
+def inputs_of(text: str) -> dict[str, Any]:
+    import yaml
+
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc

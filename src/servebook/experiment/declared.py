@@ -13,8 +13,6 @@ does not deploy those, so their image is what the user says it is.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from servebook.errors import UsageError
 from servebook.experiment.spec import Arm, Experiment
 from servebook.recipe.plan import Plan
@@ -60,12 +58,11 @@ def of_declared(arm: Arm) -> Provenance:
     )
 
 
-def provenance(arm: Arm) -> Provenance:
+def provenance(exp: Experiment, arm: Arm) -> Provenance:
     if arm.kind == "recipe":
-        from servebook.recipe.resolve import resolve
+        from servebook.experiment.values import resolve_arm
 
-        assert arm.recipe is not None
-        return of_plan(resolve(arm.recipe, arm.sets, [Path(v) for v in arm.values]))
+        return of_plan(resolve_arm(exp, arm))
     return of_declared(arm)
 
 

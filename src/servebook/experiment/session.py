@@ -21,12 +21,15 @@ class ExperimentStopped(ServebookError):
 
 
 def prepare(exp: Experiment) -> None:
-    """Everything refused before anything starts: the load's settings, and arms that
-    differ in more than the declared variable (``declared.check``)."""
+    """Everything refused before anything starts: the load's settings, values no recipe of
+    the experiment declares (``values.check``), and arms that differ in more than the
+    declared variable (``declared.check``)."""
     from servebook.experiment.steps import check_load
+    from servebook.experiment.values import check as check_values
 
     check_load(exp)
-    declared.check(exp, {a.name: declared.provenance(a) for a in exp.arms})
+    check_values(exp)
+    declared.check(exp, {a.name: declared.provenance(exp, a) for a in exp.arms})
 
 
 def order_of(exp: Experiment) -> list[tuple[int, str]]:

@@ -42,7 +42,7 @@ LOAD_KEYS = {
     "dataset",
     "require-server-evidence",
 }
-_TOP_KEYS = {"baseline", "blocks", "arms", "load", "variable", "seed", "slo"}
+_TOP_KEYS = {"baseline", "blocks", "arms", "load", "variable", "seed", "slo", "values"}
 _ARM_KEYS = {
     "name",
     "recipe",
@@ -99,6 +99,9 @@ class Experiment:
     # it is located (``experiment.slo``).  Analysis only: not part of the digest, so a
     # resumed experiment may be judged against another SLO.
     slo: dict[str, float] | None = None
+    # Values for every recipe arm: a values file's path (beside the experiment file) or a
+    # mapping; each recipe takes the keys it declares (``experiment.values``).
+    values: str | dict[str, Any] | None = None
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -113,6 +116,8 @@ class Experiment:
             "variable": self.variable,
             "seed": self.seed,
         }
+        if self.values is not None:  # only when given: older experiments resume as they were
+            doc["values"] = self.values
         raw = json.dumps(doc, sort_keys=True, default=str).encode()
         return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
@@ -166,6 +171,7 @@ def parse(doc: Any, path: str) -> Experiment:
         variable=_variable(doc.get("variable"), path),
         seed=seed,
         slo=_slo(doc.get("slo"), path),
+        values=_shared_values(doc.get("values"), path),
     )
 
 
@@ -188,6 +194,22 @@ def _slo(v: Any, path: str) -> dict[str, float] | None:
             str(e).removeprefix("--slo "),
             "write slo: ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2e: each latency's p99 limit)",
         ) from None
+
+
+def _shared_values(v: Any, path: str) -> str | dict[str, Any] | None:
+    if v is None:
+        return None
+    if isinstance(v, str) and v:
+        return str(Path(path).parent / v)
+    if isinstance(v, dict) and v:
+        return {str(k): x for k, x in v.items()}
+    raise _bad(
+        path,
+        "values",
+        f"{v!r}",
+        "give a values file's path (beside the experiment file) or a mapping of parameters, "
+        "e.g. values: {namespace: bench}",
+    )
 
 
 def _variable(v: Any, path: str) -> tuple[str, ...]:

@@ -86,12 +86,11 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
     tokenizer = exp.load.get("tokenizer")
 
     def up(arm: Arm, block: int) -> str:
-        from servebook.recipe.resolve import resolve
+        from servebook.experiment.values import resolve_arm
 
         backend = base.get(arm.backend)
         name = deployment_name(arm, block)
-        assert arm.recipe is not None
-        plan = resolve(arm.recipe, arm.sets, [Path(v) for v in arm.values])
+        plan = resolve_arm(exp, arm)
         try:
             ready = backend.up(plan, name=name, timeout_s=None, say=say)
         except ServebookError as e:

@@ -521,11 +521,17 @@ def resolve(
     values_files: Iterable[Path] = (),
     *,
     state_dir: Path | None = None,
+    given: Iterable[tuple[Mapping[str, Any], str]] = (),
 ) -> Plan:
-    """Resolve a recipe (built-in name or file) and parameter values into a Plan."""
+    """Resolve a recipe (built-in name or file) and parameter values into a Plan.
+    ``given``: values already read, each mapping with where it came from (an experiment's
+    values, filtered to this recipe's parameters), before the values files and ``sets``."""
     src = load_source(ref)
     declared = parse_parameters(src)
     supplied: dict[str, tuple[Any, str]] = {}
+    for mapping, origin in given:
+        for k, v in mapping.items():
+            supplied[str(k)] = (v, origin)
     for vf in values_files:
         for k, v in load_values_file(Path(vf)).items():
             supplied[str(k)] = (v, f"values file {vf}")
