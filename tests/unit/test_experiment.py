@@ -42,6 +42,17 @@ def url_arms(**extra_b: Any) -> dict[str, Any]:
         ({"load": {"concurency": [1]}}, "load.concurency", "concurrency"),
         ({"variable": "colour"}, "variable", "topology"),
         ({"slo": "ttft=fast"}, "slo", "ttft=500ms,tpot=50ms"),
+        ({"values": 3}, "values", "values file's path"),
+        (
+            {
+                "arms": [
+                    {"name": "a", "recipe": "r", "backend": "k8s"},
+                    {"name": "b", "recipe": "r"},
+                ]
+            },
+            "arms[a].backend",
+            "kubernetes",
+        ),
         ({"slo": {"latency": "1s"}}, "slo", "keys ttft, tpot, itl, e2e"),
         (
             {"arms": [{"name": "a", "url": "http://x"}, {"name": "b", "url": "http://y"}]},
@@ -507,3 +518,20 @@ def inputs_of(text: str) -> dict[str, Any]:
 
     doc: dict[str, Any] = yaml.safe_load(text)
     return doc
+
+
+def test_a_kubernetes_arms_load_from_a_file_here_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """On Kubernetes the load runs in the cluster, whose Pods cannot read this machine's
+    dataset: refused with the arm and the fix before any arm comes up."""
+    arms = [{"name": n, "recipe": "vllm-pd", "backend": "kubernetes"} for n in ("a", "b")]
+    doc = {"baseline": "a", "arms": arms, "load": {"dataset": "prompts.jsonl"}}
+    with pytest.raises(UsageError) as e:
+        session.prepare(spec.parse(doc, str(tmp_path / "exp.yaml")))
+    assert "arms[a] runs on Kubernetes, whose load runs in the cluster" in str(e.value)
+    assert "prompts.jsonl is a file on this machine" in str(e.value)
+    assert e.value.hint is not None and "leave dataset:" in e.value.hint
+    with pytest.raises(UsageError, match="load-start-timeout"):
+        bad = {**doc, "load": {"load-start-timeout": "soon"}}
+        session.prepare(spec.parse(bad, str(tmp_path / "exp.yaml")))

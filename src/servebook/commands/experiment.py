@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from servebook.commands import app, print_json, say
+from servebook.commands import KubeconfigOpt, app, print_json, say
 from servebook.commands.verify import ApiKeyOpt
 from servebook.console import out
 
@@ -41,6 +41,7 @@ def experiment(
     ),
     as_json: bool = typer.Option(False, "--json", help="The plan (--dry-run) or figures as JSON."),
     api_key: str | None = ApiKeyOpt,
+    kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     from servebook.experiment import session, spec, steps
 

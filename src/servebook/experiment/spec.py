@@ -41,6 +41,10 @@ LOAD_KEYS = {
     "tokenizer",
     "dataset",
     "require-server-evidence",
+    "agents",
+    # On Kubernetes, the in-cluster load's (bench's flags of the same names).
+    "load-image",
+    "load-start-timeout",
 }
 _TOP_KEYS = {"baseline", "blocks", "arms", "load", "variable", "seed", "slo", "values"}
 _ARM_KEYS = {
@@ -311,6 +315,15 @@ def _arm(item: Any, i: int, path: str) -> Arm:
             "a recipe arm's accelerators come from its recipe",
             "remove accelerators: (it is for attached and URL arms)",
         )
+    backend = item.get("backend", "local")
+    if backend not in ("local", "kubernetes"):
+        raise _bad(
+            path,
+            f"{where}.backend",
+            f"{backend!r}",
+            "choose local (processes on this machine) or kubernetes (the current KUBECONFIG "
+            "context, or `servebook experiment --kubeconfig FILE`)",
+        )
     acc = item.get("accelerators")
     if acc is not None and (not isinstance(acc, int) or isinstance(acc, bool) or acc < 1):
         raise _bad(path, f"{where}.accelerators", f"{acc!r}", "give a whole number, 1 or more")
@@ -320,7 +333,7 @@ def _arm(item: Any, i: int, path: str) -> Arm:
         recipe=item.get("recipe"),
         sets=_sets(item.get("set"), path, where),
         values=_values(item.get("values"), path, where),
-        backend=str(item.get("backend", "local")),
+        backend=str(backend),
         deployment=item.get("deployment"),
         url=item.get("url"),
         model=item.get("model"),

@@ -19,7 +19,7 @@ from servebook.experiment.spec import Arm, Experiment
 from servebook.sweep import BenchArgs, not_serving, run_bench
 
 _BENCH_FIELDS = {f.name: f for f in dataclasses.fields(BenchArgs)}
-_NOT_BENCH_ARGS = {"tokenizer"}
+_NOT_BENCH_ARGS = {"tokenizer", "load_image", "load_start_timeout"}
 
 
 def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
@@ -55,12 +55,39 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
 
 
 def check_load(exp: Experiment) -> None:
-    """Every arm's bench settings parse (levels, durations, precision), before anything
+    """Every arm's bench settings parse (levels, durations, precision), and a Kubernetes
+    arm's load can run in the cluster (no file of this machine in it), before anything
     starts."""
     from servebook.sweep import settings_from
 
+    load_start_s(exp)
     for arm in exp.arms:
-        settings_from(bench_args(exp, arm), None)
+        a = bench_args(exp, arm)
+        settings_from(a, None)
+        if arm.backend == "kubernetes":
+            from servebook.backends.kube_bench import refuse_unsupported
+
+            try:
+                refuse_unsupported(a, tokenizer=exp.load.get("tokenizer"), resume=False)
+            except UsageError as e:
+                raise UsageError(
+                    f"{exp.path}: arms[{arm.name}] runs on Kubernetes, whose load runs in the "
+                    f"cluster: {e}",
+                    hint="leave dataset: and tokenizer: out of load: (the Pods tokenize on "
+                    "the server)",
+                ) from None
+
+
+def load_start_s(exp: Experiment) -> float:
+    """``load-start-timeout`` (seconds for the in-cluster load's Pods to run; bench's
+    default 600)."""
+    from servebook.bench.flags import parse_duration
+
+    raw = exp.load.get("load-start-timeout")
+    s = 600.0 if raw is None else parse_duration(str(raw), f"{exp.path}: load.load-start-timeout")
+    if s <= 0:
+        raise UsageError(f"{exp.path}: load.load-start-timeout {raw!r}: give a time above 0")
+    return s
 
 
 def estimated_s(exp: Experiment) -> tuple[float, float]:
@@ -73,6 +100,31 @@ def estimated_s(exp: Experiment) -> tuple[float, float]:
         low += lo * exp.blocks
         high += hi * exp.blocks
     return low, high
+
+
+def in_cluster(
+    exp: Experiment,
+    owner: str,
+    name: str,
+    a: BenchArgs,
+    where: Path,
+    key: str | None,
+    say: Say,
+) -> bool:
+    """A Kubernetes deployment's bench runs in the cluster, as `servebook bench NAME` runs
+    it there by default: an Indexed Job of load agents next to the engines, its results
+    fetched into ``where`` and its objects deleted (``backends.kube_bench``).  False: the
+    deployment is reached from here."""
+    from servebook.backends import kube_bench
+
+    source = kube_bench.in_cluster_source(owner, name, None)
+    if source is None:
+        return False
+    prepared = kube_bench.prepare(
+        source, a, agents=a.agents or 1, image=exp.load.get("load-image"), api_key=key
+    )
+    kube_bench.run_in_cluster(source, prepared, where, say=say, start_s=load_start_s(exp))
+    return True
 
 
 def deployment_name(arm: Arm, block: int) -> str:
@@ -129,6 +181,8 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
             owner, dep = (
                 (base.get(arm.backend), name) if name is not None else base.locate(arm.deployment)
             )
+            if in_cluster(exp, owner.name, dep, a, where, key, say):
+                return
             with owner.open(dep) as view:
                 subject = tgt.from_deployment(
                     view, api=a.api, request_timeout_s=a.request_timeout, api_key=key
