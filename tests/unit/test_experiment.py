@@ -53,6 +53,16 @@ def url_arms(**extra_b: Any) -> dict[str, Any]:
             "arms[a].backend",
             "kubernetes",
         ),
+        (
+            {
+                "arms": [
+                    {"name": "a", "recipe": "r", "namespace": "ns"},
+                    {"name": "b", "recipe": "r"},
+                ]
+            },
+            "arms[a].namespace",
+            "set: {namespace: NS}",
+        ),
         ({"slo": {"latency": "1s"}}, "slo", "keys ttft, tpot, itl, e2e"),
         (
             {"arms": [{"name": "a", "url": "http://x"}, {"name": "b", "url": "http://y"}]},

@@ -57,6 +57,7 @@ _ARM_KEYS = {
     "url",
     "model",
     "accelerators",
+    "namespace",
     # Declared facts of an arm servebook does not deploy (compared before anything starts).
     "image",
     "packages",
@@ -76,6 +77,9 @@ class Arm:
     values: tuple[str, ...] = ()  # values files
     backend: str = "local"
     deployment: str | None = None
+    # A deployment arm's Kubernetes namespace, as `bench NAME -n NS` takes it (one this
+    # machine has no record of).
+    namespace: str | None = None
     url: str | None = None
     model: str | None = None
     accelerators: int | None = None
@@ -86,7 +90,8 @@ class Arm:
             sets = f" with {', '.join(self.sets)}" if self.sets else ""
             return f"recipe {self.recipe}{sets}, brought up fresh on {self.backend} per block"
         if self.kind == "deployment":
-            return f"attached deployment {self.deployment}, benched only"
+            where = f" in namespace {self.namespace}" if self.namespace else ""
+            return f"deployment {self.deployment}{where}, benched only"
         return f"{self.url} (model {self.model}), benched only"
 
 
@@ -315,6 +320,15 @@ def _arm(item: Any, i: int, path: str) -> Arm:
             "a recipe arm's accelerators come from its recipe",
             "remove accelerators: (it is for attached and URL arms)",
         )
+    if "namespace" in item and kind != "deployment":
+        raise _bad(
+            path,
+            f"{where}.namespace",
+            f"only for a deployment arm, not a {kind}",
+            "a recipe arm's namespace is its recipe's parameter: set: {namespace: NS}"
+            if kind == "recipe"
+            else "remove namespace:",
+        )
     backend = item.get("backend", "local")
     if backend not in ("local", "kubernetes"):
         raise _bad(
@@ -335,6 +349,7 @@ def _arm(item: Any, i: int, path: str) -> Arm:
         values=_values(item.get("values"), path, where),
         backend=str(backend),
         deployment=item.get("deployment"),
+        namespace=None if item.get("namespace") is None else str(item["namespace"]),
         url=item.get("url"),
         model=item.get("model"),
         accelerators=acc,

@@ -106,6 +106,7 @@ def in_cluster(
     exp: Experiment,
     owner: str,
     name: str,
+    namespace: str | None,
     a: BenchArgs,
     where: Path,
     key: str | None,
@@ -117,7 +118,7 @@ def in_cluster(
     deployment is reached from here."""
     from servebook.backends import kube_bench
 
-    source = kube_bench.in_cluster_source(owner, name, None)
+    source = kube_bench.in_cluster_source(owner, name, namespace)
     if source is None:
         return False
     prepared = kube_bench.prepare(
@@ -179,11 +180,13 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
                 run_bench(subject, a, where, resume=False, tokenizer=tokenizer, resumable=False)
                 return
             owner, dep = (
-                (base.get(arm.backend), name) if name is not None else base.locate(arm.deployment)
+                (base.get(arm.backend), name)
+                if name is not None
+                else base.locate(arm.deployment, backend="kubernetes" if arm.namespace else None)
             )
-            if in_cluster(exp, owner.name, dep, a, where, key, say):
+            if in_cluster(exp, owner.name, dep, arm.namespace, a, where, key, say):
                 return
-            with owner.open(dep) as view:
+            with owner.open(dep, arm.namespace) as view:
                 subject = tgt.from_deployment(
                     view, api=a.api, request_timeout_s=a.request_timeout, api_key=key
                 )
