@@ -126,12 +126,14 @@ def print_points(results: Results, path: Path) -> None:
         "TTFT p50 ms",
         "TPOT p50 ms",
         "handoff",
+        "spec accept",
         "why invalid",
     ):
         t.add_column(col, overflow="fold")
     for p in sorted(results.points, key=lambda p: (p.concurrency or 0, p.rate or 0, p.repetition)):
         level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
-        share = p.server.get("handoff_share") if isinstance(p.server, dict) else None
+        server = p.server if isinstance(p.server, dict) else {}
+        share, accept = server.get("handoff_share"), server.get("spec_acceptance")
         verdict = "[green]valid[/]" if p.valid else "[bold red]INVALID[/]"
         if p.imprecise:
             verdict += ", [yellow]imprecise[/]"
@@ -146,6 +148,7 @@ def print_points(results: Results, path: Path) -> None:
             number(p.ttft_ms.p50),
             judged(p).cell(),
             "-" if share is None else f"{100 * share:.0f}%",
+            "-" if accept is None else f"{100 * accept:.0f}%",
             "; ".join(r.split(":")[0] for r in p.invalid_reasons),
         )
     out.print(t)

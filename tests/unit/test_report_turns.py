@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from servebook.console import print_points
 from servebook.report.render import build_report, to_markdown
 from servebook.report.tables import load_runs
 from servebook.results.schema import Latency
-from servebook.results.store import ResultsWriter
+from servebook.results.store import ResultsWriter, load_results
 from tests.unit.conftest import a_point, a_provenance
 
 
@@ -32,3 +35,17 @@ def test_a_run_without_conversations_has_no_turn_table(tmp_path: Path) -> None:
     with ResultsWriter(tmp_path / "plain", a_provenance()) as w:
         w.add(a_point(2, 0))
     assert build_report(load_runs([tmp_path / "plain"])).turns is None
+
+
+def test_the_bench_table_shows_each_points_speculative_acceptance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36: acceptance reported per point next to throughput (it was in the report's
+    validity table per level only)."""
+    spec = a_point(1, 0).model_copy(update={"server": {"spec_acceptance": 0.85}})
+    with ResultsWriter(tmp_path / "spec", a_provenance()) as w:
+        w.add(spec)
+        w.add(a_point(2, 0))
+    print_points(load_results(tmp_path / "spec" / "results.json"), tmp_path / "spec")
+    rows = [line for line in capsys.readouterr().out.splitlines() if "c=" in line]
+    assert "85%" in rows[0] and "85%" not in rows[1], rows
