@@ -176,7 +176,7 @@ class Ctx:
     ) -> Run:
         """``servebook ARGS`` in a child of its own session, killed with its children past
         ``timeout`` seconds."""
-        code = "\n".join([*MEMORY_BOUND, *prelude, "from servebook.cli import main", "main()"])
+        code = "\n".join([*MEMORY_BOUND, *prelude, "from servebook.entry import main", "main()"])
         argv = [*(NO_DAC if no_dac else []), sys.executable, "-c", code, *map(str, args)]
         full = {**os.environ, "SERVEBOOK_HOME": str(self.home), **self.env, **(env or {})}
         full["PYTHONPATH"] = this_checkout(full.get("PYTHONPATH"))
@@ -323,7 +323,8 @@ def bench_args(c: Ctx, url: str, out: Path | str, *extra: str | Path) -> list[st
     """A short sweep against ``url`` serving ``tiny`` (the probe's Q, shortened)."""
     return [
         "bench", "--url", url, "--model", "tiny", "--tokenizer", c.shared.tiny,
-        "--concurrency", "1,2", "--repetitions", "1", "--order", "ascending",
+        "--concurrency", "1,2", "--repetitions", "1", "--precision", "off",
+        "--order", "ascending",
         "--duration", "1s", "--warmup", "2r", "--input-len", "16", "--output-len", "4",
         "--min-requests", "2", "--max-client-lag-ms", "1000",
         "--min-achieved-concurrency", "0.5", "-o", out, *extra,
@@ -1936,7 +1937,7 @@ def session_pids(sid: int) -> list[int]:
 @case("`--agents 2` argv/environ of agents", "K absent")
 def _(c: Ctx) -> Verdict:
     with keyed_engine(c) as (url, _):
-        code = "\n".join([*MEMORY_BOUND, "from servebook.cli import main", "main()"])
+        code = "\n".join([*MEMORY_BOUND, "from servebook.entry import main", "main()"])
         # The key by flag, as the probe gave it (a variable of bench's own environment is
         # every child's by inheritance).
         flags = ("--agents", "2", "--api-key", KEY)
@@ -2010,7 +2011,8 @@ def _(c: Ctx) -> list[Verdict]:
 
 def seckey_recipe(c: Ctx, key: str, hf: str | None = None) -> Path:
     text = TINY_MIXED.read_text()
-    text = text.replace("--enforce-eager]", f"--enforce-eager, --api-key, {key}]")
+    # the tiny recipes' engine_args end in their extra_engine_args element
+    text = text.replace("--enforce-eager,", f"--enforce-eager, --api-key, {key},")
     text = text.replace("name: tiny-mixed", "name: seckey", 1)
     if hf:
         text = text.replace("    env:\n", f"    env:\n      HF_TOKEN: {hf}\n", 1)
@@ -2252,7 +2254,7 @@ def start(
 ) -> subprocess.Popen[str]:
     """``servebook ARGS`` started in a session of its own, to be signalled or faulted
     while it runs; ``finish`` collects it."""
-    code = "\n".join([*MEMORY_BOUND, "from servebook.cli import main", "main()"])
+    code = "\n".join([*MEMORY_BOUND, "from servebook.entry import main", "main()"])
     argv = [*(NO_DAC if no_dac else []), sys.executable, "-c", code, *map(str, args)]
     full = {**os.environ, "SERVEBOOK_HOME": str(c.home), "COLUMNS": "200", **(env or {})}
     full["PYTHONPATH"] = this_checkout(full.get("PYTHONPATH"))
