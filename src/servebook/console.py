@@ -111,6 +111,11 @@ def number(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _level(concurrency: int | None, rate: float | None) -> str:
+    """A load level as the bench table names it: ``c=4`` or ``rate=2.5``."""
+    return f"c={concurrency}" if concurrency is not None else f"rate={rate:g}"
+
+
 def print_points(results: Results, path: Path) -> None:
     from servebook.results.tpot import judged
 
@@ -131,7 +136,7 @@ def print_points(results: Results, path: Path) -> None:
     ):
         t.add_column(col, overflow="fold")
     for p in sorted(results.points, key=lambda p: (p.concurrency or 0, p.rate or 0, p.repetition)):
-        level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
+        level = _level(p.concurrency, p.rate)
         server = p.server if isinstance(p.server, dict) else {}
         share, accept = server.get("handoff_share"), server.get("spec_acceptance")
         verdict = "[green]valid[/]" if p.valid else "[bold red]INVALID[/]"
@@ -157,8 +162,7 @@ def print_points(results: Results, path: Path) -> None:
     protocol = results.provenance.protocol
     by_level: dict[str, list[Point]] = {}
     for p in results.points:
-        level = f"c={p.concurrency}" if p.concurrency is not None else f"rate={p.rate:g}"
-        by_level.setdefault(level, []).append(p)
+        by_level.setdefault(_level(p.concurrency, p.rate), []).append(p)
     for level, pts in by_level.items():
         why = not_a_measurement(pts, protocol)
         if why:
@@ -167,7 +171,7 @@ def print_points(results: Results, path: Path) -> None:
         out.print(f"a choice that biases these figures: {choice}", markup=False)
     for agg in results.aggregates:
         if agg.precision is not None:
-            level = f"c={agg.concurrency}" if agg.concurrency is not None else f"rate={agg.rate:g}"
+            level = _level(agg.concurrency, agg.rate)
             out.print(
                 f"{level}: {agg.precision.status} after {agg.precision.repetitions} "
                 f"repetition(s): {agg.precision.describe()}",

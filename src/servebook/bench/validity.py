@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servebook.engines.vllm import speculation_problem
+from servebook.engines.vllm import M, speculation_problem
 from servebook.findings import Check, Finding, Rules, Severity, register
 from servebook.results.schema import Point
 
@@ -474,9 +474,8 @@ def prefix_cache_cold(case: Case) -> Verdict | None:
     return Verdict(
         share > bound,
         f"{100 * share:.1f}% of the prompt tokens looked up were found in the engines' prefix "
-        f"caches ({hits:.0f} tokens: vllm:prefix_cache_hits_total over "
-        f"vllm:prefix_cache_queries_total), on a workload that shares no prefix (bound "
-        f"{100 * bound:.1f}%)",
+        f"caches ({hits:.0f} tokens: {M.PREFIX_HITS} over {M.PREFIX_QUERIES}), on a "
+        f"workload that shares no prefix (bound {100 * bound:.1f}%)",
         dict(share=share, bound=bound, hits=hits),
     )
 

@@ -213,12 +213,13 @@ def run_summary(run: Run) -> str:
     if bias:
         parts.append("choices that bias it: " + "; ".join(bias))
     best = best_point(run)
-    unmeasured = [(lv.label, lv.not_measured) for lv in levels(run) if lv.not_measured]
+    lvs = levels(run)
+    unmeasured = [(lv.label, lv.not_measured) for lv in lvs if lv.not_measured]
     parts.append(
         best
         or (
             "no level is a measurement: no figure to report"
-            if unmeasured and any(lv.valid for lv in levels(run))
+            if unmeasured and any(lv.valid for lv in lvs)
             else "no valid point: no figure to report"
         )
     )
@@ -230,7 +231,7 @@ def run_summary(run: Run) -> str:
     brk = slo_break(run)
     if brk:
         parts.append(brk)
-    invalid = [(lv.label, p) for lv in levels(run) for p in lv.invalid]
+    invalid = [(lv.label, p) for lv in lvs for p in lv.invalid]
     if invalid:
         named = ", ".join(f"{label} rep {p.repetition} ({check_ids(p)})" for label, p in invalid)
         parts.append(
@@ -248,7 +249,7 @@ def run_summary(run: Run) -> str:
     if imprecise:
         reached = [
             lv.label + (f" ({lv.precision.describe()})" if lv.precision is not None else "")
-            for lv in levels(run)
+            for lv in lvs
             if lv.imprecise
         ]
         parts.append(
