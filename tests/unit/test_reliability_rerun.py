@@ -57,3 +57,29 @@ def test_a_handful_of_cases_run_and_hold(rerun: ModuleType) -> None:
         "failed": 0,
         "not_rerun": 0,
     }
+
+
+# The probe's cases that need real vLLM engines (`up`/`run` interrupts, races, tiny-pd's
+# timeout, vLLM's own log of a key): re-run only with --engines.
+ENGINE_ROWS = {
+    "Ctrl-C `up` (before ready)": 1,
+    "Ctrl-C `run` during up": 1,
+    "Ctrl-C `run` during bench; its partial report marked partial": 2,
+    "SIGTERM `up`": 1,
+    "SIGKILL `up`": 1,
+    "re-run after interrupted `up`/`run`": 1,
+    "`up --timeout 5` on tiny-pd": 1,
+    "two `up` of one name, model missing": 1,
+    "two `up` of one name, model present": 1,
+    "same: vLLM's own log (a real engine)": 1,
+}
+
+
+def test_engine_cases_are_declared_and_not_run_without_engines(rerun: ModuleType) -> None:
+    engine = [c for c in rerun.CASES if c.needs == "engines"]
+    assert {c.row: c.n for c in engine} == ENGINE_ROWS
+    assert all(c.fn is not None and c.why_not and "--engines" in c.why_not for c in engine)
+    assert not rerun.MODE.engines  # the default: quick, no vLLM
+    outcomes = rerun.run_cases(engine)
+    assert all(isinstance(v, rerun.Skip) for o in outcomes for v in o.verdicts)
+    assert rerun.tally(outcomes)["not_rerun"] == sum(ENGINE_ROWS.values())
