@@ -134,6 +134,7 @@ class Outcome:
     case: Case
     verdicts: list[Verdict]
     seconds: float
+    notes: list[str] = field(default_factory=list)  # what an engine case observed
 
 
 CASES: list[Case] = []
@@ -202,6 +203,7 @@ class Ctx:
     bound: float = BOUND_S  # no command of this case runs longer
     # run last to first when the case ends, however it ends (an engine case's clean-up)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # evidence, in --json's rows
 
     @property
     def home(self) -> Path:
@@ -1266,6 +1268,7 @@ def _(c: Ctx) -> Verdict:
         for i in range(46_522):
             f.write(doc % i)
     r = lint(c, p, timeout=c.bound)
+    c.notes.append(f"lint exit {r.rc} after {r.seconds:.0f} s (bound {c.bound:.0f} s)")
     if r.timed_out and c.bound <= BOUND_S:
         return Skip(
             f"did not finish within this re-run's {BOUND_S:.0f} s bound on a loaded 2-core "
@@ -1911,6 +1914,7 @@ def agents_1000(c: Ctx) -> Verdict:
         most = max(most, now)
         time.sleep(0.1)
     r = finish(proc, deadline - time.monotonic(), t0)
+    c.notes.append(f"--agents 1000: exit {r.rc} after {r.seconds:.0f} s, at most {most} agents")
     many = (
         f"{most} load agents ran at once: --agents 1000 was not capped at the largest "
         "level's concurrency (2)"
@@ -2677,6 +2681,7 @@ class Tracked:
                 start_new_session=True,
             )
         self.t0 = time.monotonic()
+        self.c = c
         c.cleanups.append(lambda: kill_group(self.proc))
 
     def ended(self) -> bool:
@@ -2709,7 +2714,7 @@ class Tracked:
         except subprocess.TimeoutExpired:
             timed_out = True
             kill_group(self.proc)
-        return Run(
+        r = Run(
             [str(a) for a in self.argv[3:]],
             self.proc.returncode,
             self.out.read_text(errors="replace"),
@@ -2718,6 +2723,12 @@ class Tracked:
             timed_out,
             bound,
         )
+        last = r.err.strip().splitlines()[-1:] or r.out.strip().splitlines()[-1:]
+        self.c.notes.append(
+            f"`{' '.join(r.args[:1])} {' '.join(r.args[1:2])}` exit {r.rc} after "
+            f"{r.seconds:.0f} s: {' '.join(' '.join(last).split())[:240]}"
+        )
+        return r
 
 
 def state_of(c: Ctx, name: str) -> dict[str, Any]:
@@ -2759,6 +2770,7 @@ def nothing_left(c: Ctx, name: str) -> Verdict:
     wait_for(lambda: not ours(c), 30)
     left = ours(c)
     d = c.sb("down", name, timeout=120)
+    c.notes.append(f"then: {len(left)} process(es) left; `down {name}` exit {d.rc}: {d.text[:120]}")
     return first(
         f"processes left running: {left}" if left else None,
         expect(d, 0, says=["nothing to stop"]),
@@ -3204,7 +3216,7 @@ def run_case(case: Case, shared: Shared, scratch: Path) -> Outcome:
     verdicts = list(got) if isinstance(got, list) else [got] * case.n
     if len(verdicts) != case.n:
         verdicts = [f"the re-run gave {len(verdicts)} verdicts for {case.n} cases"] * case.n
-    return Outcome(case, verdicts, time.monotonic() - t0)
+    return Outcome(case, verdicts, time.monotonic() - t0, ctx.notes)
 
 
 def tally(outcomes: Sequence[Outcome]) -> dict[str, int]:
@@ -3236,6 +3248,7 @@ def as_doc(outcomes: Sequence[Outcome]) -> dict[str, Any]:
                 "expected": o.case.expected,
                 "cases": o.case.n,
                 "seconds": round(o.seconds, 2),
+                **({"notes": o.notes} if o.notes else {}),
                 "verdicts": [
                     "held"
                     if v is None
