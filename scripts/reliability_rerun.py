@@ -78,6 +78,7 @@ NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
 BOUND_S = 30.0  # no case runs a command longer (by default)
 LONG_BOUND_S = 300.0  # with --slow or --engines, a case marked long (the 50 MB lint)
 ENGINE_BOUND_S = 420.0  # with --engines, one command of an engine case
+STARTING_S = 8.0  # an engine case signals `up` this long after its engine started
 ENGINE_UP_S = 240  # `up --timeout` of an engine case: tiny-mixed is ready in 30-120 s here
 ENGINES_WHY = "re-run with --engines (real vLLM engines, about a minute each on 2 cores)"
 _UP = (
@@ -2662,7 +2663,9 @@ class Tracked:
     def __init__(
         self, c: Ctx, *args: str | Path, env: dict[str, str] | None = None, label: str = "sb"
     ) -> None:
-        code = "\n".join([*MEMORY_BOUND, "from servebook.entry import main", "main()"])
+        # No MEMORY_BOUND: the engines inherit it, and vLLM (torch) aborts under 3 GiB of
+        # address space ("cannot allocate memory for thread-local data").
+        code = "from servebook.entry import main\nmain()"
         self.argv = [sys.executable, "-c", code, *map(str, args)]
         full = {**os.environ, "SERVEBOOK_HOME": str(c.home), "COLUMNS": "200", **(env or {})}
         full["PYTHONPATH"] = this_checkout(full.get("PYTHONPATH"))
@@ -2785,6 +2788,10 @@ def interrupted_before_ready(
     if not t.wait(lambda: engine_started(c, name), 120):
         r = t.finish(1)
         return f"no engine of {name} was seen running within 120 s | {r.text[:300]}"
+    time.sleep(STARTING_S)  # well into its start: importing torch, loading the model
+    if t.ended() or not engine_started(c, name):
+        r = t.finish(1)
+        return f"{name}'s engine or `{r.args[0]}` ended before the signal | {r.text[-400:]}"
     if state_of(c, name).get("ready"):
         return f"{name} was ready before the signal could come"
     t.signal(sig, group=group)
