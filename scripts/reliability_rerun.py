@@ -3050,8 +3050,9 @@ def _(c: Ctx) -> Verdict:
     r = interrupted_before_ready(c, t, "sigkill", signal.SIGKILL, group=False)
     if isinstance(r, str):
         return r
-    orphans = [p for p in ours(c)]  # up is gone; its engine is not
+    orphans = ours(c)  # up is gone; its engine is not
     d = c.sb("down", "sigkill", timeout=120)
+    c.notes.append(f"{len(orphans)} process(es) outlived up; `down sigkill` exit {d.rc}")
     return first(
         None if r.rc == -signal.SIGKILL else f"up ended with {r.rc}, not by the SIGKILL",
         None if orphans else "no engine outlived the SIGKILL of up: nothing for down to recover",
