@@ -261,6 +261,10 @@ def test_an_arm_that_fails_verify_makes_its_block_invalid_with_the_reason(
     state = session.execute(exp, tmp_path / "out", Steps(up, warm, verify, bench, down), log.append)
     failed = next(e for e in state["schedule"] if e["arm"] == "b" and e["block"] == 2)
     assert failed["outcome"] == "failed verify: SB301 no completion"
+    # each entry records its own deployment and verify's verdict on it
+    assert failed["deployment"] == "b-2" and failed["verify"] == "SB301 no completion"
+    assert sorted(e["deployment"] for e in state["schedule"]) == ["a-1", "a-2", "b-1", "b-2"]
+    assert [e["verify"] for e in state["schedule"] if e is not failed] == ["passed"] * 3
     assert state["invalid_blocks"] == [
         {"block": 2, "reason": "arm b failed verify: SB301 no completion"}
     ]
