@@ -353,5 +353,5 @@ def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}"
     "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em}"
-    ".num{text-align:right}.note{color:#555}"
+    ".num{text-align:right}.note{color:#555}.bad{color:#b00020;font-weight:600}"
 )
