@@ -126,7 +126,8 @@ def check_evidence(state: dict[str, Any]) -> None:
     rows = {(r["arm"], r["level"]): r for r in state["evidence"]}
     assert sorted(rows) == [("mixed", 1.0), ("mixed", 2.0), ("spec", 1.0), ("spec", 2.0)]
     for (arm, _level), r in rows.items():
-        assert r["valid"] and r["blocks"] == [1, 2] and r["points"] == 2, r
+        assert r["valid"] and r["blocks"] == [1, 2] and r["points"] == r["valid_points"] == 2, r
+        assert r["invalid_checks"] == [], r
         assert r["errors"] == 0 and r["error_rate"] == 0, r
         assert r["request_errors"]["max"] == 0, r
         assert r["handoff_share"] is None and r["handoff_failed_open"] == [], r

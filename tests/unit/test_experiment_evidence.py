@@ -45,6 +45,19 @@ def failed_open(res: Results, concurrency: int, repetition: int) -> Results:
     return res.model_copy(update={"points": points})
 
 
+def with_errors(res: Results, concurrency: int, repetition: int) -> Results:
+    """``res`` with one point 10 of whose requests failed (2.2% of its 460), judged by
+    bench's SB403 (1% at most)."""
+    points = []
+    for p in res.points:
+        if (p.concurrency, p.repetition) == (concurrency, repetition):
+            p = p.model_copy(update={"errors": 10})
+            found = judge(p, duration_s=60, min_requests=1, thresholds=Thresholds())
+            p = apply_verdict(p, [f for f in found if f.check == "SB403"])
+        points.append(p)
+    return res.model_copy(update={"points": points})
+
+
 @pytest.fixture
 def experiment_dir(tmp_path: Path) -> tuple[dict[str, Any], Path]:
     """An experiment of two blocks whose every entry finished, its figures computed."""
@@ -61,6 +74,8 @@ def experiment_dir(tmp_path: Path) -> tuple[dict[str, Any], Path]:
         res = load_results(ARMS[e["arm"]] / "results.json")
         if (e["arm"], e["block"]) == ("pd", 2):
             res = failed_open(res, 4, 1)
+        if (e["arm"], e["block"]) == ("mixed", 1):
+            res = with_errors(res, 4, 0)
         where = runner.results_dir(out, e["arm"], e["block"])
         where.mkdir(parents=True)
         (where / "results.json").write_text(res.to_json())
@@ -108,8 +123,11 @@ def test_a_level_whose_handoff_failed_open_is_invalid_for_that_arm_and_left_out_
     assert {c["blocks"] for c in state["comparisons"]} == {2}
     assert ("pd", 4.0) not in {(r["arm"], r["level"]) for r in state["absolute"]}
     assert ("pd", 4.0) not in {(p["arm"], p["level"]) for p in state["pareto"]["points"]}
+    # a point invalid for another reason is left out on its own, as everywhere
     assert ("mixed", 4.0) in {(r["arm"], r["level"]) for r in state["absolute"]}
-    assert rows[("mixed", 4.0)]["valid"]
+    mixed = rows[("mixed", 4.0)]
+    assert mixed["valid"] and mixed["valid_points"] == 5 and mixed["invalid_checks"] == ["SB403"]
+    assert mixed["errors"] == 10 and 0 < mixed["error_rate"] < 0.01  # over all six points
 
 
 def test_the_report_shows_the_evidence_per_arm_and_level_and_the_invalid_level(
@@ -129,6 +147,8 @@ def test_the_report_shows_the_evidence_per_arm_and_level_and_the_invalid_level(
         "INVALID: PD handoff failed open in 1 of 6 point(s) (block 2 rep 1)"
     )
     assert cells[("pd", "c=4")]["Client errors"] == "0"
+    assert cells[("mixed", "c=4")]["Validity"] == "valid; 1 invalid point(s) left out (SB403)"
+    assert cells[("mixed", "c=4")]["Client errors"].startswith("10 (0.")
     said = exp_report.sentences(state)
     assert (
         "c=4 is invalid for arm pd: PD handoff failed open in 1 of 6 point(s) (block 2 rep 1); "

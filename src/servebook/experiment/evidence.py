@@ -69,6 +69,10 @@ def _row(arm: str, level: float, points: list[tuple[int, Point]]) -> dict[str, A
     row["points"] = len(points)
     row["valid_points"] = sum(1 for _, p in points if p.valid)
     row["blocks"] = sorted({b for b, _ in points})
+    # The checks its invalid points failed (each left out on its own, as everywhere)
+    row["invalid_checks"] = sorted(
+        {r.split(":", 1)[0] for _, p in points if not p.valid for r in p.invalid_reasons}
+    )
     row["missing"] = sorted({m for _, p in points for m in p.server.get("missing") or []})
     opened = [
         {"block": b, "repetition": p.repetition, "reason": why}

@@ -119,6 +119,20 @@ def _count(f: dict[str, Any] | None) -> str:
     return NA if not f else f"{f['mean'] * f['n']:,.0f}"
 
 
+def _validity(r: dict[str, Any]) -> str:
+    """A level's verdict for its arm: invalid as a whole (its handoff failed open), or
+    valid with the invalid points left out one by one, named by the checks they failed."""
+    if not r["valid"]:
+        return f"INVALID: {r['invalid_reason']}"
+    bad = r["points"] - r["valid_points"]
+    if not bad:
+        return "valid"
+    checks = ", ".join(r.get("invalid_checks") or []) or "see the arm's results"
+    if not r["valid_points"]:
+        return f"no valid point ({checks})"
+    return f"valid; {bad} invalid point(s) left out ({checks})"
+
+
 def evidence_table(doc: dict[str, Any]) -> Table:
     """The server's evidence per arm and level over the valid blocks (every point, valid
     or not), and whether the level is valid for the arm (its PD handoff did not fail
@@ -133,7 +147,7 @@ def evidence_table(doc: dict[str, Any]) -> Table:
          Column("Prefix-hit share", True), Column("Preemptions", True), Column("Blocks")],
         [
             [r["arm"], _level(r["level"], mode), f"{r['valid_points']}/{r['points']}",
-             "valid" if r["valid"] else f"INVALID: {r['invalid_reason']}",
+             _validity(r),
              f"{r['errors']:,}" + (f" ({r['error_rate']:.1%})" if r["errors"] else ""),
              _count(r["request_errors"]), _share(r["handoff_share"]),
              _share(r["spec_acceptance"]), _share(r["prefix_hit_share"]),
