@@ -16,7 +16,7 @@ from pathlib import Path
 from servebook.backends.base import Backend, Say
 from servebook.bench import target as tgt
 from servebook.console import err, out, print_points, print_report
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
@@ -24,8 +24,7 @@ from servebook.report.render import write_report
 from servebook.results.schema import Results
 from servebook.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
 from servebook.sweep import plan_text as sweep_plan
-from servebook.verify.smoke import Options
-from servebook.verify.smoke import run as verify
+from servebook.verify.smoke import Options, verify
 
 # The main job's sweep, made to survive `servebook compare A B --reproduce` between two
 # runs on a 2-core machine that also runs both servers.  Reproduce judges each level's
@@ -155,7 +154,7 @@ def preflight(job: Job) -> None:
 
 def verify_step(job: Job, view: DeploymentView) -> int:
     job.say(f"verifying {view.name} from server-side counters")
-    rep = verify(view.targets(), view.claims(), job.opts)
+    rep = verify(view, job.opts)
     print_report(rep, view.name)
     return exit_code(rep.findings)
 

@@ -13,8 +13,8 @@ import pytest
 
 from servebook.backends import local
 from servebook.backends.processes import group_members
+from servebook.deployment.view import Claims, RoleView
 from servebook.recipe.plan import Plan
-from servebook.verify.smoke import Claims, Target
 
 pytestmark = pytest.mark.engine
 
@@ -68,7 +68,7 @@ def deployed(
             assert not Path(kv).exists(), f"connector storage {kv} left behind"
 
 
-def seen(dep: local.Deployment) -> tuple[list[Target], Claims]:
+def seen(dep: local.Deployment) -> tuple[list[RoleView], Claims]:
     """What verify sees of a local deployment: the backend's view's targets and claims."""
     view = local.view(dep)
-    return view.targets(), view.claims()
+    return view.roles, view.claims()

@@ -92,7 +92,7 @@ def test_view_names_every_replica_adds_the_router_and_reads_claims_from_argv() -
     assert claims.topology == "pd" and claims.speculative is True
     assert claims.argv_unread == {"decode http://10.0.0.9:8200": "another machine (10.0.0.9)"}
     assert view.plan.speculative == {"method": "ngram", "num_speculative_tokens": 3}
-    targets = {t.name: t for t in view.targets()}
+    targets = {t.name: t for t in view.roles}
     assert list(targets["decode"].replica_names) == list(decode.all_metrics_urls)
 
 

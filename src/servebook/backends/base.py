@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import Finding
 from servebook.recipe.plan import Plan

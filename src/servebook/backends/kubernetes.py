@@ -62,7 +62,7 @@ from servebook.backends.kube_record import (
 )
 from servebook.backends.kube_settle import Ref, grace_bound_s, wait_gone, wait_settled
 from servebook.backends.kube_view import open_view
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.findings import Finding

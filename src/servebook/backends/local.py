@@ -47,7 +47,8 @@ from servebook.backends.state import (
     state_dir_for,
     write_state,
 )
-from servebook.deployment import DeploymentView, RoleView
+from servebook.deployment.reach import Address, Reach, Record, ReplicaRecord, RoleRecord, build
+from servebook.deployment.view import DeploymentView
 from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.findings import Finding
@@ -596,32 +597,28 @@ def status(dep: Deployment) -> dict[str, Any]:
 
 
 def view(dep: Deployment) -> DeploymentView:
-    """The deployment as verify, bench and run see it: processes on this machine."""
+    """The deployment as verify, bench and run see it: processes on this machine, reached
+    at their own ports (one replica per role)."""
     plan = Plan.model_validate(dep.plan)
-    roles = [
-        RoleView(
-            name=rp.name,
-            kind=rp.kind,
-            api_url=rp.url,
-            metrics_url=f"http://{HOST}:{rp.metrics_port}" if rp.metrics_port else rp.url,
-            argv=list(rp.argv),
-            env=dict(rp.env),
-            alive=lambda rp=rp: is_ours_alive(rp),  # type: ignore[misc]
-            describe=lambda rp=rp: process_state(rp),  # type: ignore[misc]
-            log=lambda rp=rp: log_tail(rp.log, lines=4000),  # type: ignore[misc]
-        )
-        for rp in dep.roles
-    ]
-    return DeploymentView(
-        name=dep.name,
-        backend=dep.backend,
-        recipe=dep.recipe,
-        plan=plan,
-        served_model_name=dep.served_model_name,
-        entry_url=dep.entry_url,
-        roles=roles,
+    record = Record(
+        dep.name, dep.backend, dep.recipe, plan, dep.served_model_name,
+        roles=[RoleRecord(rp.name, rp.kind, [ReplicaRecord(rp.name, rp.argv, rp.env)])
+               for rp in dep.roles],
+        entry_role=plan.entry_role,
         local_model_dir=plan.engine_roles[0].model_path,
         accelerators=None,  # CPU processes: per-accelerator figures are n/a
+    )  # fmt: skip
+    at = {rp.name: _address(rp) for rp in dep.roles}
+    return build(record, Reach("direct", {n: [a] for n, a in at.items()}, at, dep.entry_url))
+
+
+def _address(rp: RoleProcess) -> Address:
+    return Address(
+        rp.url,
+        f"http://{HOST}:{rp.metrics_port}" if rp.metrics_port else rp.url,
+        alive=lambda: is_ours_alive(rp),
+        describe=lambda: process_state(rp),
+        log=lambda: log_tail(rp.log, lines=4000),
     )
 
 

@@ -152,11 +152,11 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
 
     def verify(arm: Arm, name: str) -> str | None:
         from servebook.verify.smoke import Options
-        from servebook.verify.smoke import run as smoke
+        from servebook.verify.smoke import verify as smoke
 
         opts = Options(api_key=key)
         with base.get(arm.backend).open(name) as view:
-            rep = smoke(view.targets(), view.claims(), opts)
+            rep = smoke(view, opts)
         failed = [f for f in rep.findings if f.failed]
         return "; ".join(f"{f.check} {f.message}" for f in failed) if failed else None
 
