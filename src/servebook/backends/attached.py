@@ -54,14 +54,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from servebook import files, http
-from servebook.backends.base import Down, Found, Ready, Say
+from servebook.backends.base import Found
 from servebook.backends.state import deployments_dir, state_dir_for
 from servebook.deployment.reach import Address, Reach, Record, ReplicaRecord, RoleRecord, build
+from servebook.deployment.site import Here, LoadSite
 from servebook.deployment.view import Claims, DeploymentView
 from servebook.engines.cmdline import EngineCommand, parse_argv, speculative_config
 from servebook.errors import UsageError
 from servebook.files import read_model
-from servebook.findings import Finding
 from servebook.recipe.plan import Plan, RolePlan
 
 ATTACHED_STATE_FILE = "attached.json"
@@ -332,41 +332,19 @@ def view_of(dep: AttachedDeployment, reach: Reach) -> DeploymentView:
 # --- the backend: how find/locate reach an attached deployment ----------------------------
 
 
-def _not_ours(name: str, verb: str) -> UsageError:
-    return UsageError(
-        f"{name} is an attached deployment: servebook did not make it and never {verb}s it.",
-        hint=f"`servebook detach {name}` forgets it (and touches nothing on it).",
-    )
-
-
 class AttachedBackend:
-    """Deployments recorded by ``servebook attach``: open, status and found work; up and
-    down refuse (servebook never changes what it did not make)."""
+    """Deployments recorded by ``servebook attach``: a Place only (open, status, found, its
+    load site); it has no up and no down (servebook never changes what it did not make:
+    ``registry.deployer`` refuses)."""
 
     name = "attached"
     title = "an attached deployment"
-    recipes_hint = "An attached deployment is recorded with `servebook attach`, never brought up."
-    up_cost = "nothing servebook can do: it did not make it"
 
     def recorded(self) -> list[str]:
         return recorded_names()
 
     def has(self, name: str) -> bool:
         return record_path(name).is_file()
-
-    def preflight(self, plan: Plan) -> list[Finding]:
-        return []
-
-    def up(
-        self,
-        plan: Plan,
-        *,
-        name: str,
-        timeout_s: float | None,
-        say: Say,
-        port: int | None = None,
-    ) -> Ready:
-        raise _not_ours(name, "start")
 
     def found(self, namespace: str | None = None) -> list[Found]:
         out = []
@@ -381,8 +359,16 @@ class AttachedBackend:
         with self.open(name) as view:
             return status_of(dep, view)
 
-    def down(self, name: str, namespace: str | None = None) -> Down:
-        raise _not_ours(name, "stop")
+    def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
+        """Here for a deployment reached by URL; on Kubernetes, a load Job beside its Pods
+        (``backends/kube_bench``), as for servebook's own there."""
+        dep = self._require(name)
+        if dep.backend != "kubernetes":
+            return Here()
+        from servebook.backends.kube_attach import cluster_source
+        from servebook.backends.kube_bench import JobSite
+
+        return JobSite(lambda: cluster_source(dep))
 
     @contextlib.contextmanager
     def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:

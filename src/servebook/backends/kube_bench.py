@@ -33,6 +33,7 @@ from servebook import http
 from servebook.backends.kube_record import KubeDeployment
 from servebook.backends.kube_view import cluster_record, ready_pods, recorded_deployment
 from servebook.deployment.reach import IN_CLUSTER, Address, Reach, build
+from servebook.deployment.site import LoadSite
 from servebook.errors import ServebookError, UsageError
 from servebook.files import write_atomic
 from servebook.kube import client as kube_client
@@ -159,20 +160,23 @@ def own_source(name: str, namespace: str | None) -> Source:
     )
 
 
-def in_cluster_source(owner: str, name: str, namespace: str | None) -> Source | None:
-    """The deployment's source when its load can run in a cluster (servebook's own on
-    Kubernetes, or attached there), else None (it is reached directly)."""
-    if owner == "kubernetes":
-        return own_source(name, namespace)
-    if owner == "attached":
-        from servebook.backends.attached import read_record
+@dataclasses.dataclass(frozen=True)
+class JobSite:
+    """``deployment.site.LoadSite``: an Indexed Job of load agents beside the engines,
+    reaching them by the entry Service's and the Pods' cluster addresses.  ``source``
+    reads the deployment as the cluster has it (servebook's own: ``own_source``; attached:
+    ``kube_attach.cluster_source``), only when the Job is made."""
 
-        dep = read_record(name)
-        if dep is not None and dep.backend == "kubernetes":
-            from servebook.backends.kube_attach import cluster_source
+    source: Callable[[], Source]
+    here: bool = False
+    route: str = "cluster-service"
 
-            return cluster_source(dep)
-    return None
+
+def source_of(site: LoadSite) -> Source:
+    """The deployment as the load Job reaches it, from the site a place offered."""
+    if not isinstance(site, JobSite):
+        raise TypeError(f"{site!r} runs no load Job")
+    return site.source()
 
 
 def prepare(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from servebook import auth
-from servebook.backends import base
+from servebook.backends import registry
 from servebook.commands import KubeconfigOpt, app, deployment_name, print_json, seconds
 from servebook.console import print_report
 from servebook.deployment.view import DeploymentView
@@ -117,7 +117,7 @@ def verify(
     kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish, api_key)
-    owner, dep_name = base.locate(name, backend=backend)
+    owner, dep_name = registry.locate(name, backend=backend)
     with owner.open(dep_name, namespace) as view:
         rep = verify_deployment(view, opts)
     if json_out:
