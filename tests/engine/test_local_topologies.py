@@ -112,7 +112,7 @@ def test_spec_recipes_propose_and_accept_drafts(
     if recipe == "tiny-pd-spec":
         hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
         assert hits.value is not None and hits.value > 0, hits
-    rep = verify_run(local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=64))
+    rep = verify_run(local.view(dep).roles, local.view(dep).claims(), Options(max_tokens=64))
     assert exit_code(rep.findings) == 0, [f.to_dict() for f in rep.findings if f.failed]
     spec = [f for f in rep.findings if f.check == "SB303"]
     assert [f.subject for f in spec] == [serving_role]
@@ -130,9 +130,7 @@ def test_draft_on_decode_only_kills_decode_and_verify_names_the_asymmetry() -> N
     i = prefill.args.index("--speculative-config")
     del prefill.args[i : i + 2]
     with deployed(plan, "t-asym") as dep:
-        rep = verify_run(
-            local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=32)
-        )
+        rep = verify_run(local.view(dep).roles, local.view(dep).claims(), Options(max_tokens=32))
         failed = {(f.check, f.subject) for f in rep.findings if f.failed}
         assert exit_code(rep.findings) == 1
         assert ("SB308", "prefill,decode") in failed
