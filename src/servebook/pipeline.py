@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from servebook.backends.base import Backend, Say
+from servebook.backends.base import Deployer, Say
 from servebook.bench import target as tgt
 from servebook.console import err, out, print_points, print_report
-from servebook.deployment import DeploymentView
+from servebook.deployment.site import LoadSite
+from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError
 from servebook.findings import exit_code, print_table
 from servebook.recipe.plan import Plan
@@ -24,8 +25,7 @@ from servebook.report.render import write_report
 from servebook.results.schema import Results
 from servebook.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
 from servebook.sweep import plan_text as sweep_plan
-from servebook.verify.smoke import Options
-from servebook.verify.smoke import run as verify
+from servebook.verify.smoke import Options, verify
 
 # The main job's sweep, made to survive `servebook compare A B --reproduce` between two
 # runs on a 2-core machine that also runs both servers.  Reproduce judges each level's
@@ -65,7 +65,7 @@ RUN_SWEEP = BenchArgs(
 class Job:
     """What one run does: the recipe resolved for ``backend`` and how to treat it."""
 
-    backend: Backend
+    backend: Deployer
     name: str  # the deployment's
     plan: Plan
     recipe: str  # as the user named it, for titles
@@ -155,7 +155,7 @@ def preflight(job: Job) -> None:
 
 def verify_step(job: Job, view: DeploymentView) -> int:
     job.say(f"verifying {view.name} from server-side counters")
-    rep = verify(view.targets(), view.claims(), job.opts)
+    rep = verify(view, job.opts)
     print_report(rep, view.name)
     return exit_code(rep.findings)
 
@@ -164,8 +164,9 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
     does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
     sweep = sweep_of(job)
-    if view.backend == "kubernetes":
-        results, path = bench_in_cluster(job, view.name, sweep, out_dir)
+    site = job.backend.load_site(view.name)
+    if not site.here:
+        results, path = bench_in_cluster(job, view.name, site, sweep, out_dir)
     else:
         job.say(f"benchmarking {view.name} (the sweep's plan, with the deployment's bounds)")
         subject = tgt.from_deployment(
@@ -185,14 +186,16 @@ def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     return 0 if all(p.valid for p in results.points) else 1
 
 
-def bench_in_cluster(job: Job, name: str, sweep: BenchArgs, out_dir: Path) -> tuple[Results, Path]:
+def bench_in_cluster(
+    job: Job, name: str, site: LoadSite, sweep: BenchArgs, out_dir: Path
+) -> tuple[Results, Path]:
     """On Kubernetes the sweep runs next to the servers, as `bench NAME` does by default:
     one load agent in a Job in the deployment's namespace, in the engine's image, its
     results fetched and the Job deleted (``backends/kube_bench``).  Measured through
     port-forwards, every latency would carry the API server's and the kubelet's relay."""
     from servebook.backends import kube_bench
 
-    source = kube_bench.own_source(name, None)
+    source = kube_bench.source_of(site)
     job.say(
         f"benchmarking {name} from a load Job in namespace {source.namespace}, next to its "
         "servers (its plan is the Pod's)"

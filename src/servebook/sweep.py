@@ -52,7 +52,7 @@ from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
 from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.console import err, number
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
 from servebook.report.summary import describe_protocol

@@ -23,9 +23,9 @@ import pytest
 
 from servebook.backends import local
 from servebook.backends.processes import group_members
+from servebook.deployment.view import Claims, RoleView
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve
-from servebook.verify.smoke import Claims, Target
 
 pytestmark = pytest.mark.engine
 
@@ -73,10 +73,10 @@ def deployed(
         _down_leaving_nothing(dep, members | group_members([r.pid for r in dep.roles]))
 
 
-def seen(dep: local.Deployment) -> tuple[list[Target], Claims]:
+def seen(dep: local.Deployment) -> tuple[list[RoleView], Claims]:
     """What verify sees of a local deployment: the backend's view's targets and claims."""
     view = local.view(dep)
-    return view.targets(), view.claims()
+    return view.roles, view.claims()
 
 
 # The order the shared groups run in: a test sharing two recipes (a comparison) runs last

@@ -23,9 +23,7 @@ pytestmark = pytest.mark.engine
 
 
 def verify(dep: local.Deployment, **kw: Any) -> Report:
-    return verify_run(
-        local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=32, **kw)
-    )
+    return verify_run(local.view(dep).roles, local.view(dep).claims(), Options(max_tokens=32, **kw))
 
 
 def failing(rep: Report) -> list[Finding]:

@@ -351,3 +351,106 @@ def scripted_machine(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- a fake place (issue 34): a Deployer over the scripted engine ---------------------------
+
+
+class FakePlace:
+    """A ``backends.base.Deployer`` over the scripted engine (``engine_standin``): ``up``
+    starts one stand-in vLLM server for the plan's entry role, ``open`` yields its view
+    (``deployment.reach.build``, route direct), ``down`` stops it.  ``calls`` says what
+    was asked of it, in order, so ``pipeline.run`` is tested without vLLM or a cluster."""
+
+    name = "fake"
+    title = "a fake place"
+    recipes_hint = "any recipe"
+    up_cost = "nothing"
+    loads_here = True
+
+    def __init__(self, **engine: Any) -> None:
+        self.engine = engine
+        self.calls: list[str] = []
+        self.up_: dict[str, tuple[contextlib.ExitStack, str, Any]] = {}
+
+    def recorded(self) -> list[str]:
+        return sorted(self.up_)
+
+    def has(self, name: str) -> bool:
+        return name in self.up_
+
+    def found(self, namespace: str | None = None) -> list[Any]:
+        return []
+
+    def preflight(self, plan: Any) -> list[Any]:
+        self.calls.append("preflight")
+        return []
+
+    def up(
+        self, plan: Any, *, name: str, timeout_s: float | None, say: Any, port: Any = None
+    ) -> Any:
+        from servebook.backends.base import Ready
+        from tests.unit.engine_standin import scripted_engine
+
+        self.calls.append(f"up {name}")
+        stack = contextlib.ExitStack()
+        url, _ = stack.enter_context(scripted_engine(**self.engine))
+        self.up_[name] = (stack, url, plan)
+        return Ready(name, f"ready at {url}")
+
+    def status(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return {"name": name, "backend": self.name, "roles": []}
+
+    def down(self, name: str, namespace: str | None = None) -> Any:
+        from servebook.backends.base import Down
+
+        self.calls.append(f"down {name}")
+        stack, _, _ = self.up_.pop(name)
+        stack.close()
+        return Down(name, {"engine": "stopped"})
+
+    @contextlib.contextmanager
+    def open(self, name: str, namespace: str | None = None) -> Iterator[Any]:
+        from servebook.deployment.reach import (
+            Address,
+            Reach,
+            Record,
+            ReplicaRecord,
+            RoleRecord,
+            build,
+        )
+
+        self.calls.append(f"open {name}")
+        _, url, plan = self.up_[name]
+        role = plan.role(plan.entry_role)
+        record = Record(
+            name,
+            self.name,
+            plan.recipe,
+            plan,
+            plan.served_model_name,
+            [RoleRecord(role.name, role.kind, [ReplicaRecord(role.name, ["vllm", "serve"])])],
+            entry_role=role.name,
+        )
+        yield build(record, Reach("direct", {role.name: [Address(url)]}))
+
+    def load_site(self, name: str, namespace: str | None = None) -> Any:
+        from servebook.deployment.site import Here
+
+        self.calls.append(f"load_site {name}")
+        return Here()
+
+
+@pytest.fixture
+def fake_place() -> Iterator[Callable[..., FakePlace]]:
+    """``FakePlace(**scripted_engine options)``; every engine it started is stopped after."""
+    made: list[FakePlace] = []
+
+    def make(**engine: Any) -> FakePlace:
+        made.append(FakePlace(**engine))
+        return made[-1]
+
+    yield make
+    for place in made:
+        for stack, _, _ in place.up_.values():
+            stack.close()

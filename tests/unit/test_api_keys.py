@@ -24,13 +24,13 @@ from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
-from servebook.deployment import DeploymentView, RoleView
+from servebook.deployment.view import Claims, DeploymentView, RoleView
 from servebook.errors import UsageError
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.recipe.resolve import resolve
 from servebook.report.render import write_report
 from servebook.results.store import ResultsWriter, load_results
-from servebook.verify.smoke import Claims, Options, Target, completion
+from servebook.verify.smoke import Options, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult
 from tests.unit.served_app import served, stream_tokens
@@ -165,7 +165,7 @@ def test_verify_sends_the_key_and_a_refusal_is_the_key_error_not_a_failed_check(
     guarded: tuple[str, Guarded],
 ) -> None:
     url, srv = guarded
-    targets = [Target(name="mixed", kind="engine", url=url)]
+    targets = [RoleView(name="mixed", kind="engine", api_url=url)]
     claims = Claims(topology="mixed", speculative=False, served_model_name="tiny", entry_url=url)
     with pytest.raises(auth.ApiKeyError, match=auth.MISSING):
         verify_run(targets, claims, Options())

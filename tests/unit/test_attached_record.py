@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import base
+from servebook.backends import registry
 from servebook.backends.attached import (
     AttachedDeployment,
     AttachedReplica,
@@ -71,13 +71,13 @@ def test_record_round_trips_atomically_and_detach_removes_only_it(home: Path) ->
 
 def test_find_and_locate_reach_an_attached_deployment_by_name() -> None:
     write_record(pd_record())
-    found = base.find("prod-pd")
+    found = registry.find("prod-pd")
     assert found is not None and found[0].name == "attached" and found[1] == "prod-pd"
-    only = base.find(None)  # the only deployment recorded
+    only = registry.find(None)  # the only deployment recorded
     assert only is not None and (only[0].name, only[1]) == ("attached", "prod-pd")
-    owner, name = base.locate("prod-pd")
+    owner, name = registry.locate("prod-pd")
     with pytest.raises(UsageError, match="never stops it"):
-        owner.down(name)
+        registry.deployer(owner, name, "stop")
 
 
 def test_view_names_every_replica_adds_the_router_and_reads_claims_from_argv() -> None:
@@ -92,7 +92,7 @@ def test_view_names_every_replica_adds_the_router_and_reads_claims_from_argv() -
     assert claims.topology == "pd" and claims.speculative is True
     assert claims.argv_unread == {"decode http://10.0.0.9:8200": "another machine (10.0.0.9)"}
     assert view.plan.speculative == {"method": "ngram", "num_speculative_tokens": 3}
-    targets = {t.name: t for t in view.targets()}
+    targets = {t.name: t for t in view.roles}
     assert list(targets["decode"].replica_names) == list(decode.all_metrics_urls)
 
 

@@ -752,6 +752,25 @@ def test_an_attached_deployment_is_benchmarked_in_the_cluster_with_the_key_given
     assert key not in (out / RESULTS_NAME).read_text()
 
 
+def test_bench_via_port_forward_of_an_attached_deployment_runs_and_records_that_route(
+    attached: LlmD, tmp_path: Path
+) -> None:
+    """README: `--via port-forward` measures a deployment on Kubernetes from this machine
+    through port-forwards.  One attached there was refused ("reached directly"), and had
+    it run, its route would have been recorded as direct: the route is the view's now."""
+    server, env, _ = attached
+    out = tmp_path / "forwarded"
+    done = _bench(env, *SWEEP, "--via", "port-forward", "-o", str(out), name="llmd")
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    load = load_results(out / RESULTS_NAME).provenance.load
+    assert load is not None and load.route == "port-forward", load
+    assert load.route_detail and "port-forward" in load.route_detail
+    assert load.job is None and _left(server, LLMD) == []  # no load Job was made
+    (point,) = load_results(out / RESULTS_NAME).points
+    assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
+
+
 def test_bench_dry_run_of_an_attached_deployment_writes_no_key(
     attached: LlmD, tmp_path: Path
 ) -> None:

@@ -313,6 +313,6 @@ def test_a_role_with_replicas_is_read_over_every_replica(
         one = scrape(decode.metrics_url).value("vllm:prompt_tokens_total")
         every = scrape_replicas(decode.all_metrics_urls).value("vllm:prompt_tokens_total")
         assert one and every == 3 * one
-        (target,) = [t for t in view.targets() if t.name == "decode"]
+        (target,) = [t for t in view.roles if t.name == "decode"]
         assert list(target.replica_metrics_urls) == list(decode.replica_metrics_urls)
         assert view.accelerators == sum(gpu_count(r) * r.replicas for r in plan.engine_roles)

@@ -185,7 +185,7 @@ def test_verify_reads_the_transport_from_each_pd_engines_log_against_the_fabric(
         ],
     )
     assert view.claims().fabric == "ib-shared"
-    rep = run(view.targets(), view.claims(), Options(health_timeout_s=0.5))
+    rep = run(view.roles, view.claims(), Options(health_timeout_s=0.5))
     seen = {(f.check, f.subject): f.severity.value for f in rep.findings if f.check == "SB309"}
     assert seen == {("SB309", "prefill"): "fail", ("SB309", "decode"): "pass"}
 

@@ -11,6 +11,9 @@ dependency). Each rule is one test whose failure names the module and line.
 * ``kube`` is the layer under preflight and the Kubernetes backend: it imports neither, and
   preflight imports no backend, so the two never import each other.
 * ``commands`` is the edge (parse, call, print): only ``cli.py`` and the commands import it.
+* No code outside ``backends/`` compares a backend's name (``view.backend == "kubernetes"``,
+  ``owner.name in ("local", ...)``): where the load runs and what route it takes are the
+  place's to say (``Place.load_site``, ``DeploymentView.route``).
 * No module is so long that it holds several jobs, and no function is too long or too
   branchy to read in one sitting: at most 100 lines and a McCabe complexity of at most 15.
   A function's length is its body, from its first statement (the docstring, where it has
@@ -25,6 +28,7 @@ dependency). Each rule is one test whose failure names the module and line.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +139,63 @@ def test_only_the_cli_and_the_commands_import_the_commands() -> None:
     edge = {PACKAGE / "cli.py", *source_files("commands")}
     rest = [p for p in source_files(".") if p not in edge]
     assert violations(rest, ["servebook.commands"]) == []
+
+
+BACKEND_NAMES = {"local", "kubernetes", "attached", "url"}
+# What names a deployment's place in an expression: ``view.backend``, ``arm.backend``,
+# ``owner.name``.  A recipe's ``backends:`` list (``plan.backends``) is what the recipe
+# declares it runs on, read where a backend's own code refuses a recipe not for it.
+PLACE_WORDS = re.compile(r"\b(backend|owner|place)\b", re.IGNORECASE)
+
+
+def backend_name_comparisons(source: str, path: str = "") -> list[str]:
+    """Every comparison (``==``, ``!=``, ``in``, ``not in``) of an expression that names a
+    place with a backend's name (alone, or in a tuple, list or set of literals)."""
+
+    def names_in(node: ast.expr) -> set[str]:
+        elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+        return {e.value for e in elts if isinstance(e, ast.Constant) and e.value in BACKEND_NAMES}
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        if not all(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
+            continue
+        operands = [node.left, *node.comparators]
+        literal = [o for o in operands if names_in(o)]
+        placed = [o for o in operands if PLACE_WORDS.search(ast.unparse(o))]
+        if literal and placed:
+            found.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_backend_name_is_compared_outside_the_backends() -> None:
+    outside = [p for p in source_files(".") if "backends" not in p.relative_to(PACKAGE).parts]
+    found = [
+        hit
+        for p in outside
+        for hit in backend_name_comparisons(
+            p.read_text(encoding="utf-8"), str(p.relative_to(PACKAGE))
+        )
+    ]
+    assert found == []
+
+
+def test_the_backend_name_rule_sees_each_form() -> None:
+    source = (
+        'if view.backend == "kubernetes": pass\n'  # 1
+        'if owner.name in ("local", "attached"): pass\n'  # 2
+        'if "local" != place: pass\n'  # 3
+        'if arm.kind == "url": pass\n'  # an arm's kind, not a place
+        'if "local" in recipe.backends: pass\n'  # what a recipe declares
+        'if "local" in keys: pass\n'  # a YAML key
+    )
+    assert [h.split()[0] for h in backend_name_comparisons(source, "x.py")] == [
+        "x.py:1",
+        "x.py:2",
+        "x.py:3",
+    ]
 
 
 def test_no_source_file_is_over_700_lines() -> None:

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
+from servebook.deployment.view import Claims, RoleView
 from servebook.findings import Finding, Severity
 from servebook.lint.loader import LintSet, parse_yaml
 from servebook.lint.rules import check
 from servebook.verify import rules as R
-from servebook.verify.smoke import Claims, Target
 
 SERVE = ["vllm", "serve", "/models/m", "--served-model-name", "m"]
 
@@ -61,15 +61,15 @@ def lint_fails(check_id: str, prefill: list[str], decode: list[str]) -> bool:
 
 
 def verify_fails(
-    rule: Callable[[Claims, list[Target]], list[Finding]],
+    rule: Callable[[Claims, list[RoleView]], list[Finding]],
     prefill: list[str],
     decode: list[str],
     speculative: bool = False,
 ) -> bool:
     targets = [
-        Target("prefill", "engine", "http://p", argv=prefill),
-        Target("decode", "engine", "http://d", argv=decode),
-        Target("router", "router", "http://r"),
+        RoleView("prefill", "engine", "http://p", argv=prefill),
+        RoleView("decode", "engine", "http://d", argv=decode),
+        RoleView("router", "router", "http://r"),
     ]
     found = rule(Claims("pd", speculative, "m", "http://r"), targets)
     return any(f.severity is Severity.FAIL for f in found)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from servebook.deployment.view import Claims, RoleView
 from servebook.findings import Severity
 from servebook.metrics.scrape import Snapshot, merge_replicas, snapshot_from_text, split_replicas
 from servebook.verify import rules as R
 from servebook.verify.checks import Window
-from servebook.verify.smoke import Claims, Target
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 PROBE = 917  # vllm-0.32.0-cpu-pd-spec-probe-usage.json: the probe both windows served
@@ -101,13 +101,13 @@ KV = ["--kv_transfer_config", '{"kv_connector":"ExampleConnector","kv_role":"kv_
 
 def test_a_connector_on_one_role_and_not_the_other_is_named() -> None:
     targets = [
-        Target("prefill", "engine", "http://p", argv=[*SERVE, *KV]),
-        Target("decode", "engine", "http://d", argv=SERVE),
-        Target("router", "router", "http://r"),
+        RoleView("prefill", "engine", "http://p", argv=[*SERVE, *KV]),
+        RoleView("decode", "engine", "http://d", argv=SERVE),
+        RoleView("router", "router", "http://r"),
     ]
     [f] = R.connector_on_every_engine(claims(), targets)
     assert f.severity is Severity.FAIL and "no --kv-transfer-config on decode" in f.message
-    targets[1] = Target(
+    targets[1] = RoleView(
         "decode",
         "engine",
         "http://d",
@@ -119,7 +119,7 @@ def test_a_connector_on_one_role_and_not_the_other_is_named() -> None:
 
 
 def test_replicas_of_one_role_are_compared_each_by_its_own_command_line() -> None:
-    decode = Target(
+    decode = RoleView(
         "decode",
         "engine",
         "http://d1",
@@ -128,7 +128,7 @@ def test_replicas_of_one_role_are_compared_each_by_its_own_command_line() -> Non
         replica_names=["d1", "d2"],
         replica_argv=[[*SERVE, *KV], SERVE],
     )
-    targets = [Target("prefill", "engine", "http://p", argv=[*SERVE, *KV]), decode]
+    targets = [RoleView("prefill", "engine", "http://p", argv=[*SERVE, *KV]), decode]
     [f] = R.connector_on_every_engine(claims(), targets)
     assert f.severity is Severity.FAIL and "on decode d2" in f.message
 

@@ -34,19 +34,19 @@ Kubernetes deployment of that name would keep its own; a name is one deployment'
     }
 
 ``view_of(record, reach)`` turns a record into the same ``DeploymentView`` servebook's own
-backends yield, given each replica's reachable URLs (``reach``: the record's own URLs for
-``backend: url``; port-forwards for ``backend: kubernetes``, which the Kubernetes attach
-opens and hands in).  Its claims are read from the engines' own command lines
-(``engines.cmdline``), never from a recipe: roles prefill and decode claim PD; a
-speculative config on any replica claims speculation; a replica whose command line could
-not be read leaves its claims "not determined" (``Claims.argv_unread``), never assumed.
+backends yield (``deployment.reach.build``), given each replica's reachable URLs
+(``reach``: the record's own URLs for ``backend: url``; port-forwards for ``backend:
+kubernetes``, which the Kubernetes attach opens and hands in).  Its claims are read from
+the engines' own command lines (``engines.cmdline``), never from a recipe: roles prefill
+and decode claim PD; a speculative config on any replica claims speculation; a replica
+whose command line could not be read leaves its claims "not determined"
+(``Claims.argv_unread``), never assumed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -54,15 +54,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from servebook import files, http
-from servebook.backends.base import Down, Found, Ready, Say
+from servebook.backends.base import Found
 from servebook.backends.state import deployments_dir, state_dir_for
-from servebook.deployment import DeploymentView, RoleView
+from servebook.deployment.reach import Address, Reach, Record, ReplicaRecord, RoleRecord, build
+from servebook.deployment.site import Here, LoadSite
+from servebook.deployment.view import Claims, DeploymentView
 from servebook.engines.cmdline import EngineCommand, parse_argv, speculative_config
 from servebook.errors import UsageError
 from servebook.files import read_model
-from servebook.findings import Finding
 from servebook.recipe.plan import Plan, RolePlan
-from servebook.verify.smoke import Claims
 
 ATTACHED_STATE_FILE = "attached.json"
 ENGINE_ROLE_NAMES = ("mixed", "prefill", "decode")
@@ -251,27 +251,50 @@ def plan_of(dep: AttachedDeployment) -> Plan:
     )
 
 
-@dataclass(frozen=True)
-class Reach:
-    """How this machine reaches one replica for the length of a command."""
+def url_reach(dep: AttachedDeployment) -> Reach:
+    """``backend: url``: every replica at the URLs the record holds, reached directly."""
+    return Reach(
+        route="direct",
+        replicas={
+            role.name: [
+                Address(
+                    rep.api_url,
+                    rep.metrics_url or rep.api_url,
+                    describe=lambda rep=rep: rep.argv_from or rep.name,  # type: ignore[misc]
+                )
+                for rep in role.replicas
+            ]
+            for role in dep.roles
+        },
+        entry_url=dep.entry,
+    )
 
-    api_url: str
-    metrics_url: str
-    alive: Callable[[], bool | None] = lambda: None
-    describe: Callable[[], str] = lambda: ""
 
-
-def url_reach(dep: AttachedDeployment) -> dict[tuple[str, str], Reach]:
-    """``backend: url``: every replica at the URLs the record holds."""
-    return {
-        (role.name, rep.name): Reach(
-            rep.api_url,
-            rep.metrics_url or rep.api_url,
-            describe=lambda rep=rep: rep.argv_from or rep.name,  # type: ignore[misc]
-        )
-        for role in dep.roles
-        for rep in role.replicas
-    }
+def view_record(dep: AttachedDeployment) -> Record:
+    """What the view of an attached deployment is made from (``deployment.reach``): its
+    roles and replicas as recorded, its claims read from the engines' own command lines;
+    its entry is the reach's (a router where it is no role's own server)."""
+    for role in dep.roles:
+        if not role.replicas:
+            raise UsageError(f"attached deployment {dep.name}: role {role.name} has no replica.")
+    return Record(
+        name=dep.name,
+        backend=f"attached ({dep.backend})",
+        recipe=f"attached ({dep.stack})",
+        plan=plan_of(dep),
+        served_model_name=dep.served_model_name,
+        roles=[
+            RoleRecord(
+                role.name,
+                role.kind,
+                [ReplicaRecord(rep.name, list(rep.argv), dict(rep.env)) for rep in role.replicas],
+            )
+            for role in dep.roles
+        ],
+        entry_role=None,
+        local_model_dir=None,  # the weights are the deployment's own: bench asks the server
+        claimed=claims_of(dep, dep.entry),
+    )
 
 
 def reread_commands(dep: AttachedDeployment) -> AttachedDeployment:
@@ -299,103 +322,29 @@ def reread_commands(dep: AttachedDeployment) -> AttachedDeployment:
     return dep.model_copy(update={"roles": roles})
 
 
-def view_of(
-    dep: AttachedDeployment,
-    reach: Mapping[tuple[str, str], Reach],
-    *,
-    entry_url: str | None = None,
-) -> DeploymentView:
-    """The deployment view of a record, given each (role, replica)'s reach.  The entry
-    point is ``entry_url`` (Kubernetes: its forward), else the record's entry; an entry
-    that is no role's own URL is the deployment's router, shown as role ``router``."""
-    entry = (entry_url or dep.entry).rstrip("/")
-    roles: list[RoleView] = []
-    for role in dep.roles:
-        reps = [(rep, reach[(role.name, rep.name)]) for rep in role.replicas]
-        if not reps:
-            raise UsageError(f"attached deployment {dep.name}: role {role.name} has no replica.")
-        (first, r0), others = reps[0], reps[1:]
-
-        def alive(reps: list[tuple[AttachedReplica, Reach]] = reps) -> bool | None:
-            states = [r.alive() for _, r in reps]
-            return False if False in states else (True if all(states) else None)
-
-        def describe(reps: list[tuple[AttachedReplica, Reach]] = reps) -> str:
-            return "; ".join(f"{rep.name}: {r.describe() or 'no more known'}" for rep, r in reps)
-
-        roles.append(
-            RoleView(
-                name=role.name,
-                kind=role.kind,
-                api_url=r0.api_url.rstrip("/"),
-                metrics_url=r0.metrics_url.rstrip("/"),
-                argv=list(first.argv),
-                env=dict(first.env),
-                alive=alive,
-                describe=describe,
-                replica_metrics_urls=tuple(r.metrics_url.rstrip("/") for _, r in others),
-                replica_names=tuple(rep.name for rep, _ in reps) if len(reps) > 1 else (),
-                replica_argv=tuple(tuple(rep.argv) for rep, _ in reps) if len(reps) > 1 else (),
-            )
-        )
-    if entry not in {r.api_url for r in roles}:
-        roles.append(RoleView(name="router", kind="router", api_url=entry, metrics_url=entry))
-    return DeploymentView(
-        name=dep.name,
-        backend=f"attached ({dep.backend})",
-        recipe=f"attached ({dep.stack})",
-        plan=plan_of(dep),
-        served_model_name=dep.served_model_name,
-        entry_url=entry,
-        roles=roles,
-        local_model_dir=None,  # the weights are the deployment's own: bench asks the server
-        claimed=claims_of(dep, entry),
-    )
+def view_of(dep: AttachedDeployment, reach: Reach) -> DeploymentView:
+    """The deployment view of a record, given how this process reaches each replica
+    (``deployment.reach.build``: an entry that is no role's own URL is the deployment's
+    router, shown as role ``router``)."""
+    return build(view_record(dep), reach)
 
 
 # --- the backend: how find/locate reach an attached deployment ----------------------------
 
-# ``backend: kubernetes`` records are opened by the Kubernetes attach (port-forwards to each
-# replica's Pod); it registers its opener here: open(record) -> a context yielding the view.
-KubeOpener = Callable[[AttachedDeployment], contextlib.AbstractContextManager[DeploymentView]]
-OPENERS: dict[str, KubeOpener] = {}
-
-
-def _not_ours(name: str, verb: str) -> UsageError:
-    return UsageError(
-        f"{name} is an attached deployment: servebook did not make it and never {verb}s it.",
-        hint=f"`servebook detach {name}` forgets it (and touches nothing on it).",
-    )
-
 
 class AttachedBackend:
-    """Deployments recorded by ``servebook attach``: open, status and found work; up and
-    down refuse (servebook never changes what it did not make)."""
+    """Deployments recorded by ``servebook attach``: a Place only (open, status, found, its
+    load site); it has no up and no down (servebook never changes what it did not make:
+    ``registry.deployer`` refuses)."""
 
     name = "attached"
     title = "an attached deployment"
-    recipes_hint = "An attached deployment is recorded with `servebook attach`, never brought up."
-    up_cost = "nothing servebook can do: it did not make it"
 
     def recorded(self) -> list[str]:
         return recorded_names()
 
     def has(self, name: str) -> bool:
         return record_path(name).is_file()
-
-    def preflight(self, plan: Plan) -> list[Finding]:
-        return []
-
-    def up(
-        self,
-        plan: Plan,
-        *,
-        name: str,
-        timeout_s: float | None,
-        say: Say,
-        port: int | None = None,
-    ) -> Ready:
-        raise _not_ours(name, "start")
 
     def found(self, namespace: str | None = None) -> list[Found]:
         out = []
@@ -410,8 +359,16 @@ class AttachedBackend:
         with self.open(name) as view:
             return status_of(dep, view)
 
-    def down(self, name: str, namespace: str | None = None) -> Down:
-        raise _not_ours(name, "stop")
+    def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
+        """Here for a deployment reached by URL; on Kubernetes, a load Job beside its Pods
+        (``backends/kube_bench``), as for servebook's own there."""
+        dep = self._require(name)
+        if dep.backend != "kubernetes":
+            return Here()
+        from servebook.backends.kube_attach import cluster_source
+        from servebook.backends.kube_bench import JobSite
+
+        return JobSite(lambda: cluster_source(dep))
 
     @contextlib.contextmanager
     def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:
@@ -420,15 +377,14 @@ class AttachedBackend:
             fresh = reread_commands(dep)
             yield view_of(fresh, url_reach(fresh))
             return
-        if dep.backend == "kubernetes":  # registers its opener (port-forwards per Pod)
-            from servebook.backends import kube_attach  # noqa: F401
-        opener = OPENERS.get(dep.backend)
-        if opener is None:
+        if dep.backend != "kubernetes":
             raise UsageError(
                 f"attached deployment {name} is on {dep.backend}, which this servebook cannot "
                 "reach."
             )
-        with opener(dep) as view:
+        from servebook.backends.kube_attach import open_attached  # port-forwards per Pod
+
+        with open_attached(dep) as view:
             yield view
 
     def _require(self, name: str) -> AttachedDeployment:
@@ -489,12 +445,10 @@ def _role_names(dep: AttachedDeployment) -> tuple[str, ...]:
 
 __all__ = [
     "ATTACHED_STATE_FILE",
-    "OPENERS",
     "AttachedBackend",
     "AttachedDeployment",
     "AttachedReplica",
     "AttachedRole",
-    "Reach",
     "claims_of",
     "plan_of",
     "read_record",
@@ -503,5 +457,6 @@ __all__ = [
     "roles_problem",
     "url_reach",
     "view_of",
+    "view_record",
     "write_record",
 ]

@@ -18,15 +18,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servebook.backends.attached import (
-    OPENERS,
     AttachedDeployment,
     AttachedReplica,
     AttachedRole,
-    Reach,
-    plan_of,
     view_of,
+    view_record,
 )
-from servebook.deployment import DeploymentView
+from servebook.deployment.reach import FORWARDED, IN_CLUSTER, Address, Reach, build
+from servebook.deployment.view import DeploymentView
 from servebook.engines.cmdline import parse_argv
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
@@ -229,12 +228,10 @@ def cluster_source(dep: AttachedDeployment, *, api: Any = None) -> Source:
         list_objects(api, "Pod", dep.namespace), list_objects(api, "Service", dep.namespace)
     )
     pods = {p["metadata"]["name"]: p for p in objs.pods}
-    roles: list[dict[str, Any]] = []
+    replicas: dict[str, list[Address]] = {}
     first_engine: tuple[Any, AttachedReplica] | None = None
     for role in dep.roles:
-        if not role.replicas:
-            raise UsageError(f"attached deployment {dep.name}: role {role.name} has no replica.")
-        urls: list[tuple[str, str]] = []
+        replicas[role.name] = []
         for rep in role.replicas:
             pod = pods.get(str(rep.pod))
             if pod is None:
@@ -245,28 +242,24 @@ def cluster_source(dep: AttachedDeployment, *, api: Any = None) -> Source:
                     f"-n {dep.namespace}`.",
                 )
             port = int(rep.port or stacks.VLLM_PORT)
-            api_url = pod_url(pod, port, role.name, rep.scheme)
-            metrics_url = pod_url(pod, int(rep.metrics_port or port), role.name, rep.scheme)
-            urls.append((api_url, metrics_url))
+            replicas[role.name].append(
+                Address(
+                    pod_url(pod, port, role.name, rep.scheme),
+                    pod_url(pod, int(rep.metrics_port or port), role.name, rep.scheme),
+                )
+            )
             if first_engine is None and role.kind == "engine":
                 first_engine = (pod, rep)
-        first, *others = role.replicas
-        roles.append(
-            {
-                "name": role.name,
-                "kind": role.kind,
-                "api_url": urls[0][0],
-                "metrics_url": urls[0][1],
-                "replica_metrics_urls": [m for _, m in urls[1:]],
-                "replica_names": [str(r.name) for r in role.replicas] if others else [],
-                "argv": list(first.argv),
-                "env": dict(first.env),
-            }
-        )
     entry = _entry(objs, dep)
-    behind = pod_url(pods[entry.pods[0]], entry.target_port, "entry", entry.scheme)
-    if behind not in {r["api_url"] for r in roles}:  # the deployment's router, as view_of
-        roles.append({"name": "router", "kind": "router", "api_url": behind, "metrics_url": behind})
+    reach = Reach(
+        route="cluster-service",
+        replicas=replicas,
+        entry_url=f"{entry.scheme}://{entry.service}.{dep.namespace}.svc:{entry.port}",
+        # the entry's own server: the deployment's router where it is no role's
+        router=Address(pod_url(pods[entry.pods[0]], entry.target_port, "entry", entry.scheme)),
+        detail=IN_CLUSTER,
+    )
+    view = build(view_record(dep), reach).to_doc()
     engine_pod, engine_rep = first_engine or (None, None)
     spec = (engine_pod or {}).get("spec") or {}
     container: dict[str, Any] = next(
@@ -287,16 +280,7 @@ def cluster_source(dep: AttachedDeployment, *, api: Any = None) -> Source:
         api=api,
         name=dep.name,
         namespace=dep.namespace,
-        view={
-            "name": dep.name,
-            "backend": f"attached ({dep.backend})",
-            "recipe": f"attached ({dep.stack})",
-            "plan": plan_of(dep).model_dump(mode="json"),
-            "served_model_name": dep.served_model_name,
-            "entry_url": f"{entry.scheme}://{entry.service}.{dep.namespace}.svc:{entry.port}",
-            "accelerators": None,
-            "roles": roles,
-        },
+        view=view,
         engine_image=container.get("image"),
         api_key_env=key_env,
         # Not the ones the API server adds to every Pod (DefaultTolerationSeconds).
@@ -321,36 +305,37 @@ def open_attached(dep: AttachedDeployment) -> Iterator[DeploymentView]:
 
     api = kube_client.connect()
     with Forwards(Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=10.0) as fw:
-        reach: dict[tuple[str, str], Reach] = {}
+        replicas: dict[str, list[Address]] = {}
         for role in dep.roles:
-            for rep in role.replicas:
-                key = f"{role.name} {rep.pod}"
-                pod, port = str(rep.pod), int(rep.port or stacks.VLLM_PORT)
-                api_url = fw.open(role=key, pod=pod, namespace=dep.namespace, remote_port=port)
-                metrics_url = api_url
-                if rep.metrics_port and rep.metrics_port != port:
-                    metrics_url = fw.open(
-                        role=key, pod=pod, namespace=dep.namespace, remote_port=rep.metrics_port
-                    )
-                if rep.scheme == "https":
-                    api_url = api_url.replace("http://", "https://", 1)
-                    metrics_url = metrics_url.replace("http://", "https://", 1)
-
-                def describe(key: str = key, rep: AttachedReplica = rep) -> str:
-                    where = f"Pod {rep.pod} on node {rep.node}, port {rep.port}"
-                    problem = fw.problems().get(key)
-                    return f"{where}: {problem}" if problem else where
-
-                reach[(role.name, rep.name)] = Reach(
-                    api_url,
-                    metrics_url,
-                    alive=lambda key=key: fw.alive(key),  # type: ignore[misc]
-                    describe=describe,
-                )
-        yield view_of(dep, reach, entry_url=_entry_url(fw, api, dep))
+            replicas[role.name] = [_forwarded(fw, dep, role.name, rep) for rep in role.replicas]
+        reach = Reach(
+            "port-forward", replicas, entry_url=_entry_url(fw, api, dep), detail=FORWARDED
+        )
+        yield view_of(dep, reach)
 
 
-OPENERS["kubernetes"] = open_attached
+def _forwarded(fw: Any, dep: AttachedDeployment, role: str, rep: AttachedReplica) -> Address:
+    """A forward to one replica's Pod (its metrics port too where it differs); its
+    liveness and description name its Pod."""
+    key = f"{role} {rep.pod}"
+    pod, port = str(rep.pod), int(rep.port or stacks.VLLM_PORT)
+    api_url = fw.open(role=key, pod=pod, namespace=dep.namespace, remote_port=port)
+    metrics_url = api_url
+    if rep.metrics_port and rep.metrics_port != port:
+        metrics_url = fw.open(
+            role=key, pod=pod, namespace=dep.namespace, remote_port=rep.metrics_port
+        )
+    if rep.scheme == "https":
+        api_url = api_url.replace("http://", "https://", 1)
+        metrics_url = metrics_url.replace("http://", "https://", 1)
+
+    def describe() -> str:
+        where = f"Pod {rep.pod} on node {rep.node}, port {rep.port}"
+        problem = fw.problems().get(key)
+        return f"{where}: {problem}" if problem else where
+
+    return Address(api_url, metrics_url, alive=lambda: fw.alive(key), describe=describe)
+
 
 __all__ = [
     "NOT_RUN_ON_A_CLUSTER",

@@ -31,13 +31,15 @@ from typing import Any
 
 from servebook import http
 from servebook.backends.kube_record import KubeDeployment
-from servebook.backends.kube_view import container_named, ready_pods, recorded_deployment
+from servebook.backends.kube_view import cluster_record, ready_pods, recorded_deployment
+from servebook.deployment.reach import IN_CLUSTER, Address, Reach, build
+from servebook.deployment.site import LoadSite
 from servebook.errors import ServebookError, UsageError
 from servebook.files import write_atomic
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
 from servebook.kube import names
-from servebook.kube.engine_pod import api_key_env, gpu_count
+from servebook.kube.engine_pod import api_key_env
 from servebook.kube.objects import condition, is_ready
 from servebook.kube.resources import apply, list_objects, request, where_of
 from servebook.recipe.plan import Plan
@@ -81,50 +83,30 @@ def pod_url(pod: Obj, port: int, role: str, scheme: str = "http") -> str:
 
 
 def cluster_view(api: Any, dep: KubeDeployment, plan: Plan) -> Obj:
-    """The deployment as the cluster reaches it (``bench/in_cluster``'s ``view``)."""
-    roles = []
+    """The deployment as the cluster reaches it (``bench/in_cluster`` rebuilds it with
+    ``DeploymentView.from_doc``): the entry Service's DNS name, each Pod at its IP."""
+    pods = {r.name: ready_pods(api, dep, r) for r in plan.roles}
+    replicas = {}
     for r in plan.roles:
-        pod, *others = ready_pods(api, dep, r)
         router = r.kind == "router"
-        container = container_named(pod, "router" if router else "engine")
         api_port = names.ROUTER_PORT if router else names.ENGINE_PORT
-        roles.append(
-            {
-                "name": r.name,
-                "kind": r.kind,
-                "api_url": pod_url(pod, api_port, r.name),
-                "metrics_url": pod_url(
-                    pod, names.ROUTER_METRICS_PORT if router else api_port, r.name
-                ),
-                "replica_metrics_urls": [
-                    pod_url(p, names.ENGINE_PORT, r.name) for p in others if not router
-                ],
-                "replica_names": (
-                    [str(p["metadata"]["name"]) for p in (pod, *others)] if others else []
-                ),
-                "argv": [*container.get("command", []), *container.get("args", [])],
-                "env": {
-                    str(e["name"]): str(e["value"])
-                    for e in container.get("env", [])
-                    if "value" in e
-                },
-            }
-        )
+        first, *others = pods[r.name]
+        replicas[r.name] = [
+            Address(
+                pod_url(first, api_port, r.name),
+                pod_url(first, names.ROUTER_METRICS_PORT if router else api_port, r.name),
+            ),
+            *(Address(pod_url(p, names.ENGINE_PORT, r.name)) for p in others if not router),
+        ]
     entry_service = dep.entry_service or names.role_object_name(dep.name, plan.entry_role)
     entry_port = dep.entry_port or names.ENGINE_PORT
-    gpus = sum(
-        gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica) for r in plan.engine_roles
+    reach = Reach(
+        route="cluster-service",
+        replicas=replicas,
+        entry_url=f"http://{entry_service}.{dep.namespace}.svc:{entry_port}",
+        detail=IN_CLUSTER,
     )
-    return {
-        "name": dep.name,
-        "backend": dep.backend,
-        "recipe": dep.recipe,
-        "plan": plan.model_dump(mode="json"),
-        "served_model_name": dep.served_model_name,
-        "entry_url": f"http://{entry_service}.{dep.namespace}.svc:{entry_port}",
-        "accelerators": gpus or None,
-        "roles": roles,
-    }
+    return build(cluster_record(dep, plan, pods), reach).to_doc()
 
 
 def refuse_unsupported(a: BenchArgs, *, tokenizer: str | None, resume: bool) -> None:
@@ -178,20 +160,23 @@ def own_source(name: str, namespace: str | None) -> Source:
     )
 
 
-def in_cluster_source(owner: str, name: str, namespace: str | None) -> Source | None:
-    """The deployment's source when its load can run in a cluster (servebook's own on
-    Kubernetes, or attached there), else None (it is reached directly)."""
-    if owner == "kubernetes":
-        return own_source(name, namespace)
-    if owner == "attached":
-        from servebook.backends.attached import read_record
+@dataclasses.dataclass(frozen=True)
+class JobSite:
+    """``deployment.site.LoadSite``: an Indexed Job of load agents beside the engines,
+    reaching them by the entry Service's and the Pods' cluster addresses.  ``source``
+    reads the deployment as the cluster has it (servebook's own: ``own_source``; attached:
+    ``kube_attach.cluster_source``), only when the Job is made."""
 
-        dep = read_record(name)
-        if dep is not None and dep.backend == "kubernetes":
-            from servebook.backends.kube_attach import cluster_source
+    source: Callable[[], Source]
+    here: bool = False
+    route: str = "cluster-service"
 
-            return cluster_source(dep)
-    return None
+
+def source_of(site: LoadSite) -> Source:
+    """The deployment as the load Job reaches it, from the site a place offered."""
+    if not isinstance(site, JobSite):
+        raise TypeError(f"{site!r} runs no load Job")
+    return site.source()
 
 
 def prepare(

@@ -10,7 +10,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
-from servebook.deployment import DeploymentView, RoleView
+from servebook.deployment.reach import (
+    FORWARDED,
+    Address,
+    Reach,
+    Record,
+    ReplicaRecord,
+    RoleRecord,
+    build,
+)
+from servebook.deployment.view import DeploymentView
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube import names
@@ -18,6 +27,8 @@ from servebook.kube.engine_pod import gpu_count
 from servebook.kube.objects import is_ready, is_terminating
 from servebook.kube.resources import list_objects
 from servebook.recipe.plan import Plan, RolePlan
+
+Obj = dict[str, Any]
 
 
 def ready_pods(api: Any, dep: KubeDeployment, role: RolePlan) -> list[dict[str, Any]]:
@@ -75,6 +86,72 @@ def recorded_deployment(name: str, namespace: str | None) -> tuple[Any, KubeDepl
     return api or kube_client.connect(), dep, Plan.model_validate(dep.plan)
 
 
+def engine_argv(pod: dict[str, Any], kind: str) -> ReplicaRecord:
+    """A Pod's command line and environment as applied, under its name."""
+    container = container_named(pod, "router" if kind == "router" else "engine")
+    return ReplicaRecord(
+        str(pod["metadata"]["name"]),
+        [*container.get("command", []), *container.get("args", [])],
+        {str(e["name"]): str(e["value"]) for e in container.get("env", []) if "value" in e},
+    )
+
+
+def cluster_record(dep: KubeDeployment, plan: Plan, pods: dict[str, list[Obj]]) -> Record:
+    """The deployment as the cluster has it: each role's Ready Pods (``ready_pods``), the
+    first its API's, each replica named by its Pod."""
+    gpus = sum(
+        gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica) for r in plan.engine_roles
+    )
+    return Record(
+        name=dep.name,
+        backend=dep.backend,
+        recipe=dep.recipe,
+        plan=plan,
+        served_model_name=dep.served_model_name,
+        roles=[
+            RoleRecord(r.name, r.kind, [engine_argv(p, r.kind) for p in pods[r.name]])
+            for r in plan.roles
+        ],
+        entry_role=plan.entry_role,
+        local_model_dir=None,  # the weights live on the nodes: bench asks the server
+        accelerators=gpus or None,
+    )
+
+
+def _forwarded_role(
+    fw: Any, api: Any, dep: KubeDeployment, r: RolePlan, pods: list[Obj]
+) -> tuple[list[Address], Address]:
+    """A forward to each replica's Pod (the router's metrics port too), and the role's
+    own liveness, description and log: its forwards', its first Pod's."""
+    router = r.kind == "router"
+    pod, *others = pods
+    pod_name = str(pod["metadata"]["name"])
+    node = pod.get("spec", {}).get("nodeName", "?")
+    container = container_named(pod, "router" if router else "engine")
+
+    def forward(name: str, port: int) -> str:
+        return str(fw.open(role=r.name, pod=name, namespace=dep.namespace, remote_port=port))
+
+    api_url = forward(pod_name, names.ROUTER_PORT if router else names.ENGINE_PORT)
+    metrics_url = forward(pod_name, names.ROUTER_METRICS_PORT) if router else api_url
+    # every other replica's counters (vLLM: on its API port)
+    rest = [forward(str(p["metadata"]["name"]), names.ENGINE_PORT) for p in others if not router]
+
+    def describe(role: str = r.name, pod: str = pod_name, node: str = node) -> str:
+        problem = fw.problems().get(role)
+        where = f"Pod {pod} on node {node}"
+        return f"{where}: {problem}" if problem else where
+
+    own = Address(
+        api_url,
+        metrics_url,
+        alive=lambda role=r.name: fw.alive(role),  # type: ignore[misc]
+        describe=describe,
+        log=_pod_log(api, dep.namespace, pod_name, str(container.get("name", ""))),
+    )
+    return [Address(api_url, metrics_url), *(Address(u) for u in rest)], own
+
+
 @contextlib.contextmanager
 def open_view(
     name: str, *, namespace: str | None = None, forward_timeout_s: float = 10.0
@@ -92,74 +169,9 @@ def open_view(
     with Forwards(
         Kr8sDialer(api), pod_identity=kr8s_pod_identity(api), timeout_s=forward_timeout_s
     ) as fw:
-        roles: list[RoleView] = []
+        replicas: dict[str, list[Address]] = {}
+        roles: dict[str, Address] = {}
         for r in plan.roles:
-            pod, *others = pods[r.name]
-            pod_name = str(pod["metadata"]["name"])
-            node = pod.get("spec", {}).get("nodeName", "?")
-            container = container_named(pod, "router" if r.kind == "router" else "engine")
-            api_url = fw.open(
-                role=r.name,
-                pod=pod_name,
-                namespace=dep.namespace,
-                remote_port=names.ROUTER_PORT if r.kind == "router" else names.ENGINE_PORT,
-            )
-            metrics_url = (
-                fw.open(
-                    role=r.name,
-                    pod=pod_name,
-                    namespace=dep.namespace,
-                    remote_port=names.ROUTER_METRICS_PORT,
-                )
-                if r.kind == "router"
-                else api_url
-            )
-            replicas = tuple(  # every other replica's counters (vLLM: on its API port)
-                fw.open(
-                    role=r.name,
-                    pod=str(p["metadata"]["name"]),
-                    namespace=dep.namespace,
-                    remote_port=names.ENGINE_PORT,
-                )
-                for p in others
-                if r.kind == "engine"
-            )
-
-            def describe(role: str = r.name, pod: str = pod_name, node: str = node) -> str:
-                problem = fw.problems().get(role)
-                where = f"Pod {pod} on node {node}"
-                return f"{where}: {problem}" if problem else where
-
-            roles.append(
-                RoleView(
-                    name=r.name,
-                    kind=r.kind,
-                    api_url=api_url,
-                    metrics_url=metrics_url,
-                    replica_metrics_urls=replicas,
-                    argv=[*container.get("command", []), *container.get("args", [])],
-                    env={
-                        str(e["name"]): str(e["value"])
-                        for e in container.get("env", [])
-                        if "value" in e
-                    },
-                    alive=lambda role=r.name: fw.alive(role),  # type: ignore[misc]
-                    describe=describe,
-                    log=_pod_log(api, dep.namespace, pod_name, str(container.get("name", ""))),
-                )
-            )
-        gpus = sum(
-            gpu_count(r) * max(1, r.replicas) * max(1, r.nodes_per_replica)
-            for r in plan.engine_roles
-        )
-        yield DeploymentView(
-            name=dep.name,
-            backend=dep.backend,
-            recipe=dep.recipe,
-            plan=plan,
-            served_model_name=dep.served_model_name,
-            entry_url=next(v.api_url for v in roles if v.name == plan.entry_role),
-            roles=roles,
-            local_model_dir=None,  # the weights live on the nodes: bench asks the server
-            accelerators=gpus or None,
-        )
+            replicas[r.name], roles[r.name] = _forwarded_role(fw, api, dep, r, pods[r.name])
+        reach = Reach("port-forward", replicas, roles, detail=FORWARDED)
+        yield build(cluster_record(dep, plan, pods), reach)

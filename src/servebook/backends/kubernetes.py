@@ -62,7 +62,8 @@ from servebook.backends.kube_record import (
 )
 from servebook.backends.kube_settle import Ref, grace_bound_s, wait_gone, wait_settled
 from servebook.backends.kube_view import open_view
-from servebook.deployment import DeploymentView
+from servebook.deployment.site import LoadSite
+from servebook.deployment.view import DeploymentView
 from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.findings import Finding
@@ -519,7 +520,7 @@ def status(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 
 class KubernetesBackend:
-    """``Backend`` for a Kubernetes cluster (module docstring)."""
+    """The ``Deployer`` for a Kubernetes cluster (module docstring)."""
 
     name = "kubernetes"
     title = "Kubernetes"
@@ -530,6 +531,7 @@ class KubernetesBackend:
         "for a GPU deployment of a large model 10-40 minutes (image pull, weight load from "
         "the node's disk, compilation) before the first request"
     )
+    loads_here = False  # a load Job beside the engines (``kube_bench``)
 
     def recorded(self) -> list[str]:
         return recorded_names()
@@ -583,3 +585,9 @@ class KubernetesBackend:
         self, name: str, namespace: str | None = None
     ) -> contextlib.AbstractContextManager[DeploymentView]:
         return open_view(name, namespace=namespace)
+
+    def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
+        """A load Job beside the engines, so the measuring path crosses no port-forward."""
+        from servebook.backends.kube_bench import JobSite, own_source
+
+        return JobSite(lambda: own_source(name, namespace))

@@ -7,8 +7,9 @@ so ``down`` works from another shell and after an interrupted ``up``.  Readiness
 real completion through the entry point, within a bounded time; early death or timeout
 fails with the role's last log lines and stops everything that was started.
 
-This module is the launcher (``up`` and its waits) and the ``Backend``; the records live in
-``backends.state``, the process groups in ``backends.processes``.
+This module is the launcher (``up`` and its waits) and the ``Deployer``; the records live in
+``backends.state``, the process groups in ``backends.processes``, the view in
+``backends.local_view``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import Any
 
 from servebook import auth, http
 from servebook.backends.base import Down, Found, Ready, UpFailed
+from servebook.backends.local_view import HOST, view
 from servebook.backends.processes import (
     is_ours_alive,
     log_tail,
-    process_state,
     spawn,
     start_ticks,
     stop_process_group,
@@ -47,7 +48,8 @@ from servebook.backends.state import (
     state_dir_for,
     write_state,
 )
-from servebook.deployment import DeploymentView, RoleView
+from servebook.deployment.site import Here, LoadSite
+from servebook.deployment.view import DeploymentView
 from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.findings import Finding
@@ -56,7 +58,6 @@ from servebook.recipe.resolve import servebook_home
 from servebook.recipe.schema import Generate
 from servebook.verify.smoke import completion
 
-HOST = "127.0.0.1"
 SMOKE_PROMPT = "The quick brown fox"
 PORT_RETRIES = 3
 
@@ -592,51 +593,19 @@ def status(dep: Deployment) -> dict[str, Any]:
     }
 
 
-# --- what verify and bench see -------------------------------------------------------------
-
-
-def view(dep: Deployment) -> DeploymentView:
-    """The deployment as verify, bench and run see it: processes on this machine."""
-    plan = Plan.model_validate(dep.plan)
-    roles = [
-        RoleView(
-            name=rp.name,
-            kind=rp.kind,
-            api_url=rp.url,
-            metrics_url=f"http://{HOST}:{rp.metrics_port}" if rp.metrics_port else rp.url,
-            argv=list(rp.argv),
-            env=dict(rp.env),
-            alive=lambda rp=rp: is_ours_alive(rp),  # type: ignore[misc]
-            describe=lambda rp=rp: process_state(rp),  # type: ignore[misc]
-            log=lambda rp=rp: log_tail(rp.log, lines=4000),  # type: ignore[misc]
-        )
-        for rp in dep.roles
-    ]
-    return DeploymentView(
-        name=dep.name,
-        backend=dep.backend,
-        recipe=dep.recipe,
-        plan=plan,
-        served_model_name=dep.served_model_name,
-        entry_url=dep.entry_url,
-        roles=roles,
-        local_model_dir=plan.engine_roles[0].model_path,
-        accelerators=None,  # CPU processes: per-accelerator figures are n/a
-    )
-
-
 def _no_namespace(namespace: str | None) -> None:
     if namespace is not None:
         raise UsageError("-n/--namespace is for --backend kubernetes (a cluster's namespace).")
 
 
 class LocalBackend:
-    """``Backend`` for processes on this machine (module docstring)."""
+    """The ``Deployer`` for processes on this machine (module docstring)."""
 
     name = "local"
     title = "the local backend"
     recipes_hint = "Use a tiny-* recipe locally (`servebook recipes`)."
     up_cost = "about a minute on a 2-core machine (vLLM's CPU build, the tiny model)"
+    loads_here = True
 
     def recorded(self) -> list[str]:
         return [d.name for d in list_deployments()]
@@ -691,6 +660,9 @@ class LocalBackend:
     def open(self, name: str, namespace: str | None = None) -> Iterator[DeploymentView]:
         _no_namespace(namespace)
         yield view(self._require(name))
+
+    def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
+        return Here()  # the processes are on this machine, reached directly
 
     def _require(self, name: str) -> Deployment:
         dep = read_state(name)

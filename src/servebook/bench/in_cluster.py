@@ -149,35 +149,6 @@ class JobLauncher:
         return RemoteAgent(index, f"{self.job}-{index}")
 
 
-def _view(doc: dict[str, Any], net: Net) -> Any:
-    from servebook.deployment import DeploymentView, RoleView
-    from servebook.recipe.plan import Plan
-
-    roles = [
-        RoleView(
-            name=r["name"],
-            kind=r["kind"],
-            api_url=net.url(r["api_url"]),
-            metrics_url=net.url(r["metrics_url"]),
-            argv=list(r.get("argv") or []),
-            env=dict(r.get("env") or {}),
-            replica_metrics_urls=tuple(net.url(u) for u in r.get("replica_metrics_urls") or ()),
-            replica_names=tuple(r.get("replica_names") or ()),
-        )
-        for r in doc["roles"]
-    ]
-    return DeploymentView(
-        name=doc["name"],
-        backend=doc["backend"],
-        recipe=doc["recipe"],
-        plan=Plan.model_validate(doc["plan"]),
-        served_model_name=doc["served_model_name"],
-        entry_url=net.url(doc["entry_url"]),
-        roles=roles,
-        accelerators=doc.get("accelerators"),
-    )
-
-
 def _write_status(out: Path, status: dict[str, Any]) -> None:
     from servebook.files import write_atomic
 
@@ -198,7 +169,9 @@ def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int
     servebook.__version__ = settings.get("servebook_version") or servebook.__version__
     status: dict[str, Any] = {"ok": False, "exit_code": 2, "message": ""}
     try:
-        view = _view(settings["view"], net)
+        from servebook.deployment.view import DeploymentView
+
+        view = DeploymentView.from_doc(settings["view"], net.url)
         bench = settings["bench"]
         args = BenchArgs(**{f.name: bench[f.name] for f in fields(BenchArgs) if f.name in bench})
         subject = tgt.from_deployment(

@@ -25,7 +25,7 @@ from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.engines import counters_of
 from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
@@ -273,23 +273,19 @@ def from_url(
 
 def load_origin(subject: Subject, agents: int) -> LoadOrigin:
     """Where the load comes from (this machine: the bench command's process, or ``agents``
-    load agents beside it) and its route: a Kubernetes deployment is reached through the
-    port-forwards its view opened (``backends/kube_view.py``), anything else directly."""
+    load agents beside it) and its route: the view's (``DeploymentView.route``: direct,
+    or through the port-forwards the view holds), a ``--url`` server's direct."""
     import socket
 
     if subject.cluster is not None:
         return cluster_origin(subject.cluster, agents, socket.gethostname())
-    forwarded = subject.view is not None and subject.view.backend == "kubernetes"
+    view = subject.view
     return LoadOrigin(
         agents=agents,
         where="this machine" if agents == 1 else f"{agents} agents on this machine",
         host=socket.gethostname(),
-        route="port-forward" if forwarded else "direct",
-        route_detail=(
-            "each role's Pod through a port-forward servebook opened via the API server"
-            if forwarded
-            else None
-        ),
+        route=view.route if view is not None else "direct",
+        route_detail=view.route_detail if view is not None else None,
         target_url=redact.url(subject.target.endpoint.base_url),
     )
 

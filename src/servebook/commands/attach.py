@@ -4,13 +4,14 @@ servebook's own.  Nothing on the deployment is touched."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import typer
 from rich.markup import escape
 
 from servebook import redact
-from servebook.backends import base
+from servebook.backends import registry
 from servebook.backends.attach_url import ROLE_HELP, inspect, record_from_urls
 from servebook.backends.attached import AttachedDeployment, read_record, remove_record, write_record
 from servebook.commands import app, deployment_name, print_json
@@ -46,10 +47,10 @@ Example: servebook attach one --role mixed=http://10.0.0.5:8000 --entry http://1
 
 
 def _refuse_taken(name: str) -> None:
-    found = base.find(name)
+    found = registry.find(name)
     if found is not None:
         owner, _ = found
-        what = "an attached deployment" if owner.name == "attached" else owner.title
+        what = owner.title
         raise UsageError(
             f"a deployment named {name} is already recorded ({what}).",
             hint=f"Choose another NAME, or `servebook detach {name}` first (an attached one).",
@@ -126,14 +127,26 @@ def attach(
     json_out: bool = typer.Option(False, "--json", help="What was found, as JSON."),
 ) -> None:
     _refuse_taken(name)
-    if backend == "kubernetes":
-        attach_kubernetes(name, namespace, roles, entry, model, dry_run=dry_run, json_out=json_out)
-        return
-    if backend != "url":
+    attach_by = {"url": _attach_by_url, "kubernetes": attach_kubernetes}.get(backend)
+    if attach_by is None:
         raise UsageError(f"--backend {backend}: attach here knows url (--role ROLE=URL).")
+    attach_by(name, namespace, roles, entry, model, dry_run=dry_run, json_out=json_out)
+
+
+def _attach_by_url(
+    name: str,
+    namespace: str | None,
+    roles: Sequence[str],
+    entry: str | None,
+    model: str | None,
+    *,
+    dry_run: bool,
+    json_out: bool,
+) -> None:
+    """``--backend url``: the deployment given by ``--role ROLE=URL`` and ``--entry``."""
     if entry is None:
         raise UsageError("--entry URL is required: the URL requests enter by.")
-    dep: AttachedDeployment = record_from_urls(name, roles, entry, model)
+    dep: AttachedDeployment = record_from_urls(name, list(roles), entry, model)
     found = inspect(dep)
     if not dry_run:
         write_record(dep)
@@ -155,7 +168,7 @@ def detach(
     Example: servebook detach prod-pd
     """
     if read_record(name) is None:
-        found = base.find(name)
+        found = registry.find(name)
         if found is not None:
             raise UsageError(
                 f"{name} is not attached: servebook made it ({found[0].title}).",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from servebook import auth
-from servebook.backends import base
+from servebook.backends import registry
 from servebook.bench import target as tgt
 from servebook.commands import (
     KubeconfigOpt,
@@ -354,19 +354,19 @@ def bench(
         )
         results, path = run_bench(subject, a, out_dir, resume=resume, tokenizer=tokenizer)
     else:
-        owner, name = base.locate(
+        owner, name = registry.locate(
             deployment,
             "Start one with `servebook up RECIPE`, or benchmark a running server with "
             "--url URL --model NAME.",
             backend=backend,
         )
-        if via != "port-forward":
+        site = owner.load_site(name, namespace)
+        if via != "port-forward" and not site.here:
             from servebook.backends import kube_bench
 
-            source = kube_bench.in_cluster_source(owner.name, name, namespace)
-            if source is not None:
-                _in_cluster(source, a, out_dir, n_agents or 1, load_image, dry_run, key, options)
-                return
+            source = kube_bench.source_of(site)
+            _in_cluster(source, a, out_dir, n_agents or 1, load_image, dry_run, key, options)
+            return
         if dry_run or via == "cluster" or load_image is not None:
             flag = "--dry-run" if dry_run else "--via cluster" if via else "--load-image"
             raise UsageError(
@@ -374,7 +374,7 @@ def bench(
                 "Kubernetes deployment (servebook's own or attached) has an in-cluster load"
             )
         with owner.open(name, namespace) as view:
-            if via is not None and view.backend != "kubernetes":
+            if via is not None and view.route == "direct":
                 raise UsageError(
                     f"--via port-forward: deployment {name} runs on the {view.backend} backend, "
                     "whose servers are reached directly"

@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 
 from servebook import names, redact
-from servebook.backends import base
-from servebook.backends.base import Backend, Down, Found
+from servebook.backends import registry
+from servebook.backends.base import Deployer, Down, Found, Place
 from servebook.backends.state import bringing_up, state_dir_for
 from servebook.commands import (
     KubeconfigOpt,
@@ -35,7 +35,7 @@ RUN_MAX_REPETITIONS = 20
 
 
 def _plan_for(
-    recipe: str, sets: list[str], values: list[Path], name: str | None, backend: Backend
+    recipe: str, sets: list[str], values: list[Path], name: str | None, backend: Deployer
 ) -> tuple[str, Plan]:
     """(deployment name, resolved Plan) of a recipe meant for ``backend``."""
     dep_name = name or names.deployment_name(
@@ -106,7 +106,7 @@ def up(
 
     Example: servebook up vllm-pd --backend kubernetes -f values.yaml
     """
-    chosen = base.get(backend)
+    chosen = registry.get(backend)
     dep_name, plan = _plan_for(recipe, sets, values, name, chosen)
     with bringing_up(dep_name):
         ready = chosen.up(plan, name=dep_name, timeout_s=timeout, say=say, port=port)
@@ -132,9 +132,7 @@ NamespaceOpt = typer.Option(
 )
 
 
-def _print_found(
-    backend: Backend, namespace: str | None, found: list[Found], json_out: bool
-) -> None:
+def _print_found(backend: Place, namespace: str | None, found: list[Found], json_out: bool) -> None:
     if json_out:
         print_json([dataclasses.asdict(f) for f in found])
         return
@@ -177,10 +175,10 @@ def status(
     Example: servebook status --backend kubernetes -n moe-pd
     """
     if backend is not None and name is None:
-        chosen = base.get(backend)
+        chosen = registry.get(backend)
         _print_found(chosen, namespace, chosen.found(namespace), json_out)
         return
-    owner, dep_name = base.locate(
+    owner, dep_name = registry.locate(
         name,
         "Start one with `servebook up RECIPE`; one on Kubernetes brought up elsewhere: "
         "`servebook status --backend kubernetes`.",
@@ -241,11 +239,11 @@ def down(
     if backend is not None:
         if name is None:
             raise UsageError(f"down --backend {backend} needs the deployment's NAME.")
-        _print_down(base.get(backend).down(name, namespace))
+        _print_down(registry.get(backend).down(name, namespace))
         return
     if namespace is not None:
         raise UsageError("-n/--namespace goes with --backend kubernetes.")
-    found = base.find(name)
+    found = registry.find(name)
     if found is None:
         out.print(
             f"nothing to stop: no deployment {repr(name) + ' ' if name else ''}is recorded "
@@ -255,7 +253,7 @@ def down(
         )
         return
     owner, dep_name = found
-    _print_down(owner.down(dep_name))
+    _print_down(registry.deployer(owner, dep_name, "stop").down(dep_name))
 
 
 def _print_down(result: Down) -> None:
@@ -286,7 +284,9 @@ Example: servebook run vllm-pd --backend kubernetes -f values.yaml --keep
 """
 
 
-@app.command(help=RUN_HELP.format(costs="; ".join(f"{b.title}, {b.up_cost}" for b in base.every())))
+@app.command(
+    help=RUN_HELP.format(costs="; ".join(f"{b.title}, {b.up_cost}" for b in registry.every()))
+)
 def run(
     recipe: str = typer.Argument(DEFAULT_RECIPE, help="Recipe (default: the built-in tiny-pd)."),
     backend: str = BackendOpt,
@@ -321,7 +321,7 @@ def run(
 ) -> None:
     from servebook import pipeline
 
-    chosen = base.get(backend)
+    chosen = registry.get(backend)
     # The key verify and bench send, and the one the engines get when the recipe requires
     # one (local: as VLLM_API_KEY in their environment).
     opts = options(120.0, 5.0, max_tokens, "stop,length", api_key)

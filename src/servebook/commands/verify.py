@@ -5,14 +5,15 @@ from __future__ import annotations
 import typer
 
 from servebook import auth
-from servebook.backends import base
+from servebook.backends import registry
 from servebook.commands import KubeconfigOpt, app, deployment_name, print_json, seconds
 from servebook.console import print_report
-from servebook.deployment import DeploymentView
+from servebook.deployment.view import DeploymentView
 from servebook.errors import UsageError
 from servebook.findings import REGISTRY, exit_code, to_json
 from servebook.verify import checks as _checks  # noqa: F401  (registers SB3xx)
-from servebook.verify.smoke import Options, Report, run
+from servebook.verify.smoke import Options, Report
+from servebook.verify.smoke import verify as verify_view
 
 
 def _checks_help() -> str:
@@ -21,7 +22,7 @@ def _checks_help() -> str:
 
 
 def verify_deployment(view: DeploymentView, opts: Options) -> Report:
-    return run(view.targets(), view.claims(), opts)
+    return verify_view(view, opts)
 
 
 def options(
@@ -116,7 +117,7 @@ def verify(
     kubeconfig: str | None = KubeconfigOpt,
 ) -> None:
     opts = options(timeout, health_timeout, max_tokens, finish, api_key)
-    owner, dep_name = base.locate(name, backend=backend)
+    owner, dep_name = registry.locate(name, backend=backend)
     with owner.open(dep_name, namespace) as view:
         rep = verify_deployment(view, opts)
     if json_out:

@@ -329,8 +329,10 @@ def _arm(item: Any, i: int, path: str) -> Arm:
             if kind == "recipe"
             else "remove namespace:",
         )
+    from servebook.backends.registry import NAMES
+
     backend = item.get("backend", "local")
-    if backend not in ("local", "kubernetes"):
+    if backend not in NAMES:
         raise _bad(
             path,
             f"{where}.backend",

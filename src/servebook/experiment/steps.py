@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servebook import auth
 from servebook.bench import target as tgt
@@ -17,6 +17,9 @@ from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
 from servebook.experiment.spec import Arm, Experiment
 from servebook.sweep import BenchArgs, not_serving, run_bench
+
+if TYPE_CHECKING:
+    from servebook.backends.base import Place
 
 _BENCH_FIELDS = {f.name: f for f in dataclasses.fields(BenchArgs)}
 _NOT_BENCH_ARGS = {"tokenizer", "load_image", "load_start_timeout"}
@@ -58,21 +61,23 @@ def check_load(exp: Experiment) -> None:
     """Every arm's bench settings parse (levels, durations, precision), and a Kubernetes
     arm's load can run in the cluster (no file of this machine in it), before anything
     starts."""
+    from servebook.backends import registry
     from servebook.sweep import settings_from
 
     load_start_s(exp)
     for arm in exp.arms:
         a = bench_args(exp, arm)
         settings_from(a, None)
-        if arm.backend == "kubernetes":
+        deployer = registry.get(arm.backend)
+        if not deployer.loads_here:
             from servebook.backends.kube_bench import refuse_unsupported
 
             try:
                 refuse_unsupported(a, tokenizer=exp.load.get("tokenizer"), resume=False)
             except UsageError as e:
                 raise UsageError(
-                    f"{exp.path}: arms[{arm.name}] runs on Kubernetes, whose load runs in the "
-                    f"cluster: {e}",
+                    f"{exp.path}: arms[{arm.name}] runs on {deployer.title}, whose load runs "
+                    f"in the cluster: {e}",
                     hint="leave dataset: and tokenizer: out of load: (the Pods tokenize on "
                     "the server)",
                 ) from None
@@ -104,7 +109,7 @@ def estimated_s(exp: Experiment) -> tuple[float, float]:
 
 def in_cluster(
     exp: Experiment,
-    owner: str,
+    owner: Place,
     name: str,
     namespace: str | None,
     a: BenchArgs,
@@ -118,9 +123,10 @@ def in_cluster(
     deployment is reached from here."""
     from servebook.backends import kube_bench
 
-    source = kube_bench.in_cluster_source(owner, name, namespace)
-    if source is None:
+    site = owner.load_site(name, namespace)
+    if site.here:
         return False
+    source = kube_bench.source_of(site)
     prepared = kube_bench.prepare(
         source, a, agents=a.agents or 1, image=exp.load.get("load-image"), api_key=key
     )
@@ -133,7 +139,7 @@ def deployment_name(arm: Arm, block: int) -> str:
 
 
 def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
-    from servebook.backends import base
+    from servebook.backends import registry
 
     key = auth.resolve(api_key)
     tokenizer = exp.load.get("tokenizer")
@@ -141,7 +147,7 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
     def up(arm: Arm, block: int) -> str:
         from servebook.experiment.values import resolve_arm
 
-        backend = base.get(arm.backend)
+        backend = registry.get(arm.backend)
         name = deployment_name(arm, block)
         plan = resolve_arm(exp, arm)
         try:
@@ -152,11 +158,11 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
 
     def verify(arm: Arm, name: str) -> str | None:
         from servebook.verify.smoke import Options
-        from servebook.verify.smoke import run as smoke
+        from servebook.verify.smoke import verify as smoke
 
         opts = Options(api_key=key)
-        with base.get(arm.backend).open(name) as view:
-            rep = smoke(view.targets(), view.claims(), opts)
+        with registry.get(arm.backend).open(name) as view:
+            rep = smoke(view, opts)
         failed = [f for f in rep.findings if f.failed]
         return "; ".join(f"{f.check} {f.message}" for f in failed) if failed else None
 
@@ -180,11 +186,13 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
                 run_bench(subject, a, where, resume=False, tokenizer=tokenizer, resumable=False)
                 return
             owner, dep = (
-                (base.get(arm.backend), name)
+                (registry.get(arm.backend), name)
                 if name is not None
-                else base.locate(arm.deployment, backend="kubernetes" if arm.namespace else None)
+                else registry.locate(
+                    arm.deployment, backend="kubernetes" if arm.namespace else None
+                )
             )
-            if in_cluster(exp, owner.name, dep, arm.namespace, a, where, key, say):
+            if in_cluster(exp, owner, dep, arm.namespace, a, where, key, say):
                 return
             with owner.open(dep, arm.namespace) as view:
                 subject = tgt.from_deployment(
@@ -208,6 +216,6 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
             raise StepFailed(str(e)) from None
 
     def down(arm: Arm, name: str) -> None:
-        base.get(arm.backend).down(name)
+        registry.get(arm.backend).down(name)
 
     return Steps(up=up, warm=warm, verify=verify, bench=bench, down=down)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servebook.deployment.view import replica_names as replica_names_of
 from servebook.engines import SGLANG, VLLM, counters_of, sglang
 from servebook.engines.vllm import (
     BAD_FINISH_REASONS,
@@ -208,9 +209,7 @@ def replica_evidence(
         bs, as_ = split_replicas(b), split_replicas(a)
         if len(bs) < 2 or len(bs) != len(as_):
             continue
-        names = list(replica_names.get(role) or ())
-        if len(names) != len(bs):
-            names = [f"[{i}]" for i in range(len(bs))]
+        names = replica_names_of(role, list(replica_names.get(role) or ()), len(bs))
         by_replica: dict[str, Any] = {}
         for name, rb, ra in zip(names, bs, as_, strict=True):
             ev = server_evidence(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
+from servebook.deployment.view import replica_names, replica_subject
 from servebook.engines import vllm
 from servebook.engines.cmdline import kv_connector_problems, kv_role_problem, kv_transfer_config
 from servebook.findings import Finding, Rules, Severity, register
@@ -26,18 +27,18 @@ from servebook.metrics.scrape import Snapshot, delta, split_replicas
 from servebook.verify import checks as C
 from servebook.verify.checks import Window
 
-if TYPE_CHECKING:  # verify.smoke runs these checks and imports this module
-    from servebook.verify.smoke import Claims, Target
+if TYPE_CHECKING:
+    from servebook.deployment.view import Claims, RoleView
 
-COMMAND_LINE_CHECKS: Rules[Callable[[Claims, Sequence[Target]], list[Finding]]] = Rules()
+COMMAND_LINE_CHECKS: Rules[Callable[[Claims, Sequence[RoleView]], list[Finding]]] = Rules()
 WINDOW_CHECKS: Rules[Callable[[Claims, Window], list[Finding]]] = Rules()
-LOG_CHECKS: Rules[Callable[[Claims, Target, str], list[Finding]]] = Rules()
+LOG_CHECKS: Rules[Callable[[Claims, RoleView, str], list[Finding]]] = Rules()
 
 # Roles that decode, so produce drafts when speculation runs (prefill makes one token).
 DECODING_ROLES = ("mixed", "decode")
 
 
-def commands(targets: Sequence[Target]) -> dict[str, Sequence[str]]:
+def commands(targets: Sequence[RoleView]) -> dict[str, Sequence[str]]:
     """Every engine replica's command line, by subject (``ROLE``, or ``ROLE REPLICA`` for a
     role of several), where it is known."""
     out: dict[str, Sequence[str]] = {}
@@ -57,12 +58,10 @@ def replica_windows(w: Window, role: str) -> list[tuple[str, Window]]:
     before, after = split_replicas(w.before[role]), split_replicas(w.after[role])
     if len(before) == 1 or len(before) != len(after):
         return [(role, w)]
-    names = list(w.replica_names.get(role) or ())
-    if len(names) != len(before):
-        names = [f"[{i}]" for i in range(len(before))]
+    names = replica_names(role, list(w.replica_names.get(role) or ()), len(before))
     out = []
     for name, b, a in zip(names, before, after, strict=True):
-        subject = f"{role} {name}"
+        subject = replica_subject(role, name)
         out.append(
             (
                 subject,
@@ -106,7 +105,7 @@ def _unread(claims: Claims, subject: str) -> bool:
 
 
 @COMMAND_LINE_CHECKS.add(C.SPEC_SYMMETRY)
-def spec_symmetry(claims: Claims, targets: Sequence[Target]) -> list[Finding]:
+def spec_symmetry(claims: Claims, targets: Sequence[RoleView]) -> list[Finding]:
     return C.check_spec_symmetry(commands(targets))
 
 
@@ -123,7 +122,7 @@ CONNECTOR = register(
 
 
 @COMMAND_LINE_CHECKS.add(CONNECTOR)
-def connector_on_every_engine(claims: Claims, targets: Sequence[Target]) -> list[Finding]:
+def connector_on_every_engine(claims: Claims, targets: Sequence[RoleView]) -> list[Finding]:
     if claims.topology != "pd":
         return []
     configs: dict[str, dict[str, Any] | None] = {}
@@ -187,7 +186,7 @@ CLAIMS_READ = register(
 
 
 @COMMAND_LINE_CHECKS.add(CLAIMS_READ)
-def claims_read(claims: Claims, targets: Sequence[Target]) -> list[Finding]:
+def claims_read(claims: Claims, targets: Sequence[RoleView]) -> list[Finding]:
     return [
         CLAIMS_READ.finding(
             Severity.WARN,
@@ -324,12 +323,12 @@ def kv_failures_flat(claims: Claims, w: Window) -> list[Finding]:
 
 
 @LOG_CHECKS.add(C.LOGS)
-def log_signatures(claims: Claims, t: Target, text: str) -> list[Finding]:
+def log_signatures(claims: Claims, t: RoleView, text: str) -> list[Finding]:
     return C.check_logs(t.name, text)
 
 
 @LOG_CHECKS.add(C.KV_TRANSPORT)
-def kv_transport(claims: Claims, t: Target, text: str) -> list[Finding]:
+def kv_transport(claims: Claims, t: RoleView, text: str) -> list[Finding]:
     """The transport a PD engine's connector used, as its log says, against the fabric
     the recipe states: RDMA claimed and TCP used is the silent slow path."""
     if claims.topology != "pd" or t.kind != "engine" or t.name not in ("prefill", "decode"):

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servebook import auth, http
+from servebook.deployment.view import Claims, RoleView
 from servebook.engines import vllm
 from servebook.findings import Finding, Severity
 from servebook.metrics.scrape import ScrapeError, Snapshot, delta, scrape_replicas, split_replicas
 from servebook.verify import checks as C
 from servebook.verify import rules as R
+
+if TYPE_CHECKING:
+    from servebook.deployment.view import DeploymentView
 
 # A word list for verify's long prompt; a random nonce in front makes every verify's
 # prompt unique, so no prefix cache (local or external) can answer it from an earlier run.
@@ -45,69 +49,6 @@ _WORDS = [
     "transfer",
     "draft",
 ]
-
-
-@dataclass
-class Target:
-    """One role as verify sees it: an endpoint, and what the backend can tell about it."""
-
-    name: str
-    kind: str  # engine | router
-    url: str
-    argv: Sequence[str] = ()
-    alive: Callable[[], bool | None] = lambda: None  # None: the backend cannot tell
-    log: Callable[[], str] | None = None
-    describe: Callable[[], str] = lambda: ""
-    metrics_url: str = ""  # where its /metrics is, when not at ``url``
-    replica_metrics_urls: Sequence[str] = ()  # the other replicas' (counters are summed)
-    # A name per replica (first: counters_url's), and each replica's command line where
-    # they may differ (empty: all run ``argv``).
-    replica_names: Sequence[str] = ()
-    replica_argv: Sequence[Sequence[str]] = ()
-
-    @property
-    def counters_url(self) -> str:
-        return self.metrics_url or self.url
-
-    @property
-    def metrics_urls(self) -> list[str]:
-        """Every replica's /metrics base URL, in the order their counters are tagged."""
-        return [self.counters_url, *self.replica_metrics_urls]
-
-    def replica_commands(self) -> list[tuple[str, Sequence[str]]]:
-        """``(subject, argv)`` per replica: the role's name for a role of one, else
-        ``ROLE NAME`` (its ``replica_names``, or ``[i]``)."""
-        labels = self.replica_labels()
-        if not labels:
-            return [(self.name, self.argv)]
-        n = len(labels)
-        argv = list(self.replica_argv) if len(self.replica_argv) == n else [self.argv] * n
-        return [(f"{self.name} {nm}", a) for nm, a in zip(labels, argv, strict=True)]
-
-    def replica_labels(self) -> list[str]:
-        """What names each replica after the role's name (none for a role of one)."""
-        n = len(self.metrics_urls)
-        if n == 1:
-            return []
-        return (
-            list(self.replica_names)
-            if len(self.replica_names) == n
-            else [f"[{i}]" for i in range(n)]
-        )
-
-
-@dataclass
-class Claims:
-    """What the deployment claims, from its recipe (not from how it was started)."""
-
-    topology: str  # mixed | pd
-    speculative: bool
-    served_model_name: str
-    entry_url: str
-    fabric: str | None = None  # the KV transport fabric the recipe states (PD on a cluster)
-    # Replicas whose own command line could not be read (an attached deployment on another
-    # machine or of another user): "ROLE REPLICA" -> why.  Their claims are not determined.
-    argv_unread: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -204,7 +145,7 @@ def _smoke_finding(
     )
 
 
-def _reachable(t: Target, opts: Options) -> Finding:
+def _reachable(t: RoleView, opts: Options) -> Finding:
     alive = t.alive()
     if alive is False:
         extra = t.describe()
@@ -212,11 +153,11 @@ def _reachable(t: Target, opts: Options) -> Finding:
             Severity.FAIL,
             t.name,
             f"{t.name}: the process is not running{(' (' + extra + ')') if extra else ''}",
-            evidence={"url": t.url},
+            evidence={"url": t.api_url},
         )
     t0 = time.monotonic()
     try:
-        resp = http.get(t.url + "/health", timeout=opts.health_timeout_s)
+        resp = http.get(t.api_url + "/health", timeout=opts.health_timeout_s)
         ok, why = resp.status == 200, f"HTTP {resp.status}"
     except http.HTTPError as e:
         ok, why = False, str(e)
@@ -226,7 +167,7 @@ def _reachable(t: Target, opts: Options) -> Finding:
             Severity.PASS,
             t.name,
             f"{t.name}: /health answered in {1000 * waited:.0f} ms",
-            evidence={"url": t.url, "seconds": waited},
+            evidence={"url": t.api_url, "seconds": waited},
         )
     extra = t.describe()  # after the failure, which may have told the backend more (a forward)
     return C.REACHABLE.finding(
@@ -234,18 +175,18 @@ def _reachable(t: Target, opts: Options) -> Finding:
         t.name,
         f"{t.name}: did not answer /health within {opts.health_timeout_s:g} s ({why})"
         + (f"; process: {extra}" if extra else ""),
-        evidence={"url": t.url, "seconds": waited, "error": why},
+        evidence={"url": t.api_url, "seconds": waited, "error": why},
     )
 
 
 def _scrape_all(
-    engines: Sequence[Target], opts: Options, phase: str
+    engines: Sequence[RoleView], opts: Options, phase: str
 ) -> tuple[dict[str, Snapshot], list[Finding]]:
     snaps: dict[str, Snapshot] = {}
     findings: list[Finding] = []
     for t in engines:
         try:
-            snaps[t.name] = scrape_replicas(t.metrics_urls, timeout=opts.health_timeout_s)
+            snaps[t.name] = scrape_replicas(t.all_metrics_urls, timeout=opts.health_timeout_s)
         except ScrapeError as e:
             findings.append(
                 C.REACHABLE.finding(
@@ -258,11 +199,11 @@ def _scrape_all(
     return snaps, findings
 
 
-def _replicas_served(t: Target, before: Snapshot, opts: Options) -> bool:
+def _replicas_served(t: RoleView, before: Snapshot, opts: Options) -> bool:
     """Whether every replica of ``t`` counted prompt tokens since ``before`` (a replica's
     scrape failing reads as not yet)."""
     try:
-        now = scrape_replicas(t.metrics_urls, timeout=opts.health_timeout_s)
+        now = scrape_replicas(t.all_metrics_urls, timeout=opts.health_timeout_s)
     except ScrapeError:
         return False
     return all(
@@ -287,7 +228,7 @@ def _probe(claims: Claims, opts: Options, what: str) -> tuple[dict[str, Any] | N
 
 
 def _traffic(
-    engines: Sequence[Target], claims: Claims, opts: Options, before: dict[str, Snapshot]
+    engines: Sequence[RoleView], claims: Claims, opts: Options, before: dict[str, Snapshot]
 ) -> tuple[list[int], list[Finding]]:
     """verify's own requests: a smoke completion, and for PD long prompts that must reach
     decode by KV transfer, repeated (up to three per decode replica) until every decode
@@ -302,7 +243,7 @@ def _traffic(
     if claims.topology != "pd":
         return prompt_tokens, findings
     decode = next((t for t in engines if t.name == "decode"), None)
-    replicas = len(decode.metrics_urls) if decode is not None else 1
+    replicas = len(decode.all_metrics_urls) if decode is not None else 1
     for i in range(3 * replicas if replicas > 1 else 1):
         body, finding = _probe(claims, opts, "PD handoff probe (long prompt)")
         if body is None or i == 0:
@@ -317,7 +258,12 @@ def _traffic(
     return prompt_tokens, findings
 
 
-def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) -> Report:
+def verify(view: DeploymentView, opts: Options | None = None) -> Report:
+    """verify over a deployment's view: its roles, what it claims."""
+    return run(view.roles, view.claims(), opts)
+
+
+def run(targets: Sequence[RoleView], claims: Claims, opts: Options | None = None) -> Report:
     """Every registered check (``verify.rules``) over what the deployment says of itself,
     what it does under verify's own requests, and what its logs say."""
     opts = opts or Options()
@@ -345,7 +291,7 @@ def run(targets: Sequence[Target], claims: Claims, opts: Options | None = None) 
                 before={n: before[n] for n in both},
                 after={n: after[n] for n in both},
                 prompt_tokens=prompt_tokens,
-                replica_names={t.name: t.replica_labels() for t in engines},
+                replica_names={t.name: t.all_replica_names for t in engines},
             )
             for _, on_window in R.WINDOW_CHECKS:
                 f += on_window(claims, w)
