@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from servebook import auth, redact
 from servebook.bench.tokens import HFTokenizer, load_tokenizer
@@ -24,6 +25,7 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from tests.conftest import CliResult
+from tests.unit.served_app import StreamingServer, served, served_models
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +148,24 @@ def a_provenance(**over: Any) -> Provenance:
     return Provenance(**base)
 
 
-def a_point(conc: int, rep: int, tok_s: float = 10.0) -> Point:
-    """A valid point at concurrency ``conc``, repetition ``rep``."""
-    lat = Latency(p50=1.0, p90=1.0, p99=1.0, mean=1.0, n=10)
-    return Point(
+def a_point(
+    conc: int = 4,
+    rep: int = 0,
+    tok_s: float = 10.0,
+    *,
+    p50: float = 1.0,
+    valid: bool = True,
+    **over: Any,
+) -> Point:
+    """A point at concurrency ``conc``, repetition ``rep``: ``tok_s`` output tokens a
+    second, every latency ``p50`` ms, 10 requests in a 60 s window; an invalid one carries
+    the reason SB402.  ``over`` replaces any other field."""
+    lat = Latency(p50=p50, p90=p50, p99=p50, mean=p50, n=10)
+    base: dict[str, Any] = dict(
         concurrency=conc,
         repetition=rep,
-        valid=True,
+        valid=valid,
+        invalid_reasons=[] if valid else ["SB402: too few"],
         requests_ok=10,
         errors=0,
         output_tokens_per_s=tok_s,
@@ -164,6 +177,33 @@ def a_point(conc: int, rep: int, tok_s: float = 10.0) -> Point:
         window=WindowInfo(warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0),
         client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
     )
+    base.update(over)
+    return Point(**base)
+
+
+def a_measured_point(**over: Any) -> Point:
+    """A valid point as bench measures one before its verdict: 100 requests at c=4 in a
+    60 s window, latencies of a spread (p50 1, p90 2, p99 3 ms), the client well below
+    saturation, and server evidence of a mixed role with a 90% handoff share."""
+    lat = Latency(p50=1.0, p90=2.0, p99=3.0, mean=1.5, n=100)
+    base: dict[str, Any] = dict(
+        requests_ok=100,
+        output_tokens_per_s=1000.0,
+        requests_per_s=10.0,
+        ttft_ms=lat,
+        itl_ms=lat,
+        tpot_ms=lat,
+        e2e_ms=lat,
+        window=WindowInfo(
+            warmup_s=10, duration_s=60, requests_scheduled=104, requests_unfinished=4
+        ),
+        client=ClientEvidence(
+            workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.2, loop_lag_p99_ms=0.5
+        ),
+        server={"roles": {"mixed": {"scraped": True}}, "handoff_share": 0.9, "missing": []},
+    )
+    base.update(over)
+    return a_point(**base)
 
 
 @pytest.fixture
@@ -351,3 +391,19 @@ def scripted_machine(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- a streaming server (the bench client's tests) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, StreamingServer]]:
+    """A ``StreamingServer`` on the completions and chat routes, serving ``tiny``; one per
+    test module."""
+    srv = StreamingServer()
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.handle)
+    app.router.add_post("/v1/chat/completions", srv.handle)
+    app.router.add_get("/v1/models", served_models("tiny"))
+    with served(app) as url:
+        yield url, srv
