@@ -78,7 +78,10 @@ def make_point(conc: int, rep: int, *, valid: bool = True) -> Point:
         figure(conc, rep),
         valid=valid,
         requests_ok=40,
-        **dict.fromkeys(("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"), tpot),
+        ttft_ms=tpot,
+        itl_ms=tpot,
+        tpot_ms=tpot,
+        e2e_ms=tpot,
         window=WindowInfo(warmup_s=1, duration_s=10, requests_scheduled=40, requests_unfinished=0),
     )
 

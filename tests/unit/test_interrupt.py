@@ -29,17 +29,11 @@ from servebook.pipeline import interrupted_bench
 from servebook.results.schema import RESULTS_NAME
 from servebook.sweep import Interrupted
 from tests.conftest import CliResult
+from tests.unit.conftest import START
 from tests.unit.engine_standin import vllm_package
 from tests.unit.result_runs import CPU
 from tests.unit.served_app import StreamingServer
 
-# As a terminal's shell starts a command: SIGINT, SIGTERM and SIGHUP at their defaults (a
-# shell's background job, or this test's own runner, may hand them down ignored).
-START = (
-    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
-    "from servebook.cli import main\nmain()"
-)
 STOPS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 SAID = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
