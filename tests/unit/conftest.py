@@ -63,6 +63,13 @@ def no_secrets_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     redact.forget_all()
 
 
+def needs_transformers() -> None:
+    """Skip unless transformers is installed: a chat prompt is counted with the model's
+    chat template, which transformers renders (vLLM installs it; the unit tests need no
+    vLLM)."""
+    pytest.importorskip("transformers", reason="chat templates are rendered by transformers")
+
+
 # --- hostile input files (the reliability probe of 2026-12-04, tests/unit/test_cli_bad_files.py
 # and test_inputs.py) -------------------------------------------------------------------
 
@@ -532,8 +539,15 @@ START = (
 
 def requirement_closure(dist: str) -> set[str]:
     """Distribution names ``dist`` needs, transitively (the extras a requirement names
-    followed, markers evaluated for this machine)."""
+    followed, markers evaluated for this machine); the test skips where ``dist`` is not
+    installed (the unit tests run without vLLM), since its requirements are read from its
+    installed metadata."""
     from packaging.requirements import Requirement
+
+    try:
+        metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{dist} is not installed: what its image holds is read from its metadata")
 
     def canon(name: str) -> str:
         return name.lower().replace("_", "-")
