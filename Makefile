@@ -18,7 +18,7 @@ run: setup
 test: setup check
 	$(BIN)/pytest -q -ra -n 3 -m "not serial" tests/unit
 	$(BIN)/pytest -q -ra -m serial tests/unit
-	$(BIN)/pytest -q -ra tests/engine tests/cluster
+	$(BIN)/pytest -q -ra --durations=25 tests/engine tests/cluster
 
 check:
 	$(BIN)/ruff check src tests benchmarks

@@ -1,6 +1,16 @@
 """Engine tests start real vLLM CPU servers with the tiny model: one deployment at a time
 (the machines have 2 cores), and every test proves afterwards that nothing it started is
-still alive."""
+still alive.
+
+A test that only reads a tiny recipe's deployment as the recipe makes it (sends requests,
+scrapes counters, benches it) takes it from ``shared`` instead of bringing up its own:
+``@pytest.mark.shares("tiny-pd")`` and ``shared.get("tiny-pd")``. The engine tests are
+ordered so the tests sharing one recipe run one after another, and one deployment serves
+them all: a tiny deployment's start-up (20-60 s on 2 cores) is most of such a test's time.
+A test that breaks it (kills or freezes a role) may: the next ``get`` finds it unhealthy
+and brings it up again. Before any other test the shared deployment is taken down, so
+there is still one deployment at a time, and taking it down proves nothing is left, as
+``deployed`` does."""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +26,7 @@ import pytest
 from servebook.backends import local
 from servebook.backends.processes import group_members
 from servebook.recipe.plan import Plan
+from servebook.recipe.resolve import resolve
 from servebook.verify.smoke import Claims, Target
 
 pytestmark = pytest.mark.engine
@@ -61,19 +72,110 @@ def deployed(
         assert members, "no process found for a deployment that is up"
         yield dep
     finally:
-        members |= group_members([r.pid for r in dep.roles])
-        stopped, result = local.down(name)
-        assert stopped is not None
-        assert all(v in ("stopped", "killed", "not running") for v in result.values()), result
-        assert_all_stopped(dep, members)
-        for kv in dep.kv_storage:
-            assert not Path(kv).exists(), f"connector storage {kv} left behind"
+        _down_leaving_nothing(dep, members | group_members([r.pid for r in dep.roles]))
 
 
 def seen(dep: local.Deployment) -> tuple[list[Target], Claims]:
     """What verify sees of a local deployment: the backend's view's targets and claims."""
     view = local.view(dep)
     return view.targets(), view.claims()
+
+
+# The order the shared groups run in: a test sharing two recipes (a comparison) runs last
+# in its first recipe's group and leaves its second up for the group after.
+SHARED_ORDER = ("tiny-mixed", "tiny-mixed-spec", "tiny-pd-spec", "tiny-pd")
+
+
+def _shares(item: pytest.Item) -> tuple[str, ...]:
+    mark = item.get_closest_marker("shares")
+    return tuple(mark.args) if mark is not None else ()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "shares(*recipes): takes these tiny recipes' deployments from `shared`"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The engine tests sharing a recipe one after another (SHARED_ORDER), then the rest in
+    their own order; tests outside tests/engine keep their places."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in item.path.parents]
+
+    def key(i: int) -> tuple[int, int, int]:
+        recipes = _shares(items[i])
+        if not recipes:
+            return (len(SHARED_ORDER), 0, i)
+        return (SHARED_ORDER.index(recipes[0]), len(recipes), i)
+
+    ordered = [items[i] for i in sorted(slots, key=key)]
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item
+
+
+class Shared:
+    """At most one deployment of a tiny recipe, as the recipe makes it, kept up across the
+    tests that share it."""
+
+    def __init__(self) -> None:
+        self.recipe: str | None = None
+        self.dep: local.Deployment | None = None
+        self.members: set[int] = set()
+        self.ups = 0
+
+    @staticmethod
+    def name(recipe: str) -> str:
+        return f"s-{recipe}"
+
+    def get(self, recipe: str) -> local.Deployment:
+        if self.recipe == recipe and self.dep is not None and self._healthy(self.dep):
+            return self.dep
+        self.release()
+        name = self.name(recipe)
+        plan = resolve(recipe, state_dir=local.state_dir_for(name))
+        self.dep = local.up(plan, name=name, timeout_s=480, say=print)
+        self.recipe = recipe
+        self.ups += 1
+        self.members = group_members([r.pid for r in self.dep.roles])
+        assert self.members, "no process found for a deployment that is up"
+        return self.dep
+
+    @staticmethod
+    def _healthy(dep: local.Deployment) -> bool:
+        return all(local.is_ours_alive(r) and local._health(r.url) for r in dep.roles)
+
+    def release(self) -> None:
+        dep, self.dep, self.recipe = self.dep, None, None
+        if dep is None:
+            return
+        members = self.members | group_members([r.pid for r in dep.roles])
+        _down_leaving_nothing(dep, members)
+
+
+def _down_leaving_nothing(dep: local.Deployment, members: set[int]) -> None:
+    stopped, result = local.down(dep.name)
+    assert stopped is not None
+    assert all(v in ("stopped", "killed", "not running") for v in result.values()), result
+    assert_all_stopped(dep, members)
+    for kv in dep.kv_storage:
+        assert not Path(kv).exists(), f"connector storage {kv} left behind"
+
+
+@pytest.fixture(scope="session")
+def _shared_deployments() -> Iterator[Shared]:
+    keep = Shared()
+    yield keep
+    keep.release()
+
+
+@pytest.fixture(autouse=True)
+def shared(request: pytest.FixtureRequest, _shared_deployments: Shared) -> Iterator[Shared]:
+    """The shared deployments; taken down before a test that does not share them."""
+    wanted: Sequence[str] = _shares(request.node)
+    if _shared_deployments.recipe not in wanted:
+        _shared_deployments.release()
+    yield _shared_deployments
 
 
 # Short windows for a 2-core machine that also runs both servers; the client lag bound is

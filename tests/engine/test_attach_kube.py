@@ -35,7 +35,7 @@ from servebook import http
 from servebook.backends import local
 from servebook.engines import vllm
 from servebook.recipe.resolve import resolve
-from tests.engine.conftest import deployed, sb
+from tests.engine.conftest import Shared, sb
 from tests.unit.kube_standin import Server, serve
 
 pytestmark = pytest.mark.engine
@@ -118,50 +118,51 @@ def _handoff(findings: list[dict[str, Any]]) -> dict[str, str]:
     return {f["subject"]: f["severity"] for f in findings if f["check"] == "SB302"}
 
 
+@pytest.mark.shares("tiny-pd")
 def test_llm_d_and_dynamo_shaped_pd_pass_and_a_decode_replica_failing_open_fails(
-    cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cluster: tuple[Server, dict[str, str]], tmp_path: Path, shared: Shared
 ) -> None:
     server, env = cluster
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("attach-kube"))
+    dep = shared.get("tiny-pd")
+    plan = resolve("tiny-pd", state_dir=local.state_dir_for(dep.name))  # dep's own args
     args = {r: list(plan.role(r).args) for r in ("prefill", "decode")}
-    with deployed(plan, "attach-kube") as dep:
-        ports = {r: dep.role(r).port for r in ("prefill", "decode", "router")}
-        _llm_d(server, ports, args)
-        _dynamo(server, ports, args)
-        for name, ns, stack in (("lld", "llm-d", "llm-d"), ("dyn", "dynamo", "dynamo")):
-            r = sb(env, "attach", name, "--backend", "kubernetes", "-n", ns, "--json")
-            assert r.returncode == 0, r.stdout + r.stderr
-            found = json.loads(r.stdout)
-            assert found["stack"] == stack and found["recorded"] is True, found
-            r = sb(env, "verify", name, "--json", "--max-tokens", "32")
-            assert r.returncode == 0, r.stdout + r.stderr
-            findings = json.loads(r.stdout)["findings"]
-            handoff = _handoff(findings)
-            assert handoff and set(handoff.values()) == {"pass"}, (name, handoff)
-            assert "decode" in " ".join(handoff), handoff
+    ports = {r: dep.role(r).port for r in ("prefill", "decode", "router")}
+    _llm_d(server, ports, args)
+    _dynamo(server, ports, args)
+    for name, ns, stack in (("lld", "llm-d", "llm-d"), ("dyn", "dynamo", "dynamo")):
+        r = sb(env, "attach", name, "--backend", "kubernetes", "-n", ns, "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        found = json.loads(r.stdout)
+        assert found["stack"] == stack and found["recorded"] is True, found
+        r = sb(env, "verify", name, "--json", "--max-tokens", "32")
+        assert r.returncode == 0, r.stdout + r.stderr
+        findings = json.loads(r.stdout)["findings"]
+        handoff = _handoff(findings)
+        assert handoff and set(handoff.values()) == {"pass"}, (name, handoff)
+        assert "decode" in " ".join(handoff), handoff
 
-        # Two decode replicas behind one router (round robin); the second reads its KV
-        # from a directory prefill never writes: it answers, recomputing every prompt.
-        d2_args = list(args["decode"])
-        i = d2_args.index("--kv-transfer-config") + 1
-        cfg = json.loads(d2_args[i])
-        elsewhere = tmp_path / "other-storage"
-        elsewhere.mkdir()
-        cfg["kv_connector_extra_config"]["shared_storage_path"] = str(elsewhere)
-        d2_args[i] = json.dumps(cfg)
-        with _by_hand(dep, d2_args, tmp_path) as (d2_port, router_port):
-            _llm_d(server, {**ports, "router": router_port}, args, ns="llm-d-2",
-                   second=(d2_port, d2_args))  # fmt: skip
-            r = sb(env, "attach", "two", "--backend", "kubernetes", "-n", "llm-d-2", "--json")
-            assert r.returncode == 0, r.stdout + r.stderr
-            decode = next(x for x in json.loads(r.stdout)["roles"] if x["name"] == "decode")
-            assert len(decode["replicas"]) == 2
-            r = sb(env, "verify", "two", "--json", "--max-tokens", "16")
-            assert r.returncode == 1, r.stdout + r.stderr
-            handoff = _handoff(json.loads(r.stdout)["findings"])
-            assert handoff.get(f"decode {SECOND}") == "fail", handoff
-            first = next(s for s in handoff if s.startswith("decode ") and SECOND not in s)
-            assert handoff[first] == "pass", handoff
+    # Two decode replicas behind one router (round robin); the second reads its KV
+    # from a directory prefill never writes: it answers, recomputing every prompt.
+    d2_args = list(args["decode"])
+    i = d2_args.index("--kv-transfer-config") + 1
+    cfg = json.loads(d2_args[i])
+    elsewhere = tmp_path / "other-storage"
+    elsewhere.mkdir()
+    cfg["kv_connector_extra_config"]["shared_storage_path"] = str(elsewhere)
+    d2_args[i] = json.dumps(cfg)
+    with _by_hand(dep, d2_args, tmp_path) as (d2_port, router_port):
+        _llm_d(server, {**ports, "router": router_port}, args, ns="llm-d-2",
+               second=(d2_port, d2_args))  # fmt: skip
+        r = sb(env, "attach", "two", "--backend", "kubernetes", "-n", "llm-d-2", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        decode = next(x for x in json.loads(r.stdout)["roles"] if x["name"] == "decode")
+        assert len(decode["replicas"]) == 2
+        r = sb(env, "verify", "two", "--json", "--max-tokens", "16")
+        assert r.returncode == 1, r.stdout + r.stderr
+        handoff = _handoff(json.loads(r.stdout)["findings"])
+        assert handoff.get(f"decode {SECOND}") == "fail", handoff
+        first = next(s for s in handoff if s.startswith("decode ") and SECOND not in s)
+        assert handoff[first] == "pass", handoff
 
 
 def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:

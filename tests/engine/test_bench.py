@@ -15,10 +15,9 @@ import pytest
 
 from servebook.backends import local
 from servebook.metrics.scrape import delta, scrape
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import SWEEP, deployed
+from tests.engine.conftest import SWEEP, Shared
 
 pytestmark = pytest.mark.engine
 
@@ -32,21 +31,23 @@ def bench(name: str, out: Path, *extra: str) -> subprocess.Popen[str]:
     )
 
 
-def test_sweep_over_tiny_pd_is_valid_and_records_the_handoff_share(tmp_path: Path) -> None:
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-pd"))
-    with deployed(plan, "b-pd"):
-        proc = bench(
-            "b-pd",
-            tmp_path / "sweep",
-            "--concurrency",
-            "1,2",
-            "--repetitions",
-            "1",
-            "--precision",
-            "off",
-        )
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stdout + stderr
+@pytest.mark.shares("tiny-pd")
+def test_sweep_over_tiny_pd_is_valid_and_records_the_handoff_share(
+    tmp_path: Path, shared: Shared
+) -> None:
+    name = shared.get("tiny-pd").name
+    proc = bench(
+        name,
+        tmp_path / "sweep",
+        "--concurrency",
+        "1,2",
+        "--repetitions",
+        "1",
+        "--precision",
+        "off",
+    )
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout + stderr
     res = load_results(tmp_path / "sweep" / RESULTS_NAME)
     threshold = res.provenance.protocol["thresholds"]["min_handoff_share"]
     assert 0 < threshold < 1
@@ -58,24 +59,24 @@ def test_sweep_over_tiny_pd_is_valid_and_records_the_handoff_share(tmp_path: Pat
     assert {r.name for r in res.provenance.roles} == {"prefill", "decode", "router"}
 
 
+@pytest.mark.shares("tiny-pd")
 def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_finishes(
-    tmp_path: Path,
+    tmp_path: Path, shared: Shared
 ) -> None:
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
+    dep = shared.get("tiny-pd")
     out = tmp_path / "sweep"
     results = out / RESULTS_NAME
     args = ("--concurrency", "1,2", "--repetitions", "2", "--precision", "off")
-    with deployed(plan, "b-kill") as dep:
-        proc = bench("b-kill", out, *args)
-        deadline = time.monotonic() + 300
-        while not (results.exists() and load_results(results).points):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no point finished in 300 s"
-            time.sleep(1)
-        os.killpg(dep.role("decode").pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=400)
-        assert proc.returncode == 1, stdout + stderr
-        assert "bench stopped" in stderr and "decode" in stderr
+    proc = bench(dep.name, out, *args)
+    deadline = time.monotonic() + 300
+    while not (results.exists() and load_results(results).points):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no point finished in 300 s"
+        time.sleep(1)
+    os.killpg(dep.role("decode").pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=400)
+    assert proc.returncode == 1, stdout + stderr
+    assert "bench stopped" in stderr and "decode" in stderr
     res = load_results(results)
     valid = [p for p in res.points if p.valid]
     invalid = [p for p in res.points if not p.valid]
@@ -84,12 +85,14 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     assert any(r.startswith(("SB403", "SB406", "SB402")) for r in invalid[-1].invalid_reasons)
     assert len(res.points) < 4
 
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("b-kill"))
-    # Up again on ports of its own choosing: the same deployment, so its run resumes.
-    with deployed(plan, "b-kill"):
-        proc = bench("b-kill", out, *args, "--resume")
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stdout + stderr
+    # Up again (the shared deployment finds its decode dead and brings the recipe up again
+    # under the same name, on ports of its own choosing): the same deployment, so its run
+    # resumes.
+    again = shared.get("tiny-pd")
+    assert again.name == dep.name and again.role("decode").pid != dep.role("decode").pid
+    proc = bench(again.name, out, *args, "--resume")
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout + stderr
     res = load_results(results)
     assert sorted((p.concurrency, p.repetition) for p in res.points) == [
         (1, 0),
@@ -101,30 +104,32 @@ def test_killed_server_leaves_finished_points_and_an_invalid_one_then_resume_fin
     assert res.superseded_points, "the invalid point is kept as superseded, not erased"
 
 
-def test_token_id_prompts_have_the_workloads_length_on_the_server(tmp_path: Path) -> None:
+@pytest.mark.shares("tiny-mixed")
+def test_token_id_prompts_have_the_workloads_length_on_the_server(
+    tmp_path: Path, shared: Shared
+) -> None:
     """``--prompt-format ids`` on real vLLM: every request's prompt is counted by the server
     as exactly the workload's input length (each request's usage, SB409; and the server's
     own histogram of prompt lengths over the whole run)."""
     input_len = 300
-    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-ids"))
-    with deployed(plan, "b-ids") as dep:
-        metrics = local.view(dep).engines[0].metrics_url
-        before = scrape(metrics)
-        proc = subprocess.run(
-            [
-                sys.executable, "-m", "servebook", "bench", "b-ids",
-                "--prompt-format", "ids", "--concurrency", "2", "--repetitions", "1",
-                "--precision", "off",
-                "--duration", "4s", "--warmup", "1s", "--min-requests", "4",
-                "--input-len", str(input_len), "--output-len", "8",
-                "--min-achieved-concurrency", "0.5", "-o", str(tmp_path / "ids"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )  # fmt: skip
-        after = scrape(metrics)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    dep = shared.get("tiny-mixed")
+    metrics = local.view(dep).engines[0].metrics_url
+    before = scrape(metrics)
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "servebook", "bench", dep.name,
+            "--prompt-format", "ids", "--concurrency", "2", "--repetitions", "1",
+            "--precision", "off",
+            "--duration", "4s", "--warmup", "1s", "--min-requests", "4",
+            "--input-len", str(input_len), "--output-len", "8",
+            "--min-achieved-concurrency", "0.5", "-o", str(tmp_path / "ids"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    after = scrape(metrics)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     res = load_results(tmp_path / "ids" / RESULTS_NAME)
     assert res.provenance.workload["prompt_format"] == "ids"
     (point,) = res.points

@@ -17,50 +17,49 @@ from servebook.bench.coordinator import LocalLauncher
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import RandomPrompts
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared
 from tests.unit.conftest import assert_union_percentiles, time_namespaces
 
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.shares("tiny-mixed")
 def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
-    tmp_path: Path,
+    tmp_path: Path, shared: Shared
 ) -> None:
-    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-agents"))
-    with deployed(plan, "b-agents") as dep:
-        out = tmp_path / "agents"
-        proc = subprocess.run(
-            [
-                sys.executable, "-m", "servebook", "bench", "b-agents", "--agents", "2",
-                "--prompt-format", "ids", "--concurrency", "4", "--repetitions", "1",
-                "--precision", "off",
-                "--duration", "4s", "--warmup", "1s", "--min-requests", "8",
-                "--input-len", "64", "--output-len", "8", "--min-achieved-concurrency",
-                "0.5", "--save-requests", "-o", str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )  # fmt: skip
-        assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-        view = local.view(dep)
-        skewed = None
-        if time_namespaces():
-            prompts = RandomPrompts(
-                view.local_model_dir or "", input_len=32, output_len=4, seed=0, prompt_format="ids"
-            )
-            prompts.pregenerate(range(16))
-            skewed = run_load(
-                Endpoint(view.entry_url, view.served_model_name),
-                LoadSpec(concurrency=2, num_requests=16, workers=2),
-                prompts,
-                launcher=LocalLauncher(
-                    wrap=lambda i: ["unshare", "-rT", "--monotonic", "1000"] if i else []
-                ),
-            )
+    dep = shared.get("tiny-mixed")
+    out = tmp_path / "agents"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "servebook", "bench", dep.name, "--agents", "2",
+            "--prompt-format", "ids", "--concurrency", "4", "--repetitions", "1",
+            "--precision", "off",
+            "--duration", "4s", "--warmup", "1s", "--min-requests", "8",
+            "--input-len", "64", "--output-len", "8", "--min-achieved-concurrency",
+            "0.5", "--save-requests", "-o", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    view = local.view(dep)
+    skewed = None
+    if time_namespaces():
+        prompts = RandomPrompts(
+            view.local_model_dir or "", input_len=32, output_len=4, seed=0, prompt_format="ids"
+        )
+        prompts.pregenerate(range(16))
+        skewed = run_load(
+            Endpoint(view.entry_url, view.served_model_name),
+            LoadSpec(concurrency=2, num_requests=16, workers=2),
+            prompts,
+            launcher=LocalLauncher(
+                wrap=lambda i: ["unshare", "-rT", "--monotonic", "1000"] if i else []
+            ),
+        )
     res = load_results(out / RESULTS_NAME)
     assert res.provenance.load is not None and res.provenance.load.agents == 2
     (point,) = res.points

@@ -10,33 +10,31 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared
 
 pytestmark = pytest.mark.engine
 
 
-def test_server_side_ttft_and_tpot_are_recorded_per_point(tmp_path: Path) -> None:
-    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("b-lat"))
-    with deployed(plan, "b-lat"):
-        proc = subprocess.run(
-            [
-                sys.executable, "-m", "servebook", "bench", "b-lat",
-                "--prompt-format", "ids", "--concurrency", "2",
-                "--repetitions", "2", "--precision", "50%", "--max-repetitions", "3",
-                "--duration", "3s", "--warmup", "1s", "--min-requests", "3",
-                "--input-len", "64", "--output-len", "16",
-                "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5",
-                "-o", str(tmp_path / "lat"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+@pytest.mark.shares("tiny-mixed")
+def test_server_side_ttft_and_tpot_are_recorded_per_point(tmp_path: Path, shared: Shared) -> None:
+    name = shared.get("tiny-mixed").name
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "servebook", "bench", name,
+            "--prompt-format", "ids", "--concurrency", "2",
+            "--repetitions", "2", "--precision", "50%", "--max-repetitions", "3",
+            "--duration", "3s", "--warmup", "1s", "--min-requests", "3",
+            "--input-len", "64", "--output-len", "16",
+            "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5",
+            "-o", str(tmp_path / "lat"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     res = load_results(tmp_path / "lat" / RESULTS_NAME)
     assert res.provenance.protocol["precision"] == 0.5
     assert 2 <= len(res.points) <= 3

@@ -21,11 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import deployed, sb
+from tests.engine.conftest import Shared, sb
 from tests.unit.job_kubelet import Kubelet
 from tests.unit.kube_standin import Server, serve
 
@@ -49,55 +47,55 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
         server.stop()
 
 
+@pytest.mark.shares("tiny-pd")
 def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
-    cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cluster: tuple[Server, dict[str, str]], tmp_path: Path, shared: Shared
 ) -> None:
     server, env = cluster
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("kv-real"))
-    with deployed(plan, "kv-real") as dep:
-        r = sb(env, "up", "tiny-pd", "--backend", "kubernetes", "--name", "kpd", *SETS)
-        assert r.returncode == 0, r.stderr
-        for role in ("prefill", "decode", "router"):
-            server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", dep.role(role).port)
-        metrics_port = dep.role("router").metrics_port
-        assert metrics_port is not None
-        server.standin.forward_to["router:29000"] = ("127.0.0.1", metrics_port)
+    dep = shared.get("tiny-pd")
+    r = sb(env, "up", "tiny-pd", "--backend", "kubernetes", "--name", "kpd", *SETS)
+    assert r.returncode == 0, r.stderr
+    for role in ("prefill", "decode", "router"):
+        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", dep.role(role).port)
+    metrics_port = dep.role("router").metrics_port
+    assert metrics_port is not None
+    server.standin.forward_to["router:29000"] = ("127.0.0.1", metrics_port)
 
-        r = sb(env, "verify", "kpd", "--json", "--max-tokens", "32")
-        assert r.returncode == 0, r.stdout + r.stderr
-        findings = json.loads(r.stdout)["findings"]
-        handoff = {f["subject"]: f["severity"] for f in findings if f["check"] == "SB302"}
-        assert handoff.get("decode") == "pass" and set(handoff.values()) == {"pass"}, handoff
+    r = sb(env, "verify", "kpd", "--json", "--max-tokens", "32")
+    assert r.returncode == 0, r.stdout + r.stderr
+    findings = json.loads(r.stdout)["findings"]
+    handoff = {f["subject"]: f["severity"] for f in findings if f["check"] == "SB302"}
+    assert handoff.get("decode") == "pass" and set(handoff.values()) == {"pass"}, handoff
 
-        out = tmp_path / "sweep"
-        r = sb(
-            env, "bench", "kpd", "--via", "port-forward", "--concurrency", "1,2",
-            "--repetitions", "1", "--precision", "off",
-            "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
-            "--input-len", "512", "--output-len", "16", "--order", "ascending",
-            "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5", "--seed", "1",
-            "-o", str(out),
-        )  # fmt: skip
-        assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "sweep"
+    r = sb(
+        env, "bench", "kpd", "--via", "port-forward", "--concurrency", "1,2",
+        "--repetitions", "1", "--precision", "off",
+        "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
+        "--input-len", "512", "--output-len", "16", "--order", "ascending",
+        "--max-client-lag-ms", "250", "--min-achieved-concurrency", "0.5", "--seed", "1",
+        "-o", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
 
-        # The main job on Kubernetes, beside kpd in the same namespace: live preflight
-        # (the kind node, access review, dry run), up, verify, bench, report, down.  Its
-        # sweep's prompts (seed 0) must be new to these engines: prompts decode has cached
-        # from an earlier sweep need no transfer, and SB407 would rightly say so.
-        # Its sweep runs next to the servers, in a load Job whose Pod the test's kubelet
-        # runs as a local process (tests/unit/test_kube_bench_job.py's Kubelet), reaching
-        # each engine at its Pod IP and the router by its Service's DNS name.
-        ran = tmp_path / "run"
-        # (at most three repetitions a level: the flow is under test here, not the figures)
-        with Kubelet(server, tmp_path / "kubelet") as kubelet:
-            r = sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
-                    "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
-        assert kubelet.ended == {0: 0}, (kubelet.ended, r.stdout[-3000:], r.stderr[-3000:])
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
-        assert (ran / "report.html").is_file()
-        assert "down:" in r.stdout and "Deployment/krun-decode" in r.stdout
-        assert sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
+    # The main job on Kubernetes, beside kpd in the same namespace: live preflight
+    # (the kind node, access review, dry run), up, verify, bench, report, down.  Its
+    # sweep's prompts (seed 0) must be new to these engines: prompts decode has cached
+    # from an earlier sweep need no transfer, and SB407 would rightly say so.
+    # Its sweep runs next to the servers, in a load Job whose Pod the test's kubelet
+    # runs as a local process (tests/unit/test_kube_bench_job.py's Kubelet), reaching
+    # each engine at its Pod IP and the router by its Service's DNS name.
+    ran = tmp_path / "run"
+    # (at most three repetitions a level: the flow is under test here, not the figures)
+    with Kubelet(server, tmp_path / "kubelet") as kubelet:
+        r = sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
+                "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
+    assert kubelet.ended == {0: 0}, (kubelet.ended, r.stdout[-3000:], r.stderr[-3000:])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
+    assert (ran / "report.html").is_file()
+    assert "down:" in r.stdout and "Deployment/krun-decode" in r.stdout
+    assert sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
     main = load_results(ran / RESULTS_NAME)
     assert main.provenance.target["deployment"] == "krun"
     # Measured in the cluster, not through port-forwards from this machine.

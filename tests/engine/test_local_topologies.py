@@ -23,7 +23,7 @@ from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from servebook.verify.smoke import Options
 from servebook.verify.smoke import run as verify_run
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared, deployed
 
 pytestmark = pytest.mark.engine
 
@@ -44,77 +44,79 @@ def complete(url: str, prompt: str, max_tokens: int = 16) -> dict[str, object]:
     return dict(body)
 
 
-def test_tiny_mixed_answers_through_its_entry_point() -> None:
-    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("t-mixed"))
-    with deployed(plan, "t-mixed") as dep:
-        assert dep.entry_url == dep.role("mixed").url
-        body = complete(dep.entry_url, "Hello there", max_tokens=8)
-        assert body["usage"]["completion_tokens"] == 8  # type: ignore[index]
-        st = local.status(dep)
-        assert [r["name"] for r in st["roles"]] == ["mixed"]
-        assert all(r["alive"] and r["healthy"] for r in st["roles"])
+@pytest.mark.shares("tiny-mixed")
+def test_tiny_mixed_answers_through_its_entry_point(shared: Shared) -> None:
+    dep = shared.get("tiny-mixed")
+    assert dep.entry_url == dep.role("mixed").url
+    body = complete(dep.entry_url, "Hello there", max_tokens=8)
+    assert body["usage"]["completion_tokens"] == 8  # type: ignore[index]
+    st = local.status(dep)
+    assert [r["name"] for r in st["roles"]] == ["mixed"]
+    assert all(r["alive"] and r["healthy"] for r in st["roles"])
 
 
-def test_tiny_pd_hands_the_prompt_kv_to_decode_through_the_router() -> None:
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("t-pd"))
-    with deployed(plan, "t-pd") as dep:
-        decode = dep.role("decode").url
-        before = scrape(decode)
-        complete(dep.entry_url, LONG_PROMPT)
-        after = scrape(decode)
-        hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
-        by_transfer = delta(
-            before, after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
-        )
-        assert hits.value is not None and hits.value >= 128, hits
-        assert by_transfer.value == hits.value
-        assert Path(dep.kv_storage[0]).is_dir() and any(Path(dep.kv_storage[0]).iterdir())
-        # Two engines on one machine: each bound its OpenMP threads to cores of its own
-        # (vLLM's own log line), none to the other's.
-        if len(os.sched_getaffinity(0)) >= 2:
-            bound = {}
-            for role in ("prefill", "decode"):
-                log = Path(dep.role(role).log).read_text(errors="replace")
-                found = re.findall(r"local_rank=0, core ids=\[([0-9, ]+)\]", log)
-                assert found, f"{role}: no OpenMP binding line in its log"
-                bound[role] = {int(c) for c in found[-1].split(",")}
-            assert bound["prefill"] and bound["decode"]
-            assert not bound["prefill"] & bound["decode"], bound
-            # ...and every process of each engine (API server, engine core, worker) runs
-            # only on those cores: the engine core and worker busy-wait between steps, and
-            # roaming onto the other engine's core made the load flip between two regimes.
-            for role in ("prefill", "decode"):
-                members = group_members([dep.role(role).pid])
-                assert len(members) >= 3, (role, members)  # API server, engine core, worker
-                for pid in members:
-                    assert os.sched_getaffinity(pid) <= bound[role], (role, pid)
+@pytest.mark.shares("tiny-pd")
+def test_tiny_pd_hands_the_prompt_kv_to_decode_through_the_router(shared: Shared) -> None:
+    dep = shared.get("tiny-pd")
+    decode = dep.role("decode").url
+    before = scrape(decode)
+    complete(dep.entry_url, LONG_PROMPT)
+    after = scrape(decode)
+    hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
+    by_transfer = delta(
+        before, after, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
+    assert hits.value is not None and hits.value >= 128, hits
+    assert by_transfer.value == hits.value
+    assert Path(dep.kv_storage[0]).is_dir() and any(Path(dep.kv_storage[0]).iterdir())
+    # Two engines on one machine: each bound its OpenMP threads to cores of its own
+    # (vLLM's own log line), none to the other's.
+    if len(os.sched_getaffinity(0)) >= 2:
+        bound = {}
+        for role in ("prefill", "decode"):
+            log = Path(dep.role(role).log).read_text(errors="replace")
+            found = re.findall(r"local_rank=0, core ids=\[([0-9, ]+)\]", log)
+            assert found, f"{role}: no OpenMP binding line in its log"
+            bound[role] = {int(c) for c in found[-1].split(",")}
+        assert bound["prefill"] and bound["decode"]
+        assert not bound["prefill"] & bound["decode"], bound
+        # ...and every process of each engine (API server, engine core, worker) runs
+        # only on those cores: the engine core and worker busy-wait between steps, and
+        # roaming onto the other engine's core made the load flip between two regimes.
+        for role in ("prefill", "decode"):
+            members = group_members([dep.role(role).pid])
+            assert len(members) >= 3, (role, members)  # API server, engine core, worker
+            for pid in members:
+                assert os.sched_getaffinity(pid) <= bound[role], (role, pid)
 
 
 @pytest.mark.parametrize(
-    ("recipe", "serving_role"), [("tiny-mixed-spec", "mixed"), ("tiny-pd-spec", "decode")]
+    ("recipe", "serving_role"),
+    [
+        pytest.param(r, role, marks=pytest.mark.shares(r), id=f"{r}-{role}")
+        for r, role in (("tiny-mixed-spec", "mixed"), ("tiny-pd-spec", "decode"))
+    ],
 )
-def test_spec_recipes_propose_and_accept_drafts(recipe: str, serving_role: str) -> None:
-    name = f"t-{recipe}"
-    plan = resolve(recipe, state_dir=local.state_dir_for(name))
-    with deployed(plan, name) as dep:
-        role_url = dep.role(serving_role).url
-        before = scrape(role_url)
-        complete(dep.entry_url, LONG_PROMPT, max_tokens=32)
-        after = scrape(role_url)
-        drafts = delta(before, after, "vllm:spec_decode_num_drafts_total")
-        accepted = delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
-        assert drafts.value is not None and drafts.value > 0, drafts
-        assert accepted.value is not None and accepted.value > 0, accepted
-        if recipe == "tiny-pd-spec":
-            hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
-            assert hits.value is not None and hits.value > 0, hits
-        rep = verify_run(
-            local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=64)
-        )
-        assert exit_code(rep.findings) == 0, [f.to_dict() for f in rep.findings if f.failed]
-        spec = [f for f in rep.findings if f.check == "SB303"]
-        assert [f.subject for f in spec] == [serving_role]
-        assert spec[0].evidence["acceptance_rate"] > 0
+def test_spec_recipes_propose_and_accept_drafts(
+    recipe: str, serving_role: str, shared: Shared
+) -> None:
+    dep = shared.get(recipe)
+    role_url = dep.role(serving_role).url
+    before = scrape(role_url)
+    complete(dep.entry_url, LONG_PROMPT, max_tokens=32)
+    after = scrape(role_url)
+    drafts = delta(before, after, "vllm:spec_decode_num_drafts_total")
+    accepted = delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts.value is not None and drafts.value > 0, drafts
+    assert accepted.value is not None and accepted.value > 0, accepted
+    if recipe == "tiny-pd-spec":
+        hits = delta(before, after, "vllm:external_prefix_cache_hits_total")
+        assert hits.value is not None and hits.value > 0, hits
+    rep = verify_run(local.view(dep).targets(), local.view(dep).claims(), Options(max_tokens=64))
+    assert exit_code(rep.findings) == 0, [f.to_dict() for f in rep.findings if f.failed]
+    spec = [f for f in rep.findings if f.check == "SB303"]
+    assert [f.subject for f in spec] == [serving_role]
+    assert spec[0].evidence["acceptance_rate"] > 0
 
 
 def test_draft_on_decode_only_kills_decode_and_verify_names_the_asymmetry() -> None:

@@ -18,11 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import load_results
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared
 
 pytestmark = pytest.mark.engine
 
@@ -57,13 +55,13 @@ def cold(res: Results) -> None:
         assert share is not None and share <= bound, (p.key, share)
 
 
+@pytest.mark.shares("tiny-mixed")
 def test_two_identical_benches_on_a_warm_tiny_mixed_agree_and_measure_no_cache(
-    tmp_path: Path,
+    tmp_path: Path, shared: Shared
 ) -> None:
-    plan = resolve("tiny-mixed", state_dir=local.state_dir_for("n-mixed"))
-    with deployed(plan, "n-mixed"):
-        first = bench("n-mixed", tmp_path / "first", "--concurrency", "2")
-        second = bench("n-mixed", tmp_path / "second", "--concurrency", "2")
+    name = shared.get("tiny-mixed").name
+    first = bench(name, tmp_path / "first", "--concurrency", "2")
+    second = bench(name, tmp_path / "second", "--concurrency", "2")
     runs = [r.provenance.workload["run"] for r in (first, second)]
     assert runs[0] != runs[1], "each invocation draws its own prompts"
     for res in (first, second):
@@ -85,15 +83,14 @@ def exact_tpot_ms(res: Results, role: str) -> float:
     return sum(means) / len(means)
 
 
+@pytest.mark.shares("tiny-mixed-spec", "tiny-pd-spec")
 def test_the_trials_spec_comparison_gives_the_verdict_of_the_engines_exact_means(
-    tmp_path: Path,
+    tmp_path: Path, shared: Shared
 ) -> None:
     results: dict[str, Results] = {}
     for recipe in ("tiny-mixed-spec", "tiny-pd-spec"):
-        name = f"n-{recipe}"
-        plan = resolve(recipe, state_dir=local.state_dir_for(name))
-        with deployed(plan, name):
-            results[recipe] = bench(name, tmp_path / recipe, "--concurrency", "1")
+        name = shared.get(recipe).name
+        results[recipe] = bench(name, tmp_path / recipe, "--concurrency", "1")
     for res in results.values():
         cold(res)
         for p in res.points:  # SB413: speculation drafted and was accepted in every window

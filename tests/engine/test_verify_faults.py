@@ -17,7 +17,7 @@ from servebook.findings import Finding, exit_code
 from servebook.recipe.resolve import resolve
 from servebook.verify.smoke import Options, Report
 from servebook.verify.smoke import run as verify_run
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared, deployed
 
 pytestmark = pytest.mark.engine
 
@@ -32,38 +32,38 @@ def failing(rep: Report) -> list[Finding]:
     return [f for f in rep.findings if f.failed]
 
 
-def test_tiny_pd_passes_then_a_frozen_then_a_killed_role_fails_verify() -> None:
-    plan = resolve("tiny-pd", state_dir=local.state_dir_for("v-pd"))
-    with deployed(plan, "v-pd") as dep:
-        healthy = verify(dep)
-        assert exit_code(healthy.findings) == 0, [f.to_dict() for f in failing(healthy)]
-        handoff = [f for f in healthy.findings if f.check == "SB302" and f.subject == "decode"]
-        assert handoff and handoff[0].evidence["share"] >= handoff[0].evidence["threshold"] > 0
+@pytest.mark.shares("tiny-pd")
+def test_tiny_pd_passes_then_a_frozen_then_a_killed_role_fails_verify(shared: Shared) -> None:
+    dep = shared.get("tiny-pd")  # frozen and killed below: the next user brings it up anew
+    healthy = verify(dep)
+    assert exit_code(healthy.findings) == 0, [f.to_dict() for f in failing(healthy)]
+    handoff = [f for f in healthy.findings if f.check == "SB302" and f.subject == "decode"]
+    assert handoff and handoff[0].evidence["share"] >= handoff[0].evidence["threshold"] > 0
 
-        decode = dep.role("decode")
-        os.kill(decode.pid, signal.SIGSTOP)
-        try:
-            t0 = time.monotonic()
-            frozen = verify(dep, health_timeout_s=3)
-            took = time.monotonic() - t0
-        finally:
-            os.kill(decode.pid, signal.SIGCONT)
-        assert took < 30, f"verify took {took:.0f} s against a frozen role"
-        assert exit_code(frozen.findings) == 1
-        assert [(f.check, f.subject) for f in failing(frozen) if f.check == "SB305"] == [
-            ("SB305", "decode")
-        ]
-        msg = next(f.message for f in failing(frozen) if f.check == "SB305")
-        assert "did not answer /health within 3 s" in msg and "SIGSTOP" in msg
-        assert any(f.check == "SB301" and "no request sent" in f.message for f in failing(frozen))
+    decode = dep.role("decode")
+    os.kill(decode.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        frozen = verify(dep, health_timeout_s=3)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(decode.pid, signal.SIGCONT)
+    assert took < 30, f"verify took {took:.0f} s against a frozen role"
+    assert exit_code(frozen.findings) == 1
+    assert [(f.check, f.subject) for f in failing(frozen) if f.check == "SB305"] == [
+        ("SB305", "decode")
+    ]
+    msg = next(f.message for f in failing(frozen) if f.check == "SB305")
+    assert "did not answer /health within 3 s" in msg and "SIGSTOP" in msg
+    assert any(f.check == "SB301" and "no request sent" in f.message for f in failing(frozen))
 
-        os.kill(dep.role("prefill").pid, signal.SIGKILL)
-        time.sleep(1)
-        killed = verify(dep)
-        assert exit_code(killed.findings) == 1
-        dead = [f for f in failing(killed) if f.check == "SB305"]
-        assert [f.subject for f in dead] == ["prefill"]
-        assert "not running" in dead[0].message
+    os.kill(dep.role("prefill").pid, signal.SIGKILL)
+    time.sleep(1)
+    killed = verify(dep)
+    assert exit_code(killed.findings) == 1
+    dead = [f for f in failing(killed) if f.check == "SB305"]
+    assert [f.subject for f in dead] == ["prefill"]
+    assert "not running" in dead[0].message
 
 
 def test_handoff_that_fails_open_is_a_failure_naming_decode_and_its_share(

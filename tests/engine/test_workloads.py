@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME, Point
 from servebook.results.store import load_results
-from tests.engine.conftest import deployed
+from tests.engine.conftest import Shared
 
 pytestmark = pytest.mark.engine
 
@@ -55,36 +53,36 @@ def bench(name: str, out: Path, *extra: str) -> Point:
     return point
 
 
+@pytest.mark.shares("tiny-mixed-spec")
 def test_prefixes_hit_the_cache_random_prompts_do_not_and_shipped_text_is_accepted(
-    tmp_path: Path,
+    tmp_path: Path, shared: Shared
 ) -> None:
-    plan = resolve("tiny-mixed-spec", state_dir=local.state_dir_for("w-spec"))
-    with deployed(plan, "w-spec"):
-        rand = bench("w-spec", tmp_path / "random", "--input-len", "512")
-        shared = bench(
-            "w-spec",
-            tmp_path / "prefix",
-            "--input-len",
-            "512",
-            "--prefix-len",
-            "448",
-            "--prefix-count",
-            "2",
-        )
-        text = bench("w-spec", tmp_path / "text", "--dataset", "builtin:spec-text")
-        chat = bench(
-            "w-spec",
-            tmp_path / "chat",
-            "--input-len",
-            "128",
-            "--api",
-            "chat",
-            "--multi-turn",
-            "--turns",
-            "3",
-        )
+    name = shared.get("tiny-mixed-spec").name
+    rand = bench(name, tmp_path / "random", "--input-len", "512")
+    prefixed = bench(
+        name,
+        tmp_path / "prefix",
+        "--input-len",
+        "512",
+        "--prefix-len",
+        "448",
+        "--prefix-count",
+        "2",
+    )
+    text = bench(name, tmp_path / "text", "--dataset", "builtin:spec-text")
+    chat = bench(
+        name,
+        tmp_path / "chat",
+        "--input-len",
+        "128",
+        "--api",
+        "chat",
+        "--multi-turn",
+        "--turns",
+        "3",
+    )
     hit_random = rand.server.get("prefix_hit_share")
-    hit_shared = shared.server.get("prefix_hit_share")
+    hit_shared = prefixed.server.get("prefix_hit_share")
     assert hit_shared is not None and hit_random is not None
     assert hit_shared > 0.5 and hit_random < 0.1, (hit_shared, hit_random)
     acceptance = text.server.get("spec_acceptance")

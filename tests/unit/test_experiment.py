@@ -261,6 +261,10 @@ def test_an_arm_that_fails_verify_makes_its_block_invalid_with_the_reason(
     state = session.execute(exp, tmp_path / "out", Steps(up, warm, verify, bench, down), log.append)
     failed = next(e for e in state["schedule"] if e["arm"] == "b" and e["block"] == 2)
     assert failed["outcome"] == "failed verify: SB301 no completion"
+    # each entry records its own deployment and verify's verdict on it
+    assert failed["deployment"] == "b-2" and failed["verify"] == "SB301 no completion"
+    assert sorted(e["deployment"] for e in state["schedule"]) == ["a-1", "a-2", "b-1", "b-2"]
+    assert [e["verify"] for e in state["schedule"] if e is not failed] == ["passed"] * 3
     assert state["invalid_blocks"] == [
         {"block": 2, "reason": "arm b failed verify: SB301 no completion"}
     ]
@@ -545,3 +549,18 @@ def test_a_kubernetes_arms_load_from_a_file_here_is_refused_before_anything_star
     with pytest.raises(UsageError, match="load-start-timeout"):
         bad = {**doc, "load": {"load-start-timeout": "soon"}}
         session.prepare(spec.parse(bad, str(tmp_path / "exp.yaml")))
+
+
+def test_the_pareto_view_s_intervals_stop_at_zero() -> None:
+    """Two blocks' t interval (t = 12.7 on one degree of freedom) reached -1,300 tok/s in a
+    real run on a busy machine (tests/engine/test_experiment_real.py); neither axis can go
+    below 0."""
+    from servebook.experiment import figures
+
+    blocks = {
+        1: {1.0: {"output_tokens_per_s": [220.0], "tokens_per_user": [150.0]}},
+        2: {1.0: {"output_tokens_per_s": [60.0], "tokens_per_user": [40.0]}},
+    }
+    (point,) = figures.pareto({"a": blocks})["points"]
+    assert point["tokens_per_s"][0] == 140.0 and point["tokens_per_s"][1] == 0.0
+    assert point["tokens_per_user"][1] == 0.0 and point["tokens_per_user"][2] > 150.0

@@ -124,11 +124,16 @@ def summary_lines(state: dict[str, Any]) -> list[str]:
         comparison_line,
         crossover_line,
         drift_line,
+        invalid_level_line,
         max_load_line,
     )
 
+    mode = state.get("level_mode", "concurrency")
     lines = [
         f"  block {b['block']} INVALID: {b['reason']}" for b in state.get("invalid_blocks", [])
+    ]
+    lines += [
+        f"  {invalid_level_line(r, mode)}" for r in state.get("evidence", []) if not r["valid"]
     ]
     lines += [
         comparison_line(c, state.get("level_mode", "concurrency")) for c in state["comparisons"]
@@ -136,6 +141,5 @@ def summary_lines(state: dict[str, Any]) -> list[str]:
     lines += [crossover_line(c) for c in state["crossovers"]]
     if state.get("drift"):
         lines.append(drift_line(state["drift"]))
-    mode = state.get("level_mode", "concurrency")
     lines += [max_load_line(m, mode) for m in state.get("max_load", [])]
     return lines

@@ -17,7 +17,7 @@ in a valid block, a level counts for a pair of arms when both have a valid point
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,14 +80,18 @@ def level_of(p: Point) -> float:
 
 
 def samples_of(
-    results: Mapping[tuple[str, int], Results], accelerators: Mapping[str, int | None]
+    results: Mapping[tuple[str, int], Results],
+    accelerators: Mapping[str, int | None],
+    invalid_levels: Collection[tuple[str, float]] = (),
 ) -> Samples:
-    """Every valid point's figures, by arm, block and level."""
+    """Every valid point's figures, by arm, block and level; none of a level invalid for
+    its arm as a whole (``invalid_levels``: its PD handoff failed open there,
+    ``experiment.evidence``)."""
     out: Samples = {}
     for (arm, block), res in results.items():
         by_level = out.setdefault(arm, {}).setdefault(block, {})
         for p in res.points:
-            if not p.valid:
+            if not p.valid or (arm, level_of(p)) in invalid_levels:
                 continue
             for metric, v in point_values(p, accelerators.get(arm)).items():
                 by_level.setdefault(level_of(p), {}).setdefault(metric, []).append(v)

@@ -130,7 +130,7 @@ def run(
         if where.exists():  # a bench interrupted before it finished: it starts over
             shutil.rmtree(where)
         entry["started_at"] = utc_now()
-        entry["outcome"] = _one(arm, entry["block"], where, steps, say)
+        entry["outcome"] = _one(arm, entry, where, steps, say)
         entry["ended_at"] = utc_now()
         if entry["outcome"] != DONE:
             say(f"block {entry['block']} is invalid: arm {arm.name} {entry['outcome']}")
@@ -140,17 +140,21 @@ def run(
     return state
 
 
-def _one(arm: Arm, block: int, where: Path, steps: Steps, say: Say) -> str:
-    """One arm in one block; its outcome (``done``, or what failed and why)."""
+def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say) -> str:
+    """One arm in one block; its outcome (``done``, or what failed and why).  A recipe
+    arm's entry records the deployment brought up for it (``deployment``, fresh in every
+    block) and verify's verdict on it (``verify``: ``passed``, or why not)."""
     if arm.kind != "recipe":
         return _bench(arm, None, where, steps)
     try:
-        handle = steps.up(arm, block)
+        handle = steps.up(arm, entry["block"])
     except StepFailed as e:
         return f"failed to come up: {e}"
+    entry["deployment"] = handle
     try:
         steps.warm(arm, handle)
         reason = steps.verify(arm, handle)
+        entry["verify"] = "passed" if reason is None else reason
         if reason is not None:
             return f"failed verify: {reason}"
         return _bench(arm, handle, where, steps)

@@ -1,8 +1,9 @@
 """An experiment's report (``servebook report DIR`` on a directory with experiment.json):
 the table of every arm x level, the ratios with their intervals, the crossover in words,
-the drift, and the schedule with each entry's outcome; and the same sentences for the
-terminal.  Reads ``experiment.json`` only (plain data), as the rest of report/ reads
-results files."""
+the drift, the server evidence per arm and level (a level whose handoff failed open
+marked invalid for its arm), and the schedule with each entry's outcome; and the same
+sentences for the terminal.  Reads ``experiment.json`` only (plain data), as the rest of
+report/ reads results files."""
 
 from __future__ import annotations
 
@@ -103,9 +104,67 @@ def _num(v: float | None, digits: int = 1) -> str:
     return NA if v is None else f"{v:,.{digits}f}"
 
 
+def _share(f: dict[str, Any] | None) -> str:
+    """A share gathered over points (``experiment.evidence``): its mean, and the range
+    where the points differ."""
+    if not f:
+        return NA
+    if f["n"] > 1 and f["max"] - f["min"] >= 0.0005:
+        return f"{f['mean']:.1%} ({f['min']:.1%}-{f['max']:.1%})"
+    return f"{f['mean']:.1%}"
+
+
+def _count(f: dict[str, Any] | None) -> str:
+    """A count per point gathered over points: the total over them."""
+    return NA if not f else f"{f['mean'] * f['n']:,.0f}"
+
+
+def _validity(r: dict[str, Any]) -> str:
+    """A level's verdict for its arm: invalid as a whole (its handoff failed open), or
+    valid with the invalid points left out one by one, named by the checks they failed."""
+    if not r["valid"]:
+        return f"INVALID: {r['invalid_reason']}"
+    bad = r["points"] - r["valid_points"]
+    if not bad:
+        return "valid"
+    checks = ", ".join(r.get("invalid_checks") or []) or "see the arm's results"
+    if not r["valid_points"]:
+        return f"no valid point ({checks})"
+    return f"valid; {bad} invalid point(s) left out ({checks})"
+
+
+def evidence_table(doc: dict[str, Any]) -> Table:
+    """The server's evidence per arm and level over the valid blocks (every point, valid
+    or not), and whether the level is valid for the arm (its PD handoff did not fail
+    open)."""
+    mode = doc.get("level_mode", "concurrency")
+    return Table(
+        "evidence",
+        "Server evidence per arm and level (every point of the valid blocks)",
+        [Column("Arm"), Column("Level"), Column("Valid points", True), Column("Validity"),
+         Column("Client errors", True), Column("Engine errors", True),
+         Column("PD handoff share", True), Column("Speculative acceptance", True),
+         Column("Prefix-hit share", True), Column("Preemptions", True), Column("Blocks")],
+        [
+            [r["arm"], _level(r["level"], mode), f"{r['valid_points']}/{r['points']}",
+             _validity(r),
+             f"{r['errors']:,}" + (f" ({r['error_rate']:.1%})" if r["errors"] else ""),
+             _count(r["request_errors"]), _share(r["handoff_share"]),
+             _share(r["spec_acceptance"]), _share(r["prefix_hit_share"]),
+             _count(r["preemptions"]), ", ".join(str(b) for b in r["blocks"])]
+            for r in doc.get("evidence", [])
+        ],
+        note="From every role's counters, read before and after each window: the mean over "
+        "the points, with the lowest and highest where they differ; n/a where the arm has no "
+        "such counter (no PD handoff, no speculative decoding, no prefix caching, or a URL "
+        "arm without /metrics). A level where an arm's PD handoff failed open (SB407) is "
+        "invalid for that arm: its figures are left out of every ratio, table and plot.",
+    )  # fmt: skip
+
+
 def tables(doc: dict[str, Any]) -> list[Table]:
     """Every arm x level (absolute, per accelerator, TPOT); the ratios with intervals; the
-    schedule with each entry's outcome."""
+    server evidence per arm and level; the schedule with each entry's outcome."""
     mode = doc.get("level_mode", "concurrency")
     absolute = Table(
         "arms",
@@ -135,29 +194,42 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     schedule = Table(
         "schedule",
         "Schedule, in run order, with each entry's outcome",
-        [Column("#", True), Column("Block", True), Column("Arm"), Column("Started"),
-         Column("Ended"), Column("Outcome")],
+        [Column("#", True), Column("Block", True), Column("Arm"), Column("Deployment"),
+         Column("Verify"), Column("Started"), Column("Ended"), Column("Outcome")],
         [
-            [str(i), str(e["block"]), e["arm"], e["started_at"] or "", e["ended_at"] or "",
-             e["outcome"]]
+            [str(i), str(e["block"]), e["arm"], e.get("deployment") or NA,
+             e.get("verify") or NA, e["started_at"] or "", e["ended_at"] or "", e["outcome"]]
             for i, e in enumerate(doc["schedule"], 1)
         ],
+        note="A recipe arm is a fresh deployment in every block, verified before its bench; "
+        "attached and URL arms are benched only (n/a).",
     )  # fmt: skip
-    return [absolute, ratios, schedule]
+    return [absolute, ratios, evidence_table(doc), schedule]
+
+
+def invalid_level_line(r: dict[str, Any], mode: str) -> str:
+    """A level invalid for an arm, in words, with the first point's reason."""
+    first = r["handoff_failed_open"][0]
+    return (
+        f"{_level(r['level'], mode)} is invalid for arm {r['arm']}: {r['invalid_reason']}; "
+        f"its figures there are left out of every ratio (block {first['block']}: "
+        f"{first['reason']})."
+    )
 
 
 def sentences(doc: dict[str, Any]) -> list[str]:
+    mode = doc.get("level_mode", "concurrency")
     out = [
         f"Baseline {doc['baseline']}; {doc['blocks']} block(s), design {doc['design']}, "
         f"seed {doc['seed']}; arms may differ in: {', '.join(doc['variable']) or 'nothing'}."
     ]
     out += [f"Block {b['block']} is invalid: {b['reason']}." for b in doc.get("invalid_blocks", [])]
+    out += [invalid_level_line(r, mode) for r in doc.get("evidence", []) if not r["valid"]]
     out += [crossover_line(c).strip() for c in doc.get("crossovers", [])]
     if not doc.get("crossovers"):
         out.append("No crossover: no ratio's interval goes from one side of 1 to the other.")
     if doc.get("drift"):
         out.append(drift_line(doc["drift"]).strip())
-    mode = doc.get("level_mode", "concurrency")
     out += [max_load_line(m, mode).strip() for m in doc.get("max_load", [])]
     for p in doc.get("provenance", []):
         if not p["like_for_like"]:
@@ -295,5 +367,5 @@ def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}"
     "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em}"
-    ".num{text-align:right}.note{color:#555}"
+    ".num{text-align:right}.note{color:#555}.bad{color:#b00020;font-weight:600}"
 )

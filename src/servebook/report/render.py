@@ -408,7 +408,11 @@ def html_table(t: Table) -> str:
             cls = []
             if t.columns[i].numeric:
                 cls.append("num")
-            if i == 3 and (t.id == "invalid" or (t.id == "validity" and "invalid" in v)):
+            if i == 3 and (
+                t.id == "invalid"
+                or (t.id == "validity" and "invalid" in v)
+                or (t.id == "evidence" and v.startswith("INVALID"))  # an experiment's
+            ):
                 cls.append("bad")  # a verdict or a reason a reader must not miss
             attr = f' class="{" ".join(cls)}"' if cls else ""
             content = f"<code>{e(v)}</code>" if i in t.code_columns and v else e(v)
