@@ -32,6 +32,7 @@ from servebook.preflight.live import LiveOptions, plan_findings
 from servebook.recipe.resolve import resolve
 from tests.cluster.conftest import PLANE_IMAGE, POD_PORT, Kube
 from tests.conftest import CliResult
+from tests.rbac_rules import CLUSTER_READS, forward_rules
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -328,38 +329,6 @@ def test_a_deployment_whose_pods_pod_security_refuses_fails_with_the_reason(kube
 
 # --- port-forwards: RBAC, servebook's dialer, a Pod's identity ---------------------------------
 
-# Everything `up`, `down` and preflight use in the namespace, but the port-forward subresource.
-EVERYTHING_BUT_FORWARDS = {
-    "apiGroups": ["", "apps", "rbac.authorization.k8s.io", "leaderworkerset.x-k8s.io"],
-    "resources": [
-        "services",
-        "configmaps",
-        "serviceaccounts",
-        "pods",
-        "pods/log",
-        "events",
-        "deployments",
-        "replicasets",
-        "roles",
-        "rolebindings",
-        "leaderworkersets",
-    ],
-    "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-}
-# What preflight reads of the cluster (its snapshot).
-CLUSTER_READS = {
-    "apiGroups": ["", "apiextensions.k8s.io"],
-    "resources": ["nodes", "namespaces", "pods", "customresourcedefinitions"],
-    "verbs": ["get", "list"],
-}
-
-
-def _forward_rules(*verbs: str) -> list[Obj]:
-    rules = [EVERYTHING_BUT_FORWARDS]
-    if verbs:
-        rules.append({"apiGroups": [""], "resources": ["pods/portforward"], "verbs": list(verbs)})
-    return rules
-
 
 async def _upgrade(kubeconfig: str, ns: str, pod: str) -> int:
     """The status of a port-forward WebSocket upgrade (101 when it is let through), asked
@@ -421,7 +390,7 @@ def test_a_role_and_the_port_forward_verbs_preflight_the_upgrade_and_the_dialer_
         ["get", "create"] if _server_minor(kube_client.connect(kube.kubeconfig)) >= 35 else ["get"]
     )
     missing = [f"{v} pods/portforward" for v in needed if v not in verbs]
-    cfg = kube.grant(ns, _forward_rules(*verbs), [CLUSTER_READS])
+    cfg = kube.grant(ns, forward_rules(*verbs), [CLUSTER_READS])
     # Preflight's verdict
     plan = resolve("tiny-mixed", [f"image={PLANE_IMAGE}", f"namespace={ns}"], [])
     found = plan_findings(plan, options=LiveOptions(kubeconfig=cfg, poll_s=0.2))

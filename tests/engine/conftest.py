@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -174,3 +176,36 @@ def shared(request: pytest.FixtureRequest, _shared_deployments: Shared) -> Itera
     if _shared_deployments.recipe not in wanted:
         _shared_deployments.release()
     yield _shared_deployments
+
+
+# Short windows for a 2-core machine that also runs both servers; the client lag bound is
+# raised for the same reason, and both are recorded in the results' provenance.
+SWEEP = [
+    "--duration",
+    "6s",
+    "--warmup",
+    "2s",
+    "--min-requests",
+    "4",
+    "--input-len",
+    "512",
+    "--output-len",
+    "32",
+    "--order",
+    "ascending",
+    "--max-client-lag-ms",
+    "250",
+    "--min-achieved-concurrency",
+    "0.5",
+]
+
+
+def sb(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m servebook ARGS` in a child with exactly ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "servebook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -24,7 +24,7 @@ from servebook.engines import vllm
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.test_bench import SWEEP
+from tests.engine.conftest import SWEEP
 from tests.unit.engine_standin import free_port
 
 pytestmark = pytest.mark.engine

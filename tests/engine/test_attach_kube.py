@@ -35,8 +35,7 @@ from servebook import http
 from servebook.backends import local
 from servebook.engines import vllm
 from servebook.recipe.resolve import resolve
-from tests.engine.conftest import Shared
-from tests.engine.test_kube_view import _sb
+from tests.engine.conftest import Shared, sb
 from tests.unit.kube_standin import Server, serve
 
 pytestmark = pytest.mark.engine
@@ -131,11 +130,11 @@ def test_llm_d_and_dynamo_shaped_pd_pass_and_a_decode_replica_failing_open_fails
     _llm_d(server, ports, args)
     _dynamo(server, ports, args)
     for name, ns, stack in (("lld", "llm-d", "llm-d"), ("dyn", "dynamo", "dynamo")):
-        r = _sb(env, "attach", name, "--backend", "kubernetes", "-n", ns, "--json")
+        r = sb(env, "attach", name, "--backend", "kubernetes", "-n", ns, "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         found = json.loads(r.stdout)
         assert found["stack"] == stack and found["recorded"] is True, found
-        r = _sb(env, "verify", name, "--json", "--max-tokens", "32")
+        r = sb(env, "verify", name, "--json", "--max-tokens", "32")
         assert r.returncode == 0, r.stdout + r.stderr
         findings = json.loads(r.stdout)["findings"]
         handoff = _handoff(findings)
@@ -154,11 +153,11 @@ def test_llm_d_and_dynamo_shaped_pd_pass_and_a_decode_replica_failing_open_fails
     with _by_hand(dep, d2_args, tmp_path) as (d2_port, router_port):
         _llm_d(server, {**ports, "router": router_port}, args, ns="llm-d-2",
                second=(d2_port, d2_args))  # fmt: skip
-        r = _sb(env, "attach", "two", "--backend", "kubernetes", "-n", "llm-d-2", "--json")
+        r = sb(env, "attach", "two", "--backend", "kubernetes", "-n", "llm-d-2", "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         decode = next(x for x in json.loads(r.stdout)["roles"] if x["name"] == "decode")
         assert len(decode["replicas"]) == 2
-        r = _sb(env, "verify", "two", "--json", "--max-tokens", "16")
+        r = sb(env, "verify", "two", "--json", "--max-tokens", "16")
         assert r.returncode == 1, r.stdout + r.stderr
         handoff = _handoff(json.loads(r.stdout)["findings"])
         assert handoff.get(f"decode {SECOND}") == "fail", handoff

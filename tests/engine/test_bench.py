@@ -17,30 +17,9 @@ from servebook.backends import local
 from servebook.metrics.scrape import delta, scrape
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import Shared
+from tests.engine.conftest import SWEEP, Shared
 
 pytestmark = pytest.mark.engine
-
-# Short windows for a 2-core machine that also runs both servers; the client lag bound is
-# raised for the same reason, and both are recorded in the results' provenance.
-SWEEP = [
-    "--duration",
-    "6s",
-    "--warmup",
-    "2s",
-    "--min-requests",
-    "4",
-    "--input-len",
-    "512",
-    "--output-len",
-    "32",
-    "--order",
-    "ascending",
-    "--max-client-lag-ms",
-    "250",
-    "--min-achieved-concurrency",
-    "0.5",
-]
 
 
 def bench(name: str, out: Path, *extra: str) -> subprocess.Popen[str]:

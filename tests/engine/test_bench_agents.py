@@ -20,7 +20,7 @@ from servebook.bench.workload import RandomPrompts
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.engine.conftest import Shared
-from tests.unit.test_bench_agents import assert_union_percentiles, time_namespaces
+from tests.unit.conftest import assert_union_percentiles, time_namespaces
 
 pytestmark = pytest.mark.engine
 

@@ -28,7 +28,7 @@ import yaml
 from servebook.backends import local
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.unit.test_report_render import _PROBE, _Dom, chromium
+from tests.unit.browser import PROBE, Dom, chromium
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +149,7 @@ def check_in_browser(out: Path, tmp_path: Path) -> None:
     exe = chromium()
     page = out / "report.html"
     probe = out / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
     r = subprocess.run(
         [
             exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -164,7 +164,7 @@ def check_in_browser(out: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     probe.unlink()
     assert r.returncode == 0, r.stderr[-2000:]
-    dom = _Dom()
+    dom = Dom()
     dom.feed(r.stdout)
     assert dom.body.get("data-probe") == "loaded", r.stdout[:500]
     assert set(dom.plots) == {"ratios", "pareto"} and all(dom.plots.values()), dom.plots

@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,9 +23,9 @@ import pytest
 
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.engine.conftest import Shared
+from tests.engine.conftest import Shared, sb
+from tests.unit.job_kubelet import Kubelet
 from tests.unit.kube_standin import Server, serve
-from tests.unit.test_kube_bench_job import Kubelet
 
 pytestmark = pytest.mark.engine
 
@@ -49,23 +47,13 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
         server.stop()
 
 
-def _sb(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "servebook", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
 @pytest.mark.shares("tiny-pd")
 def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
     cluster: tuple[Server, dict[str, str]], tmp_path: Path, shared: Shared
 ) -> None:
     server, env = cluster
     dep = shared.get("tiny-pd")
-    r = _sb(env, "up", "tiny-pd", "--backend", "kubernetes", "--name", "kpd", *SETS)
+    r = sb(env, "up", "tiny-pd", "--backend", "kubernetes", "--name", "kpd", *SETS)
     assert r.returncode == 0, r.stderr
     for role in ("prefill", "decode", "router"):
         server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", dep.role(role).port)
@@ -73,14 +61,14 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
     assert metrics_port is not None
     server.standin.forward_to["router:29000"] = ("127.0.0.1", metrics_port)
 
-    r = _sb(env, "verify", "kpd", "--json", "--max-tokens", "32")
+    r = sb(env, "verify", "kpd", "--json", "--max-tokens", "32")
     assert r.returncode == 0, r.stdout + r.stderr
     findings = json.loads(r.stdout)["findings"]
     handoff = {f["subject"]: f["severity"] for f in findings if f["check"] == "SB302"}
     assert handoff.get("decode") == "pass" and set(handoff.values()) == {"pass"}, handoff
 
     out = tmp_path / "sweep"
-    r = _sb(
+    r = sb(
         env, "bench", "kpd", "--via", "port-forward", "--concurrency", "1,2",
         "--repetitions", "1", "--precision", "off",
         "--duration", "5s", "--warmup", "2s", "--min-requests", "4",
@@ -100,14 +88,14 @@ def test_verify_and_bench_by_name_through_port_forwards_to_real_engines(
     ran = tmp_path / "run"
     # (at most three repetitions a level: the flow is under test here, not the figures)
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
-        r = _sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
+        r = sb(env, "run", "tiny-pd", "--backend", "kubernetes", "--name", "krun", *SETS,
                 "--max-repetitions", "3", "-o", str(ran))  # fmt: skip
     assert kubelet.ended == {0: 0}, (kubelet.ended, r.stdout[-3000:], r.stderr[-3000:])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SB263" in r.stdout and "SB264" in r.stdout  # preflight ran live first
     assert (ran / "report.html").is_file()
     assert "down:" in r.stdout and "Deployment/krun-decode" in r.stdout
-    assert _sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
+    assert sb(env, "status", "kpd").returncode == 0, "run's down touched kpd"
     main = load_results(ran / RESULTS_NAME)
     assert main.provenance.target["deployment"] == "krun"
     # Measured in the cluster, not through port-forwards from this machine.

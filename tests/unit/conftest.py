@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import yaml
+from aiohttp import web
 
 from servebook import auth, redact
 from servebook.bench.tokens import HFTokenizer, load_tokenizer
+from servebook.kube import stacks
 from servebook.models.tiny import tokenizer_files
 from servebook.results.schema import (
     ClientEvidence,
@@ -24,6 +30,10 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from tests.conftest import CliResult
+from tests.unit.kube_engines import Engine, TokenizingEngine
+from tests.unit.kube_standin import Kubelet, Server, serve
+from tests.unit.preflight_standin import LLAMA_70B_BYTES, load_cluster, probe_output
+from tests.unit.served_app import StreamingServer, served, served_models
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +61,13 @@ def no_secrets_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     redact.forget_all()
     yield
     redact.forget_all()
+
+
+def needs_transformers() -> None:
+    """Skip unless transformers is installed: a chat prompt is counted with the model's
+    chat template, which transformers renders (vLLM installs it; the unit tests need no
+    vLLM)."""
+    pytest.importorskip("transformers", reason="chat templates are rendered by transformers")
 
 
 # --- hostile input files (the reliability probe of 2026-12-04, tests/unit/test_cli_bad_files.py
@@ -146,13 +163,24 @@ def a_provenance(**over: Any) -> Provenance:
     return Provenance(**base)
 
 
-def a_point(conc: int, rep: int, tok_s: float = 10.0) -> Point:
-    """A valid point at concurrency ``conc``, repetition ``rep``."""
-    lat = Latency(p50=1.0, p90=1.0, p99=1.0, mean=1.0, n=10)
-    return Point(
+def a_point(
+    conc: int = 4,
+    rep: int = 0,
+    tok_s: float = 10.0,
+    *,
+    p50: float = 1.0,
+    valid: bool = True,
+    **over: Any,
+) -> Point:
+    """A point at concurrency ``conc``, repetition ``rep``: ``tok_s`` output tokens a
+    second, every latency ``p50`` ms, 10 requests in a 60 s window; an invalid one carries
+    the reason SB402.  ``over`` replaces any other field."""
+    lat = Latency(p50=p50, p90=p50, p99=p50, mean=p50, n=10)
+    base: dict[str, Any] = dict(
         concurrency=conc,
         repetition=rep,
-        valid=True,
+        valid=valid,
+        invalid_reasons=[] if valid else ["SB402: too few"],
         requests_ok=10,
         errors=0,
         output_tokens_per_s=tok_s,
@@ -164,6 +192,33 @@ def a_point(conc: int, rep: int, tok_s: float = 10.0) -> Point:
         window=WindowInfo(warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0),
         client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
     )
+    base.update(over)
+    return Point(**base)
+
+
+def a_measured_point(**over: Any) -> Point:
+    """A valid point as bench measures one before its verdict: 100 requests at c=4 in a
+    60 s window, latencies of a spread (p50 1, p90 2, p99 3 ms), the client well below
+    saturation, and server evidence of a mixed role with a 90% handoff share."""
+    lat = Latency(p50=1.0, p90=2.0, p99=3.0, mean=1.5, n=100)
+    base: dict[str, Any] = dict(
+        requests_ok=100,
+        output_tokens_per_s=1000.0,
+        requests_per_s=10.0,
+        ttft_ms=lat,
+        itl_ms=lat,
+        tpot_ms=lat,
+        e2e_ms=lat,
+        window=WindowInfo(
+            warmup_s=10, duration_s=60, requests_scheduled=104, requests_unfinished=4
+        ),
+        client=ClientEvidence(
+            workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.2, loop_lag_p99_ms=0.5
+        ),
+        server={"roles": {"mixed": {"scraped": True}}, "handoff_share": 0.9, "missing": []},
+    )
+    base.update(over)
+    return a_point(**base)
 
 
 @pytest.fixture
@@ -353,6 +408,7 @@ def scripted_machine(
         proc.wait(10)
 
 
+<<<<<<< HEAD
 # --- a fake place (issue 34): a Deployer over the scripted engine ---------------------------
 
 
@@ -454,3 +510,179 @@ def fake_place() -> Iterator[Callable[..., FakePlace]]:
     for place in made:
         for stack, _, _ in place.up_.values():
             stack.close()
+=======
+# --- a streaming server (the bench client's tests) --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, StreamingServer]]:
+    """A ``StreamingServer`` on the completions and chat routes, serving ``tiny``; one per
+    test module."""
+    srv = StreamingServer()
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.handle)
+    app.router.add_post("/v1/chat/completions", srv.handle)
+    app.router.add_get("/v1/models", served_models("tiny"))
+    with served(app) as url:
+        yield url, srv
+
+
+# --- live preflight on the stand-in API server (test_preflight_live.py, _rbac.py) -----------
+
+
+@pytest.fixture
+def preflight_cluster(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+    """The stand-in holding ``fixtures/preflight/healthy.json``, whose probe Pods report a
+    70B model's weights; yields the server and its kubeconfig."""
+    server = serve()
+    load_cluster(server)
+    server.standin.kubelet = Kubelet(logs=probe_output(LLAMA_70B_BYTES))
+    try:
+        yield server, server.write_kubeconfig(tmp_path / "kubeconfig")
+    finally:
+        server.stop()
+
+
+# --- a Kubernetes deployment on the stand-in API server (test_kube_*.py, test_load_job.py) ---
+
+
+@pytest.fixture
+def kube_cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    """The stand-in API server, its Pods Ready at once, forwarding each role's port to a
+    stand-in ``Engine``; yields the server and the environment naming its kubeconfig
+    (KUBECONFIG is set in this process too)."""
+    server = serve()
+    server.standin.ready_pods = True
+    engines = {role: Engine(role).start() for role in ("prefill", "decode", "router")}
+    for role, e in engines.items():
+        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
+    # The router's Prometheus port: its counters are not read by verify or bench.
+    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    try:
+        yield server, {"KUBECONFIG": str(cfg)}
+    finally:
+        for e in engines.values():
+            e.stop()
+        server.stop()
+
+
+@pytest.fixture
+def job_cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    """``kube_cluster`` with ``TokenizingEngine``s: the in-cluster load builds its prompts
+    on the server."""
+    server = serve()
+    server.standin.ready_pods = True
+    engines = {role: TokenizingEngine(role).start() for role in ("prefill", "decode", "router")}
+    for role, e in engines.items():
+        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
+    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
+    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    try:
+        yield server, {"KUBECONFIG": str(cfg)}
+    finally:
+        for e in engines.values():
+            e.stop()
+        server.stop()
+
+
+# --- what the in-cluster load may import, and a CLI child that takes signals as a terminal's ---
+
+#: What an agent imports beyond the standard library and servebook: numpy, needed; orjson
+#: and uvloop, used when present (each has a standard-library fallback).  vLLM's image has
+#: numpy (a dependency of vllm itself), so an agent runs in the engine's own image.
+AGENT_NEEDS = {"numpy"}
+AGENT_MAY_USE = {"orjson", "uvloop"}
+
+
+def time_namespaces() -> bool:
+    """Whether this machine lets an unprivileged process start in a time namespace."""
+    if shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(
+        ["unshare", "-rT", "--monotonic", "1000", "true"], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+def assert_union_percentiles(point: Point, counted: list[dict[str, Any]]) -> None:
+    """The point's TTFT and ITL percentiles are those of the saved requests' union (ITL by
+    the records' rule: chunk gaps, and a zero for each token beyond a chunk's first)."""
+    ttft = [(q["first_token_ns"] - q["sent_ns"]) / 1e6 for q in counted]
+    gaps = [
+        np.concatenate([np.diff(q["chunk_ns"]), np.zeros(q["output_tokens"] - len(q["chunk_ns"]))])
+        for q in counted
+    ]
+    itl = np.concatenate(gaps) / 1e6
+    # Where the point's stream burst, its headline ITL is the engine's histogram (issue 24
+    # point 1) and the client's own figure, the one the records give, is kept beside it.
+    client_itl = point.client_latency.get("itl_ms", point.itl_ms)
+    assert ("itl_ms" in point.client_latency) == point.latency_source.get("itl_ms", "").startswith(
+        "server"
+    )
+    for q in (50, 90, 99):
+        assert getattr(point.ttft_ms, f"p{q}") == pytest.approx(float(np.percentile(ttft, q)))
+        assert getattr(client_itl, f"p{q}") == pytest.approx(float(np.percentile(itl, q)))
+
+
+# The CLI as a terminal's shell starts a command: SIGINT, SIGTERM and SIGHUP at their
+# defaults (a shell's background job, or this test's own runner, may hand them down ignored).
+START = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+    "from servebook.cli import main\nmain()"
+)
+
+
+def requirement_closure(dist: str) -> set[str]:
+    """Distribution names ``dist`` needs, transitively (the extras a requirement names
+    followed, markers evaluated for this machine); the test skips where ``dist`` is not
+    installed (the unit tests run without vLLM), since its requirements are read from its
+    installed metadata."""
+    from packaging.requirements import Requirement
+
+    try:
+        metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{dist} is not installed: what its image holds is read from its metadata")
+
+    def canon(name: str) -> str:
+        return name.lower().replace("_", "-")
+
+    done: set[tuple[str, frozenset[str]]] = set()
+    todo: list[tuple[str, frozenset[str]]] = [(dist, frozenset())]
+    while todo:
+        name, extras = todo.pop()
+        if (canon(name), extras) in done:
+            continue
+        done.add((canon(name), extras))
+        try:
+            reqs = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in reqs:
+            req = Requirement(text)
+            envs = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if req.marker is None or any(req.marker.evaluate(e) for e in envs):
+                todo.append((req.name, frozenset(req.extras)))
+    return {n for n, _ in done}
+
+
+# --- the attached stacks' objects (fixtures/attach) ---------------------------------------
+
+ATTACH_FIX = Path(__file__).parent / "fixtures" / "attach"
+
+
+def stack_objects(name: str) -> stacks.Objects:
+    """The Pods, Services and Deployments of ``fixtures/attach/NAME.yaml``: one stack's
+    objects as its operator makes them."""
+    items: list[dict[str, Any]] = yaml.safe_load((ATTACH_FIX / f"{name}.yaml").read_text())["items"]
+    by = {k: [i for i in items if i["kind"] == k] for k in ("Pod", "Service", "Deployment")}
+    return stacks.Objects(by["Pod"], by["Service"], by["Deployment"])
+>>>>>>> h/tests

@@ -8,7 +8,9 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from aiohttp import web
 
@@ -91,3 +93,72 @@ def served_models(model: str, max_model_len: int = 2048) -> Handler:
         return web.json_response({"object": "list", "data": [card]})
 
     return models
+
+
+# The stream's first-token delay and the gap between tokens.
+TTFT_MS, ITL_MS = 5.0, 2.0
+
+
+class StreamingServer:
+    """Streams like vLLM: one event per token, a usage-only chunk, [DONE]; some prompts
+    misbehave on purpose (``http500``, ``errorevent``, ``split``, ``pairs``), and ``down``
+    answers 503 to everything, like a server that died."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.truth: dict[str, tuple[int, list[int]]] = {}
+        self.down = False  # answer 503 to everything, like a server that died
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        recv = time.monotonic_ns()
+        body = await request.json()
+        self.bodies.append(body)
+        prompt = body.get("prompt") or body["messages"][0]["content"]
+        if self.down:
+            return web.json_response({"error": {"message": "engine is dead"}}, status=503)
+        if prompt == "http500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await asyncio.sleep(TTFT_MS / 1000)
+            n = int(body["max_tokens"])
+            per = 2 if prompt == "pairs" else 1
+            stamps = []
+            sent = 0
+            while sent < n:
+                k = min(per, n - sent)
+                choice = {"index": 0, "text": "ab"[:k], "finish_reason": None}
+                if per > 1:
+                    choice["token_ids"] = list(range(k))
+                stamps.append(time.monotonic_ns())
+                event = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+                if prompt == "split":  # one event over two HTTP chunks, a moment apart
+                    await resp.write(event[:9])
+                    await asyncio.sleep(0.001)
+                    await resp.write(event[9:])
+                else:
+                    await resp.write(event)
+                sent += k
+                if prompt == "errorevent":
+                    await resp.write(
+                        b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
+                    )
+                    break
+                await asyncio.sleep(ITL_MS / 1000)
+            # A list prompt is token ids: the server counts them, as vLLM does.
+            counted = len(prompt) if isinstance(prompt, list) else 3
+            usage = {"prompt_tokens": counted, "completion_tokens": sent}
+            await resp.write(
+                b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+            )
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.truth[request.headers.get("X-Request-Id", "")] = (recv, stamps)
+            return resp
+        finally:
+            self.in_flight -= 1

@@ -33,6 +33,7 @@ from servebook.results.store import ResultsWriter, load_results
 from servebook.verify.smoke import Options, completion
 from servebook.verify.smoke import run as verify_run
 from tests.conftest import CliResult
+from tests.unit.engine_standin import vllm_package
 from tests.unit.served_app import served, stream_tokens
 
 KEY = "sk-test-5f0e2c9d41b7a6"  # the API key: servebook knows it
@@ -195,6 +196,9 @@ def test_local_up_refuses_a_recipe_that_requires_a_key_when_none_is_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SERVEBOOK_HOME", str(tmp_path))
+    # A stand-in vLLM on the path: the unit tests need no vLLM, and up checks for it first.
+    vllm_package(tmp_path / "standin")
+    monkeypatch.syspath_prepend(str(tmp_path / "standin"))
     plan = resolve("tiny-mixed", state_dir=tmp_path).model_copy(update={"require_api_key": True})
     with pytest.raises(UsageError, match="requires an API key"):
         local.up(plan, name="k", timeout_s=1)

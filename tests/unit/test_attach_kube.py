@@ -25,8 +25,8 @@ from servebook.backends.attached import AttachedBackend, read_record
 from servebook.commands.attach_kube import attach_kubernetes
 from servebook.errors import UsageError
 from tests.conftest import CliResult
+from tests.unit.conftest import stack_objects
 from tests.unit.kube_standin import Server, serve
-from tests.unit.test_attach_stacks import objects
 
 Cli = Callable[..., CliResult]
 # stack fixture -> (namespace, --entry when the stack's own is elsewhere)
@@ -108,7 +108,7 @@ def cluster(
 
 
 def _load(server: Server, listeners: Listeners, stack: str) -> None:
-    objs = objects(stack)
+    objs = stack_objects(stack)
     items = [*objs.pods, *objs.services, *objs.deployments]
     if stack == "aibrix":  # a Service of the user's in front of the gateway, for --entry
         gw = copy.deepcopy(objs.pods[0])
@@ -174,7 +174,7 @@ def test_attach_recognises_the_stack_and_reaches_every_replicas_engine_port(
 
 
 def test_decode_behind_llm_d_sidecar_is_forwarded_to_8200() -> None:
-    objs = objects("llm-d")
+    objs = stack_objects("llm-d")
     from servebook.kube import stacks
 
     dep_roles = stacks.discover("llm-d", objs).roles

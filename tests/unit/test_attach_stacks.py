@@ -5,7 +5,6 @@ refused naming the explicit flags, which attach it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,18 +13,11 @@ import yaml
 from servebook.engines.cmdline import parse_argv
 from servebook.errors import UsageError
 from servebook.kube import attach_argv, stacks
-
-FIXTURES = Path(__file__).parent / "fixtures" / "attach"
-
-
-def objects(name: str) -> stacks.Objects:
-    items: list[dict[str, Any]] = yaml.safe_load((FIXTURES / f"{name}.yaml").read_text())["items"]
-    by = {k: [i for i in items if i["kind"] == k] for k in ("Pod", "Service", "Deployment")}
-    return stacks.Objects(by["Pod"], by["Service"], by["Deployment"])
+from tests.unit.conftest import stack_objects
 
 
 def found(name: str, ns: str, **kw: Any) -> stacks.Found:
-    return stacks.discover(ns, objects(name), **kw)
+    return stacks.discover(ns, stack_objects(name), **kw)
 
 
 def ports(f: stacks.Found) -> dict[str, list[tuple[str, int, int, str]]]:
@@ -98,7 +90,7 @@ def test_dynamo_older_labels_counters_on_the_system_port() -> None:
 
 
 def test_dynamo_v1beta1_labels() -> None:
-    objs = objects("dynamo")
+    objs = stack_objects("dynamo")
     for pod in objs.pods:
         labels = pod["metadata"]["labels"]
         sub = labels.pop("nvidia.com/dynamo-sub-component-type", None)
@@ -192,7 +184,7 @@ def test_disaggregatedset_leaders_only_and_the_user_service_given() -> None:
 
 
 def test_leaderworkerset_alone_is_one_mixed_role_of_its_leaders() -> None:
-    objs = objects("disaggregatedset")
+    objs = stack_objects("disaggregatedset")
     pods = [p for p in objs.pods if "-decode-" in p["metadata"]["name"]]
     for p in pods:
         for k in list(p["metadata"]["labels"]):
@@ -215,7 +207,7 @@ def test_an_unknown_labelling_is_refused_naming_the_explicit_flags() -> None:
 def test_explicit_selectors_attach_what_no_stack_labels() -> None:
     f = stacks.explicit(
         "inhouse",
-        objects("in-house"),
+        stack_objects("in-house"),
         [("prefill", "team.example.com/tier=prefill"), ("decode", "team.example.com/tier=decode")],
         "svc/chat:80",
     )
@@ -253,12 +245,12 @@ def test_explicit_bad_input_is_exit_2_naming_it(
     roles: list[tuple[str, str]], entry: str | None, says: str
 ) -> None:
     with pytest.raises(UsageError) as e:
-        stacks.explicit("inhouse", objects("in-house"), roles, entry)
+        stacks.explicit("inhouse", stack_objects("in-house"), roles, entry)
     assert says in f"{e.value} {e.value.hint}"
 
 
 def test_two_instances_of_one_stack_are_refused_naming_them() -> None:
-    objs = objects("dynamo")
+    objs = stack_objects("dynamo")
     twin = yaml.safe_load(yaml.safe_dump(objs.pods[2]))
     twin["metadata"]["name"] += "-b"
     twin["metadata"]["labels"]["nvidia.com/dynamo-graph-deployment-name"] = "other"
@@ -269,7 +261,7 @@ def test_two_instances_of_one_stack_are_refused_naming_them() -> None:
 
 def test_the_sidecar_port_is_never_taken_for_metrics() -> None:
     """A stack label naming the sidecar's port for metrics is overridden by the engine's."""
-    objs = objects("llm-d")
+    objs = stack_objects("llm-d")
     pod = objs.pods[1]
     pod["metadata"]["labels"]["model.aibrix.ai/metric-port"] = "8000"
     pod["metadata"]["labels"]["storm-service-name"] = "x"

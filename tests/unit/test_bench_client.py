@@ -5,95 +5,16 @@ processes.  The server streams like vLLM: one event per token, a usage-only chun
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import time
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
-import pytest
 from aiohttp import web
 
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.openai_stream import Endpoint, request_body
 from servebook.bench.workload import DatasetPrompts, Prompt
-from tests.unit.served_app import served, served_models
-
-TTFT_MS, ITL_MS = 5.0, 2.0
-
-
-class Server:
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.bodies: list[dict[str, Any]] = []
-        self.truth: dict[str, tuple[int, list[int]]] = {}
-        self.down = False  # answer 503 to everything, like a server that died
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        recv = time.monotonic_ns()
-        body = await request.json()
-        self.bodies.append(body)
-        prompt = body.get("prompt") or body["messages"][0]["content"]
-        if self.down:
-            return web.json_response({"error": {"message": "engine is dead"}}, status=503)
-        if prompt == "http500":
-            return web.json_response({"error": {"message": "boom"}}, status=500)
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            await asyncio.sleep(TTFT_MS / 1000)
-            n = int(body["max_tokens"])
-            per = 2 if prompt == "pairs" else 1
-            stamps = []
-            sent = 0
-            while sent < n:
-                k = min(per, n - sent)
-                choice = {"index": 0, "text": "ab"[:k], "finish_reason": None}
-                if per > 1:
-                    choice["token_ids"] = list(range(k))
-                stamps.append(time.monotonic_ns())
-                event = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
-                if prompt == "split":  # one event over two HTTP chunks, a moment apart
-                    await resp.write(event[:9])
-                    await asyncio.sleep(0.001)
-                    await resp.write(event[9:])
-                else:
-                    await resp.write(event)
-                sent += k
-                if prompt == "errorevent":
-                    await resp.write(
-                        b'data: {"error": {"message": "engine died", "code": 500}}\n\n'
-                    )
-                    break
-                await asyncio.sleep(ITL_MS / 1000)
-            # A list prompt is token ids: the server counts them, as vLLM does.
-            counted = len(prompt) if isinstance(prompt, list) else 3
-            usage = {"prompt_tokens": counted, "completion_tokens": sent}
-            await resp.write(
-                b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
-            )
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-            self.truth[request.headers.get("X-Request-Id", "")] = (recv, stamps)
-            return resp
-        finally:
-            self.in_flight -= 1
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, Server]]:
-    srv = Server()
-    app = web.Application()
-    app.router.add_post("/v1/completions", srv.handle)
-    app.router.add_post("/v1/chat/completions", srv.handle)
-    app.router.add_get("/v1/models", served_models("tiny"))
-    with served(app) as url:
-        yield url, srv
+from tests.unit.served_app import TTFT_MS, StreamingServer, served
 
 
 def prompts(*texts: str, out: int = 6) -> DatasetPrompts:
@@ -116,7 +37,7 @@ def test_request_body_asks_for_usage_ignore_eos_and_greedy_decoding() -> None:
 
 
 def test_closed_loop_keeps_concurrency_requests_in_flight_and_times_each(
-    server: tuple[str, Server],
+    server: tuple[str, StreamingServer],
 ) -> None:
     url, srv = server
     srv.max_in_flight = 0
@@ -144,7 +65,7 @@ def test_closed_loop_keeps_concurrency_requests_in_flight_and_times_each(
 
 
 def test_rate_mode_follows_the_seeded_poisson_schedule_and_charges_lateness(
-    server: tuple[str, Server],
+    server: tuple[str, StreamingServer],
 ) -> None:
     url, _ = server
     # One request in flight at a time at 200 req/s: most requests wait for the slot, and
@@ -161,7 +82,7 @@ def test_rate_mode_follows_the_seeded_poisson_schedule_and_charges_lateness(
         assert r.ttft_ns is not None and r.ttft_ns >= r.send_lag_ns + TTFT_MS * 1e6 * 0.9
 
 
-def test_errors_are_recorded_never_dropped(server: tuple[str, Server]) -> None:
+def test_errors_are_recorded_never_dropped(server: tuple[str, StreamingServer]) -> None:
     url, _ = server
     res = run_load(
         Endpoint(url, "tiny"),
@@ -190,7 +111,7 @@ def test_a_refused_connection_is_an_error_record() -> None:
     assert all("Connect" in (r.error or "") for r in res.records)
 
 
-def test_multi_token_chunks_are_counted_from_token_ids(server: tuple[str, Server]) -> None:
+def test_multi_token_chunks_are_counted_from_token_ids(server: tuple[str, StreamingServer]) -> None:
     url, _ = server
     res = run_load(Endpoint(url, "tiny"), LoadSpec(concurrency=1, num_requests=1), prompts("pairs"))
     r = res.records[0]
@@ -198,7 +119,9 @@ def test_multi_token_chunks_are_counted_from_token_ids(server: tuple[str, Server
     assert sorted(r.itl_ns().tolist())[:3] == [0, 0, 0]
 
 
-def test_the_controller_opens_the_window_and_stops_the_load(server: tuple[str, Server]) -> None:
+def test_the_controller_opens_the_window_and_stops_the_load(
+    server: tuple[str, StreamingServer],
+) -> None:
     url, _ = server
     seen: list[Progress] = []
 
@@ -231,7 +154,7 @@ def test_the_controller_opens_the_window_and_stops_the_load(server: tuple[str, S
 
 
 def test_worker_processes_split_the_load_and_merge_their_records(
-    server: tuple[str, Server],
+    server: tuple[str, StreamingServer],
 ) -> None:
     url, srv = server
     srv.max_in_flight = 0
@@ -249,7 +172,7 @@ def test_worker_processes_split_the_load_and_merge_their_records(
 
 
 def test_events_split_across_chunks_multi_token_chunks_and_error_events_give_their_records(
-    server: tuple[str, Server],
+    server: tuple[str, StreamingServer],
 ) -> None:
     url, _ = server
     res = run_load(

@@ -33,6 +33,7 @@ from servebook.bench.tokens import HFTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.errors import UsageError
 from servebook.sweep import BenchArgs, prompts_from
+from tests.unit.conftest import needs_transformers
 from tests.unit.served_app import loose_thresholds
 
 THINK_S = 0.02
@@ -80,6 +81,7 @@ def conversed(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """One closed-loop point of synthetic conversations (two agents, two slots, a turn
     delay) against the recording server.  Chat prompts are counted with the chat template
     (transformers), so the point is made once for the tests that read it."""
+    needs_transformers()
     record = tmp_path_factory.mktemp("conversed") / "requests.jsonl"
     p, url = start_server(tiny_dir, record)
     try:
@@ -252,6 +254,7 @@ def test_every_prefix_prompt_reaches_the_server_with_its_prefix_and_its_exact_le
 
 
 def test_a_conversation_records_its_turns_in_the_workload(tiny_dir: Path) -> None:
+    needs_transformers()
     src = prompts_from(
         BenchArgs(api="chat", multi_turn=True, turns=4, turn_delay="500ms"), str(tiny_dir)
     )
@@ -278,6 +281,8 @@ def test_a_conversation_records_its_turns_in_the_workload(tiny_dir: Path) -> Non
 def test_bad_conversation_flags_are_refused_naming_the_flag(
     tiny_dir: Path, over: dict[str, Any], match: str
 ) -> None:
+    if over.get("api") == "chat":
+        needs_transformers()
     with pytest.raises(UsageError) as e:
         prompts_from(BenchArgs(**over), str(tiny_dir))
     assert match in f"{e.value} {e.value.hint or ''}"

@@ -40,7 +40,6 @@ from servebook.report.summary import describe_protocol
 from servebook.report.tables import load_runs, validity_table
 from servebook.results.provenance import resume_mismatches
 from servebook.results.schema import (
-    ClientEvidence,
     Latency,
     ModelInfo,
     Point,
@@ -48,6 +47,7 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from servebook.results.store import ResultsWriter, load_results
+from tests.unit.conftest import a_point
 
 SETTINGS = ProtocolSettings(
     concurrencies=(1, 2, 4),
@@ -69,22 +69,20 @@ def figure(conc: int, rep: int) -> float:
 
 
 def make_point(conc: int, rep: int, *, valid: bool = True) -> Point:
+    """A point of ``figure(conc, rep)`` tok/s, 40 requests in a 10 s window, whose TPOT
+    p50 moves a little with the repetition."""
     tpot = Latency(p50=20.0 + 0.01 * rep, p90=21.0, p99=22.0, mean=20.0, n=40)
-    return Point(
-        concurrency=conc,
-        repetition=rep,
+    return a_point(
+        conc,
+        rep,
+        figure(conc, rep),
         valid=valid,
-        invalid_reasons=[] if valid else ["SB402: too few"],
         requests_ok=40,
-        errors=0,
-        output_tokens_per_s=figure(conc, rep),
-        requests_per_s=1.0,
         ttft_ms=tpot,
         itl_ms=tpot,
         tpot_ms=tpot,
         e2e_ms=tpot,
         window=WindowInfo(warmup_s=1, duration_s=10, requests_scheduled=40, requests_unfinished=0),
-        client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
     )
 
 

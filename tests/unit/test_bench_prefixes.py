@@ -13,6 +13,7 @@ from servebook.bench.prefixes import PrefixPrompts
 from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.errors import UsageError
 from servebook.sweep import BenchArgs, prompts_from
+from tests.unit.conftest import needs_transformers
 
 #: vLLM's KV-cache block size: a prefix cache shares whole blocks from the start.
 BLOCK = 16
@@ -69,6 +70,7 @@ def test_prefix_ids_are_sent_as_token_ids_with_bos_first(tiny_dir: Path) -> None
 def test_chat_prompts_keep_their_length_as_the_template_counts_it(
     tiny_dir: Path, tok: HFTokenizer
 ) -> None:
+    needs_transformers()
     src = prefix_prompts(tiny_dir, api="chat")
     for i in range(10):
         p = src.get(i)

@@ -19,11 +19,11 @@ from servebook.bench.openai_stream import Endpoint
 from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.errors import UsageError
-from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
+from tests.unit.served_app import StreamingServer
 
 
 @pytest.fixture
-def answering(server: tuple[str, Server]) -> tuple[str, Server]:  # noqa: F811  (imported above)
+def answering(server: tuple[str, StreamingServer]) -> tuple[str, StreamingServer]:
     """The module's server (its URL and state), answering: not down."""
     server[1].down = False
     return server
@@ -104,7 +104,7 @@ class Window:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_no_prompt_is_built_in_the_load_yet_every_request_has_its_own(
-    answering: tuple[str, Server],
+    answering: tuple[str, StreamingServer],
     tiny_dir: Path,
     tok: HFTokenizer,
     workers: int,
@@ -141,7 +141,7 @@ def test_no_prompt_is_built_in_the_load_yet_every_request_has_its_own(
 
 
 def test_token_id_prompts_reach_the_server_as_ids_and_it_counts_the_workloads_length(
-    answering: tuple[str, Server],
+    answering: tuple[str, StreamingServer],
     tiny_dir: Path,
 ) -> None:
     url, srv = answering
@@ -168,7 +168,7 @@ class Broken(DatasetPrompts):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_failing_worker_is_a_client_error_not_a_crash(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     workers: int,
 ) -> None:
     url, _ = server
@@ -178,7 +178,7 @@ def test_a_failing_worker_is_a_client_error_not_a_crash(
 
 
 def test_a_client_error_ends_bench_with_a_message_and_exit_2_not_a_traceback(
-    answering: tuple[str, Server],
+    answering: tuple[str, StreamingServer],
     cli: Any,
     tiny_dir: Path,
     tmp_path: Path,
@@ -214,7 +214,7 @@ class FailsLater(RandomPrompts):
 
 
 def test_a_producer_that_fails_stops_the_load_with_its_reason(
-    answering: tuple[str, Server],
+    answering: tuple[str, StreamingServer],
     tiny_dir: Path,
 ) -> None:
     url, _ = answering
@@ -239,7 +239,7 @@ class SlowToStart(RandomPrompts):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_load_starts_once_the_producer_delivers_so_no_request_waits_for_its_prompt(
-    answering: tuple[str, Server], tiny_dir: Path, workers: int
+    answering: tuple[str, StreamingServer], tiny_dir: Path, workers: int
 ) -> None:
     url, _ = answering
     prompts = SlowToStart(tiny_dir, input_len=64, output_len=2, seed=0)
@@ -259,7 +259,7 @@ class NeverDelivers(RandomPrompts):
 
 
 def test_a_producer_that_delivers_nothing_is_a_bounded_failure_not_a_hang(
-    answering: tuple[str, Server], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+    answering: tuple[str, StreamingServer], tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, srv = answering
     monkeypatch.setattr(prompt_feed, "PRODUCER_START_S", 0.5)

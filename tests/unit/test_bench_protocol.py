@@ -27,7 +27,8 @@ from servebook.bench.target import pd_min_share
 from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.errors import UsageError
 from servebook.findings import REGISTRY
-from servebook.results.schema import ClientEvidence, Latency, Point, WindowInfo
+from servebook.results.schema import ClientEvidence, Point, WindowInfo
+from tests.unit.conftest import a_measured_point
 from tests.unit.served_app import served
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
@@ -210,32 +211,6 @@ def test_only_errors_coming_back_is_a_stall_too() -> None:
 # --- verdict -----------------------------------------------------------------------------
 
 
-def make_point(**over: Any) -> Point:
-    lat = Latency(p50=1.0, p90=2.0, p99=3.0, mean=1.5, n=100)
-    base: dict[str, Any] = dict(
-        concurrency=4,
-        repetition=0,
-        valid=True,
-        requests_ok=100,
-        errors=0,
-        output_tokens_per_s=1000.0,
-        requests_per_s=10.0,
-        ttft_ms=lat,
-        itl_ms=lat,
-        tpot_ms=lat,
-        e2e_ms=lat,
-        window=WindowInfo(
-            warmup_s=10, duration_s=60, requests_scheduled=104, requests_unfinished=4
-        ),
-        client=ClientEvidence(
-            workers=1, cpu_fraction=0.3, send_lag_p99_ms=0.2, loop_lag_p99_ms=0.5
-        ),
-        server={"roles": {"mixed": {"scraped": True}}, "handoff_share": 0.9, "missing": []},
-    )
-    base.update(over)
-    return Point(**base)
-
-
 def verdict_of(point: Point, **kw: Any) -> Point:
     args: dict[str, Any] = dict(duration_s=60, min_requests=40, thresholds=Thresholds())
     args.update(kw)
@@ -243,7 +218,7 @@ def verdict_of(point: Point, **kw: Any) -> Point:
 
 
 def test_a_good_point_is_valid_with_no_reasons() -> None:
-    p = verdict_of(make_point(), pd=True, thresholds=Thresholds(min_handoff_share=0.8))
+    p = verdict_of(a_measured_point(), pd=True, thresholds=Thresholds(min_handoff_share=0.8))
     assert p.valid and p.invalid_reasons == []
 
 
@@ -326,7 +301,7 @@ def test_a_good_point_is_valid_with_no_reasons() -> None:
 def test_each_validity_rule_invalidates_with_its_reason(
     over: dict[str, Any], kw: dict[str, Any], check: str, words: str
 ) -> None:
-    p = verdict_of(make_point(**over), **kw)
+    p = verdict_of(a_measured_point(**over), **kw)
     assert not p.valid
     assert len(p.invalid_reasons) == 1, p.invalid_reasons
     assert p.invalid_reasons[0].startswith(f"{check}: ")
@@ -334,22 +309,24 @@ def test_each_validity_rule_invalidates_with_its_reason(
 
 
 def test_one_percent_errors_is_still_valid_more_is_not() -> None:
-    assert verdict_of(make_point(requests_ok=99, errors=1)).valid
-    assert not verdict_of(make_point(requests_ok=98, errors=2)).valid
+    assert verdict_of(a_measured_point(requests_ok=99, errors=1)).valid
+    assert not verdict_of(a_measured_point(requests_ok=98, errors=2)).valid
 
 
 def test_a_point_with_no_finished_request_is_invalid_for_errors_too() -> None:
-    p = verdict_of(make_point(requests_ok=0, errors=0))
+    p = verdict_of(a_measured_point(requests_ok=0, errors=0))
     assert any(r.startswith("SB403: no request finished") for r in p.invalid_reasons)
 
 
 def test_server_evidence_can_be_waived_for_a_server_without_metrics() -> None:
-    p = verdict_of(make_point(server={}), thresholds=Thresholds(require_server_evidence=False))
+    p = verdict_of(
+        a_measured_point(server={}), thresholds=Thresholds(require_server_evidence=False)
+    )
     assert p.valid
 
 
 def test_a_server_without_counters_gives_valid_points_that_say_no_server_evidence() -> None:
-    point = make_point(server=dict(protocol.NO_SERVER_EVIDENCE))
+    point = a_measured_point(server=dict(protocol.NO_SERVER_EVIDENCE))
     found = judge(
         point, duration_s=60, min_requests=40, thresholds=Thresholds(require_server_evidence=False)
     )
@@ -376,7 +353,7 @@ def test_send_and_loop_lag_alone_do_not_make_a_closed_loop_point_client_limited(
         target_concurrency=64,
     )
     found = judge(
-        make_point(concurrency=64, client=client),
+        a_measured_point(concurrency=64, client=client),
         duration_s=60,
         min_requests=40,
         thresholds=Thresholds(),
@@ -389,10 +366,12 @@ def test_send_and_loop_lag_alone_do_not_make_a_closed_loop_point_client_limited(
 
 
 def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:
-    low = make_point(server={"handoff_share": 0.0, "missing": []})
+    low = a_measured_point(server={"handoff_share": 0.0, "missing": []})
     assert verdict_of(low).valid
     unknown = verdict_of(
-        make_point(server={"missing": []}), pd=True, thresholds=Thresholds(min_handoff_share=0.5)
+        a_measured_point(server={"missing": []}),
+        pd=True,
+        thresholds=Thresholds(min_handoff_share=0.5),
     )
     assert unknown.invalid_reasons == [
         "SB407: PD handoff share unknown (decode's transfer counters were not read)"
@@ -422,7 +401,7 @@ def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why()
     assert short.share == 0.0 and short.undecidable is not None
     assert "needs >= 258 prompt tokens" in short.undecidable
     assert long.share == 0.5 and long.undecidable is None
-    point = make_point(server={"missing": [], "handoff_share": 0.75})
+    point = a_measured_point(server={"missing": [], "handoff_share": 0.75})
     t = Thresholds(min_handoff_share=short.share, handoff_undecidable=short.undecidable)
     p = verdict_of(point, pd=True, thresholds=t)
     assert not p.valid
@@ -438,7 +417,7 @@ def test_prompts_are_built_for_what_the_level_sent_before() -> None:
     s = ProtocolSettings(concurrencies=(1,), warmup=parse_warmup("3s"), min_requests=4)
     level = protocol.Level(concurrency=1)
     assert protocol.prompts_needed(s, level) == 4 + 2 + protocol.PROMPTS_SPARE
-    seen = make_point(
+    seen = a_measured_point(
         concurrency=1,
         requests_per_s=2.0,
         window=WindowInfo(warmup_s=3, duration_s=6, requests_scheduled=12, requests_unfinished=0),

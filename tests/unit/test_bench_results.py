@@ -22,15 +22,12 @@ from servebook.results.aggregate import aggregate
 from servebook.results.evidence import server_evidence
 from servebook.results.provenance import fetch_engine_version, make_provenance, model_config_hash
 from servebook.results.schema import (
-    ClientEvidence,
-    Latency,
     ModelInfo,
-    Point,
     Provenance,
     RoleProvenance,
-    WindowInfo,
 )
 from servebook.results.store import ResultsWriter, load_results
+from tests.unit.conftest import a_point
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MS = 1_000_000
@@ -181,33 +178,13 @@ def test_slo_parser_rejects_bad_objectives(text: str) -> None:
 # --- aggregates --------------------------------------------------------------------------
 
 
-def point(conc: int, rep: int, tok_s: float, p50: float, *, valid: bool = True) -> Point:
-    lat = Latency(p50=p50, p90=p50, p99=p50, mean=p50, n=10)
-    return Point(
-        concurrency=conc,
-        repetition=rep,
-        valid=valid,
-        invalid_reasons=[] if valid else ["SB402: too few"],
-        requests_ok=10,
-        errors=0,
-        output_tokens_per_s=tok_s,
-        requests_per_s=1.0,
-        ttft_ms=lat,
-        itl_ms=lat,
-        tpot_ms=lat,
-        e2e_ms=lat,
-        window=WindowInfo(warmup_s=1, duration_s=60, requests_scheduled=10, requests_unfinished=0),
-        client=ClientEvidence(workers=1, cpu_fraction=0.1, send_lag_p99_ms=0, loop_lag_p99_ms=0),
-    )
-
-
 def test_aggregates_average_valid_repetitions_with_a_t_interval() -> None:
     pts = [
-        point(4, 0, 10.0, 1.0),
-        point(4, 1, 12.0, 2.0),
-        point(4, 2, 14.0, 3.0),
-        point(4, 3, 999.0, 9.0, valid=False),
-        point(1, 0, 5.0, 1.0),
+        a_point(4, 0, 10.0, p50=1.0),
+        a_point(4, 1, 12.0, p50=2.0),
+        a_point(4, 2, 14.0, p50=3.0),
+        a_point(4, 3, 999.0, p50=9.0, valid=False),
+        a_point(1, 0, 5.0, p50=1.0),
     ]
     aggs = {a.concurrency: a for a in aggregate(pts)}
     a4 = aggs[4]
@@ -301,7 +278,7 @@ def prov(**over: Any) -> Provenance:
 
 def test_each_point_is_written_atomically_and_the_file_loads_back(tmp_path: Path) -> None:
     w = ResultsWriter(tmp_path, prov())
-    w.add(point(4, 0, 10.0, 1.0))
+    w.add(a_point(4, 0, 10.0, p50=1.0))
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["schema"] == "servebook.bench/1"
     p0 = doc["points"][0]
@@ -323,7 +300,7 @@ def test_each_point_is_written_atomically_and_the_file_loads_back(tmp_path: Path
         assert key in p0
     assert set(p0["ttft_ms"]) >= {"p50", "p90", "p99", "mean"}
     assert doc["aggregates"][0]["figures"]["output_tokens_per_s"]["ci95"] is None
-    w.add(point(4, 1, 12.0, 1.0))
+    w.add(a_point(4, 1, 12.0, p50=1.0))
     back = load_results(tmp_path / "results.json")
     assert [p.repetition for p in back.points] == [0, 1]
     assert back.provenance.ended_at is not None
@@ -335,7 +312,7 @@ def test_an_interrupted_write_leaves_the_previous_complete_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = ResultsWriter(tmp_path, prov())
-    w.add(point(4, 0, 10.0, 1.0))
+    w.add(a_point(4, 0, 10.0, p50=1.0))
     before = (tmp_path / "results.json").read_text()
 
     def crash(src: str, dst: str) -> None:
@@ -343,7 +320,7 @@ def test_an_interrupted_write_leaves_the_previous_complete_file(
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        w.add(point(4, 1, 12.0, 1.0))
+        w.add(a_point(4, 1, 12.0, p50=1.0))
     assert (tmp_path / "results.json").read_text() == before
     monkeypatch.undo()
     w.close()
@@ -352,19 +329,19 @@ def test_an_interrupted_write_leaves_the_previous_complete_file(
 
 def test_resume_skips_valid_points_and_reruns_invalid_ones(tmp_path: Path) -> None:
     w = ResultsWriter(tmp_path, prov())
-    w.add(point(4, 0, 10.0, 1.0))
-    w.add(point(16, 0, 0.0, 0.0, valid=False))  # the server died during this one
+    w.add(a_point(4, 0, 10.0, p50=1.0))
+    w.add(a_point(16, 0, 0.0, p50=0.0, valid=False))  # the server died during this one
     again = ResultsWriter(tmp_path, prov(started_at="2026-01-02T00:00:00+00:00"), resume=True)
     assert again.done_keys() == {("concurrency", 4.0, 0)}
     assert again.results.provenance.started_at == "2026-01-01T00:00:00+00:00"
-    again.add(point(16, 0, 20.0, 1.0))
+    again.add(a_point(16, 0, 20.0, p50=1.0))
     back = load_results(tmp_path / "results.json")
     assert sorted((p.concurrency, p.valid) for p in back.points) == [(4, True), (16, True)]
     assert [(p.concurrency, p.valid) for p in back.superseded_points] == [(16, False)]
 
 
 def test_resume_refuses_a_run_with_different_settings_and_names_them(tmp_path: Path) -> None:
-    ResultsWriter(tmp_path, prov()).add(point(4, 0, 10.0, 1.0))
+    ResultsWriter(tmp_path, prov()).add(a_point(4, 0, 10.0, p50=1.0))
     with pytest.raises(UsageError, match=r"differs from the file in engine_version, seed"):
         ResultsWriter(tmp_path, prov(engine_version="0.33.0", seed=1), resume=True)
 
@@ -373,19 +350,19 @@ def test_resume_accepts_a_deployment_brought_back_on_new_ports_but_not_another_u
     tmp_path: Path,
 ) -> None:
     dep = {"deployment": "d", "recipe": "tiny-pd", "url": "http://127.0.0.1:40001"}
-    ResultsWriter(tmp_path, prov(target=dep)).add(point(4, 0, 10.0, 1.0))
+    ResultsWriter(tmp_path, prov(target=dep)).add(a_point(4, 0, 10.0, p50=1.0))
     moved = {**dep, "url": "http://127.0.0.1:40002"}
     assert ResultsWriter(tmp_path, prov(target=moved), resume=True).done_keys()
     with pytest.raises(UsageError, match="differs from the file in target"):
         ResultsWriter(tmp_path, prov(target={**moved, "recipe": "tiny-mixed"}), resume=True)
     ext = tmp_path / "ext"
-    ResultsWriter(ext, prov(target={"url": "http://a:8000"})).add(point(4, 0, 10.0, 1.0))
+    ResultsWriter(ext, prov(target={"url": "http://a:8000"})).add(a_point(4, 0, 10.0, p50=1.0))
     with pytest.raises(UsageError, match="differs from the file in target"):
         ResultsWriter(ext, prov(target={"url": "http://b:8000"}), resume=True)
 
 
 def test_an_existing_results_file_is_not_overwritten_without_resume(tmp_path: Path) -> None:
-    ResultsWriter(tmp_path, prov()).add(point(4, 0, 10.0, 1.0))
+    ResultsWriter(tmp_path, prov()).add(a_point(4, 0, 10.0, p50=1.0))
     with pytest.raises(UsageError, match="--resume"):
         ResultsWriter(tmp_path, prov())
 

@@ -25,8 +25,7 @@ from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.results.schema import ModelInfo, Provenance
 from servebook.results.store import ResultsWriter, load_results
-from tests.unit.served_app import loose_thresholds
-from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
+from tests.unit.served_app import StreamingServer, loose_thresholds
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -78,7 +77,7 @@ def target(url: str) -> Target:
 
 
 def test_a_sweep_writes_valid_points_with_server_evidence(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
 ) -> None:
     url, srv = server
@@ -123,7 +122,7 @@ def test_a_sweep_writes_valid_points_with_server_evidence(
 
 
 def test_a_dead_server_leaves_the_finished_points_and_an_invalid_one_then_resume_finishes(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
 ) -> None:
     url, srv = server
@@ -167,7 +166,7 @@ def test_a_dead_server_leaves_the_finished_points_and_an_invalid_one_then_resume
 
 
 def test_a_role_lost_during_a_point_makes_that_point_invalid_naming_the_role(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
 ) -> None:
     """The backend's word that a role's forward broke (or its process died, or its Pod was
@@ -200,7 +199,7 @@ def test_a_role_lost_during_a_point_makes_that_point_invalid_naming_the_role(
 
 
 def test_a_url_server_without_counters_gives_valid_points_that_say_no_server_evidence(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
 ) -> None:
     """Any OpenAI-compatible server: this one answers completions and has no /metrics at

@@ -3,6 +3,7 @@ written.  Each case runs the real CLI in a subprocess."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CliResult
+from tests.unit.engine_standin import vllm_package
 
 Cli = Callable[..., CliResult]
 
@@ -82,12 +84,12 @@ def test_wrong_parameter_value_type(cli: Cli) -> None:
     assert "'num_speculative_tokens' = 'three'" in r.stderr and "integer" in r.stderr
 
 
-def test_port_already_taken(cli: Cli, sb_home: Path) -> None:
+def test_port_already_taken(cli: Cli, sb_home: Path, tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = cli("up", "tiny-mixed", "--port", str(port))
+        r = cli("up", "tiny-mixed", "--port", str(port), env=vllm_package(tmp_path / "vllm"))
     assert r.returncode == 2
     assert f"port {port} on 127.0.0.1 is already taken" in r.stderr
     _no_state(sb_home)
@@ -107,7 +109,15 @@ def test_missing_model_directory_is_reported_not_created(
     cli: Cli, tmp_path: Path, sb_home: Path, recipe: str
 ) -> None:
     missing = tmp_path / "no-such-model"
-    r = cli("up", recipe, "--set", f"model_dir={missing}")
+    # A stand-in vLLM and vllm-router (tiny-pd's entry point): up checks for both before it
+    # reads the model directory, and neither runs.
+    env = vllm_package(tmp_path / "vllm")
+    router = tmp_path / "bin" / "vllm-router"
+    router.parent.mkdir()
+    router.write_text("#!/bin/sh\nexit 1\n")
+    router.chmod(0o755)
+    env["PATH"] = f"{router.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    r = cli("up", recipe, "--set", f"model_dir={missing}", env=env)
     assert r.returncode == 2
     assert f"model directory {missing}" in r.stderr and "does not exist" in r.stderr
     assert not missing.exists()

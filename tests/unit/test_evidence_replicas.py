@@ -9,7 +9,7 @@ from pathlib import Path
 from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.metrics.scrape import Snapshot, merge_replicas, snapshot_from_text
 from servebook.results.evidence import server_evidence
-from tests.unit.test_bench_protocol import make_point
+from tests.unit.conftest import a_measured_point
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 PODS = ["decode-0", "decode-1", "decode-2", "decode-3"]
@@ -50,14 +50,14 @@ def test_each_decode_replica_has_its_own_figures_beside_the_sum() -> None:
 
 def test_one_replica_failing_open_among_four_makes_the_point_invalid_naming_it() -> None:
     thresholds = Thresholds(min_handoff_share=0.7)  # the sum (73%) clears it
-    bad = make_point(server=evidence(failing=2))
+    bad = a_measured_point(server=evidence(failing=2))
     judged = apply_verdict(
         bad, judge(bad, duration_s=60, min_requests=40, thresholds=thresholds, pd=True)
     )
     assert not judged.valid
     [reason] = [r for r in judged.invalid_reasons if r.startswith("SB407")]
     assert "decode-2 (0.0%)" in reason
-    good = make_point(server=evidence(failing=None))
+    good = a_measured_point(server=evidence(failing=None))
     ok = apply_verdict(
         good, judge(good, duration_s=60, min_requests=40, thresholds=thresholds, pd=True)
     )

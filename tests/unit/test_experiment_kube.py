@@ -18,13 +18,11 @@ from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
+from tests.unit.job_kubelet import NS, SWEEP, Kubelet, left_in
+from tests.unit.kube_engines import VALUES
 from tests.unit.kube_standin import Server
-from tests.unit.test_kube_bench_job import NS, SWEEP, Kubelet, _left, cluster
-from tests.unit.test_kube_commands import VALUES
 
-__all__ = ["cluster"]  # the stand-in cluster with its engines, as the bench Job tests use it
-
-# bench's flags of SWEEP (test_kube_bench_job), as an experiment's load: keys.
+# bench's flags of SWEEP (job_kubelet.py), as an experiment's load: keys.
 LOAD = {SWEEP[i].removeprefix("--"): SWEEP[i + 1] for i in range(0, len(SWEEP), 2)}
 
 
@@ -43,9 +41,9 @@ def _deployment_objects(server: Server, name: str) -> list[str]:
 
 
 def test_two_kubernetes_arms_come_up_are_benched_in_the_cluster_and_go_down_in_turn(
-    cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
-    server, _env = cluster
+    server, _env = job_cluster
     f = tmp_path / "exp.yaml"
     exp = spec.parse(
         {
@@ -90,7 +88,7 @@ def test_two_kubernetes_arms_come_up_are_benched_in_the_cluster_and_go_down_in_t
 
     def bench(arm: Arm, name: str | None, where: Path) -> None:
         real.bench(arm, name, where)
-        events.append(f"benched {name}: {_left(server)}")
+        events.append(f"benched {name}: {left_in(server)}")
 
     def down(arm: Arm, name: str) -> None:
         real.down(arm, name)

@@ -29,17 +29,11 @@ from servebook.pipeline import interrupted_bench
 from servebook.results.schema import RESULTS_NAME
 from servebook.sweep import Interrupted
 from tests.conftest import CliResult
+from tests.unit.conftest import START
 from tests.unit.engine_standin import vllm_package
 from tests.unit.result_runs import CPU
-from tests.unit.test_bench_client import Server, server  # noqa: F401  (the fixture)
+from tests.unit.served_app import StreamingServer
 
-# As a terminal's shell starts a command: SIGINT, SIGTERM and SIGHUP at their defaults (a
-# shell's background job, or this test's own runner, may hand them down ignored).
-START = (
-    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
-    "from servebook.cli import main\nmain()"
-)
 STOPS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 SAID = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
@@ -91,7 +85,7 @@ def stopped_in_a_warm_up(
 
 
 def test_ctrl_c_during_a_warm_up_says_what_it_stopped_and_saved_and_resume_finishes(
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
     tiny_dir: Path,
 ) -> None:
@@ -109,7 +103,7 @@ def test_ctrl_c_during_a_warm_up_says_what_it_stopped_and_saved_and_resume_finis
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_sigterm_and_sighup_during_a_warm_up_stop_bench_as_ctrl_c_does(
     sig: signal.Signals,
-    server: tuple[str, Server],  # noqa: F811  (the fixture imported above)
+    server: tuple[str, StreamingServer],
     tmp_path: Path,
     tiny_dir: Path,
 ) -> None:

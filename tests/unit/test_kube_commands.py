@@ -11,7 +11,6 @@ A real engine behind the forwards is tests/engine/test_kube_view.py's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -20,103 +19,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
-from aiohttp import web
 
 from servebook.backends import kubernetes as kube
 from servebook.kube.engine_pod import gpu_count
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
-from tests.conftest import CliResult
-from tests.unit.kube_standin import Server, serve
-from tests.unit.served_app import stream_tokens
-
-Cli = Callable[..., CliResult]
-VALUES = Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml"
-METRICS = Path(__file__).parent / "fixtures" / "metrics"
-NS = "moe-pd"
-UP = ["up", "vllm-pd", "--backend", "kubernetes", "-f", str(VALUES), "--timeout", "60"]
-
-
-class Engine:
-    """A stand-in engine behind a Pod's forwarded port (see the module docstring)."""
-
-    def __init__(self, role: str) -> None:
-        name = "decode" if role == "decode" else "prefill"
-        self.metrics = (METRICS / f"vllm-0.32.0-cpu-pd-spec-{name}-after.prom").read_text()
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> Engine:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/metrics", self.scrape)
-        app.router.add_post("/v1/completions", self.complete)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": "0.32.0"})
-
-    async def scrape(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics, content_type="text/plain")
-
-    async def complete(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        n = int(body.get("max_tokens") or 1)
-        if not body.get("stream"):
-            return web.json_response(
-                {
-                    "choices": [{"index": 0, "text": "ab" * n, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": n},
-                }
-            )
-        return await stream_tokens(request, n, 0.002)
-
-
-@pytest.fixture
-def cluster(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Server, dict[str, str]]]:
-    server = serve()
-    server.standin.ready_pods = True
-    engines = {role: Engine(role).start() for role in ("prefill", "decode", "router")}
-    for role, e in engines.items():
-        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
-    # The router's Prometheus port: its counters are not read by verify or bench.
-    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
-    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
-    monkeypatch.setenv("KUBECONFIG", str(cfg))
-    try:
-        yield server, {"KUBECONFIG": str(cfg)}
-    finally:
-        for e in engines.values():
-            e.stop()
-        server.stop()
+from tests.unit.kube_engines import UP, VALUES, Cli
+from tests.unit.kube_standin import Server
 
 
 def _pod(server: Server, role: str) -> dict[str, Any]:
@@ -126,9 +38,9 @@ def _pod(server: Server, role: str) -> dict[str, Any]:
 
 
 def test_status_shows_each_roles_pod_node_readiness_restarts_and_image(
-    cli: Cli, cluster: tuple[Server, dict[str, str]]
+    cli: Cli, kube_cluster: tuple[Server, dict[str, str]]
 ) -> None:
-    server, env = cluster
+    server, env = kube_cluster
     r = cli(*UP, env=env)
     assert r.returncode == 0, r.stderr
     r = cli("status", "vllm-pd", "--json", env=env)
@@ -145,11 +57,11 @@ def test_status_shows_each_roles_pod_node_readiness_restarts_and_image(
 
 
 def test_a_reup_after_a_change_waits_for_the_new_pod(
-    cli: Cli, cluster: tuple[Server, dict[str, str]]
+    cli: Cli, kube_cluster: tuple[Server, dict[str, str]]
 ) -> None:
     """While the controller has not rolled out the changed template, the old Pod is still
     Ready; up must wait for this apply's Pod, not report the old one."""
-    server, env = cluster
+    server, env = kube_cluster
     r = cli(*UP, env=env)
     assert r.returncode == 0, r.stderr
     old = _pod(server, "decode")["metadata"]["name"]
@@ -179,9 +91,9 @@ def test_a_reup_after_a_change_waits_for_the_new_pod(
 
 
 def test_verify_names_the_role_whose_forward_fails_within_its_bound(
-    cli: Cli, cluster: tuple[Server, dict[str, str]]
+    cli: Cli, kube_cluster: tuple[Server, dict[str, str]]
 ) -> None:
-    server, env = cluster
+    server, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     server.standin.forward_errors.add("decode")
     t0 = time.monotonic()
@@ -199,13 +111,13 @@ def test_verify_names_the_role_whose_forward_fails_within_its_bound(
 
 
 def test_bench_stops_naming_the_role_whose_pod_was_replaced(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], tmp_path: Path, sb_home: Path
+    cli: Cli, kube_cluster: tuple[Server, dict[str, str]], tmp_path: Path, sb_home: Path
 ) -> None:
     """A Pod replaced mid-sweep: the point in flight is invalid naming the role (SB410),
     the sweep stops with exit 1 naming it, and nothing waits past the bound."""
     from servebook.models.tiny import make_tiny_model
 
-    server, env = cluster
+    server, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     tok = tmp_path / "tok"
     make_tiny_model(tok)
@@ -248,9 +160,9 @@ def test_bench_stops_naming_the_role_whose_pod_was_replaced(
 
 
 def test_open_view_reads_argv_and_env_from_the_pods_as_applied(
-    cluster: tuple[Server, dict[str, str]],
+    kube_cluster: tuple[Server, dict[str, str]],
 ) -> None:
-    server, _ = cluster
+    server, _ = kube_cluster
     plan = resolve("vllm-pd", [], [VALUES])
     kube.up(plan, name="vllm-pd", timeout_s=30, poll_s=0.1)
     with kube.open_view("vllm-pd") as view:
@@ -268,12 +180,12 @@ def test_open_view_reads_argv_and_env_from_the_pods_as_applied(
 
 
 def test_tiny_pd_comes_up_with_its_model_generator_and_goes_down_without_a_record(
-    cli: Cli, cluster: tuple[Server, dict[str, str]], sb_home: Path
+    cli: Cli, kube_cluster: tuple[Server, dict[str, str]], sb_home: Path
 ) -> None:
     """The tiny recipe for any cluster: its ConfigMap (the model generator) is applied
     before the roles that mount it, each engine Pod makes the model in an init container,
     and `down` found by label removes the ConfigMap too."""
-    server, env = cluster
+    server, env = kube_cluster
     sets = ["--set", "image=vllm/vllm-openai-cpu:v0.32.0-x86_64", "--set", "node=node-1"]
     r = cli("up", "tiny-pd", "--backend", "kubernetes", "--name", "tpd", *sets, env=env)
     assert r.returncode == 0, r.stderr
@@ -290,7 +202,7 @@ def test_tiny_pd_comes_up_with_its_model_generator_and_goes_down_without_a_recor
 
 
 def test_a_role_with_replicas_is_read_over_every_replica(
-    cluster: tuple[Server, dict[str, str]],
+    kube_cluster: tuple[Server, dict[str, str]],
 ) -> None:
     """Three decode replicas behind one Service (the router spreads requests over them):
     the view forwards to each one's /metrics, and the role's counters are their sum, so a

@@ -17,7 +17,7 @@ from servebook.results.evidence import (
 )
 from servebook.results.schema import Latency, Point
 from servebook.results.tpot import judged, judged_key
-from tests.unit.test_bench_protocol import make_point
+from tests.unit.conftest import a_measured_point
 
 
 def histogram(mean: float, p50: float, count: float = 40) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def point(rep: int, client_p50: float, *, led: bool, concurrency: int = 1) -> Po
     client = Latency(p50=client_p50, p90=client_p50, p99=client_p50, mean=client_p50, n=40)
     server = Latency(p50=5.0, p90=9.0, p99=9.9, mean=5.2, n=40)
     stored = {"decode": {"tpot": histogram(5.2, 5.0), "itl": histogram(5.1, 5.0)}}
-    return make_point(
+    return a_measured_point(
         concurrency=concurrency,
         repetition=rep,
         tpot_ms=server if led else client,
@@ -102,7 +102,7 @@ def engine_led(rep: int, mean: float, *, bucket: tuple[float, float] = (0.0, 10.
     p50 = (bucket[0] + bucket[1]) / 2
     stored = histogram(mean, p50)
     stored["p50"]["bucket"] = list(bucket)
-    return make_point(
+    return a_measured_point(
         concurrency=1,
         repetition=rep,
         tpot_ms=Latency(p50=p50, p90=9.0, p99=9.9, mean=mean, n=40),

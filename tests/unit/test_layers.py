@@ -347,3 +347,49 @@ def test_the_walk_sees_every_form_of_an_import() -> None:
 def test_relative_imports_in_a_package_resolve_against_the_package_itself() -> None:
     names = {i.name for i in imports_in("from .store import load\n", "servebook.results", True)}
     assert names == {"servebook.results.store", "servebook.results.store.load"}
+
+
+# --- the tests' own layout -----------------------------------------------------------------
+
+TESTS = SRC.parent / "tests"
+
+
+def imports_of_test_file(path: Path) -> list[Import]:
+    rel = path.relative_to(TESTS.parent)
+    module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+    return imports_in(
+        path.read_text(encoding="utf-8"), module, path.name == "__init__.py", str(rel)
+    )
+
+
+def imports_a_test_module(imp: Import) -> bool:
+    """Whether the name imported is a test module (a ``test_*.py`` file under tests/), not
+    a name defined in one: ``from tests.unit import test_a`` is, ``from tests.unit.conftest
+    import test_like`` is not."""
+    target = TESTS.parent.joinpath(*imp.name.split(".")).with_suffix(".py")
+    return imp.name.startswith("tests.") and target.name.startswith("test_") and target.is_file()
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared set-up (fixtures, stand-ins, factories, constants) lives in ``conftest.py``
+    and helper modules, never in a test module: importing one runs its module-level code
+    again under another name, a fixture imported by name hides where it is defined, and a
+    test module edited for its own tests breaks others it never names."""
+    files = [p for p in sorted(TESTS.rglob("*.py")) if "fixtures" not in p.parts]
+    assert any(p.name == "test_layers.py" for p in files)
+    found = [str(i) for p in files for i in imports_of_test_file(p) if imports_a_test_module(i)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_test_import_rule_sees_each_form_of_importing_a_test_module() -> None:
+    src = (
+        "from tests.unit.test_layers import X\n"
+        "import tests.unit.test_layers\n"
+        "from tests.unit import test_layers\n"
+        "from . import test_layers as layers\n"
+        "from tests.unit.conftest import test_like_helper\n"
+        "from tests.unit.kube_standin import Server\n"
+        "import tests.unit.conftest\n"
+    )
+    found = [i for i in imports_in(src, "tests.unit.test_x") if imports_a_test_module(i)]
+    assert sorted({i.line for i in found}) == [1, 2, 3, 4]

@@ -1,21 +1,35 @@
-"""Rules lint (on the manifests) and verify (on the running engines' command lines) both
-judge give the same verdict on the same prefill and decode command lines. SB106 and SB310
-judge the KV handoff by one rule (``engines.cmdline.kv_role_problem`` and
-``kv_connector_problems``): on the same prefill and decode command lines they give the same
-verdict. Before, a pair whose kv_roles were reversed failed lint and passed verify."""
+"""Rules lint (on the manifests) and verify (on the running engines' command lines, logs
+and claims) or render both judge give the same verdict on the same input, one test per
+pair, parametrised over the cases that split them:
+
+* SB106 (lint) and SB310 (verify), the KV handoff: one rule, ``engines.cmdline.
+  kv_role_problem`` and ``kv_connector_problems``.  Before, a pair whose kv_roles were
+  reversed failed lint and passed verify.
+* SB105 (lint) and SB308 (verify), speculation symmetry: ``engines.cmdline.
+  compare_speculative``.
+* SB112 (lint), SB309 (verify) and render's refusal of unacknowledged PD over TCP: whether
+  the KV crosses by TCP, for every fabric profile (``kube.fabrics``) and connector it can
+  tell.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 
+from servebook.commands.render import render_files
 from servebook.deployment.view import Claims, RoleView
+from servebook.errors import UsageError
 from servebook.findings import Finding, Severity
+from servebook.kube import fabrics
 from servebook.lint.loader import LintSet, parse_yaml
 from servebook.lint.rules import check
 from servebook.verify import rules as R
+from servebook.verify.checks import check_kv_transport
 
 SERVE = ["vllm", "serve", "/models/m", "--served-model-name", "m"]
 
@@ -142,3 +156,48 @@ def test_lint_and_verify_judge_speculation_alike(
         verify_fails(R.spec_symmetry, prefill, decode, speculative=True),
     )
     assert verdicts == (fails, fails)
+
+
+# SB112 (lint, on the rendered Pods' transport settings), SB309 (verify, the transport the
+# recipe's fabric claims against the engine log) and render's refusal of PD over TCP
+# without allow_tcp_kv: one fact, whether the KV crosses by TCP, judged from the fabric
+# profile (kube.fabrics) by render and verify and from what the profile renders by lint.
+
+FABRICS = Path(__file__).parent / "fixtures" / "render" / "fabrics"
+# A UCX endpoint that moves KV over TCP, as vLLM's NIXL logs it at UCX_LOG_LEVEL=info.
+UCX_TCP_LOG = (
+    "[1755810012.483920] [gpu-node-2:87   :1]     ucp_worker.c:1951 UCX  INFO  "
+    "ucp_context_0 inter-node cfg#1 tag(tcp/eth0) rma(tcp/eth0) am(tcp/eth0) ka(tcp/eth0)"
+)
+FABRIC_CASES = [
+    (values, connector)
+    for values in sorted(p.name for p in FABRICS.iterdir())
+    for connector in ("NixlConnector", "MooncakeConnector")
+    if fabrics.connector_config(
+        fabrics.profile(yaml.safe_load((FABRICS / values / "values.yaml").read_text())["fabric"]),
+        connector,
+    )
+    is not None
+]
+
+
+@pytest.mark.parametrize(("values", "connector"), FABRIC_CASES)
+def test_lint_render_and_verify_judge_tcp_kv_alike(values: str, connector: str) -> None:
+    given = FABRICS / values / "values.yaml"
+    fabric = yaml.safe_load(given.read_text())["fabric"]
+    sets = [f"kv_connector={connector}", "allow_tcp_kv=true"]
+    _, _, files = render_files("vllm-pd", sets, [given])
+    docs = [parse_yaml(text, name) for name, text in files.items() if name.endswith(".yaml")]
+    lint_says_tcp = any(f.check == "SB112" for f in check(LintSet(docs, [])))
+    # verify: a log showing TCP passes only where the fabric claims TCP
+    (sb309,) = check_kv_transport("prefill", fabric, UCX_TCP_LOG)
+    verify_says_tcp = sb309.severity is Severity.PASS
+    # render: PD over TCP is refused unless acknowledged
+    try:
+        render_files("vllm-pd", [f"kv_connector={connector}", "allow_tcp_kv=false"], [given])
+        render_says_tcp = False
+    except UsageError as e:
+        assert "allow_tcp_kv" in str(e), e
+        render_says_tcp = True
+    claimed_tcp = fabrics.claimed_transport(fabric) == "tcp"
+    assert (lint_says_tcp, verify_says_tcp, render_says_tcp) == (claimed_tcp,) * 3

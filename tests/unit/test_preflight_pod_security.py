@@ -16,8 +16,8 @@ import pytest
 from servebook.commands.render import render_files
 from servebook.findings import Severity
 from servebook.preflight.pod_security import pod_security_finding, violations
-from tests.conftest import CliResult
-from tests.unit.test_preflight_cli import FIX, SETS
+from tests.conftest import GPU_PD_SETS, CliResult
+from tests.unit.preflight_standin import FIX
 
 Cli = Callable[..., CliResult]
 REPLICAS = Path(__file__).parent / "fixtures" / "render" / "vllm-pd-wide-ep-replicas"
@@ -46,7 +46,7 @@ def test_baseline_refuses_the_hostpath_and_ipc_lock_of_rdma_engine_pods() -> Non
 
 
 def test_restricted_says_more_and_privileged_or_no_label_passes() -> None:
-    _, objects, _ = render_files("vllm-pd", SETS)
+    _, objects, _ = render_files("vllm-pd", GPU_PD_SETS)
     restricted = pod_security_finding(objects, "s", ns("restricted"))
     assert restricted.severity is Severity.FAIL
     # Pod Security's words at restricted, as the test plane's API server refused the same
@@ -93,7 +93,7 @@ def test_preflight_on_a_snapshot_fails_before_the_apply(
     snap = tmp_path / "snap.json"
     snap.write_text(json.dumps(doc))
     argv = ["preflight", "vllm-pd", "--json", "--snapshot", str(snap)]
-    for s in SETS:
+    for s in GPU_PD_SETS:
         argv += ["--set", s]
     r = cli(*argv)
     findings = json.loads(r.stdout)["findings"]

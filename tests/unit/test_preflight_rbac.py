@@ -14,48 +14,18 @@ import aiohttp
 import pytest
 
 from servebook.findings import Severity
+from tests.rbac_rules import CLUSTER_READS, EVERYTHING_BUT_FORWARDS, forward_rules
 from tests.unit.kube_standin import Server, StandIn
-from tests.unit.test_preflight_live import by_check, cluster, plan, run
-
-__all__ = ["cluster"]  # the fixture, imported for these tests
-
-# Everything `up`, `down` and preflight use, but the port-forward subresource.
-EVERYTHING_BUT_FORWARDS = {
-    "apiGroups": ["", "apps", "rbac.authorization.k8s.io", "leaderworkerset.x-k8s.io"],
-    "resources": [
-        "namespaces",
-        "nodes",
-        "services",
-        "configmaps",
-        "serviceaccounts",
-        "pods",
-        "pods/log",
-        "events",
-        "deployments",
-        "replicasets",
-        "roles",
-        "rolebindings",
-        "leaderworkersets",
-    ],
-    "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-}
-CRDS = {
-    "apiGroups": ["apiextensions.k8s.io"],
-    "resources": ["customresourcedefinitions"],
-    "verbs": ["get", "list"],
-}
-
+from tests.unit.preflight_standin import by_check, plan, run
 
 # The probe Pods preflight runs (it needs no more than this on Pods to run them).
 PROBE_PODS = {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}
 
 
 def role(*forward_verbs: str) -> dict[str, Any]:
-    rules = [EVERYTHING_BUT_FORWARDS, CRDS]
-    if forward_verbs:
-        rules.append(
-            {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": list(forward_verbs)}
-        )
+    """The test plane's Role (tests/rbac_rules.py): the stand-in has one Role for the
+    namespace and the cluster, so the cluster's reads join the namespace's rules."""
+    rules = [*forward_rules(*forward_verbs), CLUSTER_READS]
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": rules}
 
 
@@ -74,9 +44,9 @@ def arrange(server: Server, minor: int, *forward_verbs: str) -> None:
     [(31, ("create",), ["get pods/portforward"])],
 )
 def test_a_role_without_what_the_forwards_need_fails_preflight_naming_it(
-    cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...], missing: list[str]
+    preflight_cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...], missing: list[str]
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     arrange(server, minor, *verbs)
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.FAIL, access.message
@@ -87,9 +57,9 @@ def test_a_role_without_what_the_forwards_need_fails_preflight_naming_it(
 
 @pytest.mark.parametrize(("minor", "verbs"), [(31, ("get",))])
 def test_a_role_with_what_the_forwards_need_passes(
-    cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...]
+    preflight_cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...]
 ) -> None:
-    server, cfg = cluster
+    server, cfg = preflight_cluster
     arrange(server, minor, *verbs)
     (access,) = by_check(run(cfg, plan()), "SB263")
     assert access.severity is Severity.PASS, access.message
@@ -112,9 +82,9 @@ async def _upgrade(url: str) -> int:
     [(31, ("get",), 101), (31, ("create",), 403)],  # from 1.35: test_scenarios.py
 )
 def test_the_stand_in_authorizes_a_forward_as_the_api_server_does(
-    cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...], status: int
+    preflight_cluster: tuple[Server, Path], minor: int, verbs: tuple[str, ...], status: int
 ) -> None:
-    server, _ = cluster
+    server, _ = preflight_cluster
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -126,11 +96,19 @@ def test_the_stand_in_authorizes_a_forward_as_the_api_server_does(
     assert asyncio.run(_upgrade(server.standin.url)) == status
 
 
-def test_the_stand_ins_reviews_answer_from_the_role_granted(cluster: tuple[Server, Path]) -> None:
-    server, cfg = cluster
+def test_the_stand_ins_reviews_answer_from_the_role_granted(
+    preflight_cluster: tuple[Server, Path],
+) -> None:
+    server, cfg = preflight_cluster
     server.call(
         lambda st: st.grant(
-            {"rules": [CRDS, {**EVERYTHING_BUT_FORWARDS, "verbs": ["get", "list"]}, PROBE_PODS]}
+            {
+                "rules": [
+                    CLUSTER_READS,
+                    {**EVERYTHING_BUT_FORWARDS, "verbs": ["get", "list"]},
+                    PROBE_PODS,
+                ]
+            }
         )
     )
     (access,) = by_check(run(cfg, plan()), "SB263")

@@ -6,12 +6,9 @@ the file before anything is written."""
 from __future__ import annotations
 
 import base64
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +28,7 @@ from servebook.report.render import (
 )
 from servebook.report.tables import load_runs
 from tests.conftest import CliResult
+from tests.unit.browser import PROBE, Dom, chromium
 from tests.unit.result_runs import CPU, A, B, variant
 
 RUNS = [A, B, CPU]
@@ -221,70 +219,6 @@ def test_bad_input_exits_2_naming_the_file_and_writes_nothing(
 
 # --- in a real browser ---------------------------------------------------------------------
 
-_PROBE = """<script>
-window.addEventListener("load", () => {
-  for (const img of document.images) img.dataset.naturalWidth = String(img.naturalWidth);
-  document.body.dataset.probe = "loaded";
-});
-</script>"""
-
-
-def chromium() -> str:
-    """Debian's chromium (scripts/setup.sh installs it).  Missing: a skip on a
-    workstation, a failure under CI, where the set-up must have installed it."""
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-        pytest.fail("CI is set but chromium is not installed: scripts/setup.sh installs it")
-    pytest.skip("chromium is not installed (as root: apt-get install -y chromium)")
-
-
-class _Dom(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tables: dict[str, int] = {}  # id -> body rows
-        self.plots: dict[str, int] = {}  # data-plot -> the image's natural width
-        self.figures: dict[str, dict[str, str]] = {}  # data-plot -> the figure's attributes
-        self.summary = ""
-        self._in_summary = False
-        self.body: dict[str, str] = {}
-        self._table: str | None = None
-        self._plot: str | None = None
-        self._in_body = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = {k: v or "" for k, v in attrs}
-        if tag == "body":
-            self.body = a
-        elif tag == "table":
-            self._table = a.get("data-table")
-            self.tables[self._table or ""] = 0
-        elif tag == "tbody":
-            self._in_body = True
-        elif tag == "tr" and self._table is not None and self._in_body:
-            self.tables[self._table] += 1
-        elif tag == "figure":
-            self._plot = a.get("data-plot")
-            self.figures[self._plot or ""] = a
-        elif tag == "p" and a.get("id") == "summary-text":
-            self._in_summary = True
-        elif tag == "img" and self._plot is not None:
-            self.plots[self._plot] = int(a.get("data-natural-width") or 0)
-
-    def handle_data(self, data: str) -> None:
-        if self._in_summary:
-            self.summary += data
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "p":
-            self._in_summary = False
-        if tag == "table":
-            self._table, self._in_body = None, False
-        elif tag == "figure":
-            self._plot = None
-
 
 def test_html_renders_in_headless_chromium_with_every_plot_and_table(
     out: Path, tmp_path: Path
@@ -294,7 +228,7 @@ def test_html_renders_in_headless_chromium_with_every_plot_and_table(
     # decoded (the report itself carries no script).  Name resolution is mapped to nothing,
     # so a page that needed the network would show broken images.
     probe = out / "probe.html"
-    probe.write_text((out / REPORT_HTML).read_text().replace("</body>", _PROBE + "</body>"))
+    probe.write_text((out / REPORT_HTML).read_text().replace("</body>", PROBE + "</body>"))
     try:
         r = subprocess.run(
             [
@@ -320,7 +254,7 @@ def test_html_renders_in_headless_chromium_with_every_plot_and_table(
     finally:
         probe.unlink()
     assert r.returncode == 0, r.stderr[-2000:]
-    dom = _Dom()
+    dom = Dom()
     dom.feed(r.stdout)
     assert dom.body.get("data-probe") == "loaded", r.stdout[:500]
     report = build_report(load_runs(RUNS))

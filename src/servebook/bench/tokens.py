@@ -57,16 +57,18 @@ class HFTokenizer:
             except Exception as e:
                 raise UsageError(f"{tj}: not a tokenizers file: {e}") from None
         else:
-            self._auto = self._load_auto()
+            self._auto = self._load_auto(
+                "no tokenizer.json, and transformers is not installed to load another "
+                "tokenizer format"
+            )
 
-    def _load_auto(self) -> Any:
+    def _load_auto(self, why: str) -> Any:
+        """transformers' tokenizer of ``self.path``; ``why`` says what needs it, should
+        transformers be missing."""
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise UsageError(
-                f"{self.path}: no tokenizer.json, and transformers is not installed to "
-                "load another tokenizer format (pip install transformers)"
-            ) from None
+            raise UsageError(f"{self.path}: {why} (pip install transformers)") from None
         try:
             return AutoTokenizer.from_pretrained(str(self.path))
         except Exception as e:
@@ -105,7 +107,10 @@ class HFTokenizer:
 
     def render_chat(self, content: str) -> str | None:
         if self._auto is None:
-            self._auto = self._load_auto()
+            self._auto = self._load_auto(
+                "a chat prompt is counted with the model's chat template, which transformers "
+                "renders, and transformers is not installed"
+            )
         if not getattr(self._auto, "chat_template", None):
             return None
         return str(
