@@ -408,7 +408,6 @@ def scripted_machine(
         proc.wait(10)
 
 
-<<<<<<< HEAD
 # --- a fake place (issue 34): a Deployer over the scripted engine ---------------------------
 
 
@@ -510,7 +509,8 @@ def fake_place() -> Iterator[Callable[..., FakePlace]]:
     for place in made:
         for stack, _, _ in place.up_.values():
             stack.close()
-=======
+
+
 # --- a streaming server (the bench client's tests) --------------------------------------
 
 
@@ -685,4 +685,3 @@ def stack_objects(name: str) -> stacks.Objects:
     items: list[dict[str, Any]] = yaml.safe_load((ATTACH_FIX / f"{name}.yaml").read_text())["items"]
     by = {k: [i for i in items if i["kind"] == k] for k in ("Pod", "Service", "Deployment")}
     return stacks.Objects(by["Pod"], by["Service"], by["Deployment"])
->>>>>>> h/tests

@@ -346,7 +346,7 @@ def test_bench_via_port_forward_of_an_attached_deployment_runs_and_records_that_
     load = load_results(out / RESULTS_NAME).provenance.load
     assert load is not None and load.route == "port-forward", load
     assert load.route_detail and "port-forward" in load.route_detail
-    assert load.job is None and _left(server, LLMD) == []  # no load Job was made
+    assert load.job is None and left_in(server, LLMD) == []  # no load Job was made
     (point,) = load_results(out / RESULTS_NAME).points
     assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
 
