@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from servebook import commands
+from servebook import commands, stopping
 from servebook.console import err, styled
 from servebook.errors import ServebookError
 
@@ -67,7 +67,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stop
 #: Measured before they were handled: a `timeout 600 servebook run` left tiny-pd's prefill,
 #: decode and router running, and `status` called them healthy.
 STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
-_stopped_by: list[signal.Signals] = []  # the signal that stopped this command, once one did
+_stopped_by = stopping.stopped_by  # the signal that stopped this command, once one did
 
 
 def main() -> None:
@@ -122,7 +122,8 @@ def _on_stop(signum: int, _frame: FrameType | None) -> None:
             f"{STOPPING[sig]}: stopping; first cleaning up what this command started ...",
             markup=False,
         )
-    raise KeyboardInterrupt
+    if not stopping.deferred():  # else the running load's next poll raises it
+        raise KeyboardInterrupt
 
 
 def _still_cleaning(_signum: int, _frame: FrameType | None) -> None:

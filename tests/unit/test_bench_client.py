@@ -5,11 +5,15 @@ processes.  The server streams like vLLM: one event per token, a usage-only chun
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import time
 
 import numpy as np
+import pytest
 from aiohttp import web
 
+from servebook import stopping
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.openai_stream import Endpoint, request_body
@@ -151,6 +155,57 @@ def test_the_controller_opens_the_window_and_stops_the_load(
     assert any(r.cancelled for r in res.records)  # in flight at the stop: cancelled
     assert not any(r.cancelled and r.error for r in res.records)
     assert seen[-1].window_ok >= 6
+
+
+def test_a_stop_signal_the_event_loop_swallowed_still_stops_the_load(
+    server: tuple[str, StreamingServer],
+) -> None:
+    """Issue 33: a Ctrl-C whose KeyboardInterrupt landed in a uvloop transport callback was
+    logged as a transport error and lost, and the sweep ran on to exit 0. The signal is
+    recorded before the raise (``servebook.stopping``); the load's next poll stops it."""
+    url, _ = server
+    polls: list[int] = []
+
+    def swallowed(p: Progress) -> None:
+        polls.append(p.completed_ok)
+        if p.completed_ok >= 3 and not stopping.stopped_by:
+            stopping.stopped_by.append(signal.SIGINT)  # recorded; its raise never came
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_load(
+                Endpoint(url, "tiny"),
+                LoadSpec(concurrency=2, deadline_s=30),
+                prompts("x", out=28),
+                on_progress=swallowed,
+                poll_s=0.01,
+            )
+    finally:
+        stopping.stopped_by.clear()
+    assert time.monotonic() - t0 < 10, "the load ran on after the stop"
+    assert polls and polls[-1] >= 3
+
+
+def test_a_stop_during_a_polled_load_is_recorded_for_its_poll_not_raised_in_a_callback() -> None:
+    """The handler's raise landed inside uvloop's ``data_received`` and printed a
+    "Fatal error on transport" traceback; while the load polls, the handler records the
+    signal and the poll raises it."""
+    from servebook import cli
+
+    saved = {sig: signal.getsignal(sig) for sig in cli.STOPPING}
+    try:
+        with stopping.polled():
+            cli._on_stop(signal.SIGINT, None)  # no KeyboardInterrupt here
+        assert stopping.stopped_by == [signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            stopping.raise_if_requested()
+        with pytest.raises(KeyboardInterrupt):  # outside a polled load: at once, as before
+            cli._on_stop(signal.SIGINT, None)
+    finally:
+        stopping.stopped_by.clear()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def test_worker_processes_split_the_load_and_merge_their_records(

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from servebook import auth
+from servebook import auth, stopping
 from servebook.bench import http1
 from servebook.bench.control import (
     G_N,
@@ -531,7 +531,9 @@ class Hooks:
 
     def poll(self, control: Control, spec: LoadSpec) -> tuple[list[WindowEdge], int | None]:
         """One poll: the window edges to report now, in order, and when the load stops
-        (None: it goes on)."""
+        (None: it goes on). A stop signal is raised here (``servebook.stopping``), where
+        no transport callback can swallow it."""
+        stopping.raise_if_requested()
         opened, stop = decide(control, self.controller, spec, self.on_progress)
         edges: list[WindowEdge] = []
         if self.on_window is not None:
@@ -620,7 +622,8 @@ def run_load(
     if spec.workers == 1:
         pin(spec, 0)
         install_uvloop()
-        return asyncio.run(_load_here(endpoint, spec, prompts, hooks))
+        with stopping.polled():  # a stop is raised at a poll, not in a transport callback
+            return asyncio.run(_load_here(endpoint, spec, prompts, hooks))
     from servebook.bench.coordinator import run_agents
 
     return run_agents(endpoint, spec, prompts, hooks, launcher)
