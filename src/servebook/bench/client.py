@@ -575,6 +575,7 @@ async def _load_here(
         w = Worker(0, endpoint, spec, prompts, control, producer.conn if producer else None)
         task = asyncio.create_task(w.run())
         while not control.get(0, W_READY) and not task.done():
+            stopping.raise_if_requested()  # the handler left it to this loop's polls
             await asyncio.sleep(0.001)
         start = now_ns()
         control.arr[G_START] = start
@@ -623,7 +624,9 @@ def run_load(
         pin(spec, 0)
         install_uvloop()
         with stopping.polled():  # a stop is raised at a poll, not in a transport callback
-            return asyncio.run(_load_here(endpoint, spec, prompts, hooks))
+            result = asyncio.run(_load_here(endpoint, spec, prompts, hooks))
+        stopping.raise_if_requested()  # one that came as the load ended
+        return result
     from servebook.bench.coordinator import run_agents
 
     return run_agents(endpoint, spec, prompts, hooks, launcher)
