@@ -1075,6 +1075,28 @@ def test_cli_unusable_arguments_exit_2(
     assert r.stdout == ""
 
 
+def test_cli_a_path_that_is_no_directory_is_unusable_input_not_a_failing_check(
+    cli: Callable[..., CliResult], tmp_path: Path, model: Path
+) -> None:
+    """Issue 33 (D30): `probe /nonexistent`, a file and /dev/null exited 1 as a failing
+    check; typed on the command line they are unusable input: exit 2, naming the path and
+    the fix (on a node the same rule is SB201's failing verdict, tested above)."""
+    dangling = tmp_path / "current"
+    dangling.symlink_to(tmp_path / "gone")
+    for path, says in (
+        (model.parent / "tinny", f"did you mean {model}?"),
+        (model / "config.json", "is a file, not a directory"),
+        (Path("/dev/null"), "is a device or other special file, not a directory"),
+        (dangling, "which does not exist"),
+    ):
+        r = cli("probe", str(path), "--mountinfo", str(THIS_MACHINE))
+        assert r.returncode == 2, (path, r.stdout, r.stderr)
+        assert f"DIR {path} " in r.stderr and says in r.stderr, r.stderr
+        assert "--find ROOT" in r.stderr and r.stdout == ""
+    r = cli("probe", str(model), "--draft", "/nonexistent", "--mountinfo", str(THIS_MACHINE))
+    assert r.returncode == 2 and "--draft /nonexistent does not exist" in r.stderr, r.stderr
+
+
 def test_cli_help_explains_with_an_example(cli: Callable[..., CliResult]) -> None:
     r = cli("probe", "--help")
     assert r.returncode == 0

@@ -50,6 +50,19 @@ def _mounts(mountinfo: Path | None) -> tuple[list[probe_lib.Mount] | None, str]:
     return mounts, ""
 
 
+def _a_directory(path: Path, what: str) -> None:
+    """A path given here that is no directory at all is unusable input (exit 2), not a
+    failing check: there is nothing to probe (the node probe's SB201 says the same of a
+    node's path; here the user typed it)."""
+    gone = probe_lib.no_directory(str(path))
+    if gone is not None:
+        raise UsageError(
+            f"{what} {path} {gone[0]}.",
+            hint="Give the model directory, the one holding config.json "
+            "(`servebook probe --find ROOT` lists them).",
+        )
+
+
 @app.command("probe", epilog=_EPILOG)
 def probe(
     directory: Path | None = typer.Argument(
@@ -108,6 +121,9 @@ def probe(
         title = f"model directories under {find}"
     else:
         assert directory is not None  # usage_problem guarantees it
+        _a_directory(directory, "DIR")
+        if draft is not None:
+            _a_directory(draft, "--draft")
         found = probe_lib.probe(
             str(directory),
             expect_model,

@@ -991,27 +991,33 @@ def _config_evidence(doc: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _check_exists(path: str, subject: str) -> Dict[str, Any]:
+def no_directory(path: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """Why ``path`` is no directory to probe at all (absent, a dangling link, a file or a
+    device), with its evidence; None when it is a directory.  On a node that is SB201's
+    failing verdict; given to ``servebook probe`` on the command line it is unusable input."""
     if not os.path.lexists(path):
-        return finding("SB201", FAIL, subject, _absent_message(path), {"path": path})
+        return _absent_message(path), {"path": path}
     if os.path.islink(path) and not os.path.exists(path):
-        return finding(
-            "SB201",
-            FAIL,
-            subject,
-            "is a link to {}, which does not exist".format(os.readlink(path)),
-            {"path": path, "target": os.readlink(path)},
-        )
+        target = os.readlink(path)
+        return "is a link to {}, which does not exist".format(target), {
+            "path": path,
+            "target": target,
+        }
     real = os.path.realpath(path)
     if not os.path.isdir(real):
-        kind = "a file" if os.path.isfile(real) else "not a directory"
-        return finding(
-            "SB201",
-            FAIL,
-            subject,
+        kind = "a file" if os.path.isfile(real) else "a device or other special file"
+        return (
             "is {}, not a directory: give the directory that holds config.json".format(kind),
             {"path": path, "real_path": real},
         )
+    return None
+
+
+def _check_exists(path: str, subject: str) -> Dict[str, Any]:
+    gone = no_directory(path)
+    if gone is not None:
+        return finding("SB201", FAIL, subject, gone[0], gone[1])
+    real = os.path.realpath(path)
     try:
         names = os.listdir(real)
     except OSError as e:
