@@ -546,16 +546,12 @@ def preflight_cluster(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
 # --- a Kubernetes deployment on the stand-in API server (test_kube_*.py, test_load_job.py) ---
 
 
-@pytest.fixture
-def kube_cluster(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+def _standin_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: type[Engine]
 ) -> Iterator[tuple[Server, dict[str, str]]]:
-    """The stand-in API server, its Pods Ready at once, forwarding each role's port to a
-    stand-in ``Engine``; yields the server and the environment naming its kubeconfig
-    (KUBECONFIG is set in this process too)."""
     server = serve()
     server.standin.ready_pods = True
-    engines = {role: Engine(role).start() for role in ("prefill", "decode", "router")}
+    engines = {role: engine(role).start() for role in ("prefill", "decode", "router")}
     for role, e in engines.items():
         server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
     # The router's Prometheus port: its counters are not read by verify or bench.
@@ -571,25 +567,22 @@ def kube_cluster(
 
 
 @pytest.fixture
+def kube_cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Server, dict[str, str]]]:
+    """The stand-in API server, its Pods Ready at once, forwarding each role's port to a
+    stand-in ``Engine``; yields the server and the environment naming its kubeconfig
+    (KUBECONFIG is set in this process too)."""
+    yield from _standin_cluster(tmp_path, monkeypatch, Engine)
+
+
+@pytest.fixture
 def job_cluster(
     tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Server, dict[str, str]]]:
     """``kube_cluster`` with ``TokenizingEngine``s: the in-cluster load builds its prompts
     on the server."""
-    server = serve()
-    server.standin.ready_pods = True
-    engines = {role: TokenizingEngine(role).start() for role in ("prefill", "decode", "router")}
-    for role, e in engines.items():
-        server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
-    server.standin.forward_to["router:29000"] = ("127.0.0.1", engines["router"].port)
-    cfg = server.write_kubeconfig(tmp_path / "kubeconfig")
-    monkeypatch.setenv("KUBECONFIG", str(cfg))
-    try:
-        yield server, {"KUBECONFIG": str(cfg)}
-    finally:
-        for e in engines.values():
-            e.stop()
-        server.stop()
+    yield from _standin_cluster(tmp_path, monkeypatch, TokenizingEngine)
 
 
 # --- what the in-cluster load may import, and a CLI child that takes signals as a terminal's ---

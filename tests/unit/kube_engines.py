@@ -42,12 +42,15 @@ class Engine:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
 
-    async def _start(self) -> None:
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.scrape)
         app.router.add_post("/v1/completions", self.complete)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        self._routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = socket.socket()
@@ -93,25 +96,18 @@ class TokenizingEngine(Engine):
         super().__init__(role)
         self.authorizations: set[str] = set()  # what each completion request carried
 
-    async def _start(self) -> None:  # the parent's routes, and these two
+    async def _start(self) -> None:
         from tokenizers import Tokenizer
 
         d = Path(tempfile.mkdtemp(prefix="tiny-tok-"))
         make_tiny_model(d)
         self.tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/version", self.version)
-        app.router.add_get("/metrics", self.scrape)
-        app.router.add_post("/v1/completions", self.complete)
+        await super()._start()
+
+    def _routes(self, app: web.Application) -> None:  # the parent's routes, and these two
+        super()._routes(app)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
         self.authorizations.add(request.headers.get("Authorization", ""))
