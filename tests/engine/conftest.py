@@ -122,7 +122,6 @@ class Shared:
         self.recipe: str | None = None
         self.dep: local.Deployment | None = None
         self.members: set[int] = set()
-        self.ups = 0
 
     @staticmethod
     def name(recipe: str) -> str:
@@ -136,7 +135,6 @@ class Shared:
         plan = resolve(recipe, state_dir=local.state_dir_for(name))
         self.dep = local.up(plan, name=name, timeout_s=480, say=print)
         self.recipe = recipe
-        self.ups += 1
         self.members = group_members([r.pid for r in self.dep.roles])
         assert self.members, "no process found for a deployment that is up"
         return self.dep
