@@ -18,10 +18,6 @@ stopped_by: list[signal.Signals] = []  # the signal that stopped this command, o
 _polling = [0]
 
 
-def requested() -> bool:
-    return bool(stopped_by)
-
-
 def deferred() -> bool:
     """Whether a stop is left to a poll (``polled``) rather than raised at once."""
     return _polling[0] > 0
