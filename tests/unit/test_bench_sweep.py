@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,10 +34,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 class FakeScrape:
     """Counters of a real PD run: 'before' at the window's opening, 'after' at its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         self.calls = 0
+        self.delay_s = delay_s  # a /metrics that takes this long to answer
 
     def __call__(self, urls: Mapping[str, str | tuple[str, ...]]) -> dict[str, Snapshot | str]:
+        time.sleep(self.delay_s)
         edge = "before" if self.calls % 2 == 0 else "after"
         self.calls += 1
         return {
@@ -88,7 +91,7 @@ def test_a_sweep_writes_valid_points_with_server_evidence(
         seen.append((ps.level.concurrency, outcome is not None))
 
     prompts = DatasetPrompts([Prompt("x", 4)], "memory", "0")
-    scrape = FakeScrape()
+    scrape = FakeScrape(delay_s=0.03)
     res = run_sweep(
         target(url),
         SETTINGS,
@@ -104,6 +107,9 @@ def test_a_sweep_writes_valid_points_with_server_evidence(
         assert p.valid, p.invalid_reasons
         assert p.requests_ok >= 3 and p.errors == 0
         assert p.window.duration_s is not None and p.window.duration_s >= 0.25
+        # the counters span scrape to scrape: how far each scrape lagged its edge is kept
+        for lag in (p.window.scrape_open_lag_ms, p.window.scrape_close_lag_ms):
+            assert lag is not None and lag >= 30
         assert p.server["handoff_share"] == pytest.approx(896 / 917)
         assert p.ttft_ms.p50 is not None and p.output_tokens_per_s
         # the engines' own latency, per role, from the same two scrapes

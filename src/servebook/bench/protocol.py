@@ -65,7 +65,7 @@ from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
 from servebook.results.aggregate import PrecisionTarget
 from servebook.results.evidence import server_evidence, with_server_latency
 from servebook.results.provenance import utc_now
-from servebook.results.schema import Point, Results, point_key
+from servebook.results.schema import Point, Results, WindowInfo, point_key
 from servebook.results.store import ResultsWriter
 
 Order = Literal["shuffled", "ascending"]
@@ -407,6 +407,17 @@ def scrape_roles(
     return out
 
 
+def scrape_lags(point: Point, scraped_ns: Mapping[str, int], ws: int, we: int) -> WindowInfo:
+    """The point's window with how long after each edge its scrape returned."""
+
+    def lag(edge: str, at: int) -> float | None:
+        return round((scraped_ns[edge] - at) / 1e6, 3) if edge in scraped_ns else None
+
+    return point.window.model_copy(
+        update={"scrape_open_lag_ms": lag("open", ws), "scrape_close_lag_ms": lag("close", we)}
+    )
+
+
 @dataclass
 class PointOutcome:
     point: Point
@@ -556,10 +567,12 @@ def run_point(
         **(replay.spec_fields() if replay else {}),
     )
     edges: dict[str, dict[str, Snapshot | str]] = {}
+    scraped_ns: dict[str, int] = {}
 
     def on_window(edge: Literal["open", "close"]) -> None:
         if target.metrics_urls:
             edges[edge] = scrape_fn(target.metrics_urls)
+            scraped_ns[edge] = time.monotonic_ns()  # the window's edges' clock
 
     started = utc_now()
     load = run_load(
@@ -611,7 +624,9 @@ def run_point(
         stop_reason=stop_reason,
         speculative=target.speculative,
     )
-    point = point.model_copy(update={"prompt_build_s": build_s})
+    point = point.model_copy(
+        update={"prompt_build_s": build_s, "window": scrape_lags(point, scraped_ns, ws, we)}
+    )
     if "open" in edges and "close" in edges:
         point = with_server_latency(
             point, edges["open"], edges["close"], decode_role=target.decode_role

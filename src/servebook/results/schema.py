@@ -140,6 +140,11 @@ class WindowInfo(BaseModel):
     # host can relate them to its own measurements (benchmarks/client_capacity.py).
     start_monotonic_ns: int | None = None
     end_monotonic_ns: int | None = None
+    # The server's counters cover the span from the opening scrape to the closing one, not
+    # the window itself: each scrape returned this long after its edge, so requests that
+    # finished that close after an edge may be on the other side of it server-side.
+    scrape_open_lag_ms: float | None = None
+    scrape_close_lag_ms: float | None = None
 
 
 class ClientEvidence(BaseModel):
