@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from servebook.results.schema import (
     WindowInfo,
 )
 from tests.conftest import CliResult
+from tests.unit.cli_inprocess import run_cli
 from tests.unit.kube_engines import Engine, TokenizingEngine
 from tests.unit.kube_standin import Kubelet, Server, serve
 from tests.unit.preflight_standin import LLAMA_70B_BYTES, load_cluster, probe_output
@@ -79,6 +80,28 @@ MEMORY_BOUND = [
     "import resource",
     "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))",
 ]
+
+
+@pytest.fixture
+def cli(cli: Callable[..., CliResult], sb_home: Path) -> Callable[..., CliResult]:
+    """``servebook ARGS`` as ``tests/conftest.py``'s ``cli`` runs it, in this process
+    (``cli_inprocess``: a child's start, servebook imported again, cost about a second of
+    CPU each); in a child still where a ``prelude`` must run first (a memory or file size
+    bound, a module hidden) or ``process=True`` asks for one."""
+    child = cli
+
+    def run(
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        prelude: Sequence[str] = (),
+        process: bool = False,
+    ) -> CliResult:
+        if prelude or process:
+            return child(*args, env=env, timeout=timeout, prelude=prelude)
+        return run_cli(args, {"SERVEBOOK_HOME": str(sb_home), "COLUMNS": "200", **(env or {})})
+
+    return run
 
 
 @pytest.fixture
