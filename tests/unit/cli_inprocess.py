@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -85,9 +85,28 @@ def _read(f: IO[bytes]) -> str:
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8").read()
 
 
-def run_cli(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``servebook ARGS`` with ``env`` added to the environment; a ``CompletedProcess`` as
-    ``subprocess.run(capture_output=True, text=True)`` gives one."""
+@contextlib.contextmanager
+def _hidden(names: Sequence[str]) -> Iterator[None]:
+    """The modules ``names`` cannot be imported (``sys.modules[name] = None``, as a child's
+    prelude hides one), and are back after."""
+    before = {n: sys.modules[n] for n in names if n in sys.modules}
+    sys.modules.update(dict.fromkeys(names))
+    try:
+        yield
+    finally:
+        for n in names:
+            if n in before:
+                sys.modules[n] = before[n]
+            else:
+                sys.modules.pop(n, None)
+
+
+def run_cli(
+    args: tuple[str, ...], env: dict[str, str], hide: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``servebook ARGS`` with ``env`` added to the environment and the modules ``hide``
+    not importable; a ``CompletedProcess`` as ``subprocess.run(capture_output=True,
+    text=True)`` gives one."""
     from servebook import auth, cli, redact, stopping
 
     handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
@@ -101,7 +120,7 @@ def run_cli(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedP
     stopping._polling[0] = 0
     asyncio.set_event_loop_policy(None)
     try:
-        with _environment(env), _fds() as files:
+        with _environment(env), _hidden(hide), _fds() as files:
             sys.argv = ["-c", *args]
             try:
                 cli.main()

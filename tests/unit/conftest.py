@@ -87,7 +87,9 @@ def cli(cli: Callable[..., CliResult], sb_home: Path) -> Callable[..., CliResult
     """``servebook ARGS`` as ``tests/conftest.py``'s ``cli`` runs it, in this process
     (``cli_inprocess``: a child's start, servebook imported again, cost about a second of
     CPU each); in a child still where a ``prelude`` must run first (a memory or file size
-    bound, a module hidden) or ``process=True`` asks for one."""
+    bound, a patch) or ``process=True`` asks for one.  ``hide``: modules the command cannot
+    import (``["vllm"]``: a check that slipped would end in "vLLM is not installed", never
+    in an engine started), as a prelude ``sys.modules[name] = None`` hides them in a child."""
     child = cli
 
     def run(
@@ -96,10 +98,13 @@ def cli(cli: Callable[..., CliResult], sb_home: Path) -> Callable[..., CliResult
         timeout: float = 120,
         prelude: Sequence[str] = (),
         process: bool = False,
+        hide: Sequence[str] = (),
     ) -> CliResult:
         if prelude or process:
-            return child(*args, env=env, timeout=timeout, prelude=prelude)
-        return run_cli(args, {"SERVEBOOK_HOME": str(sb_home), "COLUMNS": "200", **(env or {})})
+            hiding = ["import sys", *(f"sys.modules[{n!r}] = None" for n in hide)]
+            return child(*args, env=env, timeout=timeout, prelude=[*hiding, *prelude])
+        env = {"SERVEBOOK_HOME": str(sb_home), "COLUMNS": "200", **(env or {})}
+        return run_cli(args, env, hide)
 
     return run
 

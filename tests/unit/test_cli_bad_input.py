@@ -98,7 +98,7 @@ def test_port_already_taken(cli: Cli, sb_home: Path, tmp_path: Path) -> None:
 
 def test_vllm_not_installed(cli: Cli, sb_home: Path) -> None:
     # sys.modules[name] = None is the import system's own "this module is absent".
-    r = cli("up", "tiny-mixed", prelude=["import sys", "sys.modules['vllm'] = None"])
+    r = cli("up", "tiny-mixed", hide=["vllm"])
     assert r.returncode == 2
     assert "vLLM is not installed" in r.stderr and "scripts/setup.sh" in r.stderr
     _no_state(sb_home)

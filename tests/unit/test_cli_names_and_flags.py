@@ -22,7 +22,7 @@ from servebook.errors import UsageError
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]
-NO_ENGINE = ["import sys", "sys.modules['vllm'] = None"]
+NO_ENGINE = ["vllm"]  # hidden from the import system: sys.modules["vllm"] = None
 RULE = "a deployment name is a DNS-1123 label"
 
 
@@ -48,7 +48,7 @@ def test_up_name_that_climbs_out_of_servebook_home_is_refused_before_anything(
     victim = tmp_path / "victim"  # SERVEBOOK_HOME/deployments/../../victim
     (victim / "kv").mkdir(parents=True)
     (victim / "kv" / "important.txt").write_text("precious\n")
-    r = cli("up", "tiny-pd", "--name", "../../victim", "--timeout", "5", prelude=NO_ENGINE)
+    r = cli("up", "tiny-pd", "--name", "../../victim", "--timeout", "5", hide=NO_ENGINE)
     refused(r, "--name '../../victim'", RULE, f"e.g. {names.EXAMPLE}")
     assert (victim / "kv" / "important.txt").read_text() == "precious\n"
     assert sorted(p.name for p in victim.iterdir()) == ["kv"]  # no logs/, no state.json
@@ -58,7 +58,7 @@ def test_up_name_that_climbs_out_of_servebook_home_is_refused_before_anything(
 
 @pytest.mark.parametrize("bad", ["a/b", ".", "..", "Tiny-PD", "tiny_pd", "-pd", "x" * 64, ""])
 def test_up_refuses_every_name_that_is_not_a_dns_label(cli: Cli, sb_home: Path, bad: str) -> None:
-    r = cli("up", "tiny-mixed", "--name", bad, "--timeout", "5", prelude=NO_ENGINE)
+    r = cli("up", "tiny-mixed", "--name", bad, "--timeout", "5", hide=NO_ENGINE)
     refused(r, f"--name {bad!r}", RULE)
     assert not (sb_home / "deployments").exists()
 
@@ -80,7 +80,7 @@ def test_every_command_that_takes_a_deployment_name_checks_it(
     cli: Cli, tmp_path: Path, sb_home: Path, args: list[str]
 ) -> None:
     args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
-    r = cli(*args, prelude=NO_ENGINE)
+    r = cli(*args, hide=NO_ENGINE)
     refused(r, RULE, names.EXAMPLE)
     assert not (sb_home / "deployments").exists()
     assert not (tmp_path / "out").exists()
@@ -92,7 +92,7 @@ def test_a_recipe_file_whose_name_is_no_deployment_name_asks_for_name(
     src = Path(__file__).parents[2] / "src/servebook/recipe/catalog/tiny-mixed.yaml"
     recipe = tmp_path / "My_Recipe.yaml"
     recipe.write_text(src.read_text())
-    r = cli("up", str(recipe), "--timeout", "5", prelude=NO_ENGINE)
+    r = cli("up", str(recipe), "--timeout", "5", hide=NO_ENGINE)
     refused(r, "'My_Recipe'", "--name", RULE)
 
 
@@ -120,7 +120,7 @@ def test_the_name_rule_accepts_what_kubernetes_accepts() -> None:
 def test_up_timeout_must_be_a_number_of_seconds_above_0(
     cli: Cli, sb_home: Path, value: str
 ) -> None:
-    r = cli("up", "tiny-mixed", "--timeout", value, prelude=NO_ENGINE)
+    r = cli("up", "tiny-mixed", "--timeout", value, hide=NO_ENGINE)
     refused(r, f"--timeout {float(value)}: give a number of seconds above 0")
     assert not (sb_home / "deployments").exists()
 
@@ -229,7 +229,7 @@ def test_a_second_up_of_a_name_being_brought_up_names_the_first(cli: Cli, sb_hom
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        r = cli("up", "tiny-mixed", "--timeout", "5", prelude=NO_ENGINE)
+        r = cli("up", "tiny-mixed", "--timeout", "5", hide=NO_ENGINE)
         text = refused(
             r,
             "another `servebook up` (or `run`) of deployment 'tiny-mixed' is running "
@@ -241,7 +241,7 @@ def test_a_second_up_of_a_name_being_brought_up_names_the_first(cli: Cli, sb_hom
         holder.wait()
     # Its lock went with it: the next `up` goes as far as this machine lets it.
     t0 = time.monotonic()
-    r = cli("up", "tiny-mixed", "--timeout", "5", prelude=NO_ENGINE)
+    r = cli("up", "tiny-mixed", "--timeout", "5", hide=NO_ENGINE)
     assert r.returncode == 2 and "vLLM is not installed" in said(r), said(r)
     assert time.monotonic() - t0 < 60
     # A refused up records nothing; the lock of the killed one went with its successor's.
