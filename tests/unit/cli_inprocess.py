@@ -90,7 +90,8 @@ def _hidden(names: Sequence[str]) -> Iterator[None]:
     """The modules ``names`` cannot be imported (``sys.modules[name] = None``, as a child's
     prelude hides one), and are back after."""
     before = {n: sys.modules[n] for n in names if n in sys.modules}
-    sys.modules.update(dict.fromkeys(names))
+    for n in names:
+        sys.modules[n] = None  # type: ignore[assignment]
     try:
         yield
     finally:
