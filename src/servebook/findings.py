@@ -152,39 +152,3 @@ def to_json(findings: Sequence[Finding], **extra: Any) -> str:
     doc.update(extra)
     return json.dumps(doc, indent=2, sort_keys=False, default=str)
 
-
-_STYLE = {
-    Severity.PASS: "green",
-    Severity.INFO: "cyan",
-    Severity.WARN: "yellow",
-    Severity.FAIL: "bold red",
-    Severity.ERROR: "bold magenta",
-}
-
-
-def print_table(findings: Sequence[Finding], title: str = "", console: Any = None) -> None:
-    """Print findings as a table for a person (Rich), on ``servebook.console.out`` unless
-    told otherwise: the console that redacts what it prints."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from servebook.console import out  # here: the console module imports this one
-
-    console = console or out
-    # Text cells, never markup strings: messages quote files, paths and log lines.
-    table = Table(title=Text(title) if title else None, show_lines=False)
-    table.add_column("check", no_wrap=True)
-    table.add_column("verdict", no_wrap=True)
-    table.add_column("subject")
-    table.add_column("message")
-    for f in findings:
-        msg = Text(f.message)
-        if f.hint:
-            msg.append(f"\nfix: {f.hint}", style="dim")
-        table.add_row(
-            Text(f.check), Text(f.severity.value, style=_STYLE[f.severity]), Text(f.subject), msg
-        )
-    console.print(table)
-    n_fail = sum(1 for f in findings if f.failed)
-    n_warn = sum(1 for f in findings if f.severity is Severity.WARN)
-    console.print(Text(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)"))

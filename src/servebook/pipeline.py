@@ -15,11 +15,11 @@ from pathlib import Path
 
 from servebook.backends.base import Deployer, Say
 from servebook.bench import target as tgt
-from servebook.console import err, out, print_points, print_report
+from servebook.console import err, out, print_findings, print_points, print_report
 from servebook.deployment.site import LoadSite
 from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError
-from servebook.findings import exit_code, print_table
+from servebook.findings import exit_code
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
 from servebook.results.schema import Results
@@ -147,7 +147,7 @@ def preflight(job: Job) -> None:
     checks = job.backend.preflight(job.plan)
     if not checks:
         return
-    print_table(checks, title=f"servebook preflight {job.recipe}", console=out)
+    print_findings(checks, title=f"servebook preflight {job.recipe}", console=out)
     code = exit_code(checks)
     if code:
         raise ServebookError("nothing was deployed.", exit_code=code, label="preflight failed")
