@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from servebook.bench.datasets import read_dataset
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.flags import Warmup
-from servebook.bench.openai_stream import Endpoint, reply_text
+from servebook.bench.openai_stream import reply_text
 from servebook.bench.prefixes import PrefixPrompts
 from servebook.bench.protocol import (
     PointOutcome,

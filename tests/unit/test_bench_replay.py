@@ -19,7 +19,7 @@ import pytest
 
 from servebook.bench.control import next_gap_ns
 from servebook.bench.datasets import Dataset, read_dataset
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import (
     Level,
     PointOutcome,

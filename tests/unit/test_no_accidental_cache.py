@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from servebook.bench.openai_stream import Endpoint, request_body
+from servebook.bench.endpoint import Endpoint
+from servebook.bench.openai_stream import request_body
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.validity import Thresholds, judge, prefix_hit_bound
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts

@@ -25,11 +25,11 @@ event loop's own lag is sampled too, and reported.
 closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
 each gives a ``RequestRecord`` with ``error`` set; nothing is dropped.
 
-**The rest of the load generator.**  ``http1.py`` (the connections), ``openai_stream.py``
-(the request and how its stream folds into its record), ``sse.py``, ``records.py`` (what
-is recorded, and the token and ITL rules), ``control.py`` (the load's spec, and the
-counters the controller and the workers share), ``prompt_feed.py`` (prompts ready before
-they are needed).
+**The rest of the load generator.**  ``http1.py`` (the connections), ``endpoint.py`` (the
+server asked), ``openai_stream.py`` (the request and how its stream folds into its record),
+``sse.py``, ``records.py`` (what is recorded, and the token and ITL rules), ``control.py``
+(the load's spec, and the counters the controller and the workers share),
+``prompt_feed.py`` (prompts ready before they are needed).
 
 **Load agents.**  One process runs one event loop (uvloop when importable); with
 ``workers > 1`` the load is made by that many *load agents* (``bench/agent.py``), each a
@@ -78,8 +78,8 @@ from servebook.bench.control import (
     decide,
     next_gap_ns,
 )
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.openai_stream import (
-    Endpoint,
     StreamSink,
     dumps,
     finish_record,

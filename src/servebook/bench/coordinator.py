@@ -63,7 +63,7 @@ from servebook.bench.control import (
     WindowHook,
     children_ignore_sigint,
 )
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.records import AgentInfo, LoadResult, RequestRecord, WorkerStats
 from servebook.bench.workload import PromptSource
 
