@@ -87,8 +87,8 @@ VLLM_BENCH = (
 
 def client_child(spec_json: str) -> None:
     """Run servebook's client once and write what it reported (``--client`` mode)."""
-    from servebook.bench.client import run_load
     from servebook.bench.control import LoadSpec
+    from servebook.bench.coordinator import run_load
     from servebook.bench.endpoint import Endpoint
     from servebook.bench.workload import RandomPrompts
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from servebook.backends import local
-from servebook.bench.client import run_load
 from servebook.bench.control import LoadSpec
-from servebook.bench.coordinator import LocalLauncher
+from servebook.bench.coordinator import LocalLauncher, run_load
 from servebook.bench.endpoint import Endpoint
 from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import RandomPrompts

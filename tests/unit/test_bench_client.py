@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from servebook import stopping
-from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
+from servebook.bench.coordinator import run_load
 from servebook.bench.endpoint import Endpoint
 from servebook.bench.openai_stream import request_body
 from servebook.bench.workload import DatasetPrompts, Prompt

@@ -228,8 +228,8 @@ def test_a_server_that_closes_every_connection_gives_errors_not_a_client_failure
     import socket
     import threading
 
-    from servebook.bench.client import run_load
     from servebook.bench.control import LoadSpec
+    from servebook.bench.coordinator import run_load
     from servebook.bench.endpoint import Endpoint
     from servebook.bench.workload import DatasetPrompts, Prompt
 

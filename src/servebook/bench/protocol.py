@@ -51,8 +51,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
+from servebook.bench.coordinator import run_load
 from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import point_from_load
 from servebook.bench.flags import NO_WARMUP, Warmup
