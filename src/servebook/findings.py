@@ -151,4 +151,3 @@ def to_json(findings: Sequence[Finding], **extra: Any) -> str:
     }
     doc.update(extra)
     return json.dumps(doc, indent=2, sort_keys=False, default=str)
-

@@ -29,11 +29,11 @@ from servebook.bench.protocol import (
     run_point,
 )
 from servebook.bench.sessions import SyntheticSessions, sharegpt_sessions, turn_index
+from servebook.bench.sweep import BenchArgs, prompts_from
 from servebook.bench.target import workload_of
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.errors import UsageError
-from servebook.sweep import BenchArgs, prompts_from
 from tests.unit.conftest import needs_transformers
 from tests.unit.served_app import loose_thresholds
 

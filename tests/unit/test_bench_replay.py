@@ -29,12 +29,12 @@ from servebook.bench.protocol import (
     replay_rate,
     run_point,
 )
+from servebook.bench.sweep import BenchArgs, settings_from
 from servebook.bench.target import workload_of
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.trace_prompts import TracePrompts
 from servebook.bench.validity import Thresholds, judge
 from servebook.report.comparability import comparability
-from servebook.sweep import BenchArgs, settings_from
 from tests.unit.conftest import a_point, a_provenance
 from tests.unit.served_app import loose_thresholds
 
