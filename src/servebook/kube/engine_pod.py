@@ -13,6 +13,7 @@ from typing import Any
 
 from servebook.engines import vllm
 from servebook.errors import UsageError
+from servebook.kube import fabrics
 from servebook.kube.names import (
     ENGINE_PORT,
     GENERATOR_KEY,
@@ -21,7 +22,6 @@ from servebook.kube.names import (
     selector_for,
 )
 from servebook.kube.validate import schema_errors
-from servebook.recipe import fabrics
 from servebook.recipe.plan import POD_MODELS_MOUNT, Plan, RolePlan
 from servebook.recipe.schema import Generate, Kubernetes
 

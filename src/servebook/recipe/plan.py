@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from servebook.engines import vllm
 from servebook.errors import UsageError
-from servebook.recipe import fabrics
+from servebook.kube import fabrics
 from servebook.recipe.schema import (
     ENGINE_ROLES,
     Generate,

@@ -22,8 +22,8 @@ from servebook.engines.cmdline import (
 )
 from servebook.engines.vllm import M, speculation_problem
 from servebook.findings import Finding, Severity, register
+from servebook.kube import fabrics
 from servebook.metrics.scrape import Snapshot, delta
-from servebook.recipe import fabrics
 
 # Decided in servebook.verify.smoke, which sends the requests and probes the roles.
 SMOKE = register(
