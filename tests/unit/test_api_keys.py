@@ -18,9 +18,9 @@ from servebook import auth, redact
 from servebook.backends import local, state
 from servebook.backends.processes import log_tail
 from servebook.bench import target as tgt
-from servebook.bench.client import run_load
 from servebook.bench.control import LoadSpec
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.coordinator import run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt
