@@ -38,6 +38,7 @@ from servebook.kube import load_job as lj
 from servebook.models.tiny import make_tiny_model
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
+from tests.unit.cli_inprocess import run_cli
 from tests.unit.conftest import AGENT_MAY_USE, START, requirement_closure
 from tests.unit.job_kubelet import NS, SWEEP, Kubelet, left_in
 from tests.unit.kube_engines import UP, Cli, TokenizingEngine
@@ -45,15 +46,12 @@ from tests.unit.kube_standin import Server, serve
 
 
 def _bench(
-    env: dict[str, str], *args: str, timeout: float = 240, name: str = "vllm-pd"
+    env: dict[str, str], *args: str, name: str = "vllm-pd"
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "servebook", "bench", name, *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``servebook bench NAME ARGS`` in this process (``cli_inprocess``: a child's start
+    cost a second of CPU), ``env`` added to the environment; the agents it runs in the
+    stand-in cluster are processes still (``job_kubelet``)."""
+    return run_cli(("bench", name, *args), env)
 
 
 def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_the_job(
