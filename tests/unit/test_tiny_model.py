@@ -4,7 +4,6 @@ that shares what it claims to share, and the CLI's refusal to overwrite."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from tokenizers import Tokenizer
 from servebook.errors import UsageError
 from servebook.models import tiny
 from servebook.models.tiny import TINY_DRAFT_NAME, TINY_NAME, make_tiny_model
+from tests.unit.cli_inprocess import run_cli
 
 # --- helpers: read what was written with the stdlib and numpy only ------------------------
 
@@ -337,13 +337,8 @@ def test_crash_while_writing_leaves_no_partial_model(
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "servebook", "model", "tiny", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    """``servebook model tiny ARGS`` in this process (``cli_inprocess``), as a child runs it."""
+    return run_cli(("model", "tiny", *args), {"COLUMNS": "200"})
 
 
 def test_cli_exits_2_naming_the_directory_and_the_fix_when_it_is_not_empty(
