@@ -5,15 +5,18 @@ servebook again, about a second of CPU, and the unit tests started several hundr
 What a child has of its own is given to the command and taken back after it: the
 arguments, the environment, the working directory, file descriptors 0, 1 and 2 (stdin
 /dev/null; stdout and stderr files, so that what a process the command starts writes is
-captured as a pipe would capture it), the signal handlers, and servebook's process-wide
-state (the redactor's remembered secrets, the API key given, the stop signal recorded, the
-event loop policy).  What ends a child ends the command here: ``sys.exit``'s code, or an
-uncaught exception's traceback on stderr and exit 1."""
+captured as a pipe would capture it), the signal handlers, servebook's process-wide state
+(the redactor's remembered secrets, the API key given, the stop signal recorded, the event
+loop policy), and the entries of a ``PYTHONPATH`` given, on ``sys.path``.  What ends a
+child ends the command here: ``sys.exit``'s code, or an uncaught exception's traceback on
+stderr and exit 1.  Where a child is the point (signals, process groups, a bound on its
+memory or files, another process's hash seeds), tests start one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import io
 import os
 import signal
@@ -102,6 +105,27 @@ def _hidden(names: Sequence[str]) -> Iterator[None]:
                 sys.modules.pop(n, None)
 
 
+@contextlib.contextmanager
+def _python_path(value: str | None) -> Iterator[None]:
+    """The entries of a ``PYTHONPATH`` given to the command first on ``sys.path``, as a
+    child's would be (``engine_standin.vllm_package`` puts a stand-in ``vllm`` there, which
+    ``up`` looks for); after, they are gone, and so is every module imported from them."""
+    added = [p for p in (value or "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = added
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        for p in added:
+            sys.path.remove(p)
+        roots = tuple(os.path.join(os.path.abspath(p), "") for p in added)
+        for name, module in list(sys.modules.items()):
+            where = getattr(module, "__file__", None)
+            if roots and where and os.path.abspath(where).startswith(roots):
+                del sys.modules[name]
+        importlib.invalidate_caches()
+
+
 def run_cli(
     args: tuple[str, ...], env: dict[str, str], hide: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
@@ -121,7 +145,7 @@ def run_cli(
     stopping._polling[0] = 0
     asyncio.set_event_loop_policy(None)
     try:
-        with _environment(env), _hidden(hide), _fds() as files:
+        with _environment(env), _python_path(env.get("PYTHONPATH")), _hidden(hide), _fds() as files:
             sys.argv = ["-c", *args]
             try:
                 cli.main()
