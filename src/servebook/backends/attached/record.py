@@ -301,7 +301,7 @@ def reread_commands(dep: AttachedDeployment) -> AttachedDeployment:
     """The record with each replica's command line read again from the process that
     listens on its port now (a replica restarted with other flags claims what it runs
     now); a replica whose process cannot be read now keeps what attach read."""
-    from servebook.backends.listener import read_listener
+    from servebook.backends.attached.listener import read_listener
 
     roles = []
     for role in dep.roles:
@@ -361,12 +361,12 @@ class AttachedBackend:
 
     def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
         """Here for a deployment reached by URL; on Kubernetes, a load Job beside its Pods
-        (``backends/kube_bench``), as for servebook's own there."""
+        (``backends/kubernetes/job_site``), as for servebook's own there."""
         dep = self._require(name)
         if dep.backend != "kubernetes":
             return Here()
-        from servebook.backends.kube_attach import cluster_source
-        from servebook.backends.kube_bench import JobSite
+        from servebook.backends.attached.cluster import cluster_source
+        from servebook.backends.kubernetes.job_site import JobSite
 
         return JobSite(lambda: cluster_source(dep))
 
@@ -382,7 +382,7 @@ class AttachedBackend:
                 f"attached deployment {name} is on {dep.backend}, which this servebook cannot "
                 "reach."
             )
-        from servebook.backends.kube_attach import open_attached  # port-forwards per Pod
+        from servebook.backends.attached.cluster import open_attached  # port-forwards per Pod
 
         with open_attached(dep) as view:
             yield view
