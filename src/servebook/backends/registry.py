@@ -26,7 +26,7 @@ def _kubernetes() -> Place:
 
 
 def _attached() -> Place:
-    from servebook.backends.attached.record import AttachedBackend
+    from servebook.backends.attached.place import AttachedBackend
 
     return AttachedBackend()
 
