@@ -8,7 +8,7 @@ pair, parametrised over the cases that split them:
 * SB105 (lint) and SB308 (verify), speculation symmetry: ``engines.cmdline.
   compare_speculative``.
 * SB112 (lint), SB309 (verify) and render's refusal of unacknowledged PD over TCP: whether
-  the KV crosses by TCP, for every fabric profile (``kube.fabrics``) and connector it can
+  the KV crosses by TCP, for every fabric profile (``engines.fabrics``) and connector it can
   tell.
 """
 
@@ -23,9 +23,9 @@ import yaml
 
 from servebook.commands.render import render_files
 from servebook.deployment.view import Claims, RoleView
+from servebook.engines import fabrics
 from servebook.errors import UsageError
 from servebook.findings import Finding, Severity
-from servebook.kube import fabrics
 from servebook.lint.loader import LintSet, parse_yaml
 from servebook.lint.rules import check
 from servebook.verify import rules as R
@@ -161,7 +161,7 @@ def test_lint_and_verify_judge_speculation_alike(
 # SB112 (lint, on the rendered Pods' transport settings), SB309 (verify, the transport the
 # recipe's fabric claims against the engine log) and render's refusal of PD over TCP
 # without allow_tcp_kv: one fact, whether the KV crosses by TCP, judged from the fabric
-# profile (kube.fabrics) by render and verify and from what the profile renders by lint.
+# profile (engines.fabrics) by render and verify and from what the profile renders by lint.
 
 FABRICS = Path(__file__).parent / "fixtures" / "render" / "fabrics"
 # A UCX endpoint that moves KV over TCP, as vLLM's NIXL logs it at UCX_LOG_LEVEL=info.

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from servebook.engines import vllm
+from servebook.engines import fabrics, vllm
 from servebook.errors import UsageError
-from servebook.kube import fabrics
 from servebook.kube.names import (
     ENGINE_PORT,
     GENERATOR_KEY,

@@ -26,7 +26,7 @@ Each rule answers a failure in the field notes:
   servebook's own generator, shipped in a ConfigMap, into an emptyDir the engine mounts
   read-only: no weights on any node, no download but the image.  The Pod template
   carries the generator's hash, so a new generator rolls the Pods.
-* A PD recipe's fabric (``kubernetes.fabric``, ``servebook.kube.fabrics``) states the KV
+* A PD recipe's fabric (``kubernetes.fabric``, ``servebook.engines.fabrics``) states the KV
   transport: device resources and counts, network annotations, the transport library's
   environment and the capabilities it needs; without one NIXL silently uses TCP.
 * The engine gets vLLM's own start-up budget (``VLLM_ENGINE_READY_TIMEOUT_S``, 600 s by

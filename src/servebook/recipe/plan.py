@@ -12,9 +12,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
-from servebook.engines import vllm
+from servebook.engines import fabrics, vllm
 from servebook.errors import UsageError
-from servebook.kube import fabrics
 from servebook.recipe.schema import (
     ENGINE_ROLES,
     Generate,

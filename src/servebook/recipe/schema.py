@@ -282,7 +282,7 @@ FabricProfile = Literal["ib-shared", "ib-sriov", "roce", "efa", "tcp"]
 
 class Fabric(_Strict):
     """Kubernetes, PD: the network the KV cache crosses from prefill to decode, as one
-    profile of ``servebook.kube.fabrics`` (device resources and counts, network
+    profile of ``servebook.engines.fabrics`` (device resources and counts, network
     annotations, transport environment, capabilities, the connector's backend).  Stated,
     never implied: without it NIXL silently moves KV over TCP."""
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servebook.engines import vllm
+from servebook.engines import fabrics, vllm
 from servebook.engines.cmdline import (
     EngineCommand,
     compare_speculative,
@@ -22,7 +22,6 @@ from servebook.engines.cmdline import (
 )
 from servebook.engines.vllm import M, speculation_problem
 from servebook.findings import Finding, Severity, register
-from servebook.kube import fabrics
 from servebook.metrics.scrape import Snapshot, delta
 
 # Decided in servebook.verify.smoke, which sends the requests and probes the roles.
