@@ -48,7 +48,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -91,6 +91,9 @@ from servebook.bench.prompt_feed import PromptFeed, start_producers
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.bench.sessions import Message, Sessions, turn_index
 from servebook.bench.workload import Prompt, PromptSource
+
+if TYPE_CHECKING:  # the coordinator runs on client's pieces; imported lazily below
+    from servebook.bench.coordinator import Launcher
 
 now_ns = time.monotonic_ns
 
@@ -606,7 +609,7 @@ def run_load(
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.05,
     on_window: WindowHook | None = None,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> LoadResult:
     """Run the load to its end and return every request's record.
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
+from servebook.bench.coordinator import Launcher
 from servebook.bench.figures import point_from_load
 from servebook.bench.flags import NO_WARMUP, Warmup
 from servebook.bench.openai_stream import Endpoint
@@ -539,7 +540,7 @@ def run_point(
     scrape_fn: Scrape = scrape_roles,
     on_progress: Callable[[Progress], None] | None = None,
     history: Sequence[Point] = (),
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> PointOutcome:
     """Run one point (warm-up, window, verdict).  ``position``, the point's place in the
     sweep's full order, seeds its arrivals and picks its prompts (``position * 10**7 +
@@ -649,7 +650,7 @@ def run_sweep(
     scrape_fn: Scrape = scrape_roles,
     on_point: Callable[[PointSpec, PointOutcome | None], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> Results:
     """Every point in protocol order, round by round (:func:`needs_round` says which levels
     a round runs), skipping those the writer already holds as valid (``--resume``); the
