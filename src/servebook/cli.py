@@ -75,11 +75,7 @@ def main() -> None:
     is the one place it is printed (``LABEL: MESSAGE``, then ``fix: HINT`` on its own line)
     and turned into the exit code; nothing else is printed after it."""
     load(sys.argv[1:])  # before the handlers: a signal now finds entry's, or the defaults
-    for sig in STOPPING:
-        # Only at their defaults: a signal the caller ignores (nohup's SIGHUP) stays ignored.
-        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
-        if signal.getsignal(sig) is default:
-            signal.signal(sig, _on_stop)
+    stopping.take_at_defaults(STOPPING, _on_stop)
     try:
         commands.app()
     except SystemExit as e:

@@ -13,15 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable
 from types import FrameType
-from typing import Any
+
+from servebook.stopping import default_handler, take_at_defaults
 
 _EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _default(sig: signal.Signals) -> Callable[[int, FrameType | None], Any] | signal.Handlers:
-    return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
 
 
 def _before_start(signum: int, _frame: FrameType | None) -> None:
@@ -31,15 +27,10 @@ def _before_start(signum: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    taken = []
-    for sig in _EARLY:
-        # Only at their defaults: a signal the caller ignores (nohup's SIGHUP) stays ignored.
-        if signal.getsignal(sig) is _default(sig):
-            signal.signal(sig, _before_start)
-            taken.append(sig)
+    taken = take_at_defaults(_EARLY, _before_start)
     from servebook import cli
 
     cli.load(sys.argv[1:])
     for sig in taken:
-        signal.signal(sig, _default(sig))  # cli.main takes over the signals at their defaults
+        signal.signal(sig, default_handler(sig))  # cli.main takes them over at their defaults
     cli.main()

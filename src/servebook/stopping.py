@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import Any
+
+Handler = Callable[[int, FrameType | None], Any] | signal.Handlers
 
 stopped_by: list[signal.Signals] = []  # the signal that stopped this command, once one did
 _polling = [0]
@@ -36,3 +40,21 @@ def polled() -> Iterator[None]:
 def raise_if_requested() -> None:
     if stopped_by:
         raise KeyboardInterrupt
+
+
+def default_handler(sig: signal.Signals) -> Handler:
+    """What Python leaves a signal at: Ctrl-C raises ``KeyboardInterrupt``, others kill."""
+    return signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+
+
+def take_at_defaults(
+    signals: Iterable[signal.Signals], handler: Callable[[int, FrameType | None], Any]
+) -> list[signal.Signals]:
+    """Install ``handler`` for each signal still at its default, and return those: a
+    signal the caller ignores (nohup's SIGHUP) or handles stays as the caller set it."""
+    taken = []
+    for sig in signals:
+        if signal.getsignal(sig) is default_handler(sig):
+            signal.signal(sig, handler)
+            taken.append(sig)
+    return taken

@@ -263,3 +263,14 @@ def point_from_load(
         started_at=started_at,
         ended_at=utc_now(),
     )
+
+
+def scrape_lags(point: Point, scraped_ns: Mapping[str, int], ws: int, we: int) -> WindowInfo:
+    """The point's window with how long after each edge its scrape returned."""
+
+    def lag(edge: str, at: int) -> float | None:
+        return round((scraped_ns[edge] - at) / 1e6, 3) if edge in scraped_ns else None
+
+    return point.window.model_copy(
+        update={"scrape_open_lag_ms": lag("open", ws), "scrape_close_lag_ms": lag("close", we)}
+    )

@@ -54,7 +54,7 @@ import numpy as np
 from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.coordinator import Launcher
-from servebook.bench.figures import point_from_load
+from servebook.bench.figures import point_from_load, scrape_lags
 from servebook.bench.flags import NO_WARMUP, Warmup
 from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult
@@ -66,7 +66,7 @@ from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
 from servebook.results.aggregate import PrecisionTarget
 from servebook.results.evidence import server_evidence, with_server_latency
 from servebook.results.provenance import utc_now
-from servebook.results.schema import Point, Results, WindowInfo, point_key
+from servebook.results.schema import Point, Results, point_key
 from servebook.results.store import ResultsWriter
 
 Order = Literal["shuffled", "ascending"]
@@ -406,17 +406,6 @@ def scrape_roles(
         except ScrapeError as e:
             out[role] = str(e)
     return out
-
-
-def scrape_lags(point: Point, scraped_ns: Mapping[str, int], ws: int, we: int) -> WindowInfo:
-    """The point's window with how long after each edge its scrape returned."""
-
-    def lag(edge: str, at: int) -> float | None:
-        return round((scraped_ns[edge] - at) / 1e6, 3) if edge in scraped_ns else None
-
-    return point.window.model_copy(
-        update={"scrape_open_lag_ms": lag("open", ws), "scrape_close_lag_ms": lag("close", we)}
-    )
 
 
 @dataclass
