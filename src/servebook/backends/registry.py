@@ -32,8 +32,8 @@ def _attached() -> Place:
 
 
 # Every place, by name.  ``find`` and ``locate`` also find the deployments recorded by
-# ``servebook attach`` (``backends.attached.record``): servebook did not make those, so they are no
-# choice of ``--backend``.
+# ``servebook attach`` (``backends.attached``): servebook did not make those, so they are
+# no choice of ``--backend``.
 _PLACES: dict[str, Callable[[], Place]] = {
     "local": _local,
     "kubernetes": _kubernetes,
