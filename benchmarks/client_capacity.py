@@ -87,9 +87,9 @@ VLLM_BENCH = (
 
 def client_child(spec_json: str) -> None:
     """Run servebook's client once and write what it reported (``--client`` mode)."""
-    from servebook.bench.client import run_load
     from servebook.bench.control import LoadSpec
-    from servebook.bench.openai_stream import Endpoint
+    from servebook.bench.coordinator import run_load
+    from servebook.bench.endpoint import Endpoint
     from servebook.bench.workload import RandomPrompts
 
     spec = json.loads(spec_json)
@@ -129,7 +129,8 @@ def floor_child(spec_json: str) -> None:
 
     import uvloop
 
-    from servebook.bench.openai_stream import Endpoint, dumps, request_body
+    from servebook.bench.endpoint import Endpoint
+    from servebook.bench.openai_stream import dumps, request_body
 
     spec = json.loads(spec_json)
     # servebook's request body, with a text prompt of about the workload's bytes.
@@ -697,7 +698,7 @@ def agents_timing(b: Bench, n: int, c: int, input_len: int, out_len: int) -> dic
     truth = {r["id"]: r for r in http_json(b.url + "/truth")["requests"]}
     doc = json.loads((out_dir / "results.json").read_text())
     (point,) = doc["points"]
-    from servebook.bench.openai_stream import Endpoint
+    from servebook.bench.endpoint import Endpoint
     from servebook.bench.saved_requests import read_requests
 
     _, lines = read_requests(out_dir / "requests" / f"c{c}-rep0.jsonl.gz")

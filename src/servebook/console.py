@@ -16,7 +16,7 @@ whatever width the environment claims.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servebook import redact
-from servebook.findings import Finding
+from servebook.findings import Finding, Severity
 
 if TYPE_CHECKING:  # the tables' inputs; every command imports this module, few print them
     from servebook.results.schema import Point, Results
@@ -190,8 +190,7 @@ def print_points(results: Results, path: Path) -> None:
         )
 
 
-# --- a verify report ------------------------------------------------------------------------
-
+# The style of each severity, in a verify report and a table of findings alike.
 _STYLE = {
     "pass": "green",
     "info": "cyan",
@@ -199,6 +198,9 @@ _STYLE = {
     "fail": "bold red",
     "error": "bold magenta",
 }
+
+
+# --- a verify report ------------------------------------------------------------------------
 
 
 def _share(v: Any) -> str:
@@ -243,3 +245,32 @@ def print_report(rep: Report, name: str) -> None:
     n_fail = sum(1 for f in rep.findings if f.failed)
     verdict = "[green]PASS[/]" if n_fail == 0 else f"[bold red]FAIL[/] ({n_fail} failing)"
     out.print(styled(f"verify {escape(name)}: {verdict} in {rep.elapsed_s:.1f} s"))
+
+
+# --- findings (lint, preflight, probe) --------------------------------------------------------
+
+
+def print_findings(findings: Sequence[Finding], title: str = "", console: Any = None) -> None:
+    """Print findings as a table for a person, on ``out`` unless told otherwise: the
+    console that redacts what it prints."""
+    console = console or out
+    # Text cells, never markup strings: messages quote files, paths and log lines.
+    table = Table(title=Text(title) if title else None, show_lines=False)
+    table.add_column("check", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("subject")
+    table.add_column("message")
+    for f in findings:
+        msg = Text(f.message)
+        if f.hint:
+            msg.append(f"\nfix: {f.hint}", style="dim")
+        table.add_row(
+            Text(f.check),
+            Text(f.severity.value, style=_STYLE[f.severity.value]),
+            Text(f.subject),
+            msg,
+        )
+    console.print(table)
+    n_fail = sum(1 for f in findings if f.failed)
+    n_warn = sum(1 for f in findings if f.severity is Severity.WARN)
+    console.print(Text(f"{len(findings)} finding(s): {n_fail} failing, {n_warn} warning(s)"))

@@ -15,16 +15,16 @@ from pathlib import Path
 
 from servebook.backends.base import Deployer, Say
 from servebook.bench import target as tgt
-from servebook.console import err, out, print_points, print_report
+from servebook.bench.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
+from servebook.bench.sweep import plan_text as sweep_plan
+from servebook.console import err, out, print_findings, print_points, print_report
 from servebook.deployment.site import LoadSite
 from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError
-from servebook.findings import exit_code, print_table
+from servebook.findings import exit_code
 from servebook.recipe.plan import Plan
 from servebook.report.render import write_report
 from servebook.results.schema import Results
-from servebook.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
-from servebook.sweep import plan_text as sweep_plan
 from servebook.verify.smoke import Options, verify
 
 # The main job's sweep, made to survive `servebook compare A B --reproduce` between two
@@ -147,7 +147,7 @@ def preflight(job: Job) -> None:
     checks = job.backend.preflight(job.plan)
     if not checks:
         return
-    print_table(checks, title=f"servebook preflight {job.recipe}", console=out)
+    print_findings(checks, title=f"servebook preflight {job.recipe}", console=out)
     code = exit_code(checks)
     if code:
         raise ServebookError("nothing was deployed.", exit_code=code, label="preflight failed")
@@ -162,7 +162,8 @@ def verify_step(job: Job, view: DeploymentView) -> int:
 
 def bench_step(job: Job, view: DeploymentView, out_dir: Path) -> int:
     """The short sweep; 1 when a point is invalid.  A role that dies stops it (exit 1), as
-    does a failing load generator (exit 2): both are ``ServebookError`` (``servebook.sweep``)."""
+    does a failing load generator (exit 2): both are ``ServebookError``
+    (``servebook.bench.sweep``)."""
     sweep = sweep_of(job)
     site = job.backend.load_site(view.name)
     if not site.here:

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from servebook.backends.local import deployer as local
-from servebook.bench.client import run_load
 from servebook.bench.control import LoadSpec
-from servebook.bench.coordinator import LocalLauncher
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.coordinator import LocalLauncher, run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import RandomPrompts
 from servebook.results.schema import RESULTS_NAME

@@ -19,9 +19,9 @@ from servebook.backends import state
 from servebook.backends.local import deployer as local
 from servebook.backends.local.processes import log_tail
 from servebook.bench import target as tgt
-from servebook.bench.client import run_load
 from servebook.bench.control import LoadSpec
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.coordinator import run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Warmup, run_sweep
 from servebook.bench.validity import Thresholds
 from servebook.bench.workload import DatasetPrompts, Prompt

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servebook.bench.client import Hooks, run_load
+from servebook.bench.client import Hooks
 from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
-from servebook.bench.coordinator import LocalLauncher, run_agents
+from servebook.bench.coordinator import LocalLauncher, run_agents, run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import point_from_load
-from servebook.bench.openai_stream import Endpoint
 from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.results.store import load_results

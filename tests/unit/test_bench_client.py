@@ -14,9 +14,10 @@ import pytest
 from aiohttp import web
 
 from servebook import stopping
-from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
-from servebook.bench.openai_stream import Endpoint, request_body
+from servebook.bench.coordinator import run_load
+from servebook.bench.endpoint import Endpoint
+from servebook.bench.openai_stream import request_body
 from servebook.bench.workload import DatasetPrompts, Prompt
 from tests.unit.served_app import TTFT_MS, StreamingServer, served
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import fields
 
+from servebook.bench.sweep import BenchArgs
 from servebook.commands.bench import bench
-from servebook.sweep import BenchArgs
 
 # Settings the command does not offer (they keep BenchArgs's default).
 NOT_OPTIONS = {"max_point"}

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from servebook.bench.datasets import read_dataset
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.flags import Warmup
-from servebook.bench.openai_stream import Endpoint, reply_text
+from servebook.bench.openai_stream import reply_text
 from servebook.bench.prefixes import PrefixPrompts
 from servebook.bench.protocol import (
     PointOutcome,
@@ -28,11 +29,11 @@ from servebook.bench.protocol import (
     run_point,
 )
 from servebook.bench.sessions import SyntheticSessions, sharegpt_sessions, turn_index
+from servebook.bench.sweep import BenchArgs, prompts_from
 from servebook.bench.target import workload_of
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.errors import UsageError
-from servebook.sweep import BenchArgs, prompts_from
 from tests.unit.conftest import needs_transformers
 from tests.unit.served_app import loose_thresholds
 

@@ -228,9 +228,9 @@ def test_a_server_that_closes_every_connection_gives_errors_not_a_client_failure
     import socket
     import threading
 
-    from servebook.bench.client import run_load
     from servebook.bench.control import LoadSpec
-    from servebook.bench.openai_stream import Endpoint
+    from servebook.bench.coordinator import run_load
+    from servebook.bench.endpoint import Endpoint
     from servebook.bench.workload import DatasetPrompts, Prompt
 
     srv = socket.create_server(("127.0.0.1", 0))

@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 
 from servebook.bench import protocol
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.flags import (
     parse_precision,
 )
-from servebook.bench.openai_stream import Endpoint
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,

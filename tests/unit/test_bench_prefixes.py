@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from servebook.bench.prefixes import PrefixPrompts
+from servebook.bench.sweep import BenchArgs, prompts_from
 from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.errors import UsageError
-from servebook.sweep import BenchArgs, prompts_from
 from tests.unit.conftest import needs_transformers
 
 #: vLLM's KV-cache block size: a prefix cache shares whole blocks from the start.

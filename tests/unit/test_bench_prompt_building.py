@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from servebook.bench import prompt_feed
-from servebook.bench.client import run_load
 from servebook.bench.control import ClientError, Decision, LoadSpec, Progress
+from servebook.bench.coordinator import run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import point_from_load
-from servebook.bench.openai_stream import Endpoint
 from servebook.bench.tokens import HFTokenizer, server_token_count
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
 from servebook.errors import UsageError

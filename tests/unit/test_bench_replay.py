@@ -19,7 +19,7 @@ import pytest
 
 from servebook.bench.control import next_gap_ns
 from servebook.bench.datasets import Dataset, read_dataset
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import (
     Level,
     PointOutcome,
@@ -29,12 +29,12 @@ from servebook.bench.protocol import (
     replay_rate,
     run_point,
 )
+from servebook.bench.sweep import BenchArgs, settings_from
 from servebook.bench.target import workload_of
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.trace_prompts import TracePrompts
 from servebook.bench.validity import Thresholds, judge
 from servebook.report.comparability import comparability
-from servebook.sweep import BenchArgs, settings_from
 from tests.unit.conftest import a_point, a_provenance
 from tests.unit.served_app import loose_thresholds
 

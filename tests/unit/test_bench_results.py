@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from servebook.bench.control import LoadSpec
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import achieved_concurrency, parse_slo, point_from_load
-from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.engines import SGLANG, VLLM, counters_of
 from servebook.errors import UsageError

@@ -31,7 +31,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target, Warmup, run_sweep
 from servebook.bench.workload import DatasetPrompts, Prompt
 from servebook.report.compare import compare, rows_table

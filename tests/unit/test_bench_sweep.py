@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import (
     PointOutcome,
     PointSpec,

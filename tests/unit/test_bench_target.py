@@ -14,7 +14,7 @@ from aiohttp import web
 
 from servebook.bench.control import Progress
 from servebook.bench.protocol import ProtocolSettings, Warmup
-from servebook.sweep import BenchArgs, live_counters, plan_text
+from servebook.bench.sweep import BenchArgs, live_counters, plan_text
 from tests.conftest import CliResult
 from tests.unit.served_app import served, served_models
 

@@ -14,10 +14,10 @@ import pytest
 
 from servebook.errors import UsageError
 from servebook.experiment import analysis, design, session, slo, spec
+from servebook.experiment import report as exp_report
 from servebook.experiment.runner import StepFailed, Steps
 from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
-from servebook.report import experiment as exp_report
 from tests.conftest import CliResult
 from tests.unit.conftest import scripted_machine
 

@@ -18,7 +18,7 @@ import pytest
 
 from servebook.bench.validity import Thresholds, apply_verdict, judge
 from servebook.experiment import figures, runner, session, spec
-from servebook.report import experiment as exp_report
+from servebook.experiment import report as exp_report
 from servebook.results.schema import Results
 from servebook.results.store import load_results
 from tests.unit.result_runs import RESULTS

@@ -12,9 +12,9 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from servebook.bench.sweep import Interrupted
 from servebook.pipeline import interrupted_bench
 from servebook.results.schema import RESULTS_NAME
-from servebook.sweep import Interrupted
 from tests.conftest import CliResult
 from tests.unit.conftest import record_local
 from tests.unit.engine_standin import free_port, scripted_engine

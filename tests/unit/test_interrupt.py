@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from servebook.bench.sweep import Interrupted
 from servebook.pipeline import interrupted_bench
 from servebook.results.schema import RESULTS_NAME
-from servebook.sweep import Interrupted
 from tests.conftest import CliResult
 from tests.unit.conftest import START
 from tests.unit.engine_standin import vllm_package

@@ -11,6 +11,11 @@ dependency). Each rule is one test whose failure names the module and line.
 * ``kube`` is the layer under preflight and the Kubernetes backend: it imports neither, and
   preflight imports no backend, so the two never import each other.
 * ``commands`` is the edge (parse, call, print): only ``cli.py`` and the commands import it.
+* No import cycle: no module imports itself through others, and no top-level package
+  (``servebook.X``, X a subpackage or a top-level module) does either, by any form of import
+  (a lazy one and one for the type checker too).  An imported name is the longest module it
+  names, and the bare ``servebook`` package is not counted.  A fact two layers need lives
+  below both; a failure names one loop, each import in it by module and line.
 * No code outside ``backends/`` compares a backend's name (``view.backend == "kubernetes"``,
   ``owner.name in ("local", ...)``): where the load runs and what route it takes are the
   place's to say (``Place.load_site``, ``DeploymentView.route``).
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,6 +353,152 @@ def test_the_walk_sees_every_form_of_an_import() -> None:
 def test_relative_imports_in_a_package_resolve_against_the_package_itself() -> None:
     names = {i.name for i in imports_in("from .store import load\n", "servebook.results", True)}
     assert names == {"servebook.results.store", "servebook.results.store.load"}
+
+
+# --- import cycles ---------------------------------------------------------------------------
+
+# Modules that import each other (each a set), allowed while the work that ends the cycle is
+# under way.  None now: the last (backends.attached <-> kube_attach) ended when the attached
+# place moved apart from its record (backends/attached/place.py).
+CYCLES_ALLOWED: list[frozenset[str]] = []
+
+# Each module's imports of other servebook modules, each edge with its first import.
+Graph = dict[str, dict[str, Import]]
+
+
+def import_graph(imports: dict[str, list[Import]]) -> Graph:
+    """Which module imports which, from each module's imports (``imports``, by module).  An
+    imported name is the longest prefix of it that is a module (``from servebook.bench.client
+    import Hooks`` imports ``servebook.bench.client``), and the bare ``servebook`` package is
+    left out (``from servebook import auth`` names it only as the place ``servebook.auth`` is
+    in).  Each edge keeps its first import, the line a failure names."""
+    graph: Graph = {m: {} for m in imports}
+    for module, found in imports.items():
+        for i in found:
+            target = i.name
+            while target and target not in imports:
+                target = target.rpartition(".")[0]
+            if target in ("", "servebook", module):
+                continue
+            if target not in graph[module] or i.line < graph[module][target].line:
+                graph[module][target] = i
+    return graph
+
+
+def top_level(module: str) -> str:
+    """The top-level package a module is in: ``servebook.bench.client`` -> ``servebook.bench``
+    (a top-level module is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: Graph) -> Graph:
+    """Which top-level package imports which (``servebook.X``, X a subpackage or a top-level
+    module), each edge with the first import of it among the package's modules."""
+    packages: Graph = {top_level(m): {} for m in graph}
+    for module in sorted(graph):
+        edges = packages[top_level(module)]
+        for target, i in sorted(graph[module].items()):
+            if top_level(target) != top_level(module):
+                edges.setdefault(top_level(target), i)
+    return packages
+
+
+def reachable(graph: Graph, start: str) -> set[str]:
+    """Every module that ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def shortest_loop(graph: Graph, start: str) -> list[Import]:
+    """The fewest imports that lead from ``start`` back to it (breadth first)."""
+    came: dict[str, tuple[str, Import]] = {}
+    todo = deque([start])
+    while todo:
+        module = todo.popleft()
+        for target, i in sorted(graph[module].items()):
+            if target == start:
+                loop = [i]
+                while module != start:
+                    module, i = came[module]
+                    loop.append(i)
+                return loop[::-1]
+            if target not in came:
+                came[target] = (module, i)
+                todo.append(target)
+    raise ValueError(f"{start} is in no cycle")
+
+
+def cycles(graph: Graph) -> list[tuple[frozenset[str], list[Import]]]:
+    """Each set of modules that import each other (directly or through others), with one
+    shortest loop of imports through its first module by name."""
+    reach = {m: reachable(graph, m) for m in graph}
+    placed: set[str] = set()
+    found = []
+    for module in sorted(graph):
+        if module in placed or module not in reach[module]:
+            continue
+        group = frozenset(m for m in reach[module] if module in reach[m])
+        placed |= group
+        found.append((group, shortest_loop(graph, module)))
+    return found
+
+
+def cycles_in(graph: Graph) -> list[str]:
+    """The cycles in ``graph`` not allowed (``CYCLES_ALLOWED``), each as its loop's imports."""
+    return [
+        "; ".join(str(i) for i in loop)
+        for group, loop in cycles(graph)
+        if not any(group <= allowed for allowed in CYCLES_ALLOWED)
+    ]
+
+
+def source_graph() -> Graph:
+    return import_graph({module_name(p): list(imports_of([p])) for p in source_files(".")})
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    found = cycles_in(source_graph())
+    assert found == [], "\n".join(found)
+
+
+def test_no_top_level_package_imports_itself_through_others() -> None:
+    found = cycles_in(package_graph(source_graph()))
+    assert found == [], "\n".join(found)
+
+
+def test_the_cycle_rule_finds_a_cycle_through_any_form_of_an_import() -> None:
+    sources = {
+        "servebook": "",
+        "servebook.a": "import servebook\nfrom servebook.b import x\n",  # a -> b
+        "servebook.b": "def later() -> None:\n    from servebook import a\n",  # b -> a, lazily
+        # The packages p and q import each other; no module of them imports itself.
+        "servebook.p": "",
+        "servebook.p.one": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from servebook.q.two import T\n"  # p -> q, for the type checker only
+        ),
+        "servebook.p.three": "",
+        "servebook.q": "",
+        "servebook.q.two": "from ..p import three\n",  # q -> p, relative
+    }
+    packages = {"servebook", "servebook.p", "servebook.q"}
+    graph = import_graph(
+        {m: imports_in(s, m, m in packages, m.replace(".", "/")) for m, s in sources.items()}
+    )
+    assert cycles_in(graph) == [
+        "servebook/a:2 imports servebook.b; servebook/b:2 imports servebook.a"
+    ]
+    assert cycles_in(package_graph(graph)) == [
+        "servebook/a:2 imports servebook.b; servebook/b:2 imports servebook.a",
+        "servebook/p/one:3 imports servebook.q.two; servebook/q/two:1 imports servebook.p",
+    ]
 
 
 # --- the tests' own layout -----------------------------------------------------------------

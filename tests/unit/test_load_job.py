@@ -173,8 +173,8 @@ def test_the_pods_entry_imports_only_what_vllms_image_has() -> None:
     """Every module outside the standard library that a Pod of the Job imports comes from
     a distribution vLLM itself requires (so its image has it)."""
     code = (
-        "import sys, servebook.bench.in_cluster, servebook.sweep, servebook.bench.target\n"
-        "import servebook.bench.agent, servebook.bench.coordinator\n"
+        "import sys, servebook.bench.in_cluster, servebook.bench.sweep\n"
+        "import servebook.bench.target, servebook.bench.agent, servebook.bench.coordinator\n"
         "std = set(sys.stdlib_module_names) | {'__main__', '__mp_main__', '_distutils_hack'}\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} - std - {'servebook'})))"
     )

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from servebook.bench.openai_stream import Endpoint, request_body
+from servebook.bench.endpoint import Endpoint
+from servebook.bench.openai_stream import request_body
+from servebook.bench.sweep import BenchArgs, prompt_run, settings_from
 from servebook.bench.tokens import HFTokenizer
 from servebook.bench.validity import Thresholds, judge, prefix_hit_bound
 from servebook.bench.workload import DatasetPrompts, Prompt, RandomPrompts
@@ -28,7 +30,6 @@ from servebook.metrics.scrape import Snapshot, snapshot_from_text
 from servebook.report.comparability import provenance_differences
 from servebook.results.evidence import server_evidence
 from servebook.results.store import ResultsWriter, load_results
-from servebook.sweep import BenchArgs, prompt_run, settings_from
 from servebook.verify.checks import Window, check_speculation
 from tests.unit.conftest import a_point, a_provenance
 from tests.unit.engine_standin import scripted_engine

@@ -25,11 +25,11 @@ event loop's own lag is sampled too, and reported.
 closes before ``data: [DONE]``, a stream with no tokens, a timeout or a connection error:
 each gives a ``RequestRecord`` with ``error`` set; nothing is dropped.
 
-**The rest of the load generator.**  ``http1.py`` (the connections), ``openai_stream.py``
-(the request and how its stream folds into its record), ``sse.py``, ``records.py`` (what
-is recorded, and the token and ITL rules), ``control.py`` (the load's spec, and the
-counters the controller and the workers share), ``prompt_feed.py`` (prompts ready before
-they are needed).
+**The rest of the load generator.**  ``http1.py`` (the connections), ``endpoint.py`` (the
+server asked), ``openai_stream.py`` (the request and how its stream folds into its record),
+``sse.py``, ``records.py`` (what is recorded, and the token and ITL rules), ``control.py``
+(the load's spec, and the counters the controller and the workers share),
+``prompt_feed.py`` (prompts ready before they are needed).
 
 **Load agents.**  One process runs one event loop (uvloop when importable); with
 ``workers > 1`` the load is made by that many *load agents* (``bench/agent.py``), each a
@@ -48,7 +48,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -78,8 +78,8 @@ from servebook.bench.control import (
     decide,
     next_gap_ns,
 )
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.openai_stream import (
-    Endpoint,
     StreamSink,
     dumps,
     finish_record,
@@ -91,9 +91,6 @@ from servebook.bench.prompt_feed import PromptFeed, start_producers
 from servebook.bench.records import LoadResult, RequestRecord, WorkerStats
 from servebook.bench.sessions import Message, Sessions, turn_index
 from servebook.bench.workload import Prompt, PromptSource
-
-if TYPE_CHECKING:  # the coordinator runs on client's pieces; imported lazily below
-    from servebook.bench.coordinator import Launcher
 
 now_ns = time.monotonic_ns
 
@@ -525,7 +522,7 @@ def _refused(records: Iterable[RequestRecord], endpoint: Endpoint) -> None:
 
 @dataclass(frozen=True)
 class Hooks:
-    """What the caller of ``run_load`` sees and decides at each poll."""
+    """What the caller of ``coordinator.run_load`` sees and decides at each poll."""
 
     controller: Controller | None
     on_progress: Callable[[Progress], None] | None
@@ -601,35 +598,12 @@ async def _load_here(
     return load_result(endpoint, spec, w.records, [stats], (start, now_ns()), control)
 
 
-def run_load(
-    endpoint: Endpoint,
-    spec: LoadSpec,
-    prompts: PromptSource,
-    controller: Controller | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-    poll_s: float = 0.05,
-    on_window: WindowHook | None = None,
-    launcher: Launcher | None = None,
-) -> LoadResult:
-    """Run the load to its end and return every request's record.
-
-    ``controller`` is polled every ``poll_s``; ``on_window("open")`` runs right after it
-    opens the window and ``on_window("close")`` right before its stop takes effect (the
-    window's end is the poll at which it decided), so a caller can read server counters at
-    both edges.  ``on_progress`` sees every poll (for a progress display).
-
-    One worker runs in this process under uvloop (the caller must not be inside a running
-    event loop).  More run as load agents (``bench/coordinator.py``), started together at
-    one instant; the controller is polled here.  ``launcher`` starts the agents (default:
-    processes on this machine)."""
-    hooks = Hooks(controller, on_progress, poll_s, on_window)
-    if spec.workers == 1:
-        pin(spec, 0)
-        install_uvloop()
-        with stopping.polled():  # a stop is raised at a poll, not in a transport callback
-            result = asyncio.run(_load_here(endpoint, spec, prompts, hooks))
-        stopping.raise_if_requested()  # one that came as the load ended
-        return result
-    from servebook.bench.coordinator import run_agents
-
-    return run_agents(endpoint, spec, prompts, hooks, launcher)
+def run_here(endpoint: Endpoint, spec: LoadSpec, prompts: PromptSource, hooks: Hooks) -> LoadResult:
+    """The load made by one worker in this process, under uvloop (the caller must not be
+    inside a running event loop); ``coordinator.run_load`` says when."""
+    pin(spec, 0)
+    install_uvloop()
+    with stopping.polled():  # a stop is raised at a poll, not in a transport callback
+        result = asyncio.run(_load_here(endpoint, spec, prompts, hooks))
+    stopping.raise_if_requested()  # one that came as the load ended
+    return result

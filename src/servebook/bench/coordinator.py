@@ -3,7 +3,8 @@ shares, starts every agent at one instant, polls the protocol's controller over 
 agents' live counters, and merges their raw records into one ``LoadResult`` in its own
 clock, from which the point's figures are computed as from one client's (exact
 percentiles over the union of the records; inference-perf#797: N workers' histograms do
-not give them).
+not give them).  ``run_load`` is where a load starts: one worker in this process
+(``client.run_here``), or the agents.
 
 **One load, or none.**  The point is the load it was asked for, or it fails
 (``ClientError``, naming the agent and what it did): an agent that does not reach the
@@ -39,7 +40,7 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -52,18 +53,20 @@ from servebook.bench.agent import (
     recv_exactly,
     recv_message,
 )
-from servebook.bench.client import Hooks, load_result, now_ns
+from servebook.bench.client import Hooks, load_result, now_ns, run_here
 from servebook.bench.control import (
     G_N,
     G_START,
     W_N,
     ClientError,
     Control,
+    Controller,
     LoadSpec,
+    Progress,
     WindowHook,
     children_ignore_sigint,
 )
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.records import AgentInfo, LoadResult, RequestRecord, WorkerStats
 from servebook.bench.workload import PromptSource
 
@@ -321,6 +324,33 @@ def _barrier(
             target=link.read, args=(control,), name=f"servebook-agent-{i}", daemon=True
         ).start()
     return [links[i] for i in range(spec.workers)]
+
+
+def run_load(
+    endpoint: Endpoint,
+    spec: LoadSpec,
+    prompts: PromptSource,
+    controller: Controller | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_s: float = 0.05,
+    on_window: WindowHook | None = None,
+    launcher: Launcher | None = None,
+) -> LoadResult:
+    """Run the load to its end and return every request's record.
+
+    ``controller`` is polled every ``poll_s``; ``on_window("open")`` runs right after it
+    opens the window and ``on_window("close")`` right before its stop takes effect (the
+    window's end is the poll at which it decided), so a caller can read server counters at
+    both edges.  ``on_progress`` sees every poll (for a progress display).
+
+    One worker runs in this process under uvloop (``client.run_here``; the caller must not
+    be inside a running event loop).  More run as load agents (``run_agents``), started
+    together at one instant; the controller is polled here.  ``launcher`` starts the agents
+    (default: processes on this machine)."""
+    hooks = Hooks(controller, on_progress, poll_s, on_window)
+    if spec.workers == 1:
+        return run_here(endpoint, spec, prompts, hooks)
+    return run_agents(endpoint, spec, prompts, hooks, launcher)
 
 
 def run_agents(

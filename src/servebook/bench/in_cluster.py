@@ -2,8 +2,8 @@
 runs in the cluster): ``python3 -m servebook.bench.in_cluster --settings bench.json``, with
 ``SERVEBOOK_AGENT_INDEX`` (the Pod's completion index) and ``SERVEBOOK_AGENT_TOKEN``.
 
-* **Index 0** runs the whole sweep (``servebook.sweep.run_bench``: windows, validity, each
-  point's scrapes of every engine at its Pod IP) against the deployment as the cluster
+* **Index 0** runs the whole sweep (``servebook.bench.sweep.run_bench``: windows, validity,
+  each point's scrapes of every engine at its Pod IP) against the deployment as the cluster
   reaches it: the entry Service's DNS name and the engine Pods' addresses, all written into
   ``bench.json`` by the bench machine.  Its agents are agent 0, a process beside it, and
   the Pods 1..N-1, which dial it; it listens on ``AGENT_PORT``.  When the sweep ends (or
@@ -161,8 +161,8 @@ def coordinate(settings: dict[str, Any], token: str, net: Net, out: Path) -> int
     import servebook
     from servebook import auth
     from servebook.bench import target as tgt
+    from servebook.bench.sweep import BenchArgs, run_bench
     from servebook.errors import ServebookError
-    from servebook.sweep import BenchArgs, run_bench
 
     # The zip on PYTHONPATH has no distribution metadata: the results name the version
     # of the servebook that made the Job (and the zip).

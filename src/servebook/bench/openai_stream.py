@@ -1,5 +1,5 @@
-"""The OpenAI-compatible side of the load: what a request asks (``Endpoint``,
-``request_body``) and how its streamed events fold into its ``RequestRecord``.
+"""The OpenAI-compatible side of the load: what a request asks (``request_body``, for an
+``Endpoint``) and how its streamed events fold into its ``RequestRecord``.
 
 **Errors are records.**  A non-200 status, an ``{"error": ...}`` event, a stream that
 closes before ``data: [DONE]``, a stream with no tokens: each sets the record's ``error``;
@@ -12,11 +12,10 @@ import json
 import re
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.sse import SSEParser
-from servebook.bench.tokens import Api
 
 if TYPE_CHECKING:
     from servebook.bench.records import RequestRecord
@@ -31,32 +30,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj).encode()
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An OpenAI-compatible server and how to ask it."""
-
-    base_url: str  # e.g. http://127.0.0.1:8000 (no /v1)
-    model: str
-    api: Api = "completions"
-    ignore_eos: bool = True
-    temperature: float = 0.0
-    api_key: str | None = None
-    extra_body: tuple[tuple[str, Any], ...] = ()
-    request_timeout_s: float = 600.0
-    request_id_prefix: str = "sb-"
-    # vLLM's ``cache_salt``: its prefix cache shares nothing between requests of different
-    # salts.  Set by the sweep (``sweep.salt_for``) for vLLM only: this run's salt, and,
-    # with ``salt_each``, the request's index after it, so no request of this run or an
-    # earlier one is served from the cache unless the workload shares prefixes.
-    cache_salt: str | None = None
-    salt_each: bool = False
-
-    @property
-    def url(self) -> str:
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        return self.base_url.rstrip("/") + path
 
 
 def request_body(

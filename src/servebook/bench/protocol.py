@@ -51,12 +51,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from servebook.bench.client import run_load
 from servebook.bench.control import Decision, LoadSpec, Progress
-from servebook.bench.coordinator import Launcher
+from servebook.bench.coordinator import Launcher, run_load
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import point_from_load, scrape_lags
 from servebook.bench.flags import NO_WARMUP, Warmup
-from servebook.bench.openai_stream import Endpoint
 from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
 from servebook.bench.workload import BuildsPrompts, PromptSource

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from servebook.bench.control import LoadSpec
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 
 
 @dataclass(eq=False)

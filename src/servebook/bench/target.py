@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook import auth, http, redact
-from servebook.bench.openai_stream import Endpoint
+from servebook.bench.endpoint import Endpoint
 from servebook.bench.protocol import ProtocolSettings, Target
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource

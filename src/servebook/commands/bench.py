@@ -11,6 +11,7 @@ import typer
 from servebook import auth
 from servebook.backends import registry
 from servebook.bench import target as tgt
+from servebook.bench.sweep import BenchArgs, not_serving, run_bench
 from servebook.commands import (
     KubeconfigOpt,
     app,
@@ -24,7 +25,6 @@ from servebook.commands import (
 from servebook.commands.verify import ApiKeyOpt, NamespaceOpt, PlaceOpt
 from servebook.console import print_points
 from servebook.errors import UsageError
-from servebook.sweep import BenchArgs, not_serving, run_bench
 
 if TYPE_CHECKING:
     from servebook.backends.kubernetes.job_site import Source

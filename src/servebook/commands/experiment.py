@@ -120,7 +120,7 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def summary_lines(state: dict[str, Any]) -> list[str]:
-    from servebook.report.experiment import (
+    from servebook.experiment.report import (
         comparison_line,
         crossover_line,
         drift_line,

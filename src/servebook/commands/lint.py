@@ -23,9 +23,9 @@ import typer
 
 from servebook.check_modules import CHECK_MODULES
 from servebook.commands import app, print_json
-from servebook.console import out, styled
+from servebook.console import out, print_findings, styled
 from servebook.errors import UsageError
-from servebook.findings import REGISTRY, Check, exit_code, print_table, to_json
+from servebook.findings import REGISTRY, Check, exit_code, to_json
 
 AREAS = (
     ("SB1", "Lint (`servebook lint`)"),
@@ -185,7 +185,7 @@ def lint_command(
     if as_json:
         print_json(to_json(findings, paths=[str(p) for p in paths], read=summary))
     elif findings:
-        print_table(findings, title=f"servebook lint: {summary}", console=out)
+        print_findings(findings, title=f"servebook lint: {summary}", console=out)
     else:
         out.print(f"servebook lint: {summary}: no findings.", highlight=False)
     raise typer.Exit(code)

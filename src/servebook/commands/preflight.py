@@ -8,9 +8,9 @@ import typer
 
 from servebook.commands import app, print_json
 from servebook.commands.recipes import SetOpt, ValuesOpt
-from servebook.console import out
+from servebook.console import out, print_findings
 from servebook.errors import UsageError
-from servebook.findings import Finding, exit_code, print_table, to_json
+from servebook.findings import Finding, exit_code, to_json
 from servebook.kube.snapshot import SNAPSHOT_COMMAND
 from servebook.preflight.live import LiveOptions, plan_findings
 from servebook.recipe.resolve import resolve
@@ -104,7 +104,7 @@ def preflight(
     if json_out:
         print_json(to_json(findings))
     else:
-        print_table(findings, title=f"servebook preflight {recipe}", console=out)
+        print_findings(findings, title=f"servebook preflight {recipe}", console=out)
     code = exit_code(findings)
     if code:
         raise typer.Exit(code)

@@ -11,9 +11,9 @@ import typer
 
 from servebook import inputs
 from servebook.commands import app, print_json
-from servebook.console import out
+from servebook.console import out, print_findings
 from servebook.errors import UsageError
-from servebook.findings import exit_code, print_table, to_json
+from servebook.findings import exit_code, to_json
 from servebook.preflight import probe as probe_lib
 from servebook.preflight.probe_checks import to_findings
 
@@ -138,5 +138,5 @@ def probe(
     if json_out:
         print_json(to_json(findings, **extra))
     else:
-        print_table(findings, title=title, console=out)
+        print_findings(findings, title=title, console=out)
     raise typer.Exit(exit_code(findings))

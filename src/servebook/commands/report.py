@@ -67,7 +67,7 @@ def report(
     share, speculative acceptance). Plots: throughput, TPOT and TTFT vs concurrency with CI
     bands, and the Pareto view. Provenance of every run and what differs between them.
     """
-    from servebook.report import experiment as exp_report
+    from servebook.experiment import report as exp_report
 
     if len(dirs) == 1 and dirs[0].is_dir() and exp_report.is_experiment(dirs[0]):
         out_dir, html_name = output_paths(output or dirs[0])

@@ -13,8 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servebook.engines import cmdline
-from servebook.engines.cmdline import EngineCommand, normalize_flag, parse_engine_args
+from servebook.engines.cmdline import (
+    EngineCommand,
+    normalize_flag,
+    parse_argv,
+    parse_engine_args,
+)
+from servebook.engines.cmdline import kv_transfer_config as command_kv_transfer_config
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -80,8 +85,8 @@ KV_STORAGE_KEY = "shared_storage_path"
 def kv_storage_path(argv: Sequence[str]) -> str | None:
     """The KV connector's storage directory an engine command line (or its arguments
     alone, as a Plan holds them) names; None: none."""
-    cmd = cmdline.parse_argv(argv) or parse_engine_args(argv, positional_model=False)
-    cfg = cmdline.kv_transfer_config(cmd)[0]
+    cmd = parse_argv(argv) or parse_engine_args(argv, positional_model=False)
+    cfg = command_kv_transfer_config(cmd)[0]
     extra = (cfg or {}).get("kv_connector_extra_config")
     path = extra.get(KV_STORAGE_KEY) if isinstance(extra, dict) else None
     return path if isinstance(path, str) and path else None

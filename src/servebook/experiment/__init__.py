@@ -1,2 +1,3 @@
 """`servebook experiment`: arms measured in blocks, interleaved, with ratios to a baseline
-that carry intervals over blocks (spec, design, declared provenance, runner, analysis)."""
+that carry intervals over blocks (spec, design, declared provenance, runner, analysis,
+report)."""

@@ -1,7 +1,7 @@
 """servebook's own steps for an experiment (``runner.Steps``): a recipe arm comes up
 through its backend as `servebook up` brings it up, is warmed and verified as `servebook
-run` verifies, and benched with bench's sweep (``servebook.sweep``); an attached or URL
-arm is benched as `servebook bench NAME` or `--url` benches it.  A failure of one step is
+run` verifies, and benched with bench's sweep (``servebook.bench.sweep``); an attached or
+URL arm is benched as `servebook bench NAME` or `--url` benches it.  A failure of one step is
 ``StepFailed`` (the block is invalid with its message); a stop signal is not caught here,
 so the runner's ``finally`` takes down what it brought up."""
 
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from servebook import auth
 from servebook.bench import target as tgt
+from servebook.bench.sweep import BenchArgs, not_serving, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
 from servebook.experiment.spec import Arm, Experiment
-from servebook.sweep import BenchArgs, not_serving, run_bench
 
 if TYPE_CHECKING:
     from servebook.backends.base import Place
@@ -62,7 +62,7 @@ def check_load(exp: Experiment) -> None:
     arm's load can run in the cluster (no file of this machine in it), before anything
     starts."""
     from servebook.backends import registry
-    from servebook.sweep import settings_from
+    from servebook.bench.sweep import settings_from
 
     load_start_s(exp)
     for arm in exp.arms:
@@ -97,7 +97,7 @@ def load_start_s(exp: Experiment) -> float:
 
 def estimated_s(exp: Experiment) -> tuple[float, float]:
     """The experiment's bench time, low and high (bench's own estimate per bench)."""
-    from servebook.sweep import settings_from
+    from servebook.bench.sweep import settings_from
 
     low = high = 0.0
     for arm in exp.arms:

@@ -9,9 +9,9 @@ and what the coordinator does is part of the measurement: it opens and closes ea
 window on the agents' clock, scrapes the engines' ``/metrics`` at both edges (server
 evidence, SB40x) and judges validity.  Run from the bench machine, those scrapes would
 cross a port-forward and land on another clock than the load's.  So the whole protocol
-(``servebook.sweep.run_bench``: sweep, windows, validity, per-point scrapes of every engine
-Pod by its Pod IP) runs in Pod 0 (``bench/in_cluster.py``), which also runs agent 0 as a
-process beside it; Pods 1..N-1 are agents that dial Pod 0 by its stable name
+(``servebook.bench.sweep.run_bench``: sweep, windows, validity, per-point scrapes of every
+engine Pod by its Pod IP) runs in Pod 0 (``bench/in_cluster.py``), which also runs agent 0
+as a process beside it; Pods 1..N-1 are agents that dial Pod 0 by its stable name
 ``JOB-0.SERVICE`` (an Indexed Job's Pods are named by index under the headless Service
 named in ``subdomain``), with the one-time token from a Secret.  The load goes to the
 entry Service by its cluster DNS name (``SERVICE.NAMESPACE.svc``); each engine's counters

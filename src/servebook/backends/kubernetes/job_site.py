@@ -32,6 +32,7 @@ from typing import Any
 from servebook import http
 from servebook.backends.kubernetes.record import KubeDeployment
 from servebook.backends.kubernetes.view import cluster_record, ready_pods, recorded_deployment
+from servebook.bench.sweep import BenchArgs
 from servebook.deployment.reach import IN_CLUSTER, Address, Reach, build
 from servebook.deployment.site import LoadSite
 from servebook.errors import ServebookError, UsageError
@@ -45,7 +46,6 @@ from servebook.kube.resources import apply, list_objects, request, where_of
 from servebook.recipe.plan import Plan
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import load_results
-from servebook.sweep import BenchArgs
 
 Obj = dict[str, Any]
 Say = Callable[[str], None]
@@ -555,7 +555,7 @@ def run_in_cluster(
     try:
         return _run(source.api, p, out_dir, say, start_s)
     except KeyboardInterrupt:
-        from servebook.sweep import Interrupted
+        from servebook.bench.sweep import Interrupted
 
         raise Interrupted(
             f"stopped the in-cluster bench of {source.name} (the Job's Pods were deleted with "

@@ -2,8 +2,9 @@
 the table of every arm x level, the ratios with their intervals, the crossover in words,
 the drift, the server evidence per arm and level (a level whose handoff failed open
 marked invalid for its arm), and the schedule with each entry's outcome; and the same
-sentences for the terminal.  Reads ``experiment.json`` only (plain data), as the rest of
-report/ reads results files."""
+sentences for the terminal.  Reads ``experiment.json`` only (plain data), as report/ reads
+results files; it lives here, beside the analysis whose names it prints (``METRICS``, the
+SLO outcomes), and draws with report/'s plots and tables, which import no experiment."""
 
 from __future__ import annotations
 
