@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from servebook import http
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.recipe.resolve import resolve
 from servebook.verify.smoke import long_prompt
 

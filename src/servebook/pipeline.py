@@ -41,8 +41,8 @@ from servebook.verify.smoke import Options, verify
 # and c=4 flipped between two regimes from one window to the next (440-812 tok/s, cv 21%,
 # on a machine whose two plain loops kept their speed within 2%), so twenty repetitions
 # still left two runs' TPOT 7.7% apart.  The local backend now confines each engine's whole
-# process tree to its cores (backends/local.engine_cores): the same machine gave cv 0.1-0.9%
-# for tok/s and engine TPOT at both levels, both levels were precise after 3-4
+# process tree to its cores (backends/local/deployer.engine_cores): the same machine gave
+# cv 0.1-0.9% for tok/s and engine TPOT at both levels, both levels were precise after 3-4
 # repetitions, and two `make run`s in a row (152 s and 190 s) reproduced within 3.3%.  The
 # client bounds are bench's defaults again: with the engines on their own cores the client's
 # event loop lagged 1-2 ms at p99 and kept 99.9% of its streams busy.  Windows of 15 s,
@@ -192,17 +192,17 @@ def bench_in_cluster(
 ) -> tuple[Results, Path]:
     """On Kubernetes the sweep runs next to the servers, as `bench NAME` does by default:
     one load agent in a Job in the deployment's namespace, in the engine's image, its
-    results fetched and the Job deleted (``backends/kube_bench``).  Measured through
+    results fetched and the Job deleted (``backends/kubernetes/job_site``).  Measured through
     port-forwards, every latency would carry the API server's and the kubelet's relay."""
-    from servebook.backends import kube_bench
+    from servebook.backends.kubernetes import job_site
 
-    source = kube_bench.source_of(site)
+    source = job_site.source_of(site)
     job.say(
         f"benchmarking {name} from a load Job in namespace {source.namespace}, next to its "
         "servers (its plan is the Pod's)"
     )
-    prepared = kube_bench.prepare(source, sweep, agents=1, image=None, api_key=job.opts.api_key)
-    return kube_bench.run_in_cluster(source, prepared, out_dir, say=job.say)
+    prepared = job_site.prepare(source, sweep, agents=1, image=None, api_key=job.opts.api_key)
+    return job_site.run_in_cluster(source, prepared, out_dir, say=job.say)
 
 
 def report_step(out_dir: Path) -> Path:

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from servebook.backends import kubernetes as kube
+from servebook.backends.kubernetes import deployer as kube
 from servebook.recipe.resolve import resolve
 from tests.cluster.conftest import UP_S, sb, set_values
 

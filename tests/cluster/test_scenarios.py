@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import yaml
 
-from servebook.backends import kubernetes as kube_backend
+from servebook.backends.kubernetes import deployer as kube_backend
 from servebook.findings import Severity
 from servebook.kube import client as kube_client
 from servebook.kube import resources

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.backends.processes import group_members
+from servebook.backends.local import deployer as local
+from servebook.backends.local.processes import group_members
 from servebook.deployment.view import Claims, RoleView
 from servebook.recipe.plan import Plan
 from servebook.recipe.resolve import resolve

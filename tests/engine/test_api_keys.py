@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from servebook import auth, http
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from servebook import http
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.engines import vllm
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from servebook import http
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.engines import vllm
 from servebook.recipe.resolve import resolve
 from tests.engine.conftest import Shared, sb

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.metrics.scrape import delta, scrape
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.bench.control import LoadSpec
 from servebook.bench.coordinator import LocalLauncher, run_load
 from servebook.bench.endpoint import Endpoint

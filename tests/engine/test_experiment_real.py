@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
 from tests.unit.browser import PROBE, Dom, chromium

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from servebook import http
-from servebook.backends import local
-from servebook.backends.processes import group_members
+from servebook.backends.local import deployer as local
+from servebook.backends.local.processes import group_members
 from servebook.findings import exit_code
 from servebook.metrics.scrape import delta, scrape
 from servebook.recipe.resolve import resolve

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from servebook import http
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.tokens import load_tokenizer, server_token_count
 from servebook.bench.workload import RandomPrompts

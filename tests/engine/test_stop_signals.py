@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import local
-from servebook.backends.processes import group_members
+from servebook.backends.local import deployer as local
+from servebook.backends.local.processes import group_members
 from servebook.results.schema import RESULTS_NAME
 from tests.engine.conftest import assert_all_stopped
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from servebook.backends import local
+from servebook.backends.local import deployer as local
 from servebook.findings import Finding, exit_code
 from servebook.recipe.resolve import resolve
 from servebook.verify.smoke import Options, Report

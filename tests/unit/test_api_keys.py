@@ -15,8 +15,9 @@ import pytest
 from aiohttp import web
 
 from servebook import auth, redact
-from servebook.backends import local, state
-from servebook.backends.processes import log_tail
+from servebook.backends import state
+from servebook.backends.local import deployer as local
+from servebook.backends.local.processes import log_tail
 from servebook.bench import target as tgt
 from servebook.bench.control import LoadSpec
 from servebook.bench.coordinator import run_load

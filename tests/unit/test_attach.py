@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends.listener import read_listener, user_name
+from servebook.backends.attached.listener import read_listener, user_name
 from servebook.engines.cmdline import parse_argv, speculative_config
 from tests.conftest import CliResult
 from tests.unit.engine_standin import engine, free_port
@@ -155,8 +155,8 @@ def test_bad_roles_are_exit_2_naming_the_flag(cli: Cli, args: list[str], message
 def test_open_reads_each_command_line_again_so_a_restarted_engine_claims_what_it_runs(
     sb_home: Path,
 ) -> None:
-    from servebook.backends.attached import (
-        AttachedBackend,
+    from servebook.backends.attached.place import AttachedBackend
+    from servebook.backends.attached.record import (
         AttachedDeployment,
         AttachedReplica,
         AttachedRole,

@@ -21,7 +21,8 @@ import pytest
 from aiohttp import web
 
 from servebook import http
-from servebook.backends.attached import AttachedBackend, read_record
+from servebook.backends.attached.place import AttachedBackend
+from servebook.backends.attached.record import read_record
 from servebook.commands.attach_kube import attach_kubernetes
 from servebook.errors import UsageError
 from tests.conftest import CliResult

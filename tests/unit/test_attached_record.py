@@ -1,4 +1,4 @@
-"""The attached-deployment record (``backends.attached``): its store under $SERVEBOOK_HOME,
+"""The attached-deployment record (``backends.attached.record``): its store under $SERVEBOOK_HOME,
 and the deployment view it yields, found by name like servebook's own deployments."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servebook.backends import registry
-from servebook.backends.attached import (
+from servebook.backends.attached.record import (
     AttachedDeployment,
     AttachedReplica,
     AttachedRole,

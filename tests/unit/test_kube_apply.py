@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from servebook.backends import kubernetes as kube
-from servebook.backends.kube_record import find_deployment, read_state
+from servebook.backends.kubernetes import deployer as kube
+from servebook.backends.kubernetes.record import find_deployment, read_state
 from servebook.errors import UsageError
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
 from servebook.recipe.plan import Plan

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servebook.backends import kubernetes as kube
+from servebook.backends.kubernetes import deployer as kube
 from servebook.kube.engine_pod import gpu_count
 from servebook.recipe.resolve import resolve
 from servebook.results.schema import RESULTS_NAME

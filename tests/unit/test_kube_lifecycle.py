@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from servebook.backends import kubernetes as kube
 from servebook.backends.base import UpFailed
-from servebook.backends.kube_record import workload_name
+from servebook.backends.kubernetes import deployer as kube
+from servebook.backends.kubernetes.record import workload_name
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube import resources

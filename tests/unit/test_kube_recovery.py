@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from servebook.backends.base import Found
-from servebook.backends.kube_record import (
+from servebook.backends.kubernetes.record import (
     PLAN_ANNOTATION,
     deployments_found,
     recover_record,

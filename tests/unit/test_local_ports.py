@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from servebook import http
-from servebook.backends.local import port_clash
+from servebook.backends.local.deployer import port_clash
 from servebook.errors import ServebookError
 
 
@@ -71,7 +71,7 @@ def test_other_deaths_are_not_port_clashes() -> None:
 
 
 def test_engines_on_one_machine_get_cores_of_their_own() -> None:
-    from servebook.backends.local import engine_cores
+    from servebook.backends.local.deployer import engine_cores
 
     none: dict[str, str] = {}
     assert engine_cores(["prefill", "decode"], lambda n: none, [0, 1]) == {
@@ -99,7 +99,7 @@ def test_a_role_and_every_process_it_starts_run_only_on_its_cores(tmp_path: Path
     stay on the engine's cores, or they busy-wait on the other engine's (tiny-pd's c=4
     tok/s ranged 440-812 with only the OpenMP threads bound, 1046-1064 with the whole tree
     confined)."""
-    from servebook.backends.processes import spawn
+    from servebook.backends.local.processes import spawn
 
     mine = sorted(os.sched_getaffinity(0))
     core = mine[-1]
@@ -130,7 +130,7 @@ def test_a_role_and_every_process_it_starts_run_only_on_its_cores(tmp_path: Path
 
 
 def test_a_role_without_cores_may_run_anywhere_the_launcher_may(tmp_path: Path) -> None:
-    from servebook.backends.processes import spawn
+    from servebook.backends.local.processes import spawn
 
     proc = spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "r.log")
     try:

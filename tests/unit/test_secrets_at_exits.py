@@ -17,7 +17,10 @@ from aiohttp import web
 
 import servebook
 from servebook import auth
-from servebook.backends import attached, kube_record, local, state
+from servebook.backends import state
+from servebook.backends.attached import record as attached
+from servebook.backends.kubernetes import record as kube_record
+from servebook.backends.local import deployer as local
 from servebook.console import print_report
 from servebook.findings import Finding, Severity
 from servebook.recipe.resolve import resolve

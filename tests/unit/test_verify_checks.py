@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from servebook.engines import handoff as H
 from servebook.engines import vllm
 from servebook.findings import Severity
 from servebook.metrics.scrape import ScrapeError, Snapshot, delta, snapshot_from_text
@@ -80,7 +81,7 @@ def test_garbage_is_a_scrape_error() -> None:
 
 
 def test_block_size_is_read_from_cache_config_info() -> None:
-    assert C.block_size(snap("pd-spec-decode-after")) == 128
+    assert H.block_size(snap("pd-spec-decode-after")) == 128
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,7 @@ def test_block_size_is_read_from_cache_config_info() -> None:
 def test_handoff_threshold_accounts_for_whole_blocks(
     prompts: list[int], block: int, required: int
 ) -> None:
-    assert C.handoff_required_tokens(prompts, block) == max(0, required)
+    assert H.handoff_required_tokens(prompts, block) == max(0, required)
 
 
 def test_align_to_block_matches_what_example_connector_transferred() -> None:
@@ -221,8 +222,8 @@ def test_log_signature_of_decode_only_speculation() -> None:
 def test_a_prompt_too_short_for_whole_blocks_is_not_judged_and_says_how_long_it_must_be() -> None:
     # decode's page says block_size 128: a 256-token prompt transfers one block, which is
     # the slack, so the threshold would be 0 and could not fail
-    assert C.handoff_min_prompt_tokens(128) == 258
-    assert C.handoff_required_tokens([257], 128) == 0 < C.handoff_required_tokens([258], 128)
+    assert H.handoff_min_prompt_tokens(128) == 258
+    assert H.handoff_required_tokens([257], 128) == 0 < H.handoff_required_tokens([258], 128)
     found = C.check_handoff("prefill", "decode", window("pd-spec", [256]))
     decode = found[0]
     assert decode.severity is Severity.ERROR and decode.failed

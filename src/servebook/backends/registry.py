@@ -14,26 +14,26 @@ from servebook.errors import UsageError
 
 
 def _local() -> Place:
-    from servebook.backends.local import LocalBackend
+    from servebook.backends.local.deployer import LocalBackend
 
     return LocalBackend()
 
 
 def _kubernetes() -> Place:
-    from servebook.backends.kubernetes import KubernetesBackend
+    from servebook.backends.kubernetes.deployer import KubernetesBackend
 
     return KubernetesBackend()
 
 
 def _attached() -> Place:
-    from servebook.backends.attached import AttachedBackend
+    from servebook.backends.attached.place import AttachedBackend
 
     return AttachedBackend()
 
 
 # Every place, by name.  ``find`` and ``locate`` also find the deployments recorded by
-# ``servebook attach`` (``backends.attached``): servebook did not make those, so they are no
-# choice of ``--backend``.
+# ``servebook attach`` (``backends.attached``): servebook did not make those, so they are
+# no choice of ``--backend``.
 _PLACES: dict[str, Callable[[], Place]] = {
     "local": _local,
     "kubernetes": _kubernetes,

@@ -3,9 +3,9 @@
 A deployment has a directory of its own under ``$SERVEBOOK_HOME/deployments/NAME``: the
 local backend keeps its processes' record there (``state.json``: PIDs with their kernel
 start times, ports, logs), the Kubernetes backend the objects it applied
-(``kube-state.json``, ``backends.kubernetes``).  A record is written atomically as soon as
-there is something to stop, so ``down`` works from another shell and after an interrupted
-``up``.
+(``kube-state.json``, ``backends.kubernetes.deployer``).  A record is written atomically as
+soon as there is something to stop, so ``down`` works from another shell and after an
+interrupted ``up``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from servebook.recipe.resolve import servebook_home
 STATE_FILE = "state.json"
 # Held (flock) by the one `up` or `run` bringing a deployment up; it holds that one's pid.
 UP_LOCK = "up.lock"
-# A Kubernetes deployment's record, beside where a local one's would be (backends.kubernetes).
+# A Kubernetes deployment's record, beside where a local one's would be
+# (backends.kubernetes.deployer).
 KUBE_STATE_FILE = "kube-state.json"
 
 

@@ -334,7 +334,7 @@ def run_load(
     on_progress: Callable[[Progress], None] | None = None,
     poll_s: float = 0.05,
     on_window: WindowHook | None = None,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> LoadResult:
     """Run the load to its end and return every request's record.
 

@@ -52,7 +52,7 @@ from typing import Any, Literal
 import numpy as np
 
 from servebook.bench.control import Decision, LoadSpec, Progress
-from servebook.bench.coordinator import run_load
+from servebook.bench.coordinator import Launcher, run_load
 from servebook.bench.endpoint import Endpoint
 from servebook.bench.figures import point_from_load, scrape_lags
 from servebook.bench.flags import NO_WARMUP, Warmup
@@ -528,7 +528,7 @@ def run_point(
     scrape_fn: Scrape = scrape_roles,
     on_progress: Callable[[Progress], None] | None = None,
     history: Sequence[Point] = (),
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> PointOutcome:
     """Run one point (warm-up, window, verdict).  ``position``, the point's place in the
     sweep's full order, seeds its arrivals and picks its prompts (``position * 10**7 +
@@ -638,7 +638,7 @@ def run_sweep(
     scrape_fn: Scrape = scrape_roles,
     on_point: Callable[[PointSpec, PointOutcome | None], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
 ) -> Results:
     """Every point in protocol order, round by round (:func:`needs_round` says which levels
     a round runs), skipping those the writer already holds as valid (``--resume``); the

@@ -24,6 +24,7 @@ from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
+from servebook.bench.coordinator import Launcher
 from servebook.bench.datasets import read_dataset, resolve_format
 from servebook.bench.figures import parse_slo
 from servebook.bench.flags import (
@@ -316,7 +317,7 @@ def run_bench(
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None = None,
     resumable: bool = True,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
     serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     """Run the sweep; returns the results and the results.json path.  ``alive()`` returns
@@ -380,7 +381,7 @@ def _run(
     resume: bool,
     tokenizer: str | None,
     alive: Callable[[], list[str]] | None,
-    launcher: Any = None,
+    launcher: Launcher | None = None,
     serving: Callable[[], list[str]] | None = None,
 ) -> tuple[Results, Path]:
     if a.dataset is None:
@@ -460,7 +461,7 @@ def _sweep(
     workers: int,
     slo: dict[str, float] | None,
     checks: _Checks,
-    launcher: Any,
+    launcher: Launcher | None,
 ) -> tuple[Results, Path]:
     out_dir = writer.path.parent
     alive = checks.alive

@@ -27,11 +27,11 @@ from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.workload import PromptSource
 from servebook.deployment.view import DeploymentView
 from servebook.engines import counters_of
+from servebook.engines.handoff import HandoffThreshold, block_size, threshold
 from servebook.errors import UsageError
 from servebook.metrics.scrape import ScrapeError, scrape
 from servebook.results.provenance import fetch_engine_version, make_provenance
 from servebook.results.schema import LoadOrigin, Provenance, RoleProvenance
-from servebook.verify.checks import block_size, handoff_not_judged, handoff_required_tokens
 
 
 @dataclass(frozen=True)
@@ -60,17 +60,6 @@ class Subject:
     cluster: InCluster | None = None  # the load runs in the cluster (``bench/in_cluster``)
 
 
-@dataclass(frozen=True)
-class HandoffThreshold:
-    """What SB407 judges a PD point's handoff share against, for prompts of one length:
-    ``share`` (verify's threshold), or ``undecidable``, the reason it cannot be judged
-    at that length (the share would be 0, a check that cannot fail)."""
-
-    share: float
-    block: int
-    undecidable: str | None = None
-
-
 def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffThreshold:
     """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
     handoff share falls below it is invalid (the handoff failed open).  ``decode_url``:
@@ -82,10 +71,7 @@ def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffTh
         raise UsageError(
             f"cannot read decode's /metrics to size the handoff threshold: {e}"
         ) from None
-    required = handoff_required_tokens([input_len], block)
-    return HandoffThreshold(
-        required / input_len, block, None if required else handoff_not_judged(block)
-    )
+    return threshold(input_len, block)
 
 
 def _first_line(body: str, limit: int = 160) -> str:

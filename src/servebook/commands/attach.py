@@ -12,8 +12,13 @@ from rich.markup import escape
 
 from servebook import redact
 from servebook.backends import registry
-from servebook.backends.attach_url import ROLE_HELP, inspect, record_from_urls
-from servebook.backends.attached import AttachedDeployment, read_record, remove_record, write_record
+from servebook.backends.attached.record import (
+    AttachedDeployment,
+    read_record,
+    remove_record,
+    write_record,
+)
+from servebook.backends.attached.url import ROLE_HELP, inspect, record_from_urls
 from servebook.commands import app, deployment_name, print_json
 from servebook.commands.attach_kube import KUBE_HELP, attach_kubernetes
 from servebook.console import out

@@ -9,8 +9,8 @@ from typing import Any
 from rich.markup import escape
 
 from servebook import redact
-from servebook.backends.attached import write_record
-from servebook.backends.kube_attach import NOT_RUN_ON_A_CLUSTER, find, found_dict, record_of
+from servebook.backends.attached.cluster import NOT_RUN_ON_A_CLUSTER, find, found_dict, record_of
+from servebook.backends.attached.record import write_record
 from servebook.commands import print_json
 from servebook.console import out
 from servebook.errors import UsageError

@@ -27,7 +27,7 @@ from servebook.console import print_points
 from servebook.errors import UsageError
 
 if TYPE_CHECKING:
-    from servebook.backends.kube_bench import Source
+    from servebook.backends.kubernetes.job_site import Source
 
 # bench takes run's protocol by default: a precision target, up to --max-repetitions
 # (issue 32, finding 3: three repetitions gave ±30-70% intervals with exit 0).
@@ -362,9 +362,9 @@ def bench(
         )
         site = owner.load_site(name, namespace)
         if via != "port-forward" and not site.here:
-            from servebook.backends import kube_bench
+            from servebook.backends.kubernetes import job_site
 
-            source = kube_bench.source_of(site)
+            source = job_site.source_of(site)
             _in_cluster(source, a, out_dir, n_agents or 1, load_image, dry_run, key, options)
             return
         if dry_run or via == "cluster" or load_image is not None:
@@ -407,19 +407,19 @@ def _in_cluster(
     options: dict[str, Any],
 ) -> None:
     """The default on Kubernetes: the load agents run in the cluster
-    (``backends/kube_bench``)."""
-    from servebook.backends import kube_bench
+    (``backends/kubernetes/job_site``)."""
+    from servebook.backends.kubernetes import job_site
     from servebook.commands.render import refuse_what_lint_fails, write_atomically
     from servebook.console import err
 
-    kube_bench.refuse_unsupported(a, tokenizer=options["tokenizer"], resume=options["resume"])
+    job_site.refuse_unsupported(a, tokenizer=options["tokenizer"], resume=options["resume"])
     # A key given here travels in the Job's Secret; a dry run writes none into its files.
     given = None if key is None else "" if dry_run else key
-    prepared = kube_bench.prepare(source, a, agents=agents, image=image, api_key=given)
+    prepared = job_site.prepare(source, a, agents=agents, image=image, api_key=given)
     if dry_run:
-        files = kube_bench.dry_run_files(prepared)
+        files = job_site.dry_run_files(prepared)
         refuse_what_lint_fails(files)
-        write_atomically(out_dir, files, check=kube_bench.check_dry_run_dir)
+        write_atomically(out_dir, files, check=job_site.check_dry_run_dir)
         for f in files:
             print(out_dir / f)
         return
@@ -427,7 +427,7 @@ def _in_cluster(
     def say(line: str) -> None:
         err.print(line, highlight=False, markup=False)
 
-    results, path = kube_bench.run_in_cluster(
+    results, path = job_site.run_in_cluster(
         source, prepared, out_dir, say=say, start_s=options["load_start_timeout"]
     )
     print_points(results, path)

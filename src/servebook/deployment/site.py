@@ -4,7 +4,7 @@
 route (``DeploymentView.route``: directly, or through port-forwards the view holds).  A
 place may offer another site instead, chosen by default because the measuring path then
 never crosses a relay: on Kubernetes, an Indexed Job next to the engines
-(``backends/kube_bench.JobSite``), whose route is ``cluster-service``.  bench, run and the
+(``backends/kubernetes/job_site.JobSite``), whose route is ``cluster-service``.  bench, run and the
 experiment runner ask the site, never the place's name.
 """
 

@@ -178,7 +178,7 @@ class DeploymentView:
     # Accelerators the deployment uses (per-accelerator figures); None when unknown.
     accelerators: int | None = None
     # What the deployment claims when no recipe says it (an attached deployment: read from
-    # its engines' own command lines, ``backends.attached``); None: from the Plan.
+    # its engines' own command lines, ``backends.attached.record``); None: from the Plan.
     claimed: Claims | None = None
     # The route this process takes to the servers (``ROUTES``) and, where it is not
     # direct, how, for the results' provenance.

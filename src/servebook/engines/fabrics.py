@@ -8,7 +8,9 @@ needs, and what the KV connector is told (NIXL's backend, Mooncake's protocol, t
 buffer device).  Without a profile NIXL silently falls back to TCP when the Pods get no
 RDMA device (Dynamo's guide measured TTFT of ~98 s instead of a few hundred ms), and
 nothing says so; so PD over TCP is a profile of its own that renders only with an
-explicit acknowledgement.
+explicit acknowledgement.  Render, verify and lint read these facts here; the Pod
+annotations that attach a profile's secondary networks are Kubernetes' own
+(``kube.fabric_networks``).
 
 Sources, read for these profiles (each setting below names the one it follows):
 
@@ -41,14 +43,13 @@ Sources, read for these profiles (each setting below names the one it follows):
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Transport = Literal["rdma", "tcp"]
 FabricName = Literal["ib-shared", "ib-sriov", "roce", "efa", "tcp"]
-Networking = Literal["multus", "gke"]
 
 # [dynamo-comm] the RDMA transports plus GPU-memory staging; a UCX_TLS naming GPU memory
 # types must include cuda_copy or cuda_ipc for UCX to take GPU buffers at all.
@@ -58,9 +59,6 @@ UCX_TLS_TCP = "tcp,cuda_copy"
 # [dynamo-comm] "info" logs the transports each UCX endpoint uses: how verify reads, from
 # the engine log, which transport the KV actually crossed.
 UCX_LOG = {"UCX_LOG_LEVEL": "info"}
-MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
-GKE_DEFAULT_INTERFACE = "networking.gke.io/default-interface"
-GKE_INTERFACES = "networking.gke.io/interfaces"
 # The connectors a fabric profile knows how to tell which transport to use.
 NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConnector"})
 MOONCAKE_CONNECTORS = frozenset({"MooncakeConnector"})
@@ -200,24 +198,39 @@ def connector_config(p: Profile, connector: str) -> dict[str, object] | None:
 KV_BUFFER_DEVICE = "cuda"
 
 
-def pod_annotations(
-    p: Profile, networking: Networking, networks: Sequence[str], count: int
-) -> dict[str, str]:
-    """The Pod annotations that attach the fabric's secondary networks."""
-    if p.networks == "none" or not networks:
-        return {}
-    if p.networks == "multus-or-gke" and networking == "gke":
-        # [gke-multinet] eth0 stays the Pod network; one interface per RDMA network.
-        ifaces = [{"interfaceName": "eth0", "network": "default"}]
-        ifaces += [{"interfaceName": f"eth{i + 1}", "network": n} for i, n in enumerate(networks)]
-        return {GKE_DEFAULT_INTERFACE: "eth0", GKE_INTERFACES: json.dumps(ifaces)}
-    # [multus] one attachment per device: a single name is repeated for each.
-    names = list(networks) * count if len(networks) == 1 and count > 1 else list(networks)
-    return {MULTUS_ANNOTATION: ",".join(names)}
-
-
 def environment(p: Profile, net_devices: str | None) -> dict[str, str]:
     env = dict(p.env)
     if net_devices and p.nixl_backend == "UCX":
         env["UCX_NET_DEVICES"] = net_devices  # [dynamo-xprov] mlx5_0:1,mlx5_1:1,...
     return env
+
+
+# What an engine's own settings tell its KV connector about the transport, read the same
+# way from a manifest (lint SB112) or a command line and environment.  UCX transports that
+# move KV by RDMA (UCX_TLS names; "ib" is UCX's alias for all of them); everything else
+# (tcp, shared memory, cuda_copy/cuda_ipc) crosses no node by RDMA, except cuda_ipc with
+# UCX_CUDA_IPC_ENABLE_MNNVL: on a multi-node NVLink domain (GB200 NVL72) UCX moves GPU
+# buffers between nodes over NVLink (NVIDIA's MNNVL tuning guide, UCX), and the tcp beside
+# it only bootstraps the connection (llm-d's wide-EP GB200 guides).
+_UCX_RDMA = re.compile(r"^\^?(rc|dc|ud|ib|gga|srd)(_[a-z0-9]+)?$")
+_UCX_ON = frozenset({"y", "yes", "1", "on", "true"})
+
+
+def tcp_told(kv_config: Mapping[str, Any] | None, env: Mapping[str, str]) -> str | None:
+    """How an engine is told, explicitly, to move KV over TCP, by its KV transfer config
+    and its environment (None: it is not)."""
+    extra = (kv_config or {}).get("kv_connector_extra_config") or {}
+    if isinstance(extra, Mapping) and str(extra.get("mooncake_protocol", "")).lower() == "tcp":
+        return "kv_connector_extra_config.mooncake_protocol tcp"
+    provider = (env.get("FI_PROVIDER") or "").lower()
+    if provider in ("tcp", "sockets"):
+        return f"FI_PROVIDER={provider}"
+    tls = env.get("UCX_TLS")
+    if tls and not tls.startswith("^"):
+        names = [t.strip() for t in tls.split(",") if t.strip()]
+        mnnvl = (env.get("UCX_CUDA_IPC_ENABLE_MNNVL") or "").strip().lower() in _UCX_ON
+        if mnnvl and "cuda_ipc" in names:
+            return None
+        if "tcp" in names and not any(_UCX_RDMA.match(t) for t in names) and "all" not in names:
+            return f"UCX_TLS={tls}"
+    return None

@@ -70,7 +70,7 @@ def check_load(exp: Experiment) -> None:
         settings_from(a, None)
         deployer = registry.get(arm.backend)
         if not deployer.loads_here:
-            from servebook.backends.kube_bench import refuse_unsupported
+            from servebook.backends.kubernetes.job_site import refuse_unsupported
 
             try:
                 refuse_unsupported(a, tokenizer=exp.load.get("tokenizer"), resume=False)
@@ -119,18 +119,18 @@ def in_cluster(
 ) -> bool:
     """A Kubernetes deployment's bench runs in the cluster, as `servebook bench NAME` runs
     it there by default: an Indexed Job of load agents next to the engines, its results
-    fetched into ``where`` and its objects deleted (``backends.kube_bench``).  False: the
+    fetched into ``where`` and its objects deleted (``backends.kubernetes.job_site``).  False: the
     deployment is reached from here."""
-    from servebook.backends import kube_bench
+    from servebook.backends.kubernetes import job_site
 
     site = owner.load_site(name, namespace)
     if site.here:
         return False
-    source = kube_bench.source_of(site)
-    prepared = kube_bench.prepare(
+    source = job_site.source_of(site)
+    prepared = job_site.prepare(
         source, a, agents=a.agents or 1, image=exp.load.get("load-image"), api_key=key
     )
-    kube_bench.run_in_cluster(source, prepared, where, say=say, start_s=load_start_s(exp))
+    job_site.run_in_cluster(source, prepared, where, say=say, start_s=load_start_s(exp))
     return True
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from servebook.engines import fabrics, vllm
 from servebook.errors import UsageError
+from servebook.kube import fabric_networks
 from servebook.kube.names import (
     ENGINE_PORT,
     GENERATOR_KEY,
@@ -454,7 +455,7 @@ def _capabilities(role: RolePlan, k8s: Kubernetes) -> tuple[list[str], dict[str,
         p = fabrics.profile(k8s.fabric.profile)
         capabilities += p.capabilities
         annotations.update(
-            fabrics.pod_annotations(
+            fabric_networks.pod_annotations(
                 p, k8s.fabric.networking, k8s.fabric.networks, role.resources.rdma_count or 1
             )
         )

@@ -1,5 +1,5 @@
 """The in-cluster load of `servebook bench NAME` on Kubernetes: the objects that run the
-load agents next to the engines (plain data in, plain dicts out; ``backends/kube_bench``
+load agents next to the engines (plain data in, plain dicts out; ``backends/kubernetes/job_site``
 creates them, waits for them, fetches their results and deletes them, and `bench
 --dry-run -o DIR` writes them).
 

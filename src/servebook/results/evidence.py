@@ -9,6 +9,7 @@ from typing import Any
 
 from servebook.deployment.view import replica_names as replica_names_of
 from servebook.engines import SGLANG, VLLM, counters_of, sglang
+from servebook.engines.handoff import transferred_tokens
 from servebook.engines.vllm import (
     BAD_FINISH_REASONS,
     LATENCY_HISTOGRAMS,
@@ -157,9 +158,7 @@ def _handoff_share(decode_role: str, roles: Mapping[str, Any], missing: list[str
     """The share of decode's prompt tokens that arrived by KV transfer; None (and why, in
     ``missing``) when it cannot be measured."""
     c = roles.get(decode_role, {}).get("counters") or {}
-    moved = c.get("prompt_tokens_by_transfer")
-    if moved is None:
-        moved = c.get("external_prefix_hits")
+    moved = transferred_tokens(c.get("prompt_tokens_by_transfer"), c.get("external_prefix_hits"))
     total = c.get("prompt_tokens")
     # Tokens decode found in its own prefix cache needed no transfer (a prompt it had
     # seen, e.g. a second sweep with the same seed on a kept deployment): the share is

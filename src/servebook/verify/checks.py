@@ -20,6 +20,12 @@ from servebook.engines.cmdline import (
     parse_engine_args,
     speculative_config,
 )
+from servebook.engines.handoff import (
+    block_size,
+    handoff_not_judged,
+    handoff_required_tokens,
+    transferred_tokens,
+)
 from servebook.engines.vllm import M, speculation_problem
 from servebook.findings import Finding, Severity, register
 from servebook.metrics.scrape import Snapshot, delta
@@ -44,9 +50,6 @@ REACHABLE = register(
     "overloaded engine does not answer /health.",
 )
 
-# One block of slack per request: connectors differ in how they round the last block.
-SLACK_BLOCKS_PER_REQUEST = 1
-
 
 @dataclass(frozen=True)
 class Window:
@@ -58,35 +61,6 @@ class Window:
     prompt_tokens: Sequence[int] = ()
     # Each role's replica names, in the order its snapshots tag them (REPLICA_LABEL).
     replica_names: Mapping[str, Sequence[str]] = field(default_factory=dict)
-
-
-def block_size(snap: Snapshot, default: int = 16) -> int:
-    for labels in snap.label_sets(M.CACHE_CONFIG_INFO):
-        try:
-            return int(labels.get("block_size", ""))
-        except ValueError:
-            continue
-    return default
-
-
-def handoff_required_tokens(prompt_tokens: Sequence[int], block: int) -> int:
-    """Least number of tokens decode must receive by transfer for verify's requests: the
-    whole blocks each prompt has, less one block of slack per request."""
-    expected = sum(vllm.align_to_block(n, block) for n in prompt_tokens)
-    return max(0, expected - SLACK_BLOCKS_PER_REQUEST * block * len(prompt_tokens))
-
-
-def handoff_min_prompt_tokens(block: int) -> int:
-    """The shortest prompt whose handoff :func:`handoff_required_tokens` can judge (more
-    than the slack in whole blocks): below it the threshold is 0 and cannot fail."""
-    return next(n for n in range(2, 64 * max(block, 1) + 4) if handoff_required_tokens([n], block))
-
-
-def handoff_not_judged(block: int) -> str:
-    return (
-        f"handoff not judged at this length: needs >= {handoff_min_prompt_tokens(block)} "
-        f"prompt tokens (the connector moves whole {block}-token blocks, less one of slack)"
-    )
 
 
 def _fmt_share(x: float | None) -> str:
@@ -149,7 +123,7 @@ def check_handoff(prefill: str, decode: str, w: Window) -> list[Finding]:
                 evidence={"reset": resets},
             )
         ]
-    transferred = by_transfer.value if by_transfer.value is not None else hits.value
+    transferred = transferred_tokens(by_transfer.value, hits.value)
     total = prompt.value if prompt.value is not None else queries.value
     if transferred is None or not total:
         return [

@@ -18,7 +18,6 @@ Decisions worth knowing before changing a rule:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,12 +28,12 @@ from servebook.engines.cmdline import (
     kv_role_problem,
     speculative_config,
 )
+from servebook.engines.fabrics import NIXL_CONNECTORS, tcp_told
 from servebook.findings import Check, Finding, Severity, register
 from servebook.lint.rules.images import normalize_image
 from servebook.lint.rules.objects import Engine, finding_at
 from servebook.lint.rules.registry import PAIR_RULES
 
-NIXL_CONNECTORS = frozenset({"NixlConnector", "NixlPullConnector", "NixlPushConnector"})
 # Connectors that move KV per rank and block and have no heterogeneous-TP path.
 HOMOGENEOUS_CONNECTORS = frozenset(
     {"ExampleConnector", "SharedStorageConnector", "P2pNcclConnector", "PyNcclConnector"}
@@ -310,40 +309,18 @@ def check_pd_settings(p: Engine, d: Engine) -> list[Finding]:
     return findings
 
 
-# SB112: UCX transports that move KV by RDMA (UCX_TLS names; "ib" is UCX's alias for all
-# of them); everything else (tcp, shared memory, cuda_copy/cuda_ipc) crosses no node by RDMA,
-# except cuda_ipc with UCX_CUDA_IPC_ENABLE_MNNVL: on a multi-node NVLink domain (GB200 NVL72)
-# UCX moves GPU buffers between nodes over NVLink (NVIDIA's MNNVL tuning guide, UCX), and the
-# tcp beside it only bootstraps the connection (llm-d's wide-EP GB200 guides).
-_UCX_RDMA = re.compile(r"^\^?(rc|dc|ud|ib|gga|srd)(_[a-z0-9]+)?$")
-_UCX_ON = frozenset({"y", "yes", "1", "on", "true"})
-
-
-def _env_value(e: Engine, name: str) -> str | None:
+def _env(e: Engine) -> dict[str, str]:
+    """The container's plain environment values, each name's first entry only (one from
+    ``valueFrom`` is unknown here, so absent)."""
+    seen: set[str] = set()
+    env: dict[str, str] = {}
     for item in e.container.get("env") or []:
-        if isinstance(item, Mapping) and item.get("name") == name:
-            value = item.get("value")
-            return value if isinstance(value, str) else None
-    return None
-
-
-def _tcp_transport(e: Engine) -> str | None:
-    """How the engine is told, explicitly, to move KV over TCP (None: it is not)."""
-    extra = (e.kv_config or {}).get("kv_connector_extra_config") or {}
-    if isinstance(extra, Mapping) and str(extra.get("mooncake_protocol", "")).lower() == "tcp":
-        return "kv_connector_extra_config.mooncake_protocol tcp"
-    provider = (_env_value(e, "FI_PROVIDER") or "").lower()
-    if provider in ("tcp", "sockets"):
-        return f"FI_PROVIDER={provider}"
-    tls = _env_value(e, "UCX_TLS")
-    if tls and not tls.startswith("^"):
-        names = [t.strip() for t in tls.split(",") if t.strip()]
-        mnnvl = (_env_value(e, "UCX_CUDA_IPC_ENABLE_MNNVL") or "").strip().lower() in _UCX_ON
-        if mnnvl and "cuda_ipc" in names:
-            return None
-        if "tcp" in names and not any(_UCX_RDMA.match(t) for t in names) and "all" not in names:
-            return f"UCX_TLS={tls}"
-    return None
+        name = item.get("name") if isinstance(item, Mapping) else None
+        if isinstance(name, str) and name not in seen:
+            seen.add(name)
+            if isinstance(item.get("value"), str):
+                env[name] = item["value"]
+    return env
 
 
 KV_OVER_TCP = register(
@@ -364,7 +341,7 @@ KV_OVER_TCP = register(
 
 @PAIR_RULES.add(KV_OVER_TCP)
 def check_pd_tcp(p: Engine, d: Engine) -> list[Finding]:
-    how = {r: _tcp_transport(e) for r, e in (("prefill", p), ("decode", d))}
+    how = {r: tcp_told(e.kv_config, _env(e)) for r, e in (("prefill", p), ("decode", d))}
     said = {r: h for r, h in how.items() if h}
     if not said:
         return []

@@ -4,7 +4,7 @@ URLs, and what attach reports it found.
 Each ``--role`` is one replica (a role given twice is two); ``ROLE=URL,metrics=URL`` names
 where the engine's own ``/metrics`` is when not at the API's URL.  The command line of each
 replica is read from the process that listens on its port when that is on this machine
-(``backends.listener``), and its claims from that command line; attach says plainly what
+(``backends.attached.listener``), and its claims from that command line; attach says plainly what
 it could not determine.  Attach only reads (``GET /v1/models``, ``GET /metrics``): it
 changes nothing on the deployment.
 """
@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from servebook import http, redact, urls
-from servebook.backends.attached import (
+from servebook.backends.attached.listener import Listener, read_listener, url_port
+from servebook.backends.attached.record import (
     AttachedDeployment,
     AttachedReplica,
     AttachedRole,
     engine_command,
     roles_problem,
 )
-from servebook.backends.listener import Listener, read_listener, url_port
 from servebook.engines import counters_of
 from servebook.engines.cmdline import kv_transfer_config, speculative_config
 from servebook.errors import UsageError

@@ -21,7 +21,7 @@ included, which ``up`` stores as an annotation on the entry Deployment), so they
 another machine or after the record is lost.  ``down`` deletes exactly that deployment's
 objects (the Namespace only when this deployment created it and no other servebook
 deployment is left in it), and waits, bounded and saying what is left, until they are
-gone: a DELETE only starts a deletion (``kube_settle``).  ``up`` likewise waits for a
+gone: a DELETE only starts a deletion (``kubernetes.settle``).  ``up`` likewise waits for a
 namespace or object of its own that an earlier ``down`` is still deleting before it
 applies anything.  Every API request goes through kr8s's ``Api.call_api`` and has a
 timeout.
@@ -30,7 +30,7 @@ timeout.
 deployment: a port-forward that servebook opens and holds (``kube.portforward``) to each
 role's Ready Pod for the length of the command, and the command lines and environment read
 from those Pods.  A sweep (``bench NAME``, run's) runs in the cluster instead
-(``kube_bench``).
+(``job_site``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 from rich.markup import escape
 
 from servebook.backends.base import Down, Found, Ready, UpFailed
-from servebook.backends.kube_record import (
+from servebook.backends.kubernetes.record import (
     AppliedObject,
     KubeDeployment,
     cluster_objects,
@@ -60,8 +60,8 @@ from servebook.backends.kube_record import (
     workload_name,
     write_state,
 )
-from servebook.backends.kube_settle import Ref, grace_bound_s, wait_gone, wait_settled
-from servebook.backends.kube_view import open_view
+from servebook.backends.kubernetes.settle import Ref, grace_bound_s, wait_gone, wait_settled
+from servebook.backends.kubernetes.view import open_view
 from servebook.deployment.site import LoadSite
 from servebook.deployment.view import DeploymentView
 from servebook.engines import vllm
@@ -415,7 +415,7 @@ def down(
     wait_s: float | None = None,
 ) -> dict[str, str]:
     """Delete deployment ``name``'s objects, found in the cluster by its label (and in the
-    local record), in reverse apply order, and wait until they are gone (``kube_settle``:
+    local record), in reverse apply order, and wait until they are gone (``kubernetes.settle``:
     bounded by ``wait_s``, default the longest grace period of its Pods plus a margin); an
     object still there at the bound is reported "still terminating" and the record is
     kept.  Idempotent.  An object carrying another deployment's label is never touched; the
@@ -531,7 +531,7 @@ class KubernetesBackend:
         "for a GPU deployment of a large model 10-40 minutes (image pull, weight load from "
         "the node's disk, compilation) before the first request"
     )
-    loads_here = False  # a load Job beside the engines (``kube_bench``)
+    loads_here = False  # a load Job beside the engines (``job_site``)
 
     def recorded(self) -> list[str]:
         return recorded_names()
@@ -588,6 +588,6 @@ class KubernetesBackend:
 
     def load_site(self, name: str, namespace: str | None = None) -> LoadSite:
         """A load Job beside the engines, so the measuring path crosses no port-forward."""
-        from servebook.backends.kube_bench import JobSite, own_source
+        from servebook.backends.kubernetes.job_site import JobSite, own_source
 
         return JobSite(lambda: own_source(name, namespace))

@@ -8,8 +8,8 @@ real completion through the entry point, within a bounded time; early death or t
 fails with the role's last log lines and stops everything that was started.
 
 This module is the launcher (``up`` and its waits) and the ``Deployer``; the records live in
-``backends.state``, the process groups in ``backends.processes``, the view in
-``backends.local_view``.
+``backends.state``, the process groups in ``backends.local.processes``, the view in
+``backends.local.view``.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from typing import Any
 
 from servebook import auth, http
 from servebook.backends.base import Down, Found, Ready, UpFailed
-from servebook.backends.local_view import HOST, view
-from servebook.backends.processes import (
+from servebook.backends.local.processes import (
     is_ours_alive,
     log_tail,
     spawn,
     start_ticks,
     stop_process_group,
 )
+from servebook.backends.local.view import HOST, view
 from servebook.backends.state import (
     STATE_FILE,
     Deployment,

@@ -3,7 +3,7 @@ one replica, reached directly at its own ports (``deployment.reach.build``)."""
 
 from __future__ import annotations
 
-from servebook.backends.processes import is_ours_alive, log_tail, process_state
+from servebook.backends.local.processes import is_ours_alive, log_tail, process_state
 from servebook.backends.state import Deployment, RoleProcess
 from servebook.deployment.reach import Address, Reach, Record, ReplicaRecord, RoleRecord, build
 from servebook.deployment.view import DeploymentView

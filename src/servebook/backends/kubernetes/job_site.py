@@ -10,7 +10,7 @@ that fails (an agent killed, out of memory, its Job's deadline) ends the bench a
 exit 1 and its last log lines; the sweep itself is bounded by the Job's
 ``activeDeadlineSeconds``.  Logs are read only to explain a failure, never for results.
 
-The deployment is read as the cluster has it (``kube_view``'s Ready Pods of each role):
+The deployment is read as the cluster has it (``kubernetes.view``'s Ready Pods of each role):
 the entry Service's DNS name, each engine Pod's IP for its counters, the command lines and
 environment as applied; no port-forward is opened to an engine.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from servebook import http
-from servebook.backends.kube_record import KubeDeployment
-from servebook.backends.kube_view import cluster_record, ready_pods, recorded_deployment
+from servebook.backends.kubernetes.record import KubeDeployment
+from servebook.backends.kubernetes.view import cluster_record, ready_pods, recorded_deployment
 from servebook.bench.sweep import BenchArgs
 from servebook.deployment.reach import IN_CLUSTER, Address, Reach, build
 from servebook.deployment.site import LoadSite
@@ -131,7 +131,7 @@ def refuse_unsupported(a: BenchArgs, *, tokenizer: str | None, resume: bool) -> 
 @dataclasses.dataclass
 class Source:
     """What the load Job needs of the deployment it benchmarks, as the cluster has it:
-    servebook's own (``own_source``) or an attached one (``kube_attach.cluster_source``)."""
+    servebook's own (``own_source``) or an attached one (``attached.cluster.cluster_source``)."""
 
     api: Any
     name: str
@@ -165,7 +165,7 @@ class JobSite:
     """``deployment.site.LoadSite``: an Indexed Job of load agents beside the engines,
     reaching them by the entry Service's and the Pods' cluster addresses.  ``source``
     reads the deployment as the cluster has it (servebook's own: ``own_source``; attached:
-    ``kube_attach.cluster_source``), only when the Job is made."""
+    ``attached.cluster.cluster_source``), only when the Job is made."""
 
     source: Callable[[], Source]
     here: bool = False

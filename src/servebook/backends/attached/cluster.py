@@ -1,6 +1,6 @@
 """Attached deployments on Kubernetes: what ``servebook attach NAME --backend kubernetes
 -n NS`` finds (``kube.stacks`` over the namespace's Pods, Services and Deployments), the
-record it keeps (``backends.attached``), and how a later command reaches every replica:
+record it keeps (``backends.attached.record``), and how a later command reaches every replica:
 a port-forward servebook holds to each recorded Pod's engine port (and its metrics port
 where that is another), and one to a Ready Pod behind the entry Service, for the length
 of the command.  A recorded Pod that is gone (replaced, scaled away) is a failure naming
@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from servebook.backends.attached import (
+from servebook.backends.attached.record import (
     AttachedDeployment,
     AttachedReplica,
     AttachedRole,
@@ -33,7 +33,7 @@ from servebook.kube import stacks
 from servebook.kube.resources import list_objects
 
 if TYPE_CHECKING:
-    from servebook.backends.kube_bench import Source
+    from servebook.backends.kubernetes.job_site import Source
 
 NOT_RUN_ON_A_CLUSTER = (
     "Recognising the stacks has been tested on Pods shaped like each operator's (a stand-in "
@@ -215,13 +215,13 @@ def _entry_url(fw: Any, api: Any, dep: AttachedDeployment) -> str:
 
 
 def cluster_source(dep: AttachedDeployment, *, api: Any = None) -> Source:
-    """The load Job's source (``backends/kube_bench.Source``) for a ``backend:
+    """The load Job's source (``backends/kubernetes/job_site.Source``) for a ``backend:
     kubernetes`` record: every recorded Pod at its Pod IP and engine (and metrics) port,
     the entry Service by its cluster DNS name, the engines' own image, the API key the
     engine container reads from a Secret (VLLM_API_KEY), its pull secrets and
     tolerations.  Nothing is created; a recorded Pod that is gone is unusable (exit 2)
     naming the role and the Pod, as the forwarded path is."""
-    from servebook.backends.kube_bench import Source, pod_url
+    from servebook.backends.kubernetes.job_site import Source, pod_url
 
     api = api or kube_client.connect()
     objs = stacks.Objects(

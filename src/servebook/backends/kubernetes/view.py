@@ -9,7 +9,12 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from servebook.backends.kube_record import KubeDeployment, find_deployment, not_found, read_state
+from servebook.backends.kubernetes.record import (
+    KubeDeployment,
+    find_deployment,
+    not_found,
+    read_state,
+)
 from servebook.deployment.reach import (
     FORWARDED,
     Address,
