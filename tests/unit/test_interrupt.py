@@ -36,6 +36,9 @@ from tests.unit.served_app import StreamingServer
 
 STOPS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 SAID = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+#: bench's warm-up: the signal is sent within a fraction of a second of the second point's
+#: first requests (``stopped_in_a_warm_up``), so this is its margin on a loaded machine.
+WARMUP_S = 5.0
 
 
 def servebook(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -54,7 +57,7 @@ def bench(url: str, out: Path, tiny_dir: Path, *extra: str) -> subprocess.Popen[
     args = [
         "bench", "--url", url, "--model", "tiny", "--tokenizer", str(tiny_dir),
         "--concurrency", "2,3", "--repetitions", "1", "--precision", "off", "--duration", "1s",
-        "--warmup", "10s", "--input-len", "16", "--output-len", "4", "--workers", "2",
+        "--warmup", f"{WARMUP_S:g}s", "--input-len", "16", "--output-len", "4", "--workers", "2",
         "--max-client-lag-ms", "1000", "--min-achieved-concurrency", "0.5", "-o", str(out),
         *extra,
     ]  # fmt: skip
@@ -62,7 +65,7 @@ def bench(url: str, out: Path, tiny_dir: Path, *extra: str) -> subprocess.Popen[
 
 
 def stopped_in_a_warm_up(
-    sig: signal.Signals, url: str, out: Path, tiny_dir: Path
+    sig: signal.Signals, url: str, out: Path, tiny_dir: Path, srv: StreamingServer
 ) -> subprocess.Popen[str]:
     """bench, signalled in its second point's warm-up, after what it said was checked."""
     p = bench(url, out, tiny_dir)
@@ -70,7 +73,13 @@ def stopped_in_a_warm_up(
     while not (out / RESULTS_NAME).exists():  # written once the first point finished
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.1)
-    time.sleep(3.0)  # inside the second point's 10 s warm-up: workers started and sending
+    # Inside the second point's warm-up, its workers started and sending: the server has
+    # seen more requests than its c=3 holds at once since the first point was saved.  (A
+    # fixed 3 s wait in a 10 s warm-up assumed so, and spent 14 s of load per case.)
+    first = len(srv.bodies)
+    while len(srv.bodies) < first + 2 * 3:
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
     os.killpg(p.pid, sig)  # the whole group, as a terminal, `timeout` and systemd do
     stdout, stderr = p.communicate(timeout=60)
     said = " ".join(stderr.split())
@@ -92,7 +101,7 @@ def test_ctrl_c_during_a_warm_up_says_what_it_stopped_and_saved_and_resume_finis
     url, srv = server
     srv.down = False
     out = tmp_path / "out"
-    stopped_in_a_warm_up(signal.SIGINT, url, out, tiny_dir)
+    stopped_in_a_warm_up(signal.SIGINT, url, out, tiny_dir, srv)
     # --resume, added to the same command as the message says, finishes the sweep
     p = bench(url, out, tiny_dir, "--resume")
     stdout, stderr = p.communicate(timeout=120)
@@ -111,7 +120,7 @@ def test_sigterm_and_sighup_during_a_warm_up_stop_bench_as_ctrl_c_does(
     workers left to the signal."""
     url, srv = server
     srv.down = False
-    stopped_in_a_warm_up(sig, url, tmp_path / "out", tiny_dir)
+    stopped_in_a_warm_up(sig, url, tmp_path / "out", tiny_dir, srv)
 
 
 def test_the_main_job_writes_the_report_of_the_points_it_has(tmp_path: Path) -> None:
