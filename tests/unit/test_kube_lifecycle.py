@@ -185,7 +185,9 @@ def test_up_at_once_after_down_waits_for_the_namespace_and_says_so(
     assert any("waiting for the cluster to finish deleting" in s for s in said), said
     # An up that finds the namespace still Terminating (another client's down) waits.
     assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready
-    server.standin.life.timing = Timing(scale=0.3)  # 9 s to stop: up surely sees it
+    # 4.5 s to stop: up surely sees it (its first request, right away, finds it Terminating;
+    # 9 s, as before, only made the test wait longer)
+    server.standin.life.timing = Timing(scale=0.15)
     kube_client.call(kube._api(), "DELETE", "/api/v1/namespaces/moe-pd", "deleting")
     said.clear()
     assert kube.up(plan, name="one", timeout_s=30, poll_s=0.05, say=said.append).ready
