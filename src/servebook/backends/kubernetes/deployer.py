@@ -404,7 +404,8 @@ def up(
                 f"{now_text}\nRaise --timeout if the weights take longer to load; "
                 f"`servebook down {name}` deletes the objects.",
             )
-        time.sleep(poll_s)
+        # the last poll at the deadline, not a whole poll past it (--timeout 2 took 5 s)
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
 def down(
