@@ -177,7 +177,9 @@ def test_an_agent_late_to_the_barrier_is_a_failure_not_a_smaller_load(ref: str) 
             slow,
             barrier_s=8.0,
         )
-    assert time.monotonic() - t0 < 30
+    # the barrier's 8 s, then nothing: the agent that came is told to go, and the late one
+    # is stopped at once (each was waited on 10 s, 28 s in all)
+    assert time.monotonic() - t0 < 16
 
 
 def test_an_agent_that_hears_of_the_start_after_the_instant_is_late(ref: str) -> None:

@@ -144,6 +144,9 @@ async def run_agent(host: str, port: int, index: int, token: str) -> str | None:
             writer.close()
             return "done"
         agent.on_message(msg)
+        if agent.bye.is_set():  # the point failed before it was assigned (a late agent)
+            writer.close()
+            return None
     _, endpoint, spec, prompts, agent.offset = msg
     pin(spec, index)
     control = Control(spec.workers, array("q", bytes(8 * (G_N + W_N * spec.workers))))

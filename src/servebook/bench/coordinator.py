@@ -297,9 +297,11 @@ def _barrier(
     procs: Sequence[AgentProcess],
     control: Control,
     barrier_s: float,
+    links: dict[int, _Link],
 ) -> list[_Link]:
+    """Every agent's link, in order, once all have said hello; ``links`` holds those that
+    have, so a barrier that fails can still tell them to go."""
     deadline = time.monotonic() + barrier_s
-    links: dict[int, _Link] = {}
     while len(links) < spec.workers:
         for i, p in enumerate(procs):
             if i not in links and p.poll() is not None:
@@ -372,10 +374,10 @@ def run_agents(
     server = socket.create_server(launch.bind_address(), backlog=max(16, spec.workers))
     address = (launch.bind_host(), server.getsockname()[1])
     procs: list[AgentProcess] = []
-    links: list[_Link] = []
+    linked: dict[int, _Link] = {}
     try:
         procs = [launch(i, address, token) for i in range(spec.workers)]
-        links = _barrier(server, token, spec, procs, control, barrier_s)
+        links = _barrier(server, token, spec, procs, control, barrier_s, linked)
         for link in links:
             link.offset_ns, link.uncertainty_ns = link.sync()
             link.send(("assign", endpoint, spec, prompts, link.offset_ns))
@@ -401,14 +403,16 @@ def run_agents(
             infos.append(_info(link, again, unc, launch.where))
     finally:
         stop = now_ns()
-        for link in links:
+        for link in linked.values():
             with contextlib.suppress(OSError):
                 link.send(("stop", stop))
                 link.send(("bye",))
         server.close()
-        for p in procs:
-            _wait_or_stop(p, p.wait_s)
-        for link in links:
+        for i, p in enumerate(procs):
+            # An agent told to go is given time to; one that never said hello has nothing
+            # to finish (the barrier it missed waited 8 s, then 10 s for each agent).
+            _wait_or_stop(p, p.wait_s if i in linked else 0.0)
+        for link in linked.values():
             link.sock.close()
     records: list[RequestRecord] = []
     stats: list[WorkerStats] = []
