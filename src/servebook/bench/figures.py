@@ -167,8 +167,11 @@ def point_from_load(
     slo_ms: Mapping[str, float] | None = None,
     server: Mapping[str, Any] | None = None,
     started_at: str | None = None,
+    scraped_ns: Mapping[str, int] | None = None,
 ) -> Point:
-    """The figures of one point (verdict left valid; ``protocol.judge`` decides it)."""
+    """The figures of one point (verdict left valid; ``protocol.judge`` decides it).
+    ``scraped_ns``: when each edge's scrape of the server's counters returned ("open",
+    "close"), on the window's clock."""
     ok, errs, unfinished = window_records(load.records, window_start_ns, window_end_ns)
     win_s = (window_end_ns - window_start_ns) / 1e9 if window_end_ns > window_start_ns else 0.0
     tokens_in = 0
@@ -241,6 +244,8 @@ def point_from_load(
             requests_unfinished=unfinished,
             start_monotonic_ns=window_start_ns,
             end_monotonic_ns=window_end_ns,
+            scrape_open_lag_ms=_lag_ms(scraped_ns, "open", window_start_ns),
+            scrape_close_lag_ms=_lag_ms(scraped_ns, "close", window_end_ns),
         ),
         client=ClientEvidence(
             workers=len(load.workers),
@@ -265,12 +270,8 @@ def point_from_load(
     )
 
 
-def scrape_lags(point: Point, scraped_ns: Mapping[str, int], ws: int, we: int) -> WindowInfo:
-    """The point's window with how long after each edge its scrape returned."""
-
-    def lag(edge: str, at: int) -> float | None:
-        return round((scraped_ns[edge] - at) / 1e6, 3) if edge in scraped_ns else None
-
-    return point.window.model_copy(
-        update={"scrape_open_lag_ms": lag("open", ws), "scrape_close_lag_ms": lag("close", we)}
-    )
+def _lag_ms(scraped_ns: Mapping[str, int] | None, edge: str, at_ns: int) -> float | None:
+    """How long after its window edge ``edge``'s scrape returned; None: not scraped."""
+    if not scraped_ns or edge not in scraped_ns:
+        return None
+    return round((scraped_ns[edge] - at_ns) / 1e6, 3)

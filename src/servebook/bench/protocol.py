@@ -54,7 +54,7 @@ import numpy as np
 from servebook.bench.control import Decision, LoadSpec, Progress
 from servebook.bench.coordinator import Launcher, run_load
 from servebook.bench.endpoint import Endpoint
-from servebook.bench.figures import point_from_load, scrape_lags
+from servebook.bench.figures import point_from_load
 from servebook.bench.flags import NO_WARMUP, Warmup
 from servebook.bench.records import LoadResult
 from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_findings
@@ -595,6 +595,7 @@ def run_point(
         slo_ms=slo_ms,
         server=server,
         started_at=started,
+        scraped_ns=scraped_ns,
     )
     stop_reason = controller.stop_reason or (
         "the point's time limit"
@@ -613,9 +614,7 @@ def run_point(
         stop_reason=stop_reason,
         speculative=target.speculative,
     )
-    point = point.model_copy(
-        update={"prompt_build_s": build_s, "window": scrape_lags(point, scraped_ns, ws, we)}
-    )
+    point = point.model_copy(update={"prompt_build_s": build_s})
     if "open" in edges and "close" in edges:
         point = with_server_latency(
             point, edges["open"], edges["close"], decode_role=target.decode_role
