@@ -46,11 +46,14 @@ type started struct {
 }
 
 type record struct {
-	Version    string    `json:"version"`
-	Server     string    `json:"server"`
-	Kubeconfig string    `json:"kubeconfig"`
-	Layout     layout    `json:"layout"`
-	Processes  []started `json:"processes"`
+	Version    string `json:"version"`
+	Server     string `json:"server"`
+	Kubeconfig string `json:"kubeconfig"`
+	// The tenant's kubeconfig and the namespaces its Role is in (plane_tenant.go).
+	TenantKubeconfig string    `json:"tenantKubeconfig"`
+	TenantNamespaces []string  `json:"tenantNamespaces"`
+	Layout           layout    `json:"layout"`
+	Processes        []started `json:"processes"`
 }
 
 func (l *layout) server() string {

@@ -2,7 +2,8 @@ package main
 
 // `kube-plane up DIR`: certificates, etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler and the node agent, each a process of its own (its log in DIR/logs), the
-// plane's record in DIR/plane.json, and the admin kubeconfig in DIR/kubeconfig, written last:
+// plane's record in DIR/plane.json, a tenant's kubeconfig in DIR/tenant.kubeconfig
+// (plane_tenant.go), and the admin kubeconfig in DIR/kubeconfig, written last:
 // when it exists, the plane answers, its nodes are Ready and the default ServiceAccount is
 // there. Interrupted or failed, up stops everything it started.
 
@@ -110,6 +111,7 @@ func runUp(args []string) int {
 	}
 	fmt.Printf("nodes: gpu-0, gpu-1 (8 nvidia.com/gpu each), cpu-0; Pods run as local processes\n")
 	fmt.Printf("kubeconfig: %s\n", r.Kubeconfig)
+	fmt.Printf("tenant:     %s (user %s: a Role in %s only)\n", r.TenantKubeconfig, tenantUser, strings.Join(r.TenantNamespaces, ", "))
 	fmt.Printf("stop it:    scripts/kube-plane down %s\n", o.dir)
 	return 0
 }
@@ -131,6 +133,7 @@ func bringUp(ctx context.Context, o *upOptions) (*record, error) {
 		}
 	}
 	_ = os.Remove(filepath.Join(o.dir, "kubeconfig"))
+	_ = os.Remove(filepath.Join(o.dir, "tenant.kubeconfig"))
 	if err := os.MkdirAll(filepath.Join(o.dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -165,7 +168,11 @@ func bringUp(ctx context.Context, o *upOptions) (*record, error) {
 	if err := startAll(ctx, o, r); err != nil {
 		return r, err
 	}
+	if err := writeTenantKubeconfig(l); err != nil {
+		return r, fmt.Errorf("the tenant's kubeconfig: %w", err)
+	}
 	r.Kubeconfig = l.path("kubeconfig")
+	r.TenantKubeconfig, r.TenantNamespaces = l.path("tenant.kubeconfig"), tenantNamespaces
 	if err := writeRecord(r); err != nil {
 		return r, err
 	}
@@ -189,6 +196,7 @@ func makeCredentials(l *layout) error {
 			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
 		{file: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", groups: []string{"kubeadm:cluster-admins"}},
 		{file: "admin", cn: "kubernetes-admin", groups: []string{"system:masters"}},
+		{file: "tenant", cn: tenantUser, groups: []string{tenantGroup}},
 		{file: "front-proxy-client", cn: "front-proxy-client"},
 		{file: "lws", cn: lwsUser},
 		{file: "lws-webhook/tls", cn: "lws-webhook", server: true, ips: parseIPs(l.BridgeIP)},
@@ -253,6 +261,9 @@ func startAll(ctx context.Context, o *upOptions, r *record) error {
 	}
 	if err := installLWS(ctx, r, admin, self); err != nil {
 		return err
+	}
+	if err := grantTenant(ctx, admin); err != nil {
+		return fmt.Errorf("the tenant: %w", err)
 	}
 	cfg, err := writeAgentConfig(o, l)
 	if err != nil {
