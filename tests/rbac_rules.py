@@ -9,12 +9,15 @@ from typing import Any
 
 Rule = dict[str, Any]
 
-# Everything `up`, `down` and preflight use in the namespace, but the port-forward subresource.
+# Everything `up`, `bench` (its load Job), `down` and preflight use in the namespace, but the
+# port-forward subresource.
 EVERYTHING_BUT_FORWARDS: Rule = {
-    "apiGroups": ["", "apps", "rbac.authorization.k8s.io", "leaderworkerset.x-k8s.io"],
+    "apiGroups": ["", "apps", "batch", "rbac.authorization.k8s.io", "leaderworkerset.x-k8s.io"],
     "resources": [
         "services",
         "configmaps",
+        "secrets",
+        "jobs",
         "serviceaccounts",
         "pods",
         "pods/log",

@@ -245,3 +245,17 @@ def test_pod_zeros_results_endpoint_serves_only_the_jobs_token_holder(tmp_path: 
     assert ask("/done", token, "POST") == 200
     t.join(10)
     assert got == {"done": True}
+
+
+def test_load_kinds_are_the_kinds_the_load_job_creates() -> None:
+    """Preflight asks for the verbs on ``LOAD_KINDS`` before any Job exists (SB263): they
+    are exactly the kinds ``load_objects`` makes, with more than one agent (the headless
+    Service) and with one."""
+    made = set()
+    for agents in (1, 3):
+        job = lj.LoadJob(
+            deployment="d", namespace="n", run="r1", image="i:1", agents=agents,
+            settings={}, token="t",
+        )  # fmt: skip
+        made |= {(o["apiVersion"], o["kind"]) for o in lj.load_objects(job, b"PK")}
+    assert made == set(lj.LOAD_KINDS)

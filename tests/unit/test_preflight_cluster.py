@@ -998,3 +998,53 @@ def test_requirements_from_plan_reads_the_plans_kubernetes_namespace_and_tolerat
         **node_verdicts("gpu-b", taints=S.FAIL),
         ("SB256", "namespace/llm-serving"): S.PASS,
     }
+
+
+# --- a namespace's tenant: what it may not read is not checked, and says so ------------------
+
+
+def _as_tenant(name: str, unread: dict[str, str]) -> ClusterSnapshot:
+    """A snapshot as a tenant of namespace servebook reads it: the refused lists empty (or,
+    for pods, that namespace's only), and why in ``unread``."""
+    whole = snap(name)
+    return ClusterSnapshot(
+        nodes={} if "nodes" in unread else whole.nodes,
+        pods=[p for p in whole.pods if p["metadata"]["namespace"] == "servebook"]
+        if "pods" in unread
+        else whole.pods,
+        namespaces=whole.namespaces,
+        crds={} if "crds" in unread else whole.crds,
+        source="tenant",
+        unread=unread,
+    )
+
+
+FORBIDDEN = 'nodes is forbidden: User "servebook-tenant" cannot list resource "nodes"'
+
+
+def test_a_tenant_who_may_not_read_nodes_or_crds_gets_not_checked_never_a_pass() -> None:
+    unread = {"nodes": FORBIDDEN, "crds": "customresourcedefinitions is forbidden", "pods": "x"}
+    findings = check_cluster(_as_tenant("healthy", unread), pd(crds=(LWS_CRD,)))
+    assert verdicts(findings) == {
+        ("SB250", "node/gpu-a"): S.WARN,
+        ("SB250", "node/gpu-b"): S.WARN,
+        **NS_OK,
+        ("SB257", f"crd/{LWS_CRD}"): S.WARN,
+    }
+    for f in findings:
+        if f.severity is S.WARN:
+            assert f.message.startswith("not checked: ") and f.evidence["checked"] is False
+            assert "--snapshot FILE" in f.hint
+    node = finding(findings, "SB250", "node/gpu-a")
+    assert FORBIDDEN in node.message and "8 free nvidia.com/gpu" in node.message
+
+
+def test_nodes_readable_but_not_every_namespaces_pods_leave_free_gpus_unchecked() -> None:
+    """The field's false pass: free GPUs counted over one namespace's Pods.  A caller who
+    may read the nodes but not every namespace's Pods gets SB254 as not checked."""
+    whole = check_cluster(snap("pending-other-namespace"), pd())
+    assert finding(whole, "SB254", "node/gpu-a").severity is S.FAIL
+    findings = check_cluster(_as_tenant("pending-other-namespace", {"pods": "forbidden"}), pd())
+    free = finding(findings, "SB254", "node/gpu-a")
+    assert free.severity is S.WARN and free.evidence["checked"] is False, free.message
+    assert finding(findings, "SB251", "node/gpu-a").severity is S.PASS

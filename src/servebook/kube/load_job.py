@@ -75,6 +75,9 @@ TTL_AFTER_FINISHED_S = 3600
 CONFIGMAP_MAX = 1024 * 1024  # what etcd lets one object hold (the API server's limit)
 AGENT_REQUESTS = {"cpu": "1", "memory": "1Gi"}
 AGENT_LIMITS = {"memory": "4Gi"}
+# The kinds ``load_objects`` creates (apiVersion, kind): what preflight's access review asks
+# for on bench's behalf before any Job exists (tests/unit/test_load_job.py holds them equal).
+LOAD_KINDS = (("v1", "Secret"), ("v1", "ConfigMap"), ("v1", "Service"), ("batch/v1", "Job"))
 
 
 @dataclass

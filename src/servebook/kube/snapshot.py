@@ -32,6 +32,7 @@ from servebook.errors import UsageError
 from servebook.kube.client import (
     ClusterUnreachable,
     RequestFailed,
+    call,
     connect,
     list_items,
     server_of,
@@ -65,6 +66,11 @@ class ClusterSnapshot:
     source: str = ""
     # Items of other kinds in a snapshot file, by kind (ignored, but counted).
     ignored: Mapping[str, int] = field(default_factory=dict)
+    # What the caller may not read, by key of the four lists ("nodes", "pods",
+    # "namespaces", "crds"): why, in the API server's words.  A namespace's tenant reads its
+    # own namespace and its Pods only (``read_with``); the checks say what they could not
+    # decide from what is missing, never that it is absent.
+    unread: Mapping[str, str] = field(default_factory=dict)
 
 
 def _where(source: str, index: int | None) -> str:
@@ -79,6 +85,7 @@ def build_snapshot(
     crds: Iterable[Obj],
     source: str,
     ignored: Mapping[str, int] | None = None,
+    unread: Mapping[str, str] | None = None,
 ) -> ClusterSnapshot:
     """A snapshot from the four lists, checking the fields preflight relies on."""
 
@@ -100,6 +107,7 @@ def build_snapshot(
         crds=keyed(crds, "CustomResourceDefinition"),
         source=source,
         ignored=dict(ignored or {}),
+        unread=dict(unread or {}),
     )
 
 
@@ -302,19 +310,34 @@ def _unreadable(reason: str) -> ClusterUnreachable:
     )
 
 
-def read_with(api: Any, *, timeout_s: float = 180.0) -> ClusterSnapshot:
+def read_with(
+    api: Any, *, timeout_s: float = 180.0, namespace: str | None = None
+) -> ClusterSnapshot:
     """The four lists from a connected ``api`` (``kube.client.connect``), the whole read
     bounded by ``timeout_s`` (pages of ``_PAGE`` objects: 60,000 pods are 600 requests,
-    each bounded by the Api's request timeout)."""
+    each bounded by the Api's request timeout).
+
+    With ``namespace``, a caller refused (403) a cluster-wide list reads what a tenant of
+    that namespace may (``_as_tenant``), and the snapshot's ``unread`` says what it could
+    not; without it, a refusal is an error."""
     result: list[ClusterSnapshot] = []
     failure: list[BaseException] = []
 
     def work() -> None:
         try:
-            lists = {
-                key: list_items(api, path, f"listing {path.rsplit('/', 1)[-1]}", page=_PAGE)
-                for key, path in _LISTS
-            }
+            lists: dict[str, list[Obj]] = {}
+            unread: dict[str, str] = {}
+            for key, path in _LISTS:
+                try:
+                    lists[key] = list_items(
+                        api, path, f"listing {path.rsplit('/', 1)[-1]}", page=_PAGE
+                    )
+                except RequestFailed as e:
+                    if namespace is None or e.code != 403:
+                        raise
+                    lists[key], why = _as_tenant(api, key, namespace, e)
+                    if why:
+                        unread[key] = why
             result.append(
                 build_snapshot(
                     nodes=lists["nodes"],
@@ -322,6 +345,7 @@ def read_with(api: Any, *, timeout_s: float = 180.0) -> ClusterSnapshot:
                     namespaces=lists["namespaces"],
                     crds=lists["crds"],
                     source=server_of(api),
+                    unread=unread,
                 )
             )
         except BaseException as e:
@@ -349,6 +373,31 @@ def read_with(api: Any, *, timeout_s: float = 180.0) -> ClusterSnapshot:
             raise _unreadable(why) from e
         raise e
     return result[0]
+
+
+def _as_tenant(
+    api: Any, key: str, namespace: str, refused: RequestFailed
+) -> tuple[list[Obj], str | None]:
+    """What a caller refused the cluster-wide list of ``key`` may read of it in
+    ``namespace``, and why the rest is unread (None: what the checks need was read): its
+    namespace's Pods (not the other namespaces', which hold GPUs too), its Namespace (the
+    only one the checks read: absent when the API server says 404); no nodes, no CRDs."""
+    why = refused.status.get("message") or str(refused)
+    if key == "pods":
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        return list_items(api, path, f"listing {path}", page=_PAGE), (
+            f"{why}; only namespace {namespace}'s Pods were read"
+        )
+    if key == "namespaces":
+        path = f"/api/v1/namespaces/{namespace}"
+        try:
+            got = call(api, "GET", path, f"reading {path}", missing_ok=True)
+        except RequestFailed as e:
+            if e.code != 403:
+                raise
+            return [], f"{why}; namespace {namespace} itself is not readable either"
+        return ([got] if got else []), None
+    return [], str(why)
 
 
 def read_live(

@@ -25,14 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servebook.errors import UsageError
 from servebook.findings import Finding, Severity, register_once
+from servebook.kube.load_job import LOAD_KINDS
 
 Obj = dict[str, Any]
 
 
 ACCESS = register_once(
     "SB263",
-    "The caller may do everything servebook up and down do",
+    "The caller may do everything servebook up, bench and down do",
     "`up` applies, reads and waits on several kinds, reads logs and opens port-forwards; "
     "a permission missing for one of them stops the deploy part-way (objects applied, "
     "nothing serving) or leaves `down` unable to delete what `up` made. RBAC rules are "
@@ -74,6 +76,7 @@ _RESOURCES: dict[str, tuple[str, str]] = {
     "PersistentVolumeClaim": ("", "persistentvolumeclaims"),
     "Pod": ("", "pods"),
     "Event": ("", "events"),
+    "Job": ("batch", "jobs"),
     "Deployment": ("apps", "deployments"),
     "StatefulSet": ("apps", "statefulsets"),
     "ReplicaSet": ("apps", "replicasets"),
@@ -178,39 +181,76 @@ def required_access(
     namespace: str,
     namespace_exists: bool,
     minor: int | None = None,
+    *,
+    load: bool = False,
 ) -> list[Access]:
     """Every permission ``up``/``status``/``verify``/``down`` use for ``objects`` in
     ``namespace``: the object verbs on each rendered kind (server-side apply is a patch that
     creates), the Namespace's only when it is to be created, and what the rollout watch,
-    the logs and the port-forwards need on a server of minor version ``minor``."""
+    the logs and the port-forwards need on a server of minor version ``minor``.  With
+    ``load``, also what ``bench`` needs for its load in the cluster (``load_access``), which
+    preflight asks on its behalf before any load Job exists."""
+    out = _unique(_object_access(objects, namespace, namespace_exists))
+    out = _unique([*out, *_watch_access(namespace, minor)])
+    if load:
+        out = _unique([*out, *load_access(_LOAD_OBJECTS, namespace, minor)])
+    return out
+
+
+def load_access(objects: Sequence[Obj], namespace: str, minor: int | None) -> list[Access]:
+    """What ``bench``'s in-cluster load (``kube.load_job``'s ``objects``) needs: the object
+    verbs on each of their kinds, and reading its Pods, their logs and events, and the one
+    port-forward that fetches the results."""
+    return _unique(
+        [
+            *_object_access(objects, namespace, True),
+            Access("list", "pods", namespace=namespace),
+            Access("get", "pods", namespace=namespace),
+            Access("get", "pods", subresource="log", namespace=namespace),
+            *portforward_access(namespace, minor),
+            Access("list", "events", namespace=namespace),
+        ]
+    )
+
+
+# One object of each kind the load creates (kube.load_job.LOAD_KINDS).
+_LOAD_OBJECTS: list[Obj] = [
+    {"apiVersion": v, "kind": k, "metadata": {"name": "load"}} for v, k in LOAD_KINDS
+]
+
+
+def _unique(accesses: Sequence[Access]) -> list[Access]:
+    return list(dict.fromkeys(accesses))
+
+
+def _object_access(objects: Sequence[Obj], namespace: str, namespace_exists: bool) -> list[Access]:
     out: list[Access] = []
-    seen: set[Access] = set()
-
-    def add(a: Access) -> None:
-        if a not in seen:
-            seen.add(a)
-            out.append(a)
-
     for obj in objects:
         group, resource = resource_of(obj)
         if obj.get("kind") == "Namespace":
-            add(Access("get", resource, group))
+            # One that exists is used as it is, and need not even be readable
+            # (kube.resources.namespace_exists); a Namespace's own name is the namespace
+            # RBAC judges a request on it in, but creating one is cluster-scoped.
             if not namespace_exists:
-                for verb in ("create", "patch", "delete"):
-                    add(Access(verb, resource, group))
+                name = str((obj.get("metadata") or {}).get("name") or namespace)
+                out.append(Access("create", resource, group))
+                out += [
+                    Access(v, resource, group, namespace=name) for v in ("get", "patch", "delete")
+                ]
             continue
-        for verb in OBJECT_VERBS:
-            add(Access(verb, resource, group, namespace=namespace))
-    for a in (
+        out += [Access(verb, resource, group, namespace=namespace) for verb in OBJECT_VERBS]
+    return out
+
+
+def _watch_access(namespace: str, minor: int | None) -> list[Access]:
+    return [
         Access("list", "pods", namespace=namespace),
         Access("get", "pods", namespace=namespace),
         Access("get", "pods", subresource="log", namespace=namespace),
         *portforward_access(namespace, minor),
         Access("list", "replicasets", "apps", namespace=namespace),
         Access("list", "events", namespace=namespace),
-    ):
-        add(a)
-    return out
+    ]
 
 
 @dataclass(frozen=True)
@@ -224,6 +264,21 @@ def review_from_answer(access: Access, answer: Obj) -> Review:
     status = answer.get("status") or {}
     reason = str(status.get("reason") or status.get("evaluationError") or "")
     return Review(access, bool(status.get("allowed")), reason)
+
+
+class AccessDenied(UsageError):
+    """A command may not do what it needs (exit 2, before it changed anything)."""
+
+
+def denied_text(denied: Sequence[Review]) -> str:
+    """Each denied permission, with the server's reason and why servebook needs it."""
+    return "; ".join(
+        r.access.text()
+        + (f" ({r.reason})" if r.reason else "")
+        + (f" ({r.access.why})" if r.access.why else "")
+        + ("" if r.access.namespace else " (cluster scope)")
+        for r in denied
+    )
 
 
 def access_finding(reviews: Sequence[Review], namespace: str, who: str = "") -> Finding:
@@ -241,17 +296,11 @@ def access_finding(reviews: Sequence[Review], namespace: str, who: str = "") -> 
         return ACCESS.finding(
             Severity.PASS,
             subject,
-            f"{caller} may do all {len(reviews)} things up and down do in namespace "
+            f"{caller} may do all {len(reviews)} things up, bench and down do in namespace "
             f"{namespace} (SelfSubjectAccessReview for each)",
             evidence=evidence,
         )
-    listed = "; ".join(
-        r.access.text()
-        + (f" ({r.reason})" if r.reason else "")
-        + (f" ({r.access.why})" if r.access.why else "")
-        + ("" if r.access.namespace else " (cluster scope)")
-        for r in denied
-    )
+    listed = denied_text(denied)
     commands = " ".join(
         f"`kubectl auth can-i {r.access.verb} {r.access.resource}"
         + (f"/{r.access.subresource}" if r.access.subresource else "")
@@ -262,7 +311,7 @@ def access_finding(reviews: Sequence[Review], namespace: str, who: str = "") -> 
     return ACCESS.finding(
         Severity.FAIL,
         subject,
-        f"{caller} may not do {len(denied)} of the {len(reviews)} things up and down do in "
+        f"{caller} may not do {len(denied)} of the {len(reviews)} things up, bench and down do in "
         f"namespace {namespace}: {listed}",
         hint=f"{ACCESS.fix} E.g. {commands}.",
         evidence=evidence,
@@ -463,12 +512,15 @@ __all__ = [
     "ADMISSION",
     "CHECKS",
     "Access",
+    "AccessDenied",
     "DryRun",
     "Review",
     "access_finding",
+    "denied_text",
     "describe_object",
     "dry_run_finding",
     "enforce_level",
+    "load_access",
     "object_path",
     "pods_of",
     "portforward_access",

@@ -546,6 +546,96 @@ def check_cluster(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[F
     whole GPUs rather than MIG slices), then roles without a
     node, the namespace and the CRDs.  A missing node gets only its SB250 finding."""
     findings: list[Finding] = []
+    if "nodes" in snapshot.unread:
+        findings += [_nodes_unread(ask, snapshot.unread["nodes"]) for ask in req.nodes]
+    else:
+        findings += _node_findings(snapshot, req)
+    findings.extend(check_unplaced(r) for r in req.unplaced)
+    if "namespaces" in snapshot.unread:
+        what = f"whether namespace {req.namespace} exists and is Active"
+        findings.append(
+            _unread(
+                NAMESPACE_READY, f"namespace/{req.namespace}", what, snapshot.unread["namespaces"]
+            )
+        )
+    else:
+        findings.append(check_namespace(snapshot.namespaces, req.namespace, req.creates_namespace))
+    for name in req.crds:
+        if "crds" in snapshot.unread:
+            what = f"whether CRD {name} is installed"
+            findings.append(_unread(CRDS_INSTALLED, f"crd/{name}", what, snapshot.unread["crds"]))
+        else:
+            findings.append(check_crd(snapshot.crds, name))
+    return findings
+
+
+def _unread(check: Check, subject: str, what: str, why: str) -> Finding:
+    """A check the caller's credentials could not decide (a namespace's tenant reads no
+    cluster-scoped objects): said as not checked, never as passed or as absent."""
+    from servebook.kube.snapshot import SNAPSHOT_COMMAND
+
+    return check.finding(
+        Severity.WARN,
+        subject,
+        f"not checked: {what}, since the caller may not read it ({why})",
+        hint="Ask the cluster's admin to run `servebook preflight` with the same recipe, or "
+        f"for a snapshot (`{SNAPSHOT_COMMAND} > FILE`) to pass as --snapshot FILE.",
+        evidence={"checked": False, "why": why},
+    )
+
+
+def _nodes_unread(ask: NodeAsk, why: str) -> Finding:
+    return _unread(
+        NODE_EXISTS,
+        node_subject(ask.node),
+        f"whether node {ask.node} exists, is Ready and schedulable, and whose taints the "
+        "Pods tolerate"
+        + (
+            f", and whether it has {ask.accelerators} free {ask.gpu_resource}"
+            if ask.accelerators
+            else ""
+        ),
+        why,
+    )
+
+
+def _held_findings(
+    snapshot: ClusterSnapshot,
+    pods_by_node: Mapping[str, Sequence[Obj]],
+    node: Obj,
+    ask: NodeAsk,
+    targets: set[str],
+) -> list[Finding]:
+    """What the Pods on ``node`` hold of what ``ask`` needs: its accelerators and RDMA."""
+    subject = node_subject(ask.node)
+    if "pods" in snapshot.unread:
+        # Pods of other namespaces hold GPUs too: counting only the readable ones would
+        # call held GPUs free.
+        what = f"what the Pods on node {ask.node} hold of its {ask.gpu_resource}"
+        return [_unread(FREE_ACCELERATORS, subject, what, snapshot.unread["pods"])]
+    on_node = pods_by_node.get(name_of(node), [])
+    out: list[Finding] = []
+    try:
+        free = check_free_accelerators(node, on_node, ask, subject=subject)
+        if free.failed and ask.accelerators:
+            alternatives = nodes_that_fit(snapshot.nodes, pods_by_node, ask, exclude=targets)
+            if alternatives:
+                free = check_free_accelerators(node, on_node, ask, alternatives, subject)
+        out.append(free)
+    except BadObject as e:
+        out.append(_could_not_read(FREE_ACCELERATORS, subject, e))
+    try:
+        rdma_free = check_rdma_free(node, on_node, ask, subject)
+    except BadObject as e:
+        rdma_free = _could_not_read(RDMA_FREE, subject, e)
+    if rdma_free is not None:
+        out.append(rdma_free)
+    return out
+
+
+def _node_findings(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[Finding]:
+    """Each target node's findings (``check_cluster``)."""
+    findings: list[Finding] = []
     pods_by_node = index_pods_by_node(snapshot.pods)
     labels = {a.selector for a in req.nodes if a.selector}
     by_label = {label: nodes_by_label(snapshot.nodes, label) for label in labels}
@@ -558,7 +648,6 @@ def check_cluster(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[F
         findings.append(exists)
         if node is None:
             continue
-        name = name_of(node)
         subject = node_subject(ask.node)
         findings.append(check_node_ready(node, subject))
         findings.append(check_node_schedulable(node, subject))
@@ -566,34 +655,16 @@ def check_cluster(snapshot: ClusterSnapshot, req: ClusterRequirements) -> list[F
             findings.append(check_node_taints(node, ask, subject))
         except BadObject as e:
             findings.append(_could_not_read(NODE_TAINTS, subject, e))
-        on_node = pods_by_node.get(name, [])
-        try:
-            free = check_free_accelerators(node, on_node, ask, subject=subject)
-            if free.failed and ask.accelerators:
-                alternatives = nodes_that_fit(snapshot.nodes, pods_by_node, ask, exclude=targets)
-                if alternatives:
-                    free = check_free_accelerators(node, on_node, ask, alternatives, subject)
-            findings.append(free)
-        except BadObject as e:
-            findings.append(_could_not_read(FREE_ACCELERATORS, subject, e))
         try:
             rdma = check_rdma(node, ask, subject)
         except BadObject as e:
             rdma = _could_not_read(RDMA_ADVERTISED, subject, e)
         if rdma is not None:
             findings.append(rdma)
-        try:
-            rdma_free = check_rdma_free(node, on_node, ask, subject)
-        except BadObject as e:
-            rdma_free = _could_not_read(RDMA_FREE, subject, e)
-        if rdma_free is not None:
-            findings.append(rdma_free)
+        findings += _held_findings(snapshot, pods_by_node, node, ask, targets)
         mig = check_mig(node, ask, subject)
         if mig is not None:
             findings.append(mig)
-    findings.extend(check_unplaced(r) for r in req.unplaced)
-    findings.append(check_namespace(snapshot.namespaces, req.namespace, req.creates_namespace))
-    findings.extend(check_crd(snapshot.crds, name) for name in req.crds)
     return findings
 
 

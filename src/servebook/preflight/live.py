@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,12 @@ from servebook.kube.snapshot import ClusterSnapshot, load_snapshot, read_with
 from servebook.preflight.admission import (
     ACCESS,
     ADMISSION,
+    Access,
+    AccessDenied,
     DryRun,
+    Review,
     access_finding,
+    denied_text,
     describe_object,
     dry_run_finding,
     enforce_level,
@@ -50,7 +54,7 @@ from servebook.preflight.admission import (
     service_account_of,
     without_account,
 )
-from servebook.preflight.cluster import check_cluster
+from servebook.preflight.cluster import CRDS_INSTALLED, check_cluster
 from servebook.preflight.pod_security import pod_security_finding
 from servebook.preflight.probe_pod import PROBE_POD, probe_targets, run_probe_pod
 from servebook.preflight.requirements import ClusterRequirements, requirements_from_plan
@@ -108,8 +112,13 @@ def plan_findings(
         request_timeout_s=opts.request_timeout_s,
         connect_timeout_s=opts.connect_timeout_s,
     )
-    snap = read_with(api)
-    findings = check_cluster(snap, req)
+    snap = read_with(api, namespace=req.namespace)
+    findings = [
+        served_finding(api, f)
+        if f.check == CRDS_INSTALLED.id and f.evidence.get("checked") is False
+        else f
+        for f in check_cluster(snap, req)
+    ]
     objects = manifests.render(plan)
     ns_obj = snap.namespaces.get(req.namespace)
     exists = ns_obj is not None and not (ns_obj.get("metadata") or {}).get("deletionTimestamp")
@@ -250,22 +259,84 @@ def workspace(api: Any, namespace: str, exists: bool) -> Iterator[Workspace]:
 # SB263 and SB264, live.
 
 
+def served_finding(api: Any, unread: Finding) -> Finding:
+    """SB257 for a caller who may not read CRDs (a namespace's tenant): whether the API
+    server serves the CRD's kind, from API discovery, which every authenticated user may
+    read; ``unread`` (not checked) when discovery does not answer either."""
+    subject = unread.subject
+    name = subject.removeprefix("crd/")
+    plural, _, group = name.partition(".")
+    how = "read through API discovery: the caller may not read CustomResourceDefinitions"
+    try:
+        got = call(api, "GET", f"/apis/{group}", f"discovering API group {group}") or {}
+        version = str((got.get("preferredVersion") or {}).get("groupVersion") or "")
+        listed = call(api, "GET", f"/apis/{version}", f"discovering {version}") or {}
+    except RequestFailed as e:
+        if e.code != 404:
+            return unread
+        got, version, listed = {}, "", {}
+    served = {str(r.get("name")) for r in listed.get("resources") or ()}
+    if plural in served:
+        return CRDS_INSTALLED.finding(
+            Severity.PASS,
+            subject,
+            f"the API server serves {plural} ({version}): CRD {name} is installed and "
+            f"established ({how})",
+            evidence={"installed": True, "served_versions": [version], "via": "discovery"},
+        )
+    return CRDS_INSTALLED.finding(
+        Severity.FAIL,
+        subject,
+        f"the API server does not serve {plural} in group {group}: CRD {name} is not "
+        f"installed ({how})",
+        hint=CRDS_INSTALLED.fix,
+        evidence={"installed": False, "via": "discovery"},
+    )
+
+
 def check_access(
     api: Any, objects: Sequence[dict[str, Any]], namespace: str, exists: bool
 ) -> Finding:
-    """A SelfSubjectAccessReview for each permission ``up`` and ``down`` use (on this
-    server's version: what a port-forward needs changed in 1.35)."""
+    """A SelfSubjectAccessReview for each permission ``up``, ``bench`` (its load in the
+    cluster) and ``down`` use (on this server's version: what a port-forward needs changed
+    in 1.35)."""
+    wanted = required_access(objects, namespace, exists, _minor(api), load=True)
+    return access_finding(review(api, wanted), namespace, who=f"the caller on {server_of(api)}")
+
+
+def _minor(api: Any) -> int | None:
     try:
         version = api.version()  # kr8s's own /version request (not an API path)
     except Exception:
         version = None  # taken as the newest: both port-forward verbs are asked
+    return server_minor(version)
+
+
+def review(api: Any, wanted: Sequence[Access]) -> list[Review]:
+    """The API server's answer to a SelfSubjectAccessReview for each of ``wanted``."""
     reviews = []
-    for a in required_access(objects, namespace, exists, server_minor(version)):
+    for a in wanted:
         answer = call(
             api, "POST", SSAR_PATH, f"asking whether the caller may {a.text()}", body=a.review()
         )
         reviews.append(review_from_answer(a, answer or {}))
-    return access_finding(reviews, namespace, who=f"the caller on {server_of(api)}")
+    return reviews
+
+
+def require_access(
+    api: Any, wanted: Callable[[int | None], Sequence[Access]], namespace: str, doing: str
+) -> None:
+    """Before ``doing`` changes anything: ask for every permission it needs
+    (``wanted(server minor)``) and refuse with exit 2, naming each one denied, so that a
+    missing permission never stops it part-way with objects applied."""
+    denied = [r for r in review(api, wanted(_minor(api))) if not r.allowed]
+    if not denied:
+        return
+    raise AccessDenied(
+        f"{doing} needs permissions the caller on {server_of(api)} does not have in "
+        f"namespace {namespace}: {denied_text(denied)}. Nothing was changed.",
+        hint=ACCESS.fix,
+    )
 
 
 def check_admission(
@@ -387,5 +458,7 @@ __all__ = [
     "check_access",
     "check_admission",
     "plan_findings",
+    "require_access",
+    "review",
     "workspace",
 ]

@@ -84,6 +84,8 @@ from servebook.kube.resources import (
 from servebook.kube.rollout import RoleState, overall, restart_counts, role_state
 from servebook.kube.rollout_groups import group_state
 from servebook.kube.validate import schema_errors
+from servebook.preflight.admission import required_access
+from servebook.preflight.live import require_access
 from servebook.recipe.plan import Plan
 
 POLL_S = 5.0
@@ -162,6 +164,12 @@ def apply_deployment(
         )
     k8s = names.settings(plan)
     ns_obj = namespace_exists(api, k8s.namespace)
+    require_access(
+        api,
+        lambda minor: required_access(objects, k8s.namespace, ns_obj is not None, minor),
+        k8s.namespace,
+        f"up {name}",
+    )
     workloads = [o for o in objects if o["kind"] != "Namespace"]
     # Read even into an absent namespace: a kind the cluster does not serve is refused
     # here (``NotServed``), before anything is applied.

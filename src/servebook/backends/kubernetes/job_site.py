@@ -43,6 +43,8 @@ from servebook.kube import names
 from servebook.kube.engine_pod import api_key_env
 from servebook.kube.objects import condition, is_ready
 from servebook.kube.resources import apply, list_objects, request, where_of
+from servebook.preflight.admission import load_access
+from servebook.preflight.live import require_access
 from servebook.recipe.plan import Plan
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import load_results
@@ -566,6 +568,13 @@ def run_in_cluster(
 
 
 def _run(api: Any, p: Prepared, out_dir: Path, say: Say, start_s: float) -> tuple[Results, Path]:
+    # Before the try: refused, nothing was created, and nothing is to be deleted.
+    require_access(
+        api,
+        lambda minor: load_access(p.objects, p.namespace, minor),
+        p.namespace,
+        f"bench of {p.job.deployment} in the cluster (its load Job)",
+    )
     try:
         apply(api, p.objects, say)
         pods = wait_for_results(api, p, say, start_s=start_s)
