@@ -5,6 +5,13 @@ kube-controller-manager, kube-scheduler and etcd built from Kubernetes' own sour
 node agent runs Pods as processes on this machine. A `KUBECONFIG` in the environment names a
 real cluster instead, and takes precedence. A plane that cannot start fails the tests: it is
 never a reason to skip them.
+
+servebook runs as its users run it on a shared cluster: as a tenant (the plane's
+`tenant.kubeconfig`: a user with a Role in a few namespaces, no cluster-scoped rights; the
+README lists its rules).  `KUBECONFIG` names the tenant for every test and every servebook
+process it starts; what a test arranges as the platform team (namespaces, labels, other
+teams' Pods, faults) goes through `kubectl()`, which is the administrator.  A test whose
+point is an admin-only path says why with `@pytest.mark.admin("why")`.
 """
 
 from __future__ import annotations
@@ -49,9 +56,15 @@ def sb(
     )
 
 
+ADMIN_ENV = "SERVEBOOK_TEST_ADMIN_KUBECONFIG"
+
+
 def kubectl(*args: str, stdin: str | None = None) -> str:
-    """kubectl against the cluster of the test (on the plane: the plane's own kubectl)."""
-    r = subprocess.run(["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    """kubectl against the cluster of the test as its administrator (on the plane: the
+    plane's own kubectl and its admin kubeconfig)."""
+    admin = os.environ.get(ADMIN_ENV)
+    argv = ["kubectl", *(["--kubeconfig", admin] if admin else []), *args]
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
     return r.stdout
 
@@ -69,9 +82,17 @@ def mixed_sets(where: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Cluster:
-    kubeconfig: str
+    kubeconfig: str  # the administrator's
     plane: bool  # the test plane (Pods as local processes), not a cluster the user named
     bin_dir: str = ""  # the plane's own kubectl, put first on PATH
+    # The identity servebook runs as, and the namespaces its Role is in; on a cluster the
+    # user named: that kubeconfig, which may create namespaces of its own.
+    tenant: str = ""
+    tenant_namespaces: tuple[str, ...] = ()
+
+    @property
+    def user(self) -> str:
+        return self.tenant or self.kubeconfig
 
 
 @pytest.fixture(scope="package")
@@ -93,25 +114,46 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         if up.returncode != 0:
             pytest.fail(f"the test plane did not start:\n{up.stdout}\n{up.stderr}", pytrace=False)
         bin_dir = str(Path(built.stdout.strip()).parent)
-        yield Cluster(str(where / "kubeconfig"), plane=True, bin_dir=bin_dir)
+        record = json.loads((where / "plane.json").read_text())
+        yield Cluster(
+            str(where / "kubeconfig"),
+            plane=True,
+            bin_dir=bin_dir,
+            tenant=record["tenantKubeconfig"],
+            tenant_namespaces=tuple(record["tenantNamespaces"]),
+        )
     finally:
         subprocess.run([str(PLANE), "down", str(where)], capture_output=True, timeout=300)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "admin(why): the test runs servebook as the cluster's administrator, not "
+        "as the tenant, for the reason given",
+    )  # fmt: skip
+
+
 @pytest.fixture(autouse=True)
-def _kubeconfig(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test, and every servebook process it starts, talks to that cluster (and, on
-    the plane, uses the plane's kubectl)."""
-    monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig)
+def _kubeconfig(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Every test, and every servebook process it starts, talks to that cluster as the
+    tenant (as the administrator where the test is marked ``admin`` with its reason);
+    ``kubectl()`` is the administrator; on the plane, the plane's kubectl is used."""
+    admin = request.node.get_closest_marker("admin")
+    if admin is not None:
+        assert admin.args and str(admin.args[0]).strip(), "@pytest.mark.admin needs a reason"
+    monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig if admin else cluster.user)
+    monkeypatch.setenv(ADMIN_ENV, cluster.kubeconfig)
     if cluster.bin_dir:
         monkeypatch.setenv("PATH", f"{cluster.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
 
 
 @pytest.fixture
 def live(cluster: Cluster) -> ClusterSnapshot:
-    """The cluster, read as preflight reads it."""
+    """The cluster, read as preflight reads it with the administrator's credentials."""
     try:
-        return read_live(connect_timeout_s=10)
+        return read_live(kubeconfig=cluster.kubeconfig, connect_timeout_s=10)
     except ClusterUnreachable as e:
         pytest.fail(f"the cluster in {cluster.kubeconfig} does not answer: {e}", pytrace=False)
 
@@ -128,10 +170,121 @@ def image(cluster: Cluster) -> str:
     return PLANE_IMAGE
 
 
+TENANT_ROLE = "tenant"  # the Role (and RoleBinding) of the plane's tenant in each namespace
+
+
+def give_tenant(cluster: Cluster, ns: str, rules: list[Obj] | None = None) -> None:
+    """What a platform team does for a team: a namespace ``ns`` with the tenant's Role in it
+    (the plane's, or ``rules``) bound to the tenant.  On a cluster the user named, the
+    namespace only."""
+    kubectl("create", "namespace", ns)
+    give_role(cluster, ns, rules)
+
+
+def give_role(cluster: Cluster, ns: str, rules: list[Obj] | None = None) -> None:
+    """The tenant's Role (or one of ``rules``) and its RoleBinding in namespace ``ns``."""
+    if not cluster.tenant_namespaces:
+        return
+    first = cluster.tenant_namespaces[0]
+    for kind in ("role", "rolebinding"):
+        obj = json.loads(kubectl("get", kind, TENANT_ROLE, "-n", first, "-o", "json"))
+        obj["metadata"] = {"name": TENANT_ROLE, "namespace": ns}
+        if kind == "role" and rules is not None:
+            obj["rules"] = rules
+        kubectl("create", "-f", "-", stdin=json.dumps(obj))
+    until_tenant_can(ns, "get", "roles.rbac.authorization.k8s.io")
+
+
+TENANT_USER = "servebook-tenant"  # the plane's tenant (plane/cmd/kube-plane/plane_tenant.go)
+
+
+def tenant_can(ns: str, verb: str, resource: str) -> bool:
+    """``kubectl auth can-i`` for the tenant, asked by the administrator as the tenant."""
+    admin = os.environ.get(ADMIN_ENV)
+    argv = ["kubectl", *(["--kubeconfig", admin] if admin else []), "auth", "can-i"]
+    r = subprocess.run(
+        [*argv, verb, resource, "-n", ns, f"--as={TENANT_USER}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return r.stdout.strip() == "yes"
+
+
+def until_tenant_can(ns: str, verb: str, resource: str, want: bool = True) -> None:
+    """RBAC's authorizer reads Roles from a cache: wait until a change is in force."""
+    deadline = time.monotonic() + 20
+    while tenant_can(ns, verb, resource) != want:
+        assert time.monotonic() < deadline, f"the tenant's {verb} {resource} in {ns} != {want}"
+        time.sleep(0.2)
+
+
+def set_tenant_rules(ns: str, rules: list[Obj]) -> None:
+    """The tenant's Role in ``ns`` made ``rules`` (a merge patch replaces the list)."""
+    kubectl("patch", "role", TENANT_ROLE, "-n", ns, "--type=merge", "-p",
+            json.dumps({"rules": rules}))  # fmt: skip
+
+
+def tenant_rules_in(ns: str) -> list[Obj] | None:
+    """The rules of the tenant's Role in ``ns``; None when it has none there (a cluster the
+    user named, whose Roles are not the tests' to change)."""
+    admin = os.environ.get(ADMIN_ENV)
+    argv = ["kubectl", *(["--kubeconfig", admin] if admin else [])]
+    r = subprocess.run(
+        [*argv, "get", "role", TENANT_ROLE, "-n", ns, "-o", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return list(json.loads(r.stdout)["rules"]) if r.returncode == 0 else None
+
+
+def without(rules: list[Obj], verb: str, resource: str, group: str) -> list[Obj]:
+    """``rules`` less ``verb`` on ``resource`` (split out of the rule that grants it)."""
+    out: list[Obj] = []
+    for rule in rules:
+        if group not in rule["apiGroups"] or resource not in rule["resources"]:
+            out.append(rule)
+            continue
+        assert rule["apiGroups"] == [group], rule
+        rest = [r for r in rule["resources"] if r != resource]
+        if rest:
+            out.append({**rule, "resources": rest})
+        verbs = [v for v in rule["verbs"] if v != verb]
+        assert len(verbs) < len(rule["verbs"]), (verb, rule)
+        if verbs:
+            out.append({**rule, "resources": [resource], "verbs": verbs})
+    return out
+
+
+def tenant_rules(cluster: Cluster) -> list[Obj]:
+    """The rules of the tenant's Role, as the plane made them."""
+    first = cluster.tenant_namespaces[0]
+    role = json.loads(kubectl("get", "role", TENANT_ROLE, "-n", first, "-o", "json"))
+    return list(role["rules"])
+
+
+def take_back(cluster: Cluster, ns: str) -> None:
+    """The namespace deleted (not waited for)."""
+    subprocess.run(
+        ["kubectl", "--kubeconfig", cluster.kubeconfig, "delete", "namespace", ns,
+         "--wait=false", "--ignore-not-found"],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
 @pytest.fixture
-def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
-    """--set arguments for tiny-pd on this cluster, in a namespace of its own (tiny-mixed
-    takes the same but `node`); afterwards nothing labelled by servebook is left there."""
+def tenant_ns(cluster: Cluster) -> Iterator[str]:
+    """A namespace the tenant was given (its Role in it), deleted afterwards."""
+    ns = f"sb-tenant-{uuid.uuid4().hex[:8]}"
+    give_tenant(cluster, ns)
+    try:
+        yield ns
+    finally:
+        take_back(cluster, ns)
+
+
+@pytest.fixture
+def where(live: ClusterSnapshot, image: str, tenant_ns: str) -> Iterator[list[str]]:
+    """--set arguments for tiny-pd on this cluster, in a namespace the tenant was given
+    (tiny-mixed takes the same but `node`); afterwards nothing labelled by servebook is left
+    there."""
     ready = [
         n
         for n, node in sorted(live.nodes.items())
@@ -142,7 +295,7 @@ def where(live: ClusterSnapshot, image: str) -> Iterator[list[str]]:
     ]
     assert ready, "the cluster has no Ready node"
     node = "gpu-0" if "gpu-0" in ready else ready[0]  # the plane's first GPU node
-    ns = f"sb-chain-{int(time.time())}"
+    ns = tenant_ns
     yield [a for s in (f"image={image}", f"node={node}", f"namespace={ns}") for a in ("--set", s)]
     left = sb("status", "--backend", "kubernetes", "-n", ns, "--json", timeout=120)
     for found in json.loads(left.stdout or "[]"):
@@ -247,8 +400,12 @@ class PlaneKube(Kube):
 
     name = "plane"
 
-    def __init__(self, cluster: Cluster, tmp: Path) -> None:
-        self.kubeconfig = cluster.kubeconfig
+    def __init__(self, cluster: Cluster, tmp: Path, admin: bool = False) -> None:
+        # servebook talks as the tenant, in namespaces given to it, unless the test is
+        # marked admin; the arrangements are kubectl's, the administrator's.
+        self.kubeconfig = cluster.kubeconfig if admin else cluster.user
+        self._cluster = cluster if not admin else None
+        self._admin = cluster.kubeconfig
         self._tmp = tmp
         self._namespaces: list[str] = []
         self._cluster_scoped: list[str] = []
@@ -264,6 +421,8 @@ class PlaneKube(Kube):
                 "-",
                 stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": meta}),
             )
+            if self._cluster is not None and self._cluster.tenant_namespaces:
+                give_role(self._cluster, ns)
         return ns
 
     def grant(self, namespace: str, rules: list[Obj], cluster_rules: list[Obj]) -> str:
@@ -348,14 +507,15 @@ class PlaneKube(Kube):
         return str(manager)
 
     def close(self) -> None:
+        admin = ["kubectl", "--kubeconfig", self._admin, "delete"]
         for ns in self._namespaces:
             subprocess.run(
-                ["kubectl", "delete", "namespace", ns, "--wait=false", "--ignore-not-found"],
+                [*admin, "namespace", ns, "--wait=false", "--ignore-not-found"],
                 capture_output=True, timeout=120,
             )  # fmt: skip
         for name in self._cluster_scoped:
             subprocess.run(
-                ["kubectl", "delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found"],
+                [*admin, "clusterrolebinding,clusterrole", name, "--ignore-not-found"],
                 capture_output=True, timeout=120,
             )  # fmt: skip
 
@@ -483,10 +643,16 @@ def kube(
     sb_home: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Kube]:
-    """The API server of a scenario: the stand-in, or the cluster of the tests; KUBECONFIG
-    names it for the test and every servebook process it starts."""
+    """The API server of a scenario: the stand-in, or the cluster of the tests (as the
+    tenant, in namespaces given to it, unless the test is marked admin); KUBECONFIG names it
+    for the test and every servebook process it starts."""
     made: StandInKube | PlaneKube
-    made = StandInKube(tmp_path) if request.param == "stand-in" else PlaneKube(cluster, tmp_path)
+    admin = request.node.get_closest_marker("admin") is not None
+    made = (
+        StandInKube(tmp_path)
+        if request.param == "stand-in"
+        else PlaneKube(cluster, tmp_path, admin=admin)
+    )
     monkeypatch.setenv("KUBECONFIG", made.kubeconfig)
     try:
         yield made

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import REPO, Cluster, kubectl, sb
+from tests.cluster.conftest import REPO, Cluster, give_tenant, kubectl, sb
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +37,9 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     if not cluster.plane:
         pytest.skip("the stacks' images need GPUs: these run on the test plane only")
     ns = f"sb-attach-{os.getpid()}-{int(time.time() * 1000) % 10**7}"
-    kubectl("create", "namespace", ns)
+    give_tenant(
+        cluster, ns
+    )  # the operator's objects are applied by the admin; attach is the tenant's
     kubectl(
         "create", "configmap", "tiny-model-generator", "-n", ns,
         f"--from-file=tiny_model.py={GENERATOR}",

@@ -20,8 +20,20 @@ import pytest
 
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
+from servebook.kube import manifests
 from servebook.kube.resources import list_objects
-from tests.cluster.conftest import UP_S, mixed_sets, sb
+from servebook.preflight.live import check_access
+from servebook.recipe.resolve import resolve
+from tests.cluster.conftest import (
+    PLANE_IMAGE,
+    UP_S,
+    mixed_sets,
+    sb,
+    set_tenant_rules,
+    tenant_rules_in,
+    until_tenant_can,
+    without,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -76,8 +88,56 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
         left = list_objects(api, kind, ns, lj.RUN_LABEL)
         assert not [o for o in left if not o["metadata"].get("deletionTimestamp")], (kind, left)
 
+    _each_permission_bench_needs_taken_away_fails_it_at_the_start(ns, args, tmp_path)
+
     d = sb("down", "a", timeout=600)
     assert d.returncode == 0, d.stderr
     assert sb("status", "b", timeout=120).returncode == 0
     assert sb("verify", "b", timeout=600).returncode == 0
     assert sb("status", "a", timeout=120).returncode == 2
+    # SERVEBOOK_HOME lost (another machine, a wiped laptop): the cluster is the record, read
+    # back from the objects' labels, as the tenant.
+    lost = {"SERVEBOOK_HOME": str(tmp_path / "another-home")}
+    where_b = ("--backend", "kubernetes", "-n", ns)
+    r = sb("status", "b", *where_b, "--json", timeout=120, env=lost)
+    assert r.returncode == 0, r.stdout + r.stderr
+    status = json.loads(r.stdout)
+    assert status["namespace"] == ns and status["recipe"] == "tiny-mixed", status
+    r = sb("verify", "b", *where_b, timeout=600, env=lost)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# (verb, resource, group) that only bench's load Job needs (tests/cluster/test_tenant.py
+# takes away what up needs).
+BENCH_NEEDS = [("create", "jobs", "batch"), ("create", "secrets", ""), ("delete", "configmaps", "")]
+
+
+def _each_permission_bench_needs_taken_away_fails_it_at_the_start(
+    ns: str, args: list[str], tmp_path: Path
+) -> None:
+    """On this deployment, each of ``BENCH_NEEDS`` taken from the tenant's Role in turn:
+    preflight's access review (SB263, which asks for the load Job's kinds on bench's
+    behalf) fails naming it, and `bench` exits 2 at the start naming it, having created
+    nothing; then the Role is given back."""
+    rules = tenant_rules_in(ns)
+    if rules is None:
+        return  # a cluster the user named: its Roles are not the tests' to change
+    plan = resolve("tiny-mixed", [f"image={PLANE_IMAGE}", f"namespace={ns}"], [])
+    for verb, resource, group in BENCH_NEEDS:
+        named = f"{verb} {resource}" + (f".{group}" if group else "")
+        set_tenant_rules(ns, without(rules, verb, resource, group))
+        until_tenant_can(ns, verb, f"{resource}.{group}" if group else resource, want=False)
+        try:
+            access = check_access(kube_client.connect(), manifests.render(plan), ns, True)
+            assert [d["access"] for d in access.evidence["denied"]] == [named], access.evidence
+            out = tmp_path / f"denied-{resource}"
+            r = sb("bench", "b", *args, "-o", str(out), timeout=300)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert named in r.stderr and "Nothing was changed" in r.stderr, r.stderr
+            assert not (out / "results.json").exists()
+            api = kube_client.connect()
+            for kind in ("Job", "ConfigMap", "Secret", "Service"):
+                assert list_objects(api, kind, ns, lj.RUN_LABEL) == [], kind
+        finally:
+            set_tenant_rules(ns, rules)
+            until_tenant_can(ns, verb, f"{resource}.{group}" if group else resource)

@@ -23,6 +23,10 @@ def _gpus(node: dict[str, Any]) -> int:
     return int(node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
 
 
+@pytest.mark.admin(
+    "up creates the namespace it deploys into (and down deletes it): the path of a caller who "
+    "may create namespaces, which a tenant may not"
+)
 def test_up_with_absent_weights_fails_fast_with_the_reason_and_down_cleans_up(
     live: ClusterSnapshot,
 ) -> None:

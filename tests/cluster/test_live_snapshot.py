@@ -17,6 +17,10 @@ from tests.cluster.conftest import kubectl
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.admin(
+    "preflight's whole snapshot (every namespace's Pods, the nodes, the CRDs) is what an admin "
+    "reads; a tenant's is in test_tenant.py"
+)
 def test_live_snapshot_holds_every_kind_from_every_namespace() -> None:
     # A Pod outside the context's namespace: the test plane runs no kube-system Pods (its
     # control plane is processes), which a check for those alone took for a partial read.

@@ -14,6 +14,7 @@ headless Service the controller made, and one whose workers exit with code 3. Th
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import yaml
 
 from servebook.kube import client as kube_client
 from servebook.kube.snapshot import ClusterSnapshot
-from tests.cluster.conftest import sb
+from tests.cluster.conftest import ADMIN_ENV, sb
 
 pytestmark = pytest.mark.cluster
 
@@ -155,9 +156,10 @@ def _gpu_nodes(live: ClusterSnapshot) -> str:
 @pytest.fixture
 def weights(live: ClusterSnapshot) -> str:
     """A directory on both nodes, as a node's own path is there (a Pod per node makes it
-    with a DirectoryOrCreate hostPath): the fake engines mount it and read nothing."""
+    with a DirectoryOrCreate hostPath): the fake engines mount it and read nothing.  Made
+    as the cluster's administrator, who puts weights on nodes."""
     path = "/servebook-test/lws-weights"
-    api = kube_client.connect()
+    api = kube_client.connect(os.environ[ADMIN_ENV])
     pods = f"/api/v1/namespaces/{PREP_NS}/pods"
     names = []
     for node in _gpu_nodes(live).split(","):
@@ -199,10 +201,10 @@ def _owner(obj: Obj) -> tuple[str, str]:
 
 
 def test_the_controllers_pods_are_judged_ready_as_they_become_ready(
-    live: ClusterSnapshot, weights: str, tmp_path: Path
+    live: ClusterSnapshot, weights: str, tmp_path: Path, tenant_ns: str
 ) -> None:
     nodes = _gpu_nodes(live)
-    ns = f"sb-lws-ready-{int(time.time())}"
+    ns = tenant_ns
     try:
         r, took = _up(tmp_path, ns, nodes, engine=SERVES, model_dir=weights)
         out = r.stdout + r.stderr
@@ -232,7 +234,7 @@ def test_the_controllers_pods_are_judged_ready_as_they_become_ready(
         for p in members:
             assert "time.sleep(6)" in p["spec"]["containers"][0]["command"][2], p["metadata"]
     finally:
-        _down_and_gone(ns)
+        _down_and_gone(ns, ours=False)
 
 
 def _check_made_by_the_controller(api: Any, ns: str) -> None:
@@ -268,6 +270,10 @@ def _check_made_by_the_controller(api: Any, ns: str) -> None:
         assert f"resolved {address}" in log.text, log.text
 
 
+@pytest.mark.admin(
+    "up creates the namespace it deploys into and down deletes it: the path of a caller who "
+    "may create namespaces, which a tenant may not"
+)
 def test_a_group_whose_workers_crash_fails_at_once_naming_them(
     live: ClusterSnapshot, weights: str, tmp_path: Path
 ) -> None:
@@ -289,16 +295,14 @@ def test_a_group_whose_workers_crash_fails_at_once_naming_them(
 
 
 def test_absent_weights_fail_naming_the_directory_and_node(
-    live: ClusterSnapshot, tmp_path: Path
+    live: ClusterSnapshot, tmp_path: Path, tenant_ns: str
 ) -> None:
     """vLLM's own command, its weights directory absent on the nodes: the kubelet's mount
     failure names it, on a member of a group.  In a namespace that was there before, down
     keeps it and leaves nothing in it, the controllers' StatefulSets and Service included."""
     nodes = _gpu_nodes(live)
-    ns = f"sb-lws-absent-{int(time.time())}"
+    ns = tenant_ns  # a namespace the tenant was given
     api = kube_client.connect()
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-    kube_client.call(api, "POST", "/api/v1/namespaces", "creating a namespace", body=namespace)
     try:
         r, took = _up(tmp_path, ns, nodes, engine=None, model_dir="/servebook-test/absent-weights")
         assert r.returncode == 1, r.stdout + r.stderr
@@ -311,7 +315,4 @@ def test_absent_weights_fail_naming_the_directory_and_node(
             assert time.monotonic() < deadline, [m["metadata"]["name"] for m in made]
             time.sleep(1)
     finally:
-        try:
-            _down_and_gone(ns, ours=False)
-        finally:
-            kube_client.call(api, "DELETE", f"/api/v1/namespaces/{ns}", "deleting", missing_ok=True)
+        _down_and_gone(ns, ours=False)
