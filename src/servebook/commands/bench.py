@@ -11,7 +11,8 @@ import typer
 from servebook import auth
 from servebook.backends import registry
 from servebook.bench import target as tgt
-from servebook.bench.sweep import BenchArgs, not_serving, run_bench
+from servebook.bench.health import not_serving
+from servebook.bench.sweep import BenchArgs, run_bench
 from servebook.commands import (
     KubeconfigOpt,
     app,

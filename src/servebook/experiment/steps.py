@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from servebook import auth
 from servebook.bench import target as tgt
-from servebook.bench.sweep import BenchArgs, not_serving, run_bench
+from servebook.bench.health import not_serving
+from servebook.bench.sweep import BenchArgs, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
 from servebook.experiment.spec import Arm, Experiment
