@@ -136,6 +136,7 @@ QUICK_LOAD = {
     "warmup": "50ms",
     "duration": "200ms",
     "repetitions": 1,
+    "precision": "off",
     "min-requests": 2,
     "max-client-lag-ms": 1000,
     "min-achieved-concurrency": 0.5,

@@ -145,6 +145,7 @@ def test_a_slow_health_answer_during_an_experiment_s_bench_does_not_lose_the_blo
                     "warmup": "50ms",
                     "duration": "300ms",
                     "repetitions": 1,
+                    "precision": False,  # YAML's bare `off`
                     "min-requests": 1,
                     "max-client-lag-ms": 1000,
                     "min-achieved-concurrency": 0.1,
@@ -358,3 +359,66 @@ def test_up_refuses_kv_storage_in_another_deployment_s_directory(sb_home: Path) 
     assert "lies in deployment 'tiny-pd''s directory" in str(e.value)
     assert (theirs / "kv-of-a-request").read_text() == "x"
     assert not state_dir_for("pd-b1-c0ffee").exists()
+
+
+# --- load: takes bench's defaults, and the plan says every setting -----------------------
+
+
+def test_the_load_takes_bench_s_defaults_unless_the_file_says_otherwise(tmp_path: Path) -> None:
+    """An experiment's load ran without bench's precision target (issue 49): its
+    defaults are bench's, field for field, unless the file gives the key."""
+    import inspect
+    from dataclasses import fields
+
+    from servebook.bench.sweep import settings_from
+    from servebook.commands import bench as bench_command
+    from servebook.experiment.steps import bench_args
+
+    f = tmp_path / "exp.yaml"
+    f.write_text(
+        "baseline: a\narms:\n  - {name: a, recipe: tiny-mixed}\n  - {name: b, recipe: tiny-mixed}\n"
+    )
+    exp = spec.load(f)
+    ours = bench_args(exp, exp.arm("a"))
+    cli_defaults = {
+        n: getattr(p.default, "default", p.default)
+        for n, p in inspect.signature(bench_command.bench).parameters.items()
+    }
+    # the experiment's own: its seed, server evidence required of what servebook deploys,
+    # and the levels bench takes when --concurrency is not given (the same 1,4,16)
+    own = {"seed", "require_server_evidence", "concurrency"}
+    for fld in fields(ours):
+        if fld.name in cli_defaults and fld.name not in own:
+            assert getattr(ours, fld.name) == cli_defaults[fld.name], fld.name
+    s = settings_from(ours, None)
+    assert s.precision == 0.05 and s.repetition_cap == 10 and s.concurrencies == (1, 4, 16)
+    # the file says otherwise: precision off (YAML's bare `off` reads as false)
+    f.write_text(f.read_text() + "load: {precision: off, repetitions: 2}\n")
+    exp = spec.load(f)
+    s = settings_from(bench_args(exp, exp.arm("a")), None)
+    assert s.precision is None and s.repetitions == 2 and s.repetition_cap == 2
+
+
+def test_the_plan_prints_every_load_setting_and_how_long_a_window_may_stretch(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    f = tmp_path / "exp.yaml"
+    f.write_text(
+        "baseline: a\narms:\n  - {name: a, recipe: tiny-mixed}\n  - {name: b, recipe: tiny-mixed}\n"
+        "load: {concurrency: [1, 4], duration: 8s}\n"
+    )
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {x["key"]: x for x in json.loads(r.stdout)["load"]}
+    # every key load: takes that applies here (no rate, dataset or Kubernetes arm)
+    left = {"rate", "dataset", "load-image", "load-start-timeout"}
+    assert set(rows) == (spec.LOAD_KEYS - left) | {"window"}
+    assert rows["duration"] == {"key": "duration", "value": "8 s", "from": "file"}
+    assert rows["precision"]["from"] == "bench's default"
+    assert rows["precision"]["value"].startswith("5%: a level is repeated until")
+    assert rows["min-requests"]["value"] == "c=1: 10, c=4: 40 (10 x the level)"
+    assert rows["window"]["value"].startswith("at least 8 s and until its minimum of requests")
+    assert rows["window"]["value"].endswith("c=1: 600 s, c=4: 600 s")
+    text = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run").stdout
+    assert "  precision: 5%: " in text and "[bench's default]" in text
+    assert "  window: at least 8 s" in text and "  duration: 8 s\n" in text

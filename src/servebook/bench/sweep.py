@@ -134,6 +134,10 @@ class BenchArgs:
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
 DEFAULT_CONCURRENCY = "1,4,16"
+# bench takes run's protocol by default: a precision target, up to --max-repetitions
+# (issue 32, finding 3: three repetitions gave ±30-70% intervals with exit 0); an
+# experiment's load: too, unless its file says otherwise.
+DEFAULT_PRECISION = "5%"
 
 
 def settings_from(

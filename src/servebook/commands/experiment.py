@@ -11,7 +11,7 @@ import typer
 
 from servebook.commands import KubeconfigOpt, app, print_json, say
 from servebook.commands.verify import ApiKeyOpt
-from servebook.console import out
+from servebook.console import err, out
 
 HELP = (
     "Compare several arms (recipes brought up fresh per block, attached deployments, or "
@@ -25,6 +25,9 @@ HELP = (
     "arm's results directories, the ratios to the baseline per level (output tok/s, per "
     "accelerator, TPOT p50) with 95% intervals that resample blocks, the crossovers and "
     "the baseline's drift. `servebook report DIR` renders it.\n\n"
+    "The file's load: takes bench's flags by their long names; a key it leaves out takes "
+    "bench's default (the 5% precision target included), and the plan (--dry-run, and on "
+    "stderr when it starts) prints every setting, how long a window may stretch included.\n\n"
     "Each deployment an experiment makes is its own, named ARM-bBLOCK-TAG (TAG: the "
     "experiment's, from its directory), with its own logs and KV storage.\n\n"
     "Exit 0 when every block is valid, 1 when a block is invalid (an arm did not come up, "
@@ -62,14 +65,16 @@ def experiment(
     exp = spec.load(file)
     session.prepare(exp)
     order = session.order_of(exp)
+    plan = dry_run_plan(exp, order, session.tag_of(exp, out_dir))
     if dry_run:
-        plan = dry_run_plan(exp, order, session.tag_of(exp, out_dir))
         if as_json:
             print_json(plan)
         else:
             for line in dry_run_lines(plan):
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
         return
+    for line in dry_run_lines(plan):  # the plan it runs, before it runs (progress: stderr)
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     again = ["--kubeconfig", kubeconfig] if kubeconfig else []
     if api_key:  # never printed: the resume command names the option, not the key
         again += ["--api-key", "KEY"]
@@ -102,7 +107,7 @@ def experiment(
 
 
 def dry_run_plan(exp: Any, order: list[tuple[int, str]], tag: str) -> dict[str, Any]:
-    from servebook.experiment import runner, steps
+    from servebook.experiment import load_settings, runner, steps
 
     low, high = steps.estimated_s(exp)
     ups = sum(1 for _b, a in order if exp.arm(a).kind == "recipe")
@@ -118,6 +123,8 @@ def dry_run_plan(exp: Any, order: list[tuple[int, str]], tag: str) -> dict[str, 
             for b, a in order
             if exp.arm(a).kind == "recipe"
         ],
+        # every setting each arm's bench runs with, the file's or bench's default
+        "load": load_settings.rows(exp),
         "estimated_bench_s": [round(low), round(high)],
         "fresh_deployments": ups,
     }
@@ -132,6 +139,11 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
     for e in plan["schedule"]:
         blocks.setdefault(e["block"], []).append(e["arm"])
     lines += [f"  block {b}: {' -> '.join(arms)}" for b, arms in blocks.items()]
+    lines.append("load (every arm's bench; a key the file leaves out takes bench's default):")
+    lines += [
+        f"  {r['key']}: {r['value']}" + ("" if r["from"] == "file" else f" [{r['from']}]")
+        for r in plan["load"]
+    ]
     span = (f"{lo / 60:.0f}", f"{hi / 60:.0f}", "min") if hi >= 120 else (f"{lo}", f"{hi}", "s")
     took = (
         f"about {span[0]} {span[2]}"
@@ -140,7 +152,7 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
     )
     ups = plan["fresh_deployments"]
     extra = f", plus {ups} fresh deployment(s) (up, warm-up, verify, down each)" if ups else ""
-    lines.append(f"time: benches {took}{extra}")
+    lines.append(f"time: benches {took}{extra}; more where windows stretch (load's window)")
     if plan["deployments"]:
         lines.append("deployed (one at a time, each taken down after its bench):")
         lines += [

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from servebook import auth
 from servebook.bench import target as tgt
 from servebook.bench.health import ServingCheck, not_serving
-from servebook.bench.sweep import BenchArgs, run_bench
+from servebook.bench.sweep import DEFAULT_PRECISION, BenchArgs, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
 from servebook.experiment.spec import Arm, Experiment
@@ -40,6 +40,8 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
         if name == "dataset":
             given[name] = Path(exp.path).parent / str(value)
             continue
+        if name == "precision" and value is False:  # YAML reads a bare `off` as false
+            value = "off"
         try:
             if isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -56,6 +58,9 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
                 f"{exp.path}: load.{key}: {value!r} is not what `servebook bench --{key}` takes",
                 hint=f"see `servebook bench --help` for --{key}",
             ) from None
+    # bench's precision target where the file gives none, as every other default is
+    # bench's (BenchArgs holds none: `run` and the agents set their own)
+    given.setdefault("precision", DEFAULT_PRECISION)
     return BenchArgs(**given)
 
 
