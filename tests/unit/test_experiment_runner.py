@@ -422,3 +422,45 @@ def test_the_plan_prints_every_load_setting_and_how_long_a_window_may_stretch(
     text = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run").stdout
     assert "  precision: 5%: " in text and "[bench's default]" in text
     assert "  window: at least 8 s" in text and "  duration: 8 s\n" in text
+
+
+def test_sigterm_during_an_experiment_prints_the_command_that_resumes_it(
+    tmp_path: Path, tiny_dir: Path, sb_home: Path
+) -> None:
+    """A real `servebook experiment` process, its first bench's completions held open by
+    the server, stopped by SIGTERM to its process group (as `timeout` and CI do)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.unit.conftest import START
+
+    seen = tmp_path / "seen"
+    with scripted_engine(answer=0, tokenizer=tiny_dir / "tokenizer.json", seen=seen) as (url, _):
+        f = tmp_path / "exp.yaml"
+        arms = [{"name": n, "url": url, "model": "tiny"} for n in ("a", "b")]
+        load = {"concurrency": [1], "tokenizer": str(tiny_dir), "input-len": 16,
+                "output-len": 4, "warmup": "0s", "duration": "1s", "precision": "off",
+                "repetitions": 1}  # fmt: skip
+        f.write_text(json.dumps({"baseline": "a", "blocks": 1, "arms": arms, "load": load}))
+        out = tmp_path / "out"
+        p = subprocess.Popen(
+            [sys.executable, "-c", START, "experiment", str(f), "-o", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "200", "SERVEBOOK_HOME": str(sb_home)},
+        )
+        deadline = time.monotonic() + 60
+        while not (seen.exists() and any(seen.iterdir())):  # the bench's load is on
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGTERM)
+        stdout, stderr = p.communicate(timeout=60)
+    said = " ".join(stderr.split())
+    assert p.returncode == 128 + signal.SIGTERM, stdout + stderr
+    assert "Traceback" not in stderr
+    assert f"0 of 2 benches are in {out / 'experiment.json'}" in said, said
+    assert f"run: servebook experiment {f} -o {out} --resume" in said, said
