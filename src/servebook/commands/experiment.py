@@ -43,7 +43,9 @@ def experiment(
     file: Path = typer.Argument(..., metavar="FILE.yaml", help="The experiment file."),
     out_dir: Path = typer.Option(..., "-o", "--output", help="Directory for experiment.json."),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the schedule, the time and what is deployed; run nothing."
+        False,
+        "--dry-run",
+        help="Print the schedule, every load setting, the time and what is deployed; run nothing.",
     ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue DIR/experiment.json from the last finished bench."

@@ -137,7 +137,8 @@ def _resumed(
     for e in again:
         say(f"retrying {runner.entry_id(e)} in its place (was: {e['retried'][-1]['outcome']})")
     # A state from before deployments were named for their experiment gets its tag now.
-    state.setdefault("tag", runner.new_tag(exp, out_dir))
+    if "tag" not in state:
+        state["tag"] = runner.new_tag(exp, out_dir)
     left = sum(e["outcome"] == runner.PENDING for e in state["schedule"])
     say(f"resuming: {len(order) - left} of {len(order)} benches finished, {left} to go")
     return state
