@@ -15,7 +15,8 @@ from pathlib import Path
 
 from servebook.backends.base import Deployer, Say
 from servebook.bench import target as tgt
-from servebook.bench.sweep import BenchArgs, Interrupted, not_serving, run_bench, settings_from
+from servebook.bench.health import not_serving
+from servebook.bench.sweep import BenchArgs, Interrupted, run_bench, settings_from
 from servebook.bench.sweep import plan_text as sweep_plan
 from servebook.console import err, out, print_findings, print_points, print_report
 from servebook.deployment.site import LoadSite

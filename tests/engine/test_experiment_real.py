@@ -108,7 +108,10 @@ def check_schedule(state: dict[str, Any], out: Path) -> None:
     ]  # fmt: skip
     assert [e["outcome"] for e in sched] == ["done"] * 4, sched
     assert [e["verify"] for e in sched] == ["passed"] * 4, sched
-    assert sorted(e["deployment"] for e in sched) == ["mixed-b1", "mixed-b2", "spec-b1", "spec-b2"]
+    tag = state["tag"]
+    assert sorted(e["deployment"] for e in sched) == [
+        f"mixed-b1-{tag}", f"mixed-b2-{tag}", f"spec-b1-{tag}", f"spec-b2-{tag}",
+    ]  # fmt: skip
     for before, after in itertools.pairwise(sched):
         assert before["ended_at"] <= after["started_at"], (before, after)
     for e in sched:

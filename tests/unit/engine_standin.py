@@ -82,7 +82,8 @@ def engine(
 # (on SIGTERM its port closes at once and the process exits that many seconds later, as
 # an engine shutting down), STANDIN_FAULT (a fault from the completion after the first
 # STANDIN_FAULT_AFTER on: ``FAULTS``), STANDIN_REQUIRE_KEY (401 without ``Bearer KEY``, as
-# vLLM's --api-key).
+# vLLM's --api-key), STANDIN_SLOW_HEALTH (PATH:SECONDS: the first /health that finds the
+# file PATH removes it and answers SECONDS late, one slow answer from a live server).
 _API_SERVER = """
 import http.server, json, os, sys, threading, time
 from pathlib import Path
@@ -105,6 +106,7 @@ fault = os.environ.get("STANDIN_FAULT")
 fault_after = int(os.environ.get("STANDIN_FAULT_AFTER", "0"))
 require_key = os.environ.get("STANDIN_REQUIRE_KEY")
 seen = Path(os.environ["STANDIN_SEEN"]) if os.environ.get("STANDIN_SEEN") else None
+slow_health = os.environ.get("STANDIN_SLOW_HEALTH", "").rpartition(":")
 tokenizer = None
 if os.environ.get("STANDIN_TOKENIZER"):
     from tokenizers import Tokenizer
@@ -131,6 +133,13 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/v1/") and self.refused():
             return
+        if self.path == "/health" and slow_health[0]:
+            try:
+                os.unlink(slow_health[0])
+            except FileNotFoundError:
+                pass
+            else:
+                time.sleep(float(slow_health[2]))
         path = files.get(self.path)
         ok = path is not None or self.path == "/health"
         self.reply(200 if ok else 404, path.read_bytes() if path else b"")
@@ -296,6 +305,7 @@ def vllm_package(
     answer: int | None = None,
     seen: Path | None = None,
     term_linger_s: float | None = None,
+    slow_health: tuple[Path, float] | None = None,
 ) -> dict[str, str]:
     """A stand-in ``vllm`` package under ``root``; returns the environment that puts it
     first on the path of a ``servebook`` process, so the local backend's check for vLLM and
@@ -304,7 +314,9 @@ def vllm_package(
     and completions: the first ``answer`` (all when ``None``) with a text, each later one
     held open, as a server still busy; each completion it receives leaves a file in
     ``seen``.  ``term_linger_s``: on SIGTERM its port closes at once and the process
-    exits that much later, as an engine shutting down."""
+    exits that much later, as an engine shutting down.  ``slow_health`` (PATH, SECONDS):
+    the first /health that finds the file PATH (made by the test when it wants one slow
+    answer) removes it and answers SECONDS late."""
     pkg = root / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True, exist_ok=True)
     for d in (root / "vllm", root / "vllm" / "entrypoints", pkg):
@@ -320,4 +332,6 @@ def vllm_package(
         env["STANDIN_SEEN"] = str(seen)
     if term_linger_s is not None:
         env["STANDIN_TERM_LINGER"] = str(term_linger_s)
+    if slow_health is not None:
+        env["STANDIN_SLOW_HEALTH"] = f"{slow_health[0]}:{slow_health[1]}"
     return env

@@ -6,6 +6,7 @@ made invalid by an arm that failed verify, and the analysis' verdicts and crosso
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ QUICK_LOAD = {
     "warmup": "50ms",
     "duration": "200ms",
     "repetitions": 1,
+    "precision": "off",
     "min-requests": 2,
     "max-client-lag-ms": 1000,
     "min-achieved-concurrency": 0.5,
@@ -241,9 +243,10 @@ def test_an_arm_that_fails_verify_makes_its_block_invalid_with_the_reason(
     served = {"a": urls[0], "b": urls[1]}
     log: list[str] = []
 
-    def up(arm: Arm, block: int) -> str:
-        log.append(f"up {arm.name}-{block}")
-        return f"{arm.name}-{block}"
+    def up(arm: Arm, name: str) -> str:
+        short = f"{arm.name}-{name.split('-')[1][1:]}"  # a-b2-TAG -> a-2
+        log.append(f"up {short}")
+        return short
 
     def verify(arm: Arm, name: str) -> str | None:
         return "SB301 no completion" if name == "b-2" else None
@@ -289,7 +292,7 @@ def test_a_step_failure_is_an_outcome_not_a_crash(two_urls: Any, tmp_path: Path)
     exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
     real = servebook_steps(exp, lambda _l: None, None)
 
-    def up(arm: Arm, block: int) -> str:
+    def up(arm: Arm, name: str) -> str:
         raise StepFailed("role mixed exited 1 (CUDA out of memory)")
 
     nothing: Callable[..., None] = lambda *_a: None  # noqa: E731
@@ -354,7 +357,10 @@ def test_dry_run_prints_the_schedule_time_and_deployments(
     assert r.returncode == 0, r.stderr
     assert "block 1: " in r.stdout and "block 2: " in r.stdout
     assert "time: benches about" in r.stdout and "4 fresh deployment(s)" in r.stdout
-    assert "mixed-b1 (arm mixed, block 1)" in r.stdout and "spec-b2 (arm spec, block 2)" in r.stdout
+    # each deployment named for its arm, its block and the experiment (ARM-bBLOCK-TAG)
+    tag = re.search(r"mixed-b1-([0-9a-f]{6}) \(arm mixed, block 1\)", r.stdout)
+    assert tag is not None, r.stdout
+    assert f"spec-b2-{tag.group(1)} (arm spec, block 2)" in r.stdout
     assert not (tmp_path / "out").exists()
 
 
@@ -380,7 +386,7 @@ def test_a_stop_signal_during_a_bench_takes_the_arms_deployment_down(tmp_path: P
         raise KeyboardInterrupt  # what cli.main turns SIGINT, SIGTERM and SIGHUP into
 
     steps = Steps(
-        up=lambda arm, block: f"{arm.name}-{block}",
+        up=lambda arm, name: name,
         warm=lambda arm, name: None,
         verify=lambda arm, name: None,
         bench=bench,
@@ -389,9 +395,9 @@ def test_a_stop_signal_during_a_bench_takes_the_arms_deployment_down(tmp_path: P
     with pytest.raises(session.ExperimentStopped) as e:
         session.execute(exp, tmp_path / "out", steps, lambda _l: None)
     assert e.value.exit_code == 130
-    first = session.order_of(exp)[0]
-    assert log == [f"down {first[1]}-{first[0]}"]
+    block, arm = session.order_of(exp)[0]
     saved = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert log == [f"down {arm}-b{block}-{saved['tag']}"]
     assert {e["outcome"] for e in saved["schedule"]} == {"pending"}
 
 

@@ -68,7 +68,7 @@ def experiment_dir(tmp_path: Path) -> tuple[dict[str, Any], Path]:
                  for i, n in enumerate(ARMS, 1)],
     }  # fmt: skip
     exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
-    state = runner.new_state(exp, session.order_of(exp), "williams")
+    state = runner.new_state(exp, session.order_of(exp), "williams", "c0ffee")
     out = tmp_path / "out"
     for e in state["schedule"]:
         res = load_results(ARMS[e["arm"]] / "results.json")

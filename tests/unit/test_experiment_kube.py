@@ -68,11 +68,13 @@ def test_two_kubernetes_arms_come_up_are_benched_in_the_cluster_and_go_down_in_t
     log: list[str] = []
     real = servebook_steps(exp, log.append, None)
     events: list[str] = []
+    brought: list[str] = []
 
-    def up(arm: Arm, block: int) -> str:
+    def up(arm: Arm, name: str) -> str:
         # the arm before this one is gone from the cluster: one deployment at a time
-        assert all(_deployment_objects(server, f"{a.name}-b{block}") == [] for a in exp.arms)
-        name = real.up(arm, block)
+        assert all(_deployment_objects(server, n) == [] for n in brought)
+        brought.append(name)
+        name = real.up(arm, name)
         events.append(f"up {name}: {len(_deployment_objects(server, name))} objects")
         return name
 
@@ -101,7 +103,7 @@ def test_two_kubernetes_arms_come_up_are_benched_in_the_cluster_and_go_down_in_t
         )
         took = time.monotonic() - t0
     order = [e["arm"] for e in state["schedule"]]
-    names = [f"{a}-b1" for a in order]
+    names = [f"{a}-b1-{state['tag']}" for a in order]  # each its own, named for the experiment
     assert [e.split(":")[0] for e in events] == [
         f"{step} {n}" for n in names for step in ("up", "benched", "down")
     ], (events, state["schedule"], log[-20:])
@@ -123,7 +125,7 @@ def test_two_kubernetes_arms_come_up_are_benched_in_the_cluster_and_go_down_in_t
         res = load_results(tmp_path / "out" / "arms" / arm / "block-1" / RESULTS_NAME)
         load = res.provenance.load
         assert load is not None and load.route == "cluster-service" and load.namespace == NS
-        assert load.target_url == f"http://{arm}-b1-router.{NS}.svc:8000"
+        assert load.target_url == f"http://{arm}-b1-{state['tag']}-router.{NS}.svc:8000"
         (point,) = res.points
         assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
     saved = json.loads((tmp_path / "out" / "experiment.json").read_text())

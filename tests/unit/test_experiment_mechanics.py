@@ -51,6 +51,7 @@ def experiment(urls: list[str], tiny_dir: Path, dataset: Path, blocks: int) -> s
                 "warmup": "100ms",
                 "duration": "400ms",
                 "repetitions": 1,
+                "precision": "off",
                 "min-requests": 2,
                 "max-client-lag-ms": 1000,
                 # a point the loaded test machine starved (requests not sent on time) is

@@ -20,7 +20,6 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from servebook import http
 from servebook.bench import target as tgt
 from servebook.bench.control import ClientError, default_workers
 from servebook.bench.control import Progress as LoadProgress
@@ -53,7 +52,6 @@ from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
 from servebook.bench.workload import PromptSource, RandomPrompts
 from servebook.console import err, number
-from servebook.deployment.view import DeploymentView
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
 from servebook.report.summary import describe_protocol
@@ -136,6 +134,10 @@ class BenchArgs:
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
 DEFAULT_CONCURRENCY = "1,4,16"
+# bench takes run's protocol by default: a precision target, up to --max-repetitions
+# (issue 32, finding 3: three repetitions gave ±30-70% intervals with exit 0); an
+# experiment's load: too, unless its file says otherwise.
+DEFAULT_PRECISION = "5%"
 
 
 def settings_from(
@@ -589,31 +591,3 @@ def plan_text(settings: ProtocolSettings, a: BenchArgs) -> str:
 
 def _minutes(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
-
-
-def not_serving(view: DeploymentView, timeout_s: float = 2.0) -> Callable[[], list[str]]:
-    """The roles of ``view`` that cannot serve now: dead, or alive but answering no
-    ``/health`` (being taken down, stopped, hung).  A process-only check missed a role
-    `servebook down` had asked to stop: it was still exiting, and bench measured one more
-    point of nothing but connection errors."""
-
-    def check() -> list[str]:
-        dead = view.dead_roles()
-        if dead:
-            return [f"{name} (not running)" for name in dead]
-        return [
-            f"{r.name} (nothing answers at {r.api_url}/health)"
-            for r in view.roles
-            if not _answers(r.api_url, timeout_s)
-        ]
-
-    return check
-
-
-def _answers(url: str, timeout_s: float) -> bool:
-    """Something answers at ``url``'s /health short of a server error (a router without a
-    /health still answers: 404)."""
-    try:
-        return http.get(url + "/health", timeout=timeout_s).status < 500
-    except http.HTTPError:
-        return False

@@ -11,7 +11,8 @@ import typer
 from servebook import auth
 from servebook.backends import registry
 from servebook.bench import target as tgt
-from servebook.bench.sweep import BenchArgs, not_serving, run_bench
+from servebook.bench.health import not_serving
+from servebook.bench.sweep import DEFAULT_PRECISION, BenchArgs, run_bench
 from servebook.commands import (
     KubeconfigOpt,
     app,
@@ -28,10 +29,6 @@ from servebook.errors import UsageError
 
 if TYPE_CHECKING:
     from servebook.backends.kubernetes.job_site import Source
-
-# bench takes run's protocol by default: a precision target, up to --max-repetitions
-# (issue 32, finding 3: three repetitions gave ±30-70% intervals with exit 0).
-DEFAULT_PRECISION = "5%"
 
 HELP = (
     "Measure a deployment (or any OpenAI-compatible server with --url) with a load sweep "

@@ -2,7 +2,14 @@
 fresh deployment (up -> warm-up -> verify -> bench -> down); an attached or URL arm is
 only benched.  The state (``DIR/experiment.json``) is rewritten atomically after every
 finished bench, so ``--resume`` continues from the last finished one with the same
-schedule.
+schedule, and ``--retry BLOCK/ARM`` runs an invalid entry again in its place
+(:func:`retry`; the attempt it replaces is kept in the entry's ``retried``).
+
+Each deployment an experiment makes is its own: its name (:func:`deployment_name`) holds
+the arm, the block and the experiment's tag (:func:`new_tag`, kept in the state), so its
+state directory, logs and KV storage under ``SERVEBOOK_HOME/deployments/NAME`` are no
+other deployment's, whether a plain `servebook up`'s or another experiment's in the same
+home.
 
 The steps are injected (:class:`Steps`): the command passes servebook's own (up through
 the backend, verify from counters, bench's sweep), tests pass the same shapes against
@@ -12,7 +19,9 @@ with the reason; it is never dropped.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,20 +41,27 @@ PENDING = "pending"
 
 class StepFailed(ServebookError):
     """A step of one arm in one block failed: the block is invalid with this reason; the
-    experiment goes on with the next entry."""
+    experiment goes on with the next entry.  ``facts``: what the step saw on its way there,
+    recorded in the entry (``health_misses``)."""
+
+    def __init__(self, message: str, *, facts: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.facts = facts or {}
 
 
 @dataclass
 class Steps:
-    """What one entry of the schedule does.  ``up`` returns a handle (the deployment's
-    name) that ``verify``, ``bench`` and ``down`` take; attached and URL arms get ``None``.
+    """What one entry of the schedule does.  ``up`` brings the arm up under the name it is
+    given (:func:`deployment_name`) and returns a handle (the deployment's name) that
+    ``verify``, ``bench`` and ``down`` take; attached and URL arms get ``None``.
     ``verify`` returns None when it passed, else the reason.  ``bench`` writes
-    ``results.json`` into the directory it is given."""
+    ``results.json`` into the directory it is given and may return facts for the entry
+    (``health_misses``: the roles' /health asks that missed during the sweep)."""
 
-    up: Callable[[Arm, int], str]
+    up: Callable[[Arm, str], str]
     warm: Callable[[Arm, str], None]
     verify: Callable[[Arm, str], str | None]
-    bench: Callable[[Arm, str | None, Path], None]
+    bench: Callable[[Arm, str | None, Path], dict[str, Any] | None]
     down: Callable[[Arm, str], None]
 
 
@@ -56,11 +72,107 @@ def results_dir(out_dir: Path, arm: str, block: int) -> Path:
     return out_dir / "arms" / arm / f"block-{block}"
 
 
-def new_state(exp: Experiment, order: list[tuple[int, str]], design: str) -> dict[str, Any]:
+# A deployment's name is a Kubernetes name too (``servebook.names``), and the objects the
+# Kubernetes backend derives from it add up to 26 characters (a LeaderWorkerSet's worker
+# StatefulSet NAME-prefill-lws-10 and its revision-hash label, ``kube.names``): at most 36.
+NAME_MAX = 36
+TAG_LENGTH = 6
+
+
+def new_tag(exp: Experiment, out_dir: Path) -> str:
+    """The experiment's tag, which every deployment it makes carries: hex of a hash of
+    its directory (one experiment per directory), the first whose names no deployment of
+    this home holds (one left by an experiment whose directory was removed and made
+    again keeps its logs).  Kept in the state, so a resumed experiment keeps its names."""
+    from servebook.backends.state import deployments_dir
+
+    taken = deployments_dir()
+    where = str(out_dir.resolve())
+    for n in range(1000):
+        tag = hashlib.sha256(f"{where}\n{n}".encode()).hexdigest()[:TAG_LENGTH]
+        names = [
+            deployment_name(tag, a.name, b) for a in exp.arms for b in range(1, 1 + exp.blocks)
+        ]
+        if not any((taken / name).exists() for name in names):
+            return tag
+    raise UsageError(f"{taken}: every name tried for {out_dir}'s deployments is taken")
+
+
+def deployment_name(tag: str, arm: str, block: int) -> str:
+    """ARM-bBLOCK-TAG, the arm cut short (with a hash of its whole name) where the name
+    would pass ``NAME_MAX``; it starts with a letter (a Kubernetes Service's name must)."""
+    suffix = f"-b{block}-{tag}"
+    head = arm if arm[0].isalpha() else f"arm-{arm}"
+    room = NAME_MAX - len(suffix)
+    if len(head) > room:
+        cut = hashlib.sha256(arm.encode()).hexdigest()[:4]
+        head = f"{head[: room - 5].rstrip('-')}-{cut}"
+    return head + suffix
+
+
+def entry_id(entry: dict[str, Any]) -> str:
+    """How ``--retry`` names an entry of the schedule: BLOCK/ARM."""
+    return f"{entry['block']}/{entry['arm']}"
+
+
+_ENTRY = re.compile(r"^(\d+)/([a-z0-9-]+)$")
+
+
+def retry(state: dict[str, Any], wanted: list[str], path: Path) -> list[dict[str, Any]]:
+    """Each entry named BLOCK/ARM in ``wanted`` is pending again, to run in its place in
+    the schedule; the attempt it replaces is appended to its ``retried`` (its times,
+    outcome, deployment, verify's verdict and health misses, and when it was retried).
+    Refused (exit 2, naming the entry and those that may be retried) unless every one is
+    an invalid entry of this state."""
+    by_id = {entry_id(e): e for e in state["schedule"]}
+    invalid = [k for k, e in by_id.items() if e["outcome"] not in (DONE, PENDING)]
+    may = f"its invalid entries: {', '.join(invalid)}" if invalid else "no entry of it is invalid"
+    chosen = []
+    for text in wanted:
+        m = _ENTRY.match(text.strip())
+        if m is None:
+            raise UsageError(
+                f"--retry {text!r}: name an entry of the schedule as BLOCK/ARM, e.g. "
+                f"--retry 2/{state['baseline']} (block 2's entry of arm {state['baseline']})",
+                hint=f"{path}: {may}",
+            )
+        key = f"{int(m.group(1))}/{m.group(2)}"
+        entry = by_id.get(key)
+        if entry is None:
+            raise UsageError(
+                f"--retry {text}: {path} has no entry {key} (block {int(m.group(1))}, arm "
+                f"{m.group(2)})",
+                hint=f"{path}: {may}",
+            )
+        if entry["outcome"] in (DONE, PENDING):
+            said = "finished" if entry["outcome"] == DONE else "has not run yet (--resume runs it)"
+            raise UsageError(
+                f"--retry {key}: that entry {said}; only an invalid entry is run again",
+                hint=f"{path}: {may}",
+            )
+        chosen.append(entry)
+    for entry in chosen:
+        kept = {k: entry[k] for k in _ATTEMPT if k in entry}
+        entry.setdefault("retried", []).append({**kept, "retried_at": utc_now()})
+        for k in _ATTEMPT[3:]:
+            entry.pop(k, None)
+        entry.update(started_at=None, ended_at=None, outcome=PENDING)
+    return chosen
+
+
+# What one attempt at an entry recorded: moved into ``retried`` when it is run again.
+_ATTEMPT = ("started_at", "ended_at", "outcome", "deployment", "verify", "health_misses")
+
+
+def new_state(
+    exp: Experiment, order: list[tuple[int, str]], design: str, tag: str
+) -> dict[str, Any]:
     return {
         "kind": "servebook-experiment",
         "experiment": exp.path,
         "digest": exp.digest(),
+        # every deployment this experiment makes is named ARM-bBLOCK-TAG (deployment_name)
+        "tag": tag,
         "seed": exp.seed,
         "design": design,
         "baseline": exp.baseline,
@@ -130,7 +242,7 @@ def run(
         if where.exists():  # a bench interrupted before it finished: it starts over
             shutil.rmtree(where)
         entry["started_at"] = utc_now()
-        entry["outcome"] = _one(arm, entry, where, steps, say)
+        entry["outcome"] = _one(arm, entry, where, steps, say, state["tag"])
         entry["ended_at"] = utc_now()
         if entry["outcome"] != DONE:
             say(f"block {entry['block']} is invalid: arm {arm.name} {entry['outcome']}")
@@ -140,14 +252,17 @@ def run(
     return state
 
 
-def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say) -> str:
+def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say, tag: str) -> str:
     """One arm in one block; its outcome (``done``, or what failed and why).  A recipe
     arm's entry records the deployment brought up for it (``deployment``, fresh in every
-    block) and verify's verdict on it (``verify``: ``passed``, or why not)."""
+    block, named for the experiment, the arm and the block) and verify's verdict on it
+    (``verify``: ``passed``, or why not)."""
     if arm.kind != "recipe":
-        return _bench(arm, None, where, steps)
+        return _bench(arm, None, where, steps, entry)
+    # named before it comes up: a deployment that fails to leaves its logs under that name
+    entry["deployment"] = deployment_name(tag, arm.name, entry["block"])
     try:
-        handle = steps.up(arm, entry["block"])
+        handle = steps.up(arm, entry["deployment"])
     except StepFailed as e:
         return f"failed to come up: {e}"
     entry["deployment"] = handle
@@ -157,7 +272,7 @@ def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say) -
         entry["verify"] = "passed" if reason is None else reason
         if reason is not None:
             return f"failed verify: {reason}"
-        return _bench(arm, handle, where, steps)
+        return _bench(arm, handle, where, steps, entry)
     except StepFailed as e:
         return f"failed: {e}"
     finally:
@@ -165,9 +280,11 @@ def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say) -
         steps.down(arm, handle)
 
 
-def _bench(arm: Arm, handle: str | None, where: Path, steps: Steps) -> str:
+def _bench(arm: Arm, handle: str | None, where: Path, steps: Steps, entry: dict[str, Any]) -> str:
     try:
-        steps.bench(arm, handle, where)
+        facts = steps.bench(arm, handle, where)
     except StepFailed as e:
+        entry.update(e.facts)
         return f"bench failed: {e}"
+    entry.update(facts or {})
     return DONE

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from servebook import auth
 from servebook.bench import target as tgt
-from servebook.bench.sweep import BenchArgs, not_serving, run_bench
+from servebook.bench.health import ServingCheck, not_serving
+from servebook.bench.sweep import DEFAULT_PRECISION, BenchArgs, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
 from servebook.experiment.spec import Arm, Experiment
 
 if TYPE_CHECKING:
     from servebook.backends.base import Place
+    from servebook.recipe.plan import Plan
 
 _BENCH_FIELDS = {f.name: f for f in dataclasses.fields(BenchArgs)}
 _NOT_BENCH_ARGS = {"tokenizer", "load_image", "load_start_timeout"}
@@ -38,6 +40,8 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
         if name == "dataset":
             given[name] = Path(exp.path).parent / str(value)
             continue
+        if name == "precision" and value is False:  # YAML reads a bare `off` as false
+            value = "off"
         try:
             if isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -54,6 +58,9 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
                 f"{exp.path}: load.{key}: {value!r} is not what `servebook bench --{key}` takes",
                 hint=f"see `servebook bench --help` for --{key}",
             ) from None
+    # bench's precision target where the file gives none, as every other default is
+    # bench's (BenchArgs holds none: `run` and the agents set their own)
+    given.setdefault("precision", DEFAULT_PRECISION)
     return BenchArgs(**given)
 
 
@@ -134,8 +141,22 @@ def in_cluster(
     return True
 
 
-def deployment_name(arm: Arm, block: int) -> str:
-    return f"{arm.name}-b{block}"
+def arm_plan(exp: Experiment, arm: Arm, name: str) -> Plan:
+    """The Plan deployment ``name`` of ``arm`` comes up from: resolved with that
+    deployment's own state directory, as `servebook up --name NAME` resolves it, so its
+    KV storage (``${state_dir}/kv``) is its alone, not the recipe name's directory that a
+    plain `servebook up RECIPE` empties and `down` deletes."""
+    from servebook.backends.state import state_dir_for
+    from servebook.experiment.values import resolve_arm
+
+    return resolve_arm(exp, arm, state_dir=state_dir_for(name))
+
+
+def misses(check: ServingCheck | None) -> dict[str, Any]:
+    """The entry's record of the /health asks that missed during its sweep (each role is
+    called silent only after ``bench.health.TRIES`` in a row): evidence, even when a later
+    ask was answered."""
+    return {"health_misses": check.misses} if check is not None and check.misses else {}
 
 
 def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
@@ -144,12 +165,9 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
     key = auth.resolve(api_key)
     tokenizer = exp.load.get("tokenizer")
 
-    def up(arm: Arm, block: int) -> str:
-        from servebook.experiment.values import resolve_arm
-
+    def up(arm: Arm, name: str) -> str:
         backend = registry.get(arm.backend)
-        name = deployment_name(arm, block)
-        plan = resolve_arm(exp, arm)
+        plan = arm_plan(exp, arm, name)
         try:
             ready = backend.up(plan, name=name, timeout_s=None, say=say)
         except ServebookError as e:
@@ -170,8 +188,9 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
         say(f"warming {name} up (a verify pass whose verdict is not kept)")
         verify(arm, name)
 
-    def bench(arm: Arm, name: str | None, where: Path) -> None:
+    def bench(arm: Arm, name: str | None, where: Path) -> dict[str, Any] | None:
         a = bench_args(exp, arm)
+        check: ServingCheck | None = None
         try:
             if arm.kind == "url":
                 assert arm.url is not None and arm.model is not None
@@ -184,7 +203,7 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
                     api_key=key,
                 )
                 run_bench(subject, a, where, resume=False, tokenizer=tokenizer, resumable=False)
-                return
+                return None
             owner, dep = (
                 (registry.get(arm.backend), name)
                 if name is not None
@@ -193,8 +212,9 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
                 )
             )
             if in_cluster(exp, owner, dep, arm.namespace, a, where, key, say):
-                return
+                return None
             with owner.open(dep, arm.namespace) as view:
+                check = not_serving(view)
                 subject = tgt.from_deployment(
                     view, api=a.api, request_timeout_s=a.request_timeout, api_key=key
                 )
@@ -205,15 +225,16 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
                     resume=False,
                     tokenizer=tokenizer,
                     alive=view.dead_roles,
-                    serving=not_serving(view),
+                    serving=check,
                     resumable=False,
                 )
+            return misses(check)
         except UsageError:
             raise
         except ServebookError as e:
             if e.exit_code >= 128:  # stopped by a signal: the experiment stops
                 raise
-            raise StepFailed(str(e)) from None
+            raise StepFailed(str(e), facts=misses(check)) from None
 
     def down(arm: Arm, name: str) -> None:
         registry.get(arm.backend).down(name)

@@ -41,6 +41,7 @@ from servebook.backends.state import (
     STATE_FILE,
     Deployment,
     RoleProcess,
+    deployments_dir,
     list_deployments,
     pick_deployment,
     read_state,
@@ -208,6 +209,27 @@ def _hold_entry_port(entry_port: int | None) -> dict[int, socket.socket]:
             f"port {entry_port} on {HOST} is already taken.",
             hint="Choose a free one with --port, or leave it out and servebook picks one.",
         ) from None
+
+
+def _refuse_others_kv(name: str, plan: Plan) -> None:
+    """A KV storage directory under another deployment's state directory is refused (exit
+    2) before anything is emptied: up empties its KV storage and down deletes it, so two
+    deployments sharing one would wipe each other's (an experiment's PD arms once all used
+    ``deployments/tiny-pd/kv``, the directory of a plain `servebook up tiny-pd`)."""
+    root = deployments_dir().resolve()
+    mine = state_dir_for(name).resolve()
+    for kv in plan.kv_storage:
+        path = Path(kv).resolve()
+        if path.is_relative_to(root) and not path.is_relative_to(mine):
+            other = path.relative_to(root).parts[0] if path != root else str(root)
+            raise UsageError(
+                f"deployment {name}: the KV storage {kv} of recipe {plan.recipe} lies in "
+                f"deployment {other!r}'s directory, which that deployment's up empties and "
+                "its down deletes; nothing was started.",
+                hint=f"Resolve the recipe for this deployment ({{state_dir}} = {mine}), as "
+                "`servebook up --name NAME` does, or give shared_storage_path a directory "
+                "of its own.",
+            )
 
 
 def _fresh_record(name: str, plan: Plan) -> Deployment:
@@ -417,6 +439,7 @@ def up(
 ) -> Deployment:
     """Start every role of the Plan and wait until the entry point completes a request."""
     name = name or plan.recipe
+    _refuse_others_kv(name, plan)
     check_engine_installed()
     # The key readiness sends (a deployment may be protected by VLLM_API_KEY inherited from
     # this environment, or an --api-key in its arguments) and the engines get when the
