@@ -132,6 +132,9 @@ class BenchArgs:
     multi_turn: bool = False
     turns: int | None = None  # None: 2 for synthetic sessions, every turn of a dataset's
     turn_delay: str = "0s"
+    # order "counterbalanced": each round's order of the levels (labels), from an
+    # experiment (``experiment.design.level_orders``); no flag sets it.
+    level_orders: tuple[tuple[str, ...], ...] = ()
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -169,7 +172,9 @@ def settings_from(
         concurrencies=conc,
         rates=rates,
         repetitions=a.repetitions,
-        order=a.order,  # type: ignore[arg-type]
+        # A replay has one level, the trace's: no order to give.
+        order="shuffled" if replay and a.level_orders else a.order,  # type: ignore[arg-type]
+        level_orders=() if replay else tuple(tuple(o) for o in a.level_orders),
         seed=a.seed,
         warmup=parse_warmup(a.warmup) if a.warmup else None,
         duration_s=parse_duration(a.duration),
