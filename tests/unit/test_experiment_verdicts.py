@@ -69,9 +69,35 @@ def test_the_table_titled_median_shows_the_median_the_ratio_divides() -> None:
     base = {b: {1.0: {"output_tokens_per_s": [100.0]}} for b in blocks}
     (r,) = [x for x in analysis.ratios({"a": base, "b": blocks}, "a") if x.arm == "b"]
     assert r.ratio == pytest.approx(1.1)
-    doc = {"baseline": "a", "arms": [{"name": "a"}], "schedule": [], "absolute": [row]}
+    doc = {
+        "baseline": "a",
+        "arms": [{"name": "a"}],
+        "schedule": [],
+        "absolute": [row],
+        "tpot_judged_on": {"1": "tpot_ms.p50"},
+    }
     titles = {t.id: t.title for t in exp_report.tables(doc)}
     assert titles["arms"] == (
         "Every arm at every level: the median over valid blocks of each block's mean"
     )
     assert "95% block-bootstrap intervals" in titles["ratios"]
+
+
+def test_an_earlier_experiment_json_renders_as_what_it_computed() -> None:
+    """An experiment.json written before issue 49: TPOT as the stored p50, the table's
+    figure a mean, verdicts from any number of blocks; the report says so, not the rule."""
+    comparison = {"arm": "b", "baseline": "a", "concurrency": 4.0, "blocks": 2,
+                  "metric": "tpot_ms_p50", "ratio": 0.54, "ci95": [0.53, 0.55],
+                  "verdict": "better"}  # fmt: skip
+    row = {"arm": "b", "level": 4.0, "output_tokens_per_s": 240.0, "tpot_ms_p50": 5.0,
+           "output_tokens_per_s_per_accelerator": None, "blocks": 2}  # fmt: skip
+    doc = {"baseline": "a", "arms": [{"name": "a"}, {"name": "b"}], "schedule": [],
+           "comparisons": [comparison], "absolute": [row], "blocks": 2, "design": "williams",
+           "seed": 0, "variable": []}  # fmt: skip
+    tables = {t.id: t for t in exp_report.tables(doc)}
+    assert tables["arms"].title.endswith("the mean over valid blocks of each block's mean")
+    assert tables["arms"].rows[0][4] == "5.00"
+    assert tables["ratios"].rows[0][2] == "TPOT p50 (ms)"
+    assert "valid blocks" not in tables["ratios"].note and "orders" not in tables
+    assert not any("no verdict" in s for s in exp_report.sentences(doc))
+    assert "TPOT p50 (ms)" in exp_report.comparison_line(comparison, "concurrency")

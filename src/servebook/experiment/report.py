@@ -188,9 +188,13 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     server evidence per arm and level; the schedule with each entry's outcome."""
     mode = doc.get("level_mode", "concurrency")
     on = doc.get("tpot_judged_on") or {}
+    # An experiment.json of an earlier servebook: its table took the mean and the stored p50.
+    earlier = "tpot_judged_on" not in doc
     absolute = Table(
         "arms",
-        "Every arm at every level: the median over valid blocks of each block's mean",
+        "Every arm at every level: the "
+        + ("mean" if earlier else "median")
+        + " over valid blocks of each block's mean",
         [Column("Arm"), Column("Level"), Column("Output tok/s", True),
          Column("Per accelerator", True), Column("TPOT (ms)", True), Column("Blocks", True)],
         [
@@ -199,12 +203,14 @@ def tables(doc: dict[str, Any]) -> list[Table]:
              str(r["blocks"])]
             for r in doc.get("absolute", [])
         ],
-        note="The figure each ratio divides. TPOT is the client's p50, or the engines' exact "
+        note=""
+        if earlier
+        else "The figure each ratio divides. TPOT is the client's p50, or the engines' exact "
         "mean (marked) at a level where an engine's histogram leads TPOT (the client timed "
         "tokens wrong there): every arm at that level is judged so, as servebook's other "
         "reports judge it.",
     )  # fmt: skip
-    need = doc.get("min_blocks", MIN_BLOCKS)
+    need = doc.get("min_blocks", MIN_BLOCKS)  # an earlier experiment.json: no rule, no note
     ratios = Table(
         "ratios",
         f"Ratios to the baseline {doc['baseline']}: arm's median over valid blocks of each "
@@ -217,8 +223,12 @@ def tables(doc: dict[str, Any]) -> list[Table]:
             for c in doc.get("comparisons", [])
         ],
         note="A ratio above 1 is more throughput, or a longer TPOT (worse). The verdict is "
-        "better or worse only when the whole interval is on one side of 1 and the ratio "
-        f"comes from at least {need} valid blocks ({_WHY_BLOCKS}).",
+        "better or worse only when the whole interval is on one side of 1"
+        + (
+            f" and the ratio comes from at least {need} valid blocks ({_WHY_BLOCKS})."
+            if "min_blocks" in doc  # an experiment.json of an earlier servebook: any number
+            else "."
+        ),
     )  # fmt: skip
     schedule = Table(
         "schedule",
@@ -233,7 +243,8 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         note="A recipe arm is a fresh deployment in every block, verified before its bench; "
         "attached and URL arms are benched only (n/a).",
     )  # fmt: skip
-    return [absolute, ratios, evidence_table(doc), orders_table(doc), schedule]
+    orders = [orders_table(doc)] if "level_orders" in doc else []  # earlier: not recorded
+    return [absolute, ratios, evidence_table(doc), *orders, schedule]
 
 
 _WHY_BLOCKS = (
@@ -325,8 +336,8 @@ def sentences(doc: dict[str, Any]) -> list[str]:
     out += [f"Block {b['block']} is invalid: {b['reason']}." for b in doc.get("invalid_blocks", [])]
     out += order_sentences(doc)
     out += tpot_sentences(doc)
-    need = doc.get("min_blocks", MIN_BLOCKS)
-    few = sorted({c["blocks"] for c in doc.get("comparisons", []) if c["blocks"] < need})
+    need = doc.get("min_blocks")  # None: an earlier servebook's, whose verdicts needed none
+    few = sorted({c["blocks"] for c in doc.get("comparisons", []) if c["blocks"] < (need or 0)})
     if few:
         out.append(
             f"Ratios from {' or '.join(str(n) for n in few)} valid block(s) get no verdict: "
