@@ -19,7 +19,7 @@ from servebook.experiment.runner import StepFailed, Steps
 from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
 from tests.conftest import CliResult
-from tests.unit.conftest import scripted_machine
+from tests.unit.conftest import QUICK_LOAD, scripted_machine
 
 
 def url_arms(**extra_b: Any) -> dict[str, Any]:
@@ -127,18 +127,6 @@ def test_the_schedule_is_counterbalanced_seeded_and_reproducible() -> None:
     assert design.schedule(arms, 6, 7) != design.schedule(arms, 6, 8)
     firsts = [row[0] for row in design.schedule(arms, 6, 7)]
     assert sorted(firsts) == ["x", "x", "y", "y", "z", "z"]
-
-
-QUICK_LOAD = {
-    "concurrency": [2],
-    "output-len": 4,
-    "warmup": "50ms",
-    "duration": "200ms",
-    "repetitions": 1,
-    "min-requests": 2,
-    "max-client-lag-ms": 1000,
-    "min-achieved-concurrency": 0.5,
-}
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,7 @@ from servebook.bench.sweep import settings_from
 from servebook.experiment import design, session, spec, steps
 from servebook.experiment import report as exp_report
 from servebook.results.store import load_results
-from tests.unit.conftest import scripted_machine
-from tests.unit.test_experiment import QUICK_LOAD
+from tests.unit.conftest import QUICK_LOAD, scripted_machine
 
 ARMS = ["a", "b", "c", "d"]
 
@@ -98,7 +97,7 @@ def test_a_bench_s_rounds_walk_the_rows_and_the_seed_picks_which_level_goes_wher
     settings = settings_from(steps.bench_args(exp, exp.arm("a"), 1), None)
     recorded = settings.to_dict()
     assert recorded["order"] == "counterbalanced"
-    assert recorded["level_orders"] == [list(r) for r in design.level_orders(["c=1", "c=4"], 1, 0)]
+    assert [list(r) for r in recorded["level_orders"]] == design.level_orders(["c=1", "c=4"], 1, 0)
     seeds = {tuple(design.level_rows(["c=1", "c=4", "c=16"], s)[0]) for s in range(8)}
     assert len(seeds) > 1  # which level takes which symbol is the seed's
     # bench's own flags cannot ask for it without the orders

@@ -8,10 +8,8 @@ below answers one of those failures.
 * **Order.**  Each repetition is one round over every load level; by default each round's
   order is shuffled with the seed (``numpy.random.default_rng([seed, round])``), so drift
   during the run (a warming cache, a cooling GPU) lands on every level alike instead of
-  lining up with the levels.  ``ascending`` is available and recorded.  An experiment's
-  bench runs ``counterbalanced``: the orders it is given (``level_orders``, recorded), round
-  ``r`` the ``r``-th of them, cycling (``experiment.design.level_orders``: one seed would
-  give every bench of an experiment the same shuffle).
+  lining up with the levels.  ``ascending`` is available and recorded, and an experiment
+  gives its benches ``counterbalanced`` orders (``level_orders``, round r the r-th, cycling).
 * **Warm-up**, discarded: at least ``2 x concurrency`` requests *and* 10 s by default
   (``--warmup 10s``, ``--warmup 200r``, or both: ``--warmup 10s,200r``; ``0`` for none).
 * **Window**: opens when the warm-up is done, closes once it is both ``--duration`` long
@@ -126,9 +124,7 @@ class ProtocolSettings:
     replay_speed: float | None = None
     # Open loop: gamma inter-arrivals of this shape (CV = 1/sqrt(B)); 1 is Poisson.
     burstiness: float = 1.0
-    # ``counterbalanced``: each round's order of the levels (``Level.label``), round r the
-    # r-th, cycling.  Given by an experiment, never by a flag.
-    level_orders: tuple[tuple[str, ...], ...] = ()
+    level_orders: tuple[tuple[str, ...], ...] = ()  # counterbalanced: each round's labels
 
     def __post_init__(self) -> None:
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
@@ -163,20 +159,10 @@ class ProtocolSettings:
                     f"--max-repetitions {self.max_repetitions} is below the minimum "
                     f"{self.min_repetitions} (--repetitions, and at least 2 for an interval)"
                 )
-        if self.order not in ("shuffled", "ascending", "counterbalanced"):
+        if self.order not in ("shuffled", "ascending", "counterbalanced") or (
+            self.order == "counterbalanced"
+        ) != bool(self.level_orders):  # counterbalanced orders are an experiment's, given
             raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
-        if (self.order == "counterbalanced") != bool(self.level_orders):
-            raise UsageError(
-                f"--order {self.order!r}: choose shuffled or ascending (counterbalanced "
-                "orders are an experiment's, given with the orders)"
-            )
-        labels = sorted(lv.label() for lv in self.levels())
-        for given in self.level_orders:
-            if sorted(given) != labels:
-                raise UsageError(
-                    f"level order {', '.join(given)} is not an order of the levels "
-                    f"{', '.join(labels)}"
-                )
         if self.duration_s <= 0:
             raise UsageError("--duration must be positive")
         if not self.stall_s > 0 or self.stall_s == float("inf"):
@@ -245,8 +231,6 @@ class ProtocolSettings:
             del d["burstiness"]  # Poisson, as every run before the setting existed
         if not self.level_orders:
             del d["level_orders"]  # not counterbalanced: the order says how
-        else:
-            d["level_orders"] = [list(o) for o in self.level_orders]
         d["warmup"] = self.warmup.describe() if self.warmup is not None else "default"
         d["warmup_default"] = "max(10 s, 2 x level) - both bounds"
         d["min_requests_default"] = "10 x level"
@@ -267,22 +251,16 @@ class ProtocolSettings:
 DEFAULT_MAX_REPETITIONS = 10
 
 
-def ascending(levels: Sequence[Level]) -> list[Level]:
-    """Concurrency levels ascending, then rate levels ascending."""
-    return sorted(
-        levels, key=lambda lv: (lv.concurrency is None, lv.concurrency or 0, lv.rate or 0.0)
-    )
-
-
 def round_order(settings: ProtocolSettings, rnd: int) -> list[Level]:
-    """Every level in round ``rnd``'s order: shuffled with ``[seed, rnd]``; the given
-    order of the round (``counterbalanced``); or ``ascending`` (concurrency levels
-    ascending, then rates ascending)."""
-    levels = ascending(settings.levels())
+    """Every level in round ``rnd``'s order: shuffled with ``[seed, rnd]``, the round's given
+    order (``counterbalanced``), or ``ascending`` (concurrencies ascending, then rates)."""
+    levels = sorted(
+        settings.levels(),
+        key=lambda lv: (lv.concurrency is None, lv.concurrency or 0, lv.rate or 0.0),
+    )
     if settings.order == "counterbalanced":
-        by_label = {lv.label(): lv for lv in levels}
         given = settings.level_orders[rnd % len(settings.level_orders)]
-        levels = [by_label[label] for label in given]
+        levels = sorted(levels, key=lambda lv: given.index(lv.label()))
     elif settings.order == "shuffled":
         perm = np.random.default_rng([settings.seed, rnd]).permutation(len(levels))
         levels = [levels[i] for i in perm]

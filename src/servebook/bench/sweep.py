@@ -166,7 +166,7 @@ def settings_from(
         if not (a.replay_speed > 0 and math.isfinite(a.replay_speed)):
             raise UsageError(f"--replay-speed {a.replay_speed:g}: give a positive factor, e.g. 1")
         rates = (round(replay_rate(trace, a.replay_speed), 6),)
-    return ProtocolSettings(
+    settings = ProtocolSettings(
         replay_speed=a.replay_speed if replay else None,
         burstiness=a.burstiness,
         concurrencies=conc,
@@ -194,6 +194,13 @@ def settings_from(
             min_achieved_concurrency=a.min_achieved_concurrency,
         ),
     )
+    labels = sorted(lv.label() for lv in settings.levels())
+    for given in settings.level_orders:
+        if sorted(given) != labels:
+            raise UsageError(
+                f"level order {', '.join(given)} is not an order of the levels {', '.join(labels)}"
+            )
+    return settings
 
 
 def _prefix_bound(

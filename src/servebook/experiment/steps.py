@@ -67,11 +67,12 @@ def bench_args(exp: Experiment, arm: Arm, block: int | None = None) -> BenchArgs
 def level_orders(exp: Experiment, a: BenchArgs, block: int) -> tuple[tuple[str, ...], ...]:
     """Each round's order of the load's levels (labels: ``c=4``) in the benches of
     ``block``; none for a single level."""
-    from servebook.bench.protocol import ascending
+    from servebook.bench.protocol import round_order
     from servebook.bench.sweep import settings_from
     from servebook.experiment.design import level_orders as orders
 
-    labels = [lv.label() for lv in ascending(settings_from(a, None).levels())]
+    ascending = dataclasses.replace(settings_from(a, None), order="ascending", level_orders=())
+    labels = [lv.label() for lv in round_order(ascending, 0)]
     if len(labels) < 2:
         return ()
     return tuple(tuple(o) for o in orders(labels, block, exp.seed))
