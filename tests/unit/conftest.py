@@ -405,6 +405,21 @@ asyncio.run(main())
 """
 
 
+# An experiment's load: points short enough for a unit test against scripted_machine's
+# arms (the tests of tests/unit/test_experiment*.py).
+QUICK_LOAD = {
+    "concurrency": [2],
+    "output-len": 4,
+    "warmup": "50ms",
+    "duration": "200ms",
+    "repetitions": 1,
+    "precision": "off",
+    "min-requests": 2,
+    "max-client-lag-ms": 1000,
+    "min-achieved-concurrency": 0.5,
+}
+
+
 @contextlib.contextmanager
 def scripted_machine(
     arms: list[tuple[float, float, int]], slope_per_s: float, prompt_tokens: int

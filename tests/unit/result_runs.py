@@ -41,3 +41,29 @@ def invalid_level(concurrency: int, reason: str) -> Callable[[dict[str, Any]], N
 # decode engine's exact means (2.80-2.84 ms).
 TRIAL_MIXED = RESULTS / "trial-mixed-spec"
 TRIAL_PD = RESULTS / "trial-pd-spec"
+
+
+def experiment_of(tmp_path: Path, arms: dict[str, Path], blocks: int, **top: Any) -> dict[str, Any]:
+    """experiment.json's figures (``experiment.figures.update``) of URL arms whose every
+    block is the run ``arms[name]``, the first arm the baseline; ``top``: more of the
+    experiment file's keys (``slo``)."""
+    from servebook.experiment import figures, runner, session, spec
+
+    doc = {
+        "baseline": next(iter(arms)),
+        "blocks": blocks,
+        "arms": [{"name": n, "url": f"http://127.0.0.1:{i}", "model": "m"}
+                 for i, n in enumerate(arms, 1)],
+        **top,
+    }  # fmt: skip
+    exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
+    state = runner.new_state(exp, session.order_of(exp), "williams", "t0")
+    state["slo"] = exp.slo
+    out = tmp_path / "out"
+    for e in state["schedule"]:
+        where = runner.results_dir(out, e["arm"], e["block"])
+        where.mkdir(parents=True)
+        (where / "results.json").write_text((arms[e["arm"]] / "results.json").read_text())
+        e["outcome"] = runner.DONE
+    figures.update(state, out)
+    return state

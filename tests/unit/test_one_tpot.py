@@ -24,7 +24,7 @@ from servebook.report.plots import latency_plot, pareto_plot
 from servebook.report.summary import best_point
 from servebook.report.tables import latency_table, load_runs
 from servebook.results.evidence import tokens_role, with_server_latency
-from tests.unit.result_runs import TRIAL_MIXED, TRIAL_PD
+from tests.unit.result_runs import TRIAL_MIXED, TRIAL_PD, experiment_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -127,3 +127,33 @@ def test_each_point_reads_the_role_that_timed_its_own_tokens() -> None:
     assert measured.latency_diagnosis is not None
     assert measured.latency_diagnosis["role"] == "decode"
     assert tokens_role(measured) == "decode"
+
+
+def test_an_experiment_judges_tpot_as_compare_does(tmp_path: Path) -> None:
+    """Issue 49: the experiment's analysis read the stored p50, which for mixed-spec is its
+    histogram's 0-10 ms bucket (5.00) beside an exact mean of 1.84: pd-spec/mixed-spec read
+    2.70 / 5.00 = 0.54, "better".  Its ratios, verdicts, table, Pareto view and max load
+    now take TPOT as compare does: both arms on their engines' exact means."""
+    arms = {"mixed": TRIAL_MIXED, "pd": TRIAL_PD}
+    state = experiment_of(tmp_path, arms, blocks=3, slo="tpot=3ms")
+
+    r = invoke("compare", str(TRIAL_MIXED), str(TRIAL_PD), "--variable", "topology", "--json")
+    compared = {row["level"]: row for row in tpot_rows(json.loads(r.output))}
+    tpot = [c for c in state["comparisons"] if c["metric"].startswith("tpot")]
+    assert [c["concurrency"] for c in tpot] == [1.0, 4.0]
+    for c in tpot:
+        row = compared[f"c={c['concurrency']:g}"]
+        assert c["ratio"] == pytest.approx(row["ratio"], rel=1e-4)  # 2.82 / 1.84, not 0.54
+        assert c["verdict"] == row["verdict"] == "worse"
+        assert c["metric"] == "tpot_ms" and c["judged_on"] == row["metric"] == "tpot_ms.mean"
+    assert state["tpot_judged_on"] == {"1": "tpot_ms.mean", "4": "tpot_ms.mean"}
+    table = {(r["arm"], r["level"]): r["tpot_ms"] for r in state["absolute"]}
+    assert table[("mixed", 4.0)] == pytest.approx(1.84)
+    assert table[("pd", 4.0)] == pytest.approx(2.82)  # its decode engine's, not its client's 2.835
+    x = {(p["arm"], p["level"]): p["tokens_per_user"][0] for p in state["pareto"]["points"]}
+    assert x[("mixed", 4.0)] == pytest.approx(1000 / 1.84, rel=1e-3)
+    # the max load under a TPOT p99: mixed-spec's p99 is a bucket (9.9), no figure; pd-spec
+    # judged on its own has its client's p99 (3.51 ms at both levels: over 3 ms)
+    loads = {m["arm"]: m for m in state["max_load"]}
+    assert loads["mixed"]["outcome"] == "no figure"
+    assert loads["pd"]["outcome"] == "missed at the lowest level"

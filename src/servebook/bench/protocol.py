@@ -8,7 +8,8 @@ below answers one of those failures.
 * **Order.**  Each repetition is one round over every load level; by default each round's
   order is shuffled with the seed (``numpy.random.default_rng([seed, round])``), so drift
   during the run (a warming cache, a cooling GPU) lands on every level alike instead of
-  lining up with the levels.  ``ascending`` is available and recorded.
+  lining up with the levels.  ``ascending`` is available and recorded, and an experiment
+  gives its benches ``counterbalanced`` orders (``level_orders``, round r the r-th, cycling).
 * **Warm-up**, discarded: at least ``2 x concurrency`` requests *and* 10 s by default
   (``--warmup 10s``, ``--warmup 200r``, or both: ``--warmup 10s,200r``; ``0`` for none).
 * **Window**: opens when the warm-up is done, closes once it is both ``--duration`` long
@@ -68,7 +69,7 @@ from servebook.results.provenance import utc_now
 from servebook.results.schema import Point, Results, point_key
 from servebook.results.store import ResultsWriter
 
-Order = Literal["shuffled", "ascending"]
+Order = Literal["shuffled", "ascending", "counterbalanced"]
 
 # --- settings and order ---------------------------------------------------------------------
 
@@ -123,6 +124,7 @@ class ProtocolSettings:
     replay_speed: float | None = None
     # Open loop: gamma inter-arrivals of this shape (CV = 1/sqrt(B)); 1 is Poisson.
     burstiness: float = 1.0
+    level_orders: tuple[tuple[str, ...], ...] = ()  # counterbalanced: each round's labels
 
     def __post_init__(self) -> None:
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
@@ -157,7 +159,9 @@ class ProtocolSettings:
                     f"--max-repetitions {self.max_repetitions} is below the minimum "
                     f"{self.min_repetitions} (--repetitions, and at least 2 for an interval)"
                 )
-        if self.order not in ("shuffled", "ascending"):
+        if self.order not in ("shuffled", "ascending", "counterbalanced") or (
+            self.order == "counterbalanced"
+        ) != bool(self.level_orders):  # counterbalanced orders are an experiment's, given
             raise UsageError(f"--order {self.order!r}: choose shuffled or ascending")
         if self.duration_s <= 0:
             raise UsageError("--duration must be positive")
@@ -225,6 +229,8 @@ class ProtocolSettings:
         d = asdict(self)
         if self.burstiness == 1.0:
             del d["burstiness"]  # Poisson, as every run before the setting existed
+        if not self.level_orders:
+            del d["level_orders"]  # not counterbalanced: the order says how
         d["warmup"] = self.warmup.describe() if self.warmup is not None else "default"
         d["warmup_default"] = "max(10 s, 2 x level) - both bounds"
         d["min_requests_default"] = "10 x level"
@@ -246,13 +252,16 @@ DEFAULT_MAX_REPETITIONS = 10
 
 
 def round_order(settings: ProtocolSettings, rnd: int) -> list[Level]:
-    """Every level in round ``rnd``'s order: shuffled with ``[seed, rnd]`` unless the order
-    is ``ascending`` (concurrency levels ascending, then rates ascending)."""
+    """Every level in round ``rnd``'s order: shuffled with ``[seed, rnd]``, the round's given
+    order (``counterbalanced``), or ``ascending`` (concurrencies ascending, then rates)."""
     levels = sorted(
         settings.levels(),
         key=lambda lv: (lv.concurrency is None, lv.concurrency or 0, lv.rate or 0.0),
     )
-    if settings.order == "shuffled":
+    if settings.order == "counterbalanced":
+        given = settings.level_orders[rnd % len(settings.level_orders)]
+        levels = sorted(levels, key=lambda lv: given.index(lv.label()))
+    elif settings.order == "shuffled":
         perm = np.random.default_rng([settings.seed, rnd]).permutation(len(levels))
         levels = [levels[i] for i in perm]
     return levels

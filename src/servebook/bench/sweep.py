@@ -130,6 +130,9 @@ class BenchArgs:
     multi_turn: bool = False
     turns: int | None = None  # None: 2 for synthetic sessions, every turn of a dataset's
     turn_delay: str = "0s"
+    # order "counterbalanced": each round's order of the levels (labels), from an
+    # experiment (``experiment.design.level_orders``); no flag sets it.
+    level_orders: tuple[tuple[str, ...], ...] = ()
 
 
 #: The concurrency levels of a sweep given neither --concurrency nor --rate (nor a trace).
@@ -165,13 +168,15 @@ def settings_from(
         if not (a.replay_speed > 0 and math.isfinite(a.replay_speed)):
             raise UsageError(f"--replay-speed {a.replay_speed:g}: give a positive factor, e.g. 1")
         rates = (round(replay_rate(trace, a.replay_speed), 6),)
-    return ProtocolSettings(
+    settings = ProtocolSettings(
         replay_speed=a.replay_speed if replay else None,
         burstiness=a.burstiness,
         concurrencies=conc,
         rates=rates,
         repetitions=a.repetitions,
-        order=a.order,  # type: ignore[arg-type]
+        # A replay has one level, the trace's: no order to give.
+        order="shuffled" if replay and a.level_orders else a.order,  # type: ignore[arg-type]
+        level_orders=() if replay else tuple(tuple(o) for o in a.level_orders),
         seed=a.seed,
         warmup=parse_warmup(a.warmup) if a.warmup else None,
         duration_s=parse_duration(a.duration),
@@ -191,6 +196,13 @@ def settings_from(
             min_achieved_concurrency=a.min_achieved_concurrency,
         ),
     )
+    labels = sorted(lv.label() for lv in settings.levels())
+    for given in settings.level_orders:
+        if sorted(given) != labels:
+            raise UsageError(
+                f"level order {', '.join(given)} is not an order of the levels {', '.join(labels)}"
+            )
+    return settings
 
 
 def _prefix_bound(

@@ -9,6 +9,19 @@ The interval is a percentile bootstrap of that ratio that resamples blocks (each
 replicate: a fresh deployment in its own slot of the schedule) and, within each drawn
 block, its repetitions.  Blocks are paired: a draw takes the same blocks for the arm and
 the baseline, so what a block shares between them (the machine at that hour) stays shared.
+An arm's own figure at a level (the report's table, the Pareto view) is the same median
+with the same bootstrap's interval (:func:`bootstrap_median`).
+
+A verdict (``better``/``worse``) needs :data:`MIN_BLOCKS` valid blocks: below that the
+interval is not evidence of a difference, and the verdict says how many blocks it had.
+
+TPOT is judged as every reader of servebook judges it (``results.tpot``): the points of one
+level, of every arm and block, are judged together (``judge_together``), on the client's
+p50 or, where any engine's histogram leads, on each engine's exact mean; the comparisons
+record which (``judged_on``).  Measured in a four-arm experiment (issue 49): pd-spec's p50
+was a histogram bucket's value (14.64, 5.00, 6.14 ms where the exact means were 33.9,
+7.85, 8.91), and the stored p50 made pd-spec/mixed at c=4 1.217, "not distinguishable",
+where the exact means give 1.748 [1.05, 3.16].
 
 A block in which any arm failed (did not come up, failed verify, its bench failed) is
 invalid as a whole and counts for no comparison (the schedule lists it with the reason);
@@ -24,9 +37,19 @@ from typing import Any
 import numpy as np
 
 from servebook.results.schema import Point, Results
-from servebook.results.tpot import engine_led, judged
+from servebook.results.tpot import figure, judge_together
 
 BOOTSTRAP_DRAWS = 2000
+
+# The fewest valid blocks a verdict is given from.  One block's interval is over its
+# repetitions alone: the scatter between blocks (fresh deployments in other slots of the
+# machine's time, the largest in the field trials) is not in it.  Two blocks give a
+# bootstrap three distinct draws, and its interval is at most the range between two
+# values, which holds the middle of the blocks' spread only half the time (n blocks' range
+# holds it with 1 - 2 x 0.5^n: 75% for 3, 94% for 5).  Three is the least from which the
+# interval reflects block scatter at all, and the experiment file's default; more blocks
+# make a verdict firmer.
+MIN_BLOCKS = 3
 
 # The p99 of each latency an SLO may bound (``bench --slo``'s keys), per valid point: the
 # figures ``experiment.slo`` locates each arm's max load with.  Not compared between arms.
@@ -37,22 +60,23 @@ SLO_FIGURES = {
     "e2e": "e2e_ms_p99",
 }
 
-# metric -> (what it is, whether higher is better)
+# metric -> (what it is, whether higher is better).  TPOT: the judged one (``results.tpot``).
 METRICS: dict[str, tuple[str, bool]] = {
     "output_tokens_per_s": ("output tok/s", True),
     "output_tokens_per_s_per_accelerator": ("output tok/s per accelerator", True),
-    "tpot_ms_p50": ("TPOT p50 (ms)", False),
+    "tpot_ms": ("TPOT (ms)", False),
 }
 
 # arm -> block -> level -> metric -> one value per valid repetition
 Samples = dict[str, dict[int, dict[float, dict[str, list[float]]]]]
 
 
-def point_values(p: Point, accelerators: int | None) -> dict[str, float]:
-    """The figures of one valid point: those compared (``METRICS``), each latency's p99 an
-    SLO may bound (``SLO_FIGURES``) and the tokens/s one user sees (1000 / the judged
-    TPOT, the Pareto view's x); per accelerator from the point itself (a recipe arm's
-    provenance counts them) or from the arm's declared ``accelerators``."""
+def point_values(p: Point, accelerators: int | None, tpot: str) -> dict[str, float]:
+    """The compared figures of one valid point (``METRICS``) and the tokens/s one user
+    sees (1000 / TPOT, the Pareto view's x), TPOT as its level is judged (``tpot``:
+    ``tpot_ms.p50`` or ``tpot_ms.mean``, :func:`samples_of`); per accelerator from the
+    point itself (a recipe arm's provenance counts them) or from the arm's declared
+    ``accelerators``."""
     out: dict[str, float] = {}
     if p.output_tokens_per_s is not None:
         out["output_tokens_per_s"] = p.output_tokens_per_s
@@ -61,17 +85,27 @@ def point_values(p: Point, accelerators: int | None) -> dict[str, float]:
             per = p.output_tokens_per_s / accelerators
         if per is not None:
             out["output_tokens_per_s_per_accelerator"] = per
-    if p.tpot_ms.p50 is not None:
-        out["tpot_ms_p50"] = p.tpot_ms.p50
-    for key, name in SLO_FIGURES.items():
-        latency = getattr(p, f"{key}_ms")
-        # Where the engine's histogram leads a per-token figure (the client timed it
-        # wrong), its percentiles are bucket midpoints, no figure (``results.tpot``).
-        if latency.p99 is not None and not engine_led(p, f"{key}_ms"):
-            out[name] = latency.p99
-    per_user = judged(p).value
-    if per_user:
-        out["tokens_per_user"] = 1000.0 / per_user
+    value = figure(p, tpot)
+    if value:
+        out["tpot_ms"] = value
+        out["tokens_per_user"] = 1000.0 / value
+    return out
+
+
+def slo_values(points: list[Point]) -> list[dict[str, float]]:
+    """Each point's p99 of every latency an SLO may bound (``SLO_FIGURES``), the points
+    (one arm at one level) judged together: where an engine's histogram leads a per-token
+    figure, its percentiles are a bucket, no figure (``results.tpot``)."""
+    _, same = judge_together(points)
+    _, same = judge_together(same, "itl_ms")
+    out = []
+    for p in same:
+        values = {}
+        for key, name in SLO_FIGURES.items():
+            v = figure(p, f"{key}_ms.p99")
+            if v is not None:
+                values[name] = v
+        out.append(values)
     return out
 
 
@@ -83,19 +117,40 @@ def samples_of(
     results: Mapping[tuple[str, int], Results],
     accelerators: Mapping[str, int | None],
     invalid_levels: Collection[tuple[str, float]] = (),
-) -> Samples:
-    """Every valid point's figures, by arm, block and level; none of a level invalid for
-    its arm as a whole (``invalid_levels``: its PD handoff failed open there,
-    ``experiment.evidence``)."""
+) -> tuple[Samples, dict[float, str]]:
+    """Every valid point's figures, by arm, block and level, and what TPOT is judged on at
+    each level (``tpot_ms.p50`` or ``tpot_ms.mean``): a level's points of every arm and
+    block judged together (``results.tpot.judge_together``), so one arm's TPOT is the same
+    figure in every ratio, table and plot; none of a level invalid for its arm as a whole
+    (``invalid_levels``: its PD handoff failed open there, ``experiment.evidence``)."""
     out: Samples = {}
+    by_level: dict[float, list[tuple[str, int, Point]]] = {}
     for (arm, block), res in results.items():
-        by_level = out.setdefault(arm, {}).setdefault(block, {})
+        out.setdefault(arm, {}).setdefault(block, {})
         for p in res.points:
-            if not p.valid or (arm, level_of(p)) in invalid_levels:
-                continue
-            for metric, v in point_values(p, accelerators.get(arm)).items():
-                by_level.setdefault(level_of(p), {}).setdefault(metric, []).append(v)
-    return out
+            if (arm, level_of(p)) not in invalid_levels:
+                by_level.setdefault(level_of(p), []).append((arm, block, p))
+    judged_on: dict[float, str] = {}
+    for level, entries in sorted(by_level.items()):
+        key, same = judge_together([p for _, _, p in entries])
+        judged_on[level] = key
+        for (arm, block, _), p in zip(entries, same, strict=True):
+            if p.valid:
+                figures = point_values(p, accelerators.get(arm), key)
+                _add(out[arm][block], level, figures)
+        for arm in {a for a, _, _ in entries}:
+            mine = [(b, p) for a, b, p in entries if a == arm]
+            for (block, p), figures in zip(mine, slo_values([p for _, p in mine]), strict=True):
+                if p.valid:
+                    _add(out[arm][block], level, figures)
+    return out, judged_on
+
+
+def _add(
+    block: dict[float, dict[str, list[float]]], level: float, figures: dict[str, float]
+) -> None:
+    for metric, v in figures.items():
+        block.setdefault(level, {}).setdefault(metric, []).append(v)
 
 
 @dataclass(frozen=True)
@@ -108,10 +163,18 @@ class Ratio:
     lo: float
     hi: float
     blocks: int
+    judged_on: str | None = None  # TPOT: ``tpot_ms.p50`` or ``tpot_ms.mean``
+
+    @property
+    def decided(self) -> bool:
+        """Enough valid blocks for a verdict (:data:`MIN_BLOCKS`)."""
+        return self.blocks >= MIN_BLOCKS
 
     @property
     def verdict(self) -> str:
         higher_better = METRICS[self.metric][1]
+        if not self.decided:
+            return f"not enough blocks ({self.blocks} of {MIN_BLOCKS} needed)"
         if self.lo > 1:
             return "better" if higher_better else "worse"
         if self.hi < 1:
@@ -119,7 +182,7 @@ class Ratio:
         return "not distinguishable"
 
     def to_dict(self, mode: str) -> dict[str, Any]:
-        return {
+        out = {
             "arm": self.arm,
             "baseline": self.baseline,
             mode: self.level,
@@ -129,6 +192,9 @@ class Ratio:
             "blocks": self.blocks,
             "verdict": self.verdict,
         }
+        if self.judged_on is not None:
+            out["judged_on"] = self.judged_on
+        return out
 
 
 def bootstrap_ratio(
@@ -138,12 +204,27 @@ def bootstrap_ratio(
     ``arm[i]`` and ``base[i]`` are block i's repetitions.  One block: the interval is over
     its repetitions alone."""
     rng = np.random.default_rng(seed)
-    n = len(arm)
-    est = float(np.median([np.mean(b) for b in arm]) / np.median([np.mean(b) for b in base]))
-    picks = rng.integers(0, n, size=(BOOTSTRAP_DRAWS, n))
+    est = median_of_means(arm) / median_of_means(base)
+    picks = rng.integers(0, len(arm), size=(BOOTSTRAP_DRAWS, len(arm)))
     draws = block_medians(arm, picks, rng) / block_medians(base, picks, rng)
     lo, hi = np.nanpercentile(draws, [2.5, 97.5])
     return est, float(lo), float(hi)
+
+
+def bootstrap_median(blocks: Sequence[Sequence[float]], seed: int) -> tuple[float, float, float]:
+    """(median over blocks of each block's mean, 2.5th and 97.5th percentiles): one arm's
+    figure at a level with the ratios' own bootstrap (:func:`bootstrap_ratio`'s
+    numerator), ``blocks[i]`` block i's repetitions."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(blocks), size=(BOOTSTRAP_DRAWS, len(blocks)))
+    lo, hi = np.nanpercentile(block_medians(blocks, picks, rng), [2.5, 97.5])
+    return median_of_means(blocks), float(lo), float(hi)
+
+
+def median_of_means(blocks: Sequence[Sequence[float]]) -> float:
+    """The median over blocks of each block's mean over its repetitions (blocks with
+    none left out)."""
+    return float(np.median([np.mean(b) for b in blocks if len(b)]))
 
 
 def block_medians(
@@ -171,9 +252,13 @@ def block_medians(
     return out
 
 
-def ratios(samples: Samples, baseline: str, seed: int = 0) -> list[Ratio]:
+def ratios(
+    samples: Samples, baseline: str, seed: int = 0, judged_on: Mapping[float, str] | None = None
+) -> list[Ratio]:
     """Every arm against the baseline, per level both have and metric, over the blocks in
-    which both have valid points there."""
+    which both have valid points there; ``judged_on``: what TPOT is judged on per level
+    (:func:`samples_of`), recorded with its ratios."""
+    judged_on = judged_on or {}
     out: list[Ratio] = []
     base = samples.get(baseline, {})
     for arm in sorted(a for a in samples if a != baseline):
@@ -190,12 +275,16 @@ def ratios(samples: Samples, baseline: str, seed: int = 0) -> list[Ratio]:
                 if not pairs:
                     continue
                 est, lo, hi = bootstrap_ratio([a for a, _ in pairs], [b for _, b in pairs], seed)
-                out.append(Ratio(arm, baseline, level, metric, est, lo, hi, len(pairs)))
+                on = judged_on.get(level) if metric == "tpot_ms" else None
+                out.append(Ratio(arm, baseline, level, metric, est, lo, hi, len(pairs), on))
     return out
 
 
 def _side(r: Ratio) -> int:
-    """+1: the interval is wholly above 1; -1: wholly below; 0: it holds 1."""
+    """+1: the interval is wholly above 1; -1: wholly below; 0: it holds 1, or too few
+    blocks for a verdict."""
+    if not r.decided:
+        return 0
     return 1 if r.lo > 1 else -1 if r.hi < 1 else 0
 
 
@@ -222,6 +311,14 @@ def crossovers(rs: Sequence[Ratio]) -> list[dict[str, Any]]:
             last = r
         estimates = [np.sign(r.ratio - 1) for r in series]
         if not found and len(set(estimates) - {0}) > 1:
+            few = min(r.blocks for r in series)
+            why = (
+                f"the ratio's estimate crosses 1, but from {few} valid block(s), fewer than "
+                f"the {MIN_BLOCKS} a verdict needs"
+                if few < MIN_BLOCKS
+                else "the ratio's estimate crosses 1 but its intervals hold 1 there; more "
+                "blocks would narrow them"
+            )
             out.append(
                 {
                     "arm": arm,
@@ -229,8 +326,7 @@ def crossovers(rs: Sequence[Ratio]) -> list[dict[str, Any]]:
                     "metric": metric,
                     "between": None,
                     "undetermined": True,
-                    "why": "the ratio's estimate crosses 1 but its intervals hold 1 there; "
-                    "more blocks would narrow them",
+                    "why": why,
                 }
             )
     return out

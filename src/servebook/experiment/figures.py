@@ -1,16 +1,17 @@
 """``DIR/experiment.json``'s figures from the state and the arms' results files: which
-blocks are valid (and why not), the server evidence per arm and level (and the levels an
-arm's handoff failed open at), the comparisons, the crossovers and the drift."""
+blocks are valid (and why not), the order every bench ran its levels in, the server
+evidence per arm and level (and the levels an arm's handoff failed open at), the
+comparisons, the crossovers and the drift."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from servebook.bench.protocol import Level
 from servebook.experiment import analysis, evidence, slo
 from servebook.experiment.runner import DONE, PENDING
-from servebook.results import stats
-from servebook.results.schema import RESULTS_NAME, Results
+from servebook.results.schema import RESULTS_NAME, Point, Results
 from servebook.results.store import load_results
 
 
@@ -23,16 +24,48 @@ def invalid_blocks(state: dict[str, Any]) -> dict[int, str]:
     return out
 
 
-def finished_results(state: dict[str, Any], out_dir: Path) -> dict[tuple[str, int], Results]:
-    """The results of every finished entry of a valid block."""
-    bad = invalid_blocks(state)
+def done_results(state: dict[str, Any], out_dir: Path) -> dict[tuple[str, int], Results]:
+    """The results of every finished entry, in run order (an invalid block's too)."""
     out = {}
     for e in state["schedule"]:
-        if e["outcome"] == DONE and e["block"] not in bad:
+        if e["outcome"] == DONE:
             arm, block = e["arm"], e["block"]
             out[(arm, block)] = load_results(
                 out_dir / "arms" / arm / f"block-{block}" / RESULTS_NAME
             )
+    return out
+
+
+def label_of(p: Point) -> str:
+    return Level(concurrency=p.concurrency, rate=p.rate).label()
+
+
+def level_orders(results: dict[tuple[str, int], Results]) -> list[dict[str, Any]]:
+    """The order each finished bench ran its levels in, round by round (a round: one
+    repetition of every level; ``experiment.design.level_orders``), from the points in its
+    results file (kept in run order): ``[{block, arm, rounds: [[c=4, c=1], ...]}]``."""
+    out = []
+    for (arm, block), res in results.items():
+        rounds: dict[int, list[str]] = {}
+        for p in res.points:
+            rounds.setdefault(p.repetition, []).append(label_of(p))
+        out.append({"block": block, "arm": arm, "rounds": [rounds[r] for r in sorted(rounds)]})
+    return out
+
+
+def level_positions(orders: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """How often each level ran first and last in a round, over every round of every
+    finished bench (rounds of more than one level)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in orders:
+        for labels in entry["rounds"]:
+            if len(labels) < 2:
+                continue
+            for label in labels:
+                row = out.setdefault(label, {"first": 0, "last": 0, "rounds": 0})
+                row["rounds"] += 1
+                row["first"] += label == labels[0]
+                row["last"] += label == labels[-1]
     return out
 
 
@@ -45,11 +78,15 @@ def mode_of(results: dict[tuple[str, int], Results]) -> str:
 
 def update(state: dict[str, Any], out_dir: Path) -> None:
     """Recompute the figures into ``state`` from what has finished so far."""
-    results = finished_results(state, out_dir)
+    ran = done_results(state, out_dir)
+    bad = invalid_blocks(state)
+    results = {k: r for k, r in ran.items() if k[1] not in bad}  # the valid blocks'
     acc = {a["name"]: a.get("accelerators") for a in state["arms"]}
+    state["level_orders"] = level_orders(ran)
+    state["level_positions"] = level_positions(state["level_orders"])
     state["evidence"] = evidence.per_level(results)
-    samples = analysis.samples_of(results, acc, evidence.invalid_levels(state["evidence"]))
-    rs = analysis.ratios(samples, state["baseline"], seed=state["seed"])
+    samples, tpot_on = analysis.samples_of(results, acc, evidence.invalid_levels(state["evidence"]))
+    rs = analysis.ratios(samples, state["baseline"], seed=state["seed"], judged_on=tpot_on)
     mode = mode_of(results)
     order: list[int] = []
     for e in state["schedule"]:
@@ -62,8 +99,10 @@ def update(state: dict[str, Any], out_dir: Path) -> None:
     state["comparisons"] = [r.to_dict(mode) for r in rs]
     state["crossovers"] = analysis.crossovers(rs)
     state["drift"] = analysis.drift(samples, state["baseline"], order)
+    state["min_blocks"] = analysis.MIN_BLOCKS
+    state["tpot_judged_on"] = {f"{lv:g}": key for lv, key in tpot_on.items()}
     state["absolute"] = absolute(samples)
-    state["pareto"] = pareto(samples)
+    state["pareto"] = pareto(samples, seed=state["seed"])
     if state.get("slo"):
         state["max_load"] = slo.max_loads(samples, state["slo"], seed=state["seed"])
     else:
@@ -103,41 +142,41 @@ def measured_differences(
 
 
 def absolute(samples: analysis.Samples) -> list[dict[str, Any]]:
-    """Each arm's mean per level and metric over its valid blocks (the report's table)."""
+    """Each arm per level and metric: the median over its valid blocks of each block's mean
+    (the figure its ratios divide, ``analysis.median_of_means``; the report's table)."""
     out = []
     for arm, blocks in sorted(samples.items()):
         levels = sorted({lv for blk in blocks.values() for lv in blk})
         for level in levels:
             row: dict[str, Any] = {"arm": arm, "level": level}
             for metric in analysis.METRICS:
-                means = [
-                    sum(v) / len(v)
-                    for blk in blocks.values()
-                    if (v := blk.get(level, {}).get(metric))
-                ]
-                row[metric] = round(sum(means) / len(means), 4) if means else None
+                reps = _block_reps(blocks, level, metric)
+                row[metric] = round(analysis.median_of_means(reps), 4) if reps else None
             row["blocks"] = sum(1 for blk in blocks.values() if level in blk)
             out.append(row)
     return out
 
 
-def _block_means(blocks: dict[int, Any], level: float, metric: str) -> list[float]:
-    return [sum(v) / len(v) for blk in blocks.values() if (v := blk.get(level, {}).get(metric))]
+def _block_reps(blocks: dict[int, Any], level: float, metric: str) -> list[list[float]]:
+    """Each block's repetitions of ``metric`` at ``level`` (blocks without any left out)."""
+    return [v for blk in blocks.values() if (v := blk.get(level, {}).get(metric))]
 
 
-def _figure(values: list[float]) -> list[float | None]:
-    """[mean, low, high] over blocks (a t interval; no interval from one block), cut at 0:
-    neither axis can go below it, and two blocks' t interval (t = 12.7 on one degree of
-    freedom) reached -1,300 tok/s in a real run's Pareto view."""
-    f = stats.mean_ci(values).within(0.0, None)
-    return [None if x is None else round(x, 4) for x in (f.mean, f.low, f.high)]
+def _figure(reps: list[list[float]], seed: int) -> list[float | None]:
+    """[median over blocks of each block's mean, low, high]: the ratios' block bootstrap
+    (``analysis.bootstrap_median``), which never leaves the values measured (a t interval
+    on two blocks, t = 12.7 on one degree of freedom, reached -1,300 tok/s in a real run's
+    Pareto view, 0-700 wide beside bootstrap intervals that said otherwise)."""
+    est, lo, hi = analysis.bootstrap_median(reps, seed)
+    return [round(est, 4), round(lo, 4), round(hi, 4)]
 
 
-def pareto(samples: analysis.Samples) -> dict[str, Any]:
+def pareto(samples: analysis.Samples, seed: int = 0) -> dict[str, Any]:
     """Each arm's levels as the Pareto view draws them: output tokens/s per user (1000 / the
     judged TPOT) against output tokens/s per accelerator, or absolute where no arm has an
-    accelerator count; each the mean over valid blocks of the block's mean, with a 95%
-    interval over blocks.  An arm without a count beside arms with one is left out, named."""
+    accelerator count; each the median over valid blocks of the block's mean, with the
+    ratios' 95% block-bootstrap interval.  An arm without a count beside arms with one is
+    left out, named."""
     per_acc = "output_tokens_per_s_per_accelerator"
     known = {
         arm
@@ -150,11 +189,11 @@ def pareto(samples: analysis.Samples) -> dict[str, Any]:
         if known and arm not in known:
             continue
         for level in sorted({lv for blk in blocks.values() for lv in blk}):
-            xs, ys = _block_means(blocks, level, "tokens_per_user"), _block_means(blocks, level, y)
+            xs, ys = _block_reps(blocks, level, "tokens_per_user"), _block_reps(blocks, level, y)
             if xs and ys:
                 points.append(
-                    {"arm": arm, "level": level, "tokens_per_user": _figure(xs),
-                     "tokens_per_s": _figure(ys)}
+                    {"arm": arm, "level": level, "tokens_per_user": _figure(xs, seed),
+                     "tokens_per_s": _figure(ys, seed), "blocks": min(len(xs), len(ys))}
                 )  # fmt: skip
     return {
         "per_accelerator": bool(known),

@@ -1,10 +1,11 @@
 """An experiment's report (``servebook report DIR`` on a directory with experiment.json):
 the table of every arm x level, the ratios with their intervals, the crossover in words,
 the drift, the server evidence per arm and level (a level whose handoff failed open
-marked invalid for its arm), and the schedule with each entry's outcome; and the same
-sentences for the terminal.  Reads ``experiment.json`` only (plain data), as report/ reads
-results files; it lives here, beside the analysis whose names it prints (``METRICS``, the
-SLO outcomes), and draws with report/'s plots and tables, which import no experiment."""
+marked invalid for its arm), the order each bench ran its levels in, and the schedule
+with each entry's outcome; and the same sentences for the terminal.  Reads
+``experiment.json`` only (plain data), as report/ reads results files; it lives here,
+beside the analysis whose names it prints (``METRICS``, the SLO outcomes), and draws with
+report/'s plots and tables, which import no experiment."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 from servebook import inputs
 from servebook.errors import UsageError
 from servebook.experiment import slo as slo_
-from servebook.experiment.analysis import METRICS
+from servebook.experiment.analysis import METRICS, MIN_BLOCKS
 from servebook.files import write_files
 from servebook.report.plots import Panel, PlotSpec, Series, draw, pareto_view
 from servebook.report.render import PLOTS_DIR, html_figure, html_table, md_table, md_text
@@ -26,9 +27,29 @@ def _level(value: float, mode: str) -> str:
     return f"c={value:g}" if mode == "concurrency" else f"rate={value:g}/s"
 
 
+# A metric an experiment.json of an earlier servebook names: its TPOT was the stored p50.
+_EARLIER = {"tpot_ms_p50": ("TPOT p50 (ms)", False)}
+
+# What a comparison's TPOT was judged on (``analysis.samples_of``).
+_JUDGED_ON = {
+    "tpot_ms.p50": "TPOT p50 (ms)",
+    "tpot_ms.mean": "TPOT mean (ms, the engines' exact means)",
+}
+
+
+def metric_info(name: str) -> tuple[str, bool]:
+    """(what the metric is, whether higher is better)."""
+    return METRICS.get(name) or _EARLIER[name]
+
+
+def metric_words(c: dict[str, Any]) -> str:
+    """A comparison's metric, TPOT with what it was judged on."""
+    return _JUDGED_ON.get(c.get("judged_on") or "") or metric_info(c["metric"])[0]
+
+
 def comparison_line(c: dict[str, Any], mode: str) -> str:
     lo, hi = c["ci95"]
-    what = METRICS[c["metric"]][0]
+    what = metric_words(c)
     return (
         f"  {c['arm']} / {c['baseline']} at {_level(c[mode], mode)}, {what}: "
         f"{c['ratio']:.3f} [{lo:.3f}, {hi:.3f}] over {c['blocks']} block(s): {c['verdict']}"
@@ -36,11 +57,10 @@ def comparison_line(c: dict[str, Any], mode: str) -> str:
 
 
 def crossover_line(c: dict[str, Any]) -> str:
-    what = METRICS[c["metric"]][0]
+    what, better = metric_info(c["metric"])
     if c.get("undetermined"):
         return f"  crossover of {c['arm']} vs {c['baseline']} in {what}: undetermined ({c['why']})"
     lo, hi = c["between"]
-    better = METRICS[c["metric"]][1]
     above = "ahead" if better else "behind"
     below = "behind" if better else "ahead"
     first, then = (above, below) if c["direction"] == "above to below 1" else (below, above)
@@ -167,30 +187,48 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     """Every arm x level (absolute, per accelerator, TPOT); the ratios with intervals; the
     server evidence per arm and level; the schedule with each entry's outcome."""
     mode = doc.get("level_mode", "concurrency")
+    on = doc.get("tpot_judged_on") or {}
+    # An experiment.json of an earlier servebook: its table took the mean and the stored p50.
+    earlier = "tpot_judged_on" not in doc
     absolute = Table(
         "arms",
-        "Every arm at every level (median over valid blocks' means)",
+        "Every arm at every level: the "
+        + ("mean" if earlier else "median")
+        + " over valid blocks of each block's mean",
         [Column("Arm"), Column("Level"), Column("Output tok/s", True),
-         Column("Per accelerator", True), Column("TPOT p50 (ms)", True), Column("Blocks", True)],
+         Column("Per accelerator", True), Column("TPOT (ms)", True), Column("Blocks", True)],
         [
             [r["arm"], _level(r["level"], mode), _num(r["output_tokens_per_s"]),
-             _num(r["output_tokens_per_s_per_accelerator"]), _num(r["tpot_ms_p50"], 2),
+             _num(r["output_tokens_per_s_per_accelerator"]), _tpot_cell(r, on),
              str(r["blocks"])]
             for r in doc.get("absolute", [])
         ],
+        note=""
+        if earlier
+        else "The figure each ratio divides. TPOT is the client's p50, or the engines' exact "
+        "mean (marked) at a level where an engine's histogram leads TPOT (the client timed "
+        "tokens wrong there): every arm at that level is judged so, as servebook's other "
+        "reports judge it.",
     )  # fmt: skip
+    need = doc.get("min_blocks", MIN_BLOCKS)  # an earlier experiment.json: no rule, no note
     ratios = Table(
         "ratios",
-        f"Ratios to the baseline {doc['baseline']} with 95% intervals over blocks",
+        f"Ratios to the baseline {doc['baseline']}: arm's median over valid blocks of each "
+        "block's mean over the baseline's, with 95% block-bootstrap intervals",
         [Column("Arm"), Column("Level"), Column("Metric"), Column("Ratio", True),
          Column("95% interval", True), Column("Blocks", True), Column("Verdict")],
         [
-            [c["arm"], _level(c[mode], mode), METRICS[c["metric"]][0], f"{c['ratio']:.3f}",
+            [c["arm"], _level(c[mode], mode), metric_words(c), f"{c['ratio']:.3f}",
              f"[{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]", str(c["blocks"]), c["verdict"]]
             for c in doc.get("comparisons", [])
         ],
         note="A ratio above 1 is more throughput, or a longer TPOT (worse). The verdict is "
-        "better or worse only when the whole interval is on one side of 1.",
+        "better or worse only when the whole interval is on one side of 1"
+        + (
+            f" and the ratio comes from at least {need} valid blocks ({_WHY_BLOCKS})."
+            if "min_blocks" in doc  # an experiment.json of an earlier servebook: any number
+            else "."
+        ),
     )  # fmt: skip
     schedule = Table(
         "schedule",
@@ -205,7 +243,78 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         note="A recipe arm is a fresh deployment in every block, verified before its bench; "
         "attached and URL arms are benched only (n/a).",
     )  # fmt: skip
-    return [absolute, ratios, evidence_table(doc), schedule]
+    orders = [orders_table(doc)] if "level_orders" in doc else []  # earlier: not recorded
+    return [absolute, ratios, evidence_table(doc), *orders, schedule]
+
+
+_WHY_BLOCKS = (
+    "one block's interval holds only its own repetitions' scatter, and two blocks' at most "
+    "the range between two values"
+)
+
+
+def _tpot_cell(r: dict[str, Any], on: dict[str, str]) -> str:
+    """A row's TPOT, marked where it is the engines' exact mean (``tpot_judged_on``); an
+    experiment.json of an earlier servebook has the stored p50."""
+    value = r.get("tpot_ms", r.get("tpot_ms_p50"))
+    cell = _num(value, 2)
+    if value is not None and on.get(f"{r['level']:g}") == "tpot_ms.mean":
+        cell += " (engine mean)"
+    return cell
+
+
+def _rounds(rounds: list[list[str]]) -> str:
+    """``c=4 -> c=1, then c=1 -> c=4``."""
+    return ", then ".join(" -> ".join(r) for r in rounds)
+
+
+def _orders_by_block(doc: dict[str, Any]) -> list[tuple[int, list[str], list[list[str]]]]:
+    """(block, its arms, the rounds they ran) for each distinct order within a block."""
+    out: list[tuple[int, list[str], list[list[str]]]] = []
+    for e in doc.get("level_orders") or []:
+        same = next((o for o in out if o[0] == e["block"] and o[2] == e["rounds"]), None)
+        if same is None:
+            out.append((e["block"], [e["arm"]], e["rounds"]))
+        else:
+            same[1].append(e["arm"])
+    return out
+
+
+def orders_table(doc: dict[str, Any]) -> Table:
+    """The order every finished bench ran its levels in, by block (``level_orders``)."""
+    every = {a["name"] for a in doc["arms"]}
+    return Table(
+        "orders",
+        "Order each bench ran its levels in (round by round, from its results)",
+        [Column("Block", True), Column("Arms"), Column("Levels, each round in run order")],
+        [
+            [str(b), "every arm" if set(arms) == every else ", ".join(arms), _rounds(rounds)]
+            for b, arms, rounds in _orders_by_block(doc)
+        ],
+        note="Each block's benches run one row of a Williams design over the levels, and "
+        "each round the next row: over the blocks every level runs in every position equally "
+        "often, and the arms of a block meet each level at the same place in their benches.",
+    )
+
+
+def order_sentences(doc: dict[str, Any]) -> list[str]:
+    """How often each level ran first and last, and a warning where one always ran first."""
+    pos = doc.get("level_positions") or {}
+    if len(pos) < 2:
+        return []
+    rounds = max(row["rounds"] for row in pos.values())
+    counts = "; ".join(
+        f"{label} first in {row['first']} and last in {row['last']}" for label, row in pos.items()
+    )
+    out = [f"Levels' places over the {rounds} round(s) of the finished benches: {counts}."]
+    for label, row in pos.items():
+        if row["first"] == row["rounds"]:
+            out.append(
+                f"{label} ran first in every round: the levels' order is not balanced, so "
+                f"what a bench's first minutes do falls on {label} alone (more blocks "
+                "rotate the orders)."
+            )
+    return out
 
 
 def invalid_level_line(r: dict[str, Any], mode: str) -> str:
@@ -225,6 +334,15 @@ def sentences(doc: dict[str, Any]) -> list[str]:
         f"seed {doc['seed']}; arms may differ in: {', '.join(doc['variable']) or 'nothing'}."
     ]
     out += [f"Block {b['block']} is invalid: {b['reason']}." for b in doc.get("invalid_blocks", [])]
+    out += order_sentences(doc)
+    out += tpot_sentences(doc)
+    need = doc.get("min_blocks")  # None: an earlier servebook's, whose verdicts needed none
+    few = sorted({c["blocks"] for c in doc.get("comparisons", []) if c["blocks"] < (need or 0)})
+    if few:
+        out.append(
+            f"Ratios from {' or '.join(str(n) for n in few)} valid block(s) get no verdict: "
+            f"a verdict needs {need} ({_WHY_BLOCKS})."
+        )
     out += [invalid_level_line(r, mode) for r in doc.get("evidence", []) if not r["valid"]]
     out += [crossover_line(c).strip() for c in doc.get("crossovers", [])]
     if not doc.get("crossovers"):
@@ -242,6 +360,20 @@ def sentences(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def tpot_sentences(doc: dict[str, Any]) -> list[str]:
+    """Which levels' TPOT is the engines' exact mean (``tpot_judged_on``)."""
+    on = doc.get("tpot_judged_on") or {}
+    mode = doc.get("level_mode", "concurrency")
+    means = [_level(float(lv), mode) for lv, key in on.items() if key == "tpot_ms.mean"]
+    if not means:
+        return []
+    return [
+        f"TPOT at {', '.join(means)} is each engine's exact mean, for every arm: an engine's "
+        "histogram leads TPOT there (a client timed its tokens wrong), and its percentiles "
+        "are only buckets. Elsewhere it is the client's p50."
+    ]
+
+
 def ratio_plot(doc: dict[str, Any]) -> PlotSpec | None:
     """Ratio to the baseline against the level, one panel per metric, one line per arm with
     its 95% band; the baseline's own line at 1.0, where a band crossing it is a level at
@@ -252,7 +384,7 @@ def ratio_plot(doc: dict[str, Any]) -> PlotSpec | None:
         return None
     arms = sorted({c["arm"] for c in comps})
     panels = []
-    for metric, (what, higher) in METRICS.items():
+    for metric, (what, higher) in {**METRICS, **_EARLIER}.items():
         rows = [c for c in comps if c["metric"] == metric]
         if not rows:
             continue
@@ -293,8 +425,8 @@ def _nan(v: float | None) -> float:
 
 def pareto_plot(doc: dict[str, Any]) -> PlotSpec | None:
     """The Pareto view of the arms (``report.plots.pareto_view``, as a report of runs draws
-    it): one series per arm, a point per level, each the mean over valid blocks with its
-    95% interval over blocks on both axes."""
+    it): one series per arm, a point per level, each the median over valid blocks of each
+    block's mean with the ratios' 95% block-bootstrap interval on both axes."""
     view = doc.get("pareto") or {}
     points = view.get("points") or []
     if not points:
@@ -317,8 +449,9 @@ def pareto_plot(doc: dict[str, Any]) -> PlotSpec | None:
         series,
         per_accelerator=bool(view.get("per_accelerator")),
         left_out=view.get("left_out") or [],
-        caption="Each point is an arm at a load level (mean over valid blocks, 95% intervals "
-        "over blocks on both axes); up and to the right is better on both.",
+        caption="Each point is an arm at a load level (median over valid blocks of each "
+        "block's mean, with the ratios' 95% block-bootstrap intervals on both axes); up and "
+        "to the right is better on both.",
     )
 
 

@@ -16,6 +16,11 @@ bends sharply inside the bracket (a queue forming) makes the straight line optim
 pessimistic by up to the bracket's width: a level between them, swept in a new
 experiment, narrows it.
 
+A TPOT or ITL p99 is the client's, where no engine's histogram leads that figure among
+the arm's points at the level (judged together, ``results.tpot.judge_together``, as
+everywhere else); where one leads, the histogram places the p99 only within a bucket, and
+the level has no figure for that objective.
+
 The interval is the same block bootstrap the comparisons use: each draw resamples blocks
 (the same ones at every level: a block is one slot of the machine's time) and, inside each,
 its repetitions, and locates the crossing again.  A draw in which the arm meets the SLO at

@@ -27,10 +27,11 @@ _BENCH_FIELDS = {f.name: f for f in dataclasses.fields(BenchArgs)}
 _NOT_BENCH_ARGS = {"tokenizer", "load_image", "load_start_timeout"}
 
 
-def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
+def bench_args(exp: Experiment, arm: Arm, block: int | None = None) -> BenchArgs:
     """bench's settings from the experiment's ``load:`` (each key a bench flag's long
-    name), typed as bench types them; one seed for every arm, so each bench shuffles its
-    levels alike."""
+    name), typed as bench types them; one seed for every arm (the same prompts), and in
+    ``block`` the block's orders of the levels (``design.level_orders``), which every arm
+    of the block runs."""
     given: dict[str, Any] = {"seed": exp.seed, "require_server_evidence": arm.kind != "url"}
     for key, value in exp.load.items():
         name = key.replace("-", "_")
@@ -61,7 +62,36 @@ def bench_args(exp: Experiment, arm: Arm) -> BenchArgs:
     # bench's precision target where the file gives none, as every other default is
     # bench's (BenchArgs holds none: `run` and the agents set their own)
     given.setdefault("precision", DEFAULT_PRECISION)
-    return BenchArgs(**given)
+    a = BenchArgs(**given)
+    if block is None:
+        return a
+    orders = level_orders(exp, a, block)
+    if not orders:
+        return a
+    return dataclasses.replace(a, order="counterbalanced", level_orders=orders)
+
+
+def level_orders(exp: Experiment, a: BenchArgs, block: int) -> tuple[tuple[str, ...], ...]:
+    """Each round's order of the load's levels (labels: ``c=4``) in the benches of
+    ``block``; none for a single level."""
+    from servebook.bench.protocol import round_order
+    from servebook.bench.sweep import settings_from
+    from servebook.experiment.design import level_orders as orders
+
+    ascending = dataclasses.replace(settings_from(a, None), order="ascending", level_orders=())
+    labels = [lv.label() for lv in round_order(ascending, 0)]
+    if len(labels) < 2:
+        return ()
+    return tuple(tuple(o) for o in orders(labels, block, exp.seed))
+
+
+def block_of(where: Path) -> int:
+    """The block whose results directory ``where`` is (``runner.results_dir``:
+    ``arms/ARM/block-N``, as experiment.json records it)."""
+    number = where.name.removeprefix("block-")
+    if not number.isdigit():
+        raise ValueError(f"{where} is not an experiment's block directory")
+    return int(number)
 
 
 def check_load(exp: Experiment) -> None:
@@ -189,7 +219,7 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
         verify(arm, name)
 
     def bench(arm: Arm, name: str | None, where: Path) -> dict[str, Any] | None:
-        a = bench_args(exp, arm)
+        a = bench_args(exp, arm, block_of(where))
         check: ServingCheck | None = None
         try:
             if arm.kind == "url":

@@ -1,8 +1,9 @@
 """A point's per-token latency as every reader takes it: one judged value with its source.
 
 bench's table, the report's tables, plots and headline, ``compare``, ``compare
---reproduce`` and a precision target all read TPOT (and ITL) through :func:`judged`,
-:func:`judged_key` and :func:`figure`, never a point's stored percentiles directly.
+--reproduce``, a precision target and an experiment's ratios, Pareto view and max load all
+read TPOT (and ITL) through :func:`judged`, :func:`judged_key`, :func:`judge_together` and
+:func:`figure`, never a point's stored percentiles directly.
 
 Where the client's per-token timing was diagnosed wrong (tokens read in bursts, a saturated
 client: ``evidence.SERVER_LEADS``), a point's TPOT and ITL are its engine's histograms over
@@ -23,10 +24,10 @@ p50 of 2.7 ms and called PD 46% better; the exact means, 1.84 against 2.82 ms, s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from servebook.results.evidence import HISTOGRAM_OF
+from servebook.results.evidence import HISTOGRAM_OF, one_source
 from servebook.results.schema import Point
 
 #: The figures a client can time wrong, which the engine's histograms then give instead.
@@ -79,6 +80,17 @@ def judged_key(points: Iterable[Point], name: str = "tpot_ms") -> str:
     """The statistic ``points`` judged together are judged on: ``tpot_ms.mean`` (each
     engine's exact mean) where any of them is engine-led, else ``tpot_ms.p50``."""
     return f"{name}.mean" if any(engine_led(p, name) for p in points) else f"{name}.p50"
+
+
+def judge_together(points: Sequence[Point], name: str = "tpot_ms") -> tuple[str, list[Point]]:
+    """Points judged together (one level of the runs, or of the arms, compared): the
+    statistic they are judged on (:func:`judged_key` over the valid ones) and ``points``
+    with TPOT and ITL from one source (``evidence.one_source``), in their order; each
+    one's figure is then :func:`figure` of that statistic.  ``compare`` judges a level of
+    two runs so (``report.tables.same_source``, ``report.compare.judged_metric``), an
+    experiment a level of its arms (``experiment.analysis``)."""
+    same = one_source(points)
+    return judged_key([p for p in same if p.valid], name), same
 
 
 def figure(point: Point, key: str) -> float | None:
