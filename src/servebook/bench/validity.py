@@ -297,7 +297,12 @@ HANDOFF_SHARE = register(
     "the prompt; its throughput and TTFT are then those of a different topology, labelled "
     "PD.",
     "Run `servebook verify` on the deployment; check that both roles use the same KV "
-    "connector settings and that the router sends every request to prefill first.",
+    "connector settings and that the router sends every request to prefill first. A point "
+    "whose handoff was 'not judged' had prompts too short for the threshold, which allows "
+    "one whole KV block of slack a request (on vLLM's CPU default of 128-token blocks it "
+    "needs 258-token prompts, and ExampleConnector hands over nothing of one under 130): "
+    "send longer prompts, or give every engine of every arm a smaller --block-size (the "
+    'tiny recipes: --set extra_engine_args="--block-size 32").',
 )
 
 

@@ -395,6 +395,23 @@ class RandomPrompts:
         return d
 
 
+def known_lengths(prompts: Sequence[Prompt]) -> list[int] | None:
+    """Each prompt's server-side length, the whole cycle a sweep sends of a file's prompts
+    (``prompt_lengths`` of a dataset or trace); None while any is unknown (read without a
+    tokenizer)."""
+    lengths = [p.prompt_tokens for p in prompts]
+    return None if None in lengths else [n for n in lengths if n is not None]
+
+
+def handoff_lengths(prompts: PromptSource, input_len: int) -> list[int]:
+    """The prompt lengths a PD handoff's threshold is for (SB407): a dataset's or trace's
+    own (``prompt_lengths``: its 83-token prompts are not ``--input-len``'s default 1024,
+    issue 43), else ``input_len``."""
+    listed = getattr(prompts, "prompt_lengths", None)
+    lengths = listed() if listed is not None else None
+    return lengths or [input_len]
+
+
 def _count_many(tok: TextTokenizer, texts: Sequence[str], api: Api) -> list[int]:
     """Server-side counts of many prompts: one batched encode where the tokenizer has one."""
     many = getattr(tok, "count_many", None)
@@ -421,6 +438,9 @@ class DatasetPrompts:
 
     def get(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]
+
+    def prompt_lengths(self) -> list[int] | None:
+        return known_lengths(self.prompts)
 
     def describe(self) -> dict[str, Any]:
         return {

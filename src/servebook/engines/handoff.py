@@ -20,6 +20,9 @@ from servebook.metrics.scrape import Snapshot
 
 # One block of slack per request: connectors differ in how they round the last block.
 SLACK_BLOCKS_PER_REQUEST = 1
+# How every "cannot be judged" verdict begins (SB302, SB407): prompts too short for whole
+# blocks, where no share is evidence either way (not a handoff that failed open).
+NOT_JUDGED = "handoff not judged"
 
 
 def block_size(snap: Snapshot, default: int = 16) -> int:
@@ -45,9 +48,13 @@ def handoff_min_prompt_tokens(block: int) -> int:
     return next(n for n in range(2, 64 * max(block, 1) + 4) if handoff_required_tokens([n], block))
 
 
-def handoff_not_judged(block: int) -> str:
+def handoff_not_judged(block: int, prompt_tokens: Sequence[int] = ()) -> str:
+    """Why a handoff cannot be judged on ``block``-token blocks; ``prompt_tokens``, when
+    they are several lengths (a dataset's prompts), are named by their range."""
+    lo, hi = (min(prompt_tokens), max(prompt_tokens)) if prompt_tokens else (0, 0)
+    which = f"for these prompts ({lo}-{hi} tokens)" if lo != hi else "at this length"
     return (
-        f"handoff not judged at this length: needs >= {handoff_min_prompt_tokens(block)} "
+        f"{NOT_JUDGED} {which}: needs >= {handoff_min_prompt_tokens(block)} "
         f"prompt tokens (the connector moves whole {block}-token blocks, less one of slack)"
     )
 
@@ -63,13 +70,13 @@ class HandoffThreshold:
     undecidable: str | None = None
 
 
-def threshold(input_len: int, block: int) -> HandoffThreshold:
-    """The verify threshold for one prompt of ``input_len`` tokens on ``block``-token
-    blocks, as a share of the prompt."""
-    required = handoff_required_tokens([input_len], block)
-    return HandoffThreshold(
-        required / input_len, block, None if required else handoff_not_judged(block)
-    )
+def threshold(prompt_tokens: Sequence[int], block: int) -> HandoffThreshold:
+    """The verify threshold for a workload whose prompts have these server-side lengths
+    (one for fixed-length prompts; each prompt of a dataset, the cycle a sweep sends) on
+    ``block``-token blocks, as a share of their tokens."""
+    required = handoff_required_tokens(prompt_tokens, block)
+    why = None if required else handoff_not_judged(block, prompt_tokens)
+    return HandoffThreshold(required / max(1, sum(prompt_tokens)), block, why)
 
 
 def transferred_tokens(by_transfer: float | None, external_hits: float | None) -> float | None:
@@ -80,6 +87,7 @@ def transferred_tokens(by_transfer: float | None, external_hits: float | None) -
 
 
 __all__ = [
+    "NOT_JUDGED",
     "SLACK_BLOCKS_PER_REQUEST",
     "HandoffThreshold",
     "block_size",

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servebook.bench.validity import HANDOFF_SHARE
+from servebook.engines.handoff import NOT_JUDGED
 from servebook.experiment.analysis import level_of
 from servebook.results.schema import Point, Results
 
@@ -74,7 +75,7 @@ def _row(arm: str, level: float, points: list[tuple[int, Point]]) -> dict[str, A
         {r.split(":", 1)[0] for _, p in points if not p.valid for r in p.invalid_reasons}
     )
     row["missing"] = sorted({m for _, p in points for m in p.server.get("missing") or []})
-    opened = [
+    opened: list[dict[str, Any]] = [
         {"block": b, "repetition": p.repetition, "reason": why}
         for b, p in sorted(points, key=lambda bp: (bp[0], bp[1].repetition))
         if (why := failed_open(p)) is not None
@@ -82,8 +83,11 @@ def _row(arm: str, level: float, points: list[tuple[int, Point]]) -> dict[str, A
     row["handoff_failed_open"] = opened
     row["valid"] = not opened
     where = ", ".join(f"block {o['block']} rep {o['repetition']}" for o in opened)
+    # Prompts too short for the connector's whole blocks: no share could show a failure.
+    unjudged = all(NOT_JUDGED in o["reason"] for o in opened)
     row["invalid_reason"] = (
-        f"PD handoff failed open in {len(opened)} of {len(points)} point(s) ({where})"
+        f"PD handoff {'not judged' if unjudged else 'failed open'} in {len(opened)} of "
+        f"{len(points)} point(s) ({where})"
         if opened
         else None
     )
