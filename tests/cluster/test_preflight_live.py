@@ -13,12 +13,10 @@ a real Pod the scheduler bound and the node agent runs (a `sleep`).
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.conftest import Cluster, give_tenant, kubectl, sb
+from tests.cluster.conftest import kubectl, sb
 from tests.conftest import GPU_PD_SETS
 
 pytestmark = pytest.mark.cluster
@@ -37,14 +35,9 @@ def _preflight(ns: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+def namespace(tenant_ns: str) -> str:
     """A namespace the tenant was given (preflight runs as the tenant)."""
-    ns = f"sb-pre-{int(time.time() * 1000) % 10**9}"
-    give_tenant(cluster, ns)
-    try:
-        yield ns
-    finally:
-        kubectl("delete", "namespace", ns, "--wait=false")
+    return tenant_ns
 
 
 def test_a_namespace_enforcing_baseline_fails_before_the_apply(namespace: str) -> None:
