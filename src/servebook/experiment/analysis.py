@@ -96,8 +96,7 @@ def slo_values(points: list[Point]) -> list[dict[str, float]]:
     """Each point's p99 of every latency an SLO may bound (``SLO_FIGURES``), the points
     (one arm at one level) judged together: where an engine's histogram leads a per-token
     figure, its percentiles are a bucket, no figure (``results.tpot``)."""
-    _, same = judge_together(points)
-    _, same = judge_together(same, "itl_ms")
+    _, same = judge_together(points)  # TPOT and ITL alike from one source (one_source)
     out = []
     for p in same:
         values = {}

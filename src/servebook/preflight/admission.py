@@ -190,27 +190,20 @@ def required_access(
     the logs and the port-forwards need on a server of minor version ``minor``.  With
     ``load``, also what ``bench`` needs for its load in the cluster (``load_access``), which
     preflight asks on its behalf before any load Job exists."""
-    out = _unique(_object_access(objects, namespace, namespace_exists))
-    out = _unique([*out, *_watch_access(namespace, minor)])
-    if load:
-        out = _unique([*out, *load_access(_LOAD_OBJECTS, namespace, minor)])
-    return out
+    return _unique(
+        [
+            *_object_access(objects, namespace, namespace_exists),
+            *_pod_access(namespace, minor, rollout=True),
+            *(load_access(_LOAD_OBJECTS, namespace, minor) if load else ()),
+        ]
+    )
 
 
 def load_access(objects: Sequence[Obj], namespace: str, minor: int | None) -> list[Access]:
     """What ``bench``'s in-cluster load (``kube.load_job``'s ``objects``) needs: the object
     verbs on each of their kinds, and reading its Pods, their logs and events, and the one
     port-forward that fetches the results."""
-    return _unique(
-        [
-            *_object_access(objects, namespace, True),
-            Access("list", "pods", namespace=namespace),
-            Access("get", "pods", namespace=namespace),
-            Access("get", "pods", subresource="log", namespace=namespace),
-            *portforward_access(namespace, minor),
-            Access("list", "events", namespace=namespace),
-        ]
-    )
+    return _unique([*_object_access(objects, namespace, True), *_pod_access(namespace, minor)])
 
 
 # One object of each kind the load creates (kube.load_job.LOAD_KINDS).
@@ -242,13 +235,15 @@ def _object_access(objects: Sequence[Obj], namespace: str, namespace_exists: boo
     return out
 
 
-def _watch_access(namespace: str, minor: int | None) -> list[Access]:
+def _pod_access(namespace: str, minor: int | None, rollout: bool = False) -> list[Access]:
+    """Reading the Pods, their logs and the namespace's events, and the port-forwards; with
+    ``rollout``, the ReplicaSets ``up``'s rollout verdict watches."""
     return [
         Access("list", "pods", namespace=namespace),
         Access("get", "pods", namespace=namespace),
         Access("get", "pods", subresource="log", namespace=namespace),
         *portforward_access(namespace, minor),
-        Access("list", "replicasets", "apps", namespace=namespace),
+        *([Access("list", "replicasets", "apps", namespace=namespace)] if rollout else []),
         Access("list", "events", namespace=namespace),
     ]
 

@@ -274,7 +274,7 @@ def served_finding(api: Any, unread: Finding) -> Finding:
     except RequestFailed as e:
         if e.code != 404:
             return unread
-        got, version, listed = {}, "", {}
+        version, listed = "", {}  # the group is not served
     served = {str(r.get("name")) for r in listed.get("resources") or ()}
     if plural in served:
         return CRDS_INSTALLED.finding(
