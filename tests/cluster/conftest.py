@@ -59,11 +59,16 @@ def sb(
 ADMIN_ENV = "SERVEBOOK_TEST_ADMIN_KUBECONFIG"
 
 
+def admin_kubectl() -> list[str]:
+    """kubectl as the cluster's administrator (on the plane: its admin kubeconfig)."""
+    admin = os.environ.get(ADMIN_ENV)
+    return ["kubectl", *(["--kubeconfig", admin] if admin else [])]
+
+
 def kubectl(*args: str, stdin: str | None = None) -> str:
     """kubectl against the cluster of the test as its administrator (on the plane: the
     plane's own kubectl and its admin kubeconfig)."""
-    admin = os.environ.get(ADMIN_ENV)
-    argv = ["kubectl", *(["--kubeconfig", admin] if admin else []), *args]
+    argv = [*admin_kubectl(), *args]
     r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
     return r.stdout
@@ -200,10 +205,8 @@ TENANT_USER = "servebook-tenant"  # the plane's tenant (plane/cmd/kube-plane/pla
 
 def tenant_can(ns: str, verb: str, resource: str) -> bool:
     """``kubectl auth can-i`` for the tenant, asked by the administrator as the tenant."""
-    admin = os.environ.get(ADMIN_ENV)
-    argv = ["kubectl", *(["--kubeconfig", admin] if admin else []), "auth", "can-i"]
     r = subprocess.run(
-        [*argv, verb, resource, "-n", ns, f"--as={TENANT_USER}"],
+        [*admin_kubectl(), "auth", "can-i", verb, resource, "-n", ns, f"--as={TENANT_USER}"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return r.stdout.strip() == "yes"
@@ -226,10 +229,8 @@ def set_tenant_rules(ns: str, rules: list[Obj]) -> None:
 def tenant_rules_in(ns: str) -> list[Obj] | None:
     """The rules of the tenant's Role in ``ns``; None when it has none there (a cluster the
     user named, whose Roles are not the tests' to change)."""
-    admin = os.environ.get(ADMIN_ENV)
-    argv = ["kubectl", *(["--kubeconfig", admin] if admin else [])]
     r = subprocess.run(
-        [*argv, "get", "role", TENANT_ROLE, "-n", ns, "-o", "json"],
+        [*admin_kubectl(), "get", "role", TENANT_ROLE, "-n", ns, "-o", "json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     return list(json.loads(r.stdout)["rules"]) if r.returncode == 0 else None
