@@ -43,22 +43,29 @@ TRIAL_MIXED = RESULTS / "trial-mixed-spec"
 TRIAL_PD = RESULTS / "trial-pd-spec"
 
 
-def experiment_of(tmp_path: Path, arms: dict[str, Path], blocks: int, **top: Any) -> dict[str, Any]:
+def experiment_of(
+    tmp_path: Path,
+    arms: dict[str, Path],
+    blocks: int,
+    arm_keys: dict[str, dict[str, Any]] | None = None,
+    **top: Any,
+) -> dict[str, Any]:
     """experiment.json's figures (``experiment.figures.update``) of URL arms whose every
-    block is the run ``arms[name]``, the first arm the baseline; ``top``: more of the
-    experiment file's keys (``slo``)."""
+    block is the run ``arms[name]``, the first arm the baseline; ``arm_keys``: more keys of
+    an arm (``accelerators``); ``top``: more of the experiment file's keys (``slo``)."""
     from servebook.experiment import figures, runner, session, spec
 
     doc = {
         "baseline": next(iter(arms)),
         "blocks": blocks,
-        "arms": [{"name": n, "url": f"http://127.0.0.1:{i}", "model": "m"}
+        "arms": [{"name": n, "url": f"http://127.0.0.1:{i}", "model": "m",
+                  **(arm_keys or {}).get(n, {})}
                  for i, n in enumerate(arms, 1)],
         **top,
     }  # fmt: skip
     exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
     state = runner.new_state(exp, session.order_of(exp), "williams", "t0")
-    state["slo"] = exp.slo
+    runner.analysis_settings(state, exp)
     out = tmp_path / "out"
     for e in state["schedule"]:
         where = runner.results_dir(out, e["arm"], e["block"])

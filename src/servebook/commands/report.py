@@ -17,6 +17,7 @@ from rich.text import Text
 
 from servebook.commands import app, print_json
 from servebook.console import err, out, styled
+from servebook.errors import UsageError
 from servebook.files import write_files
 from servebook.findings import EXIT_FAIL, EXIT_UNUSABLE
 from servebook.report import compare as cmp
@@ -38,6 +39,7 @@ _VARIABLES_HELP = "\n\n".join(
 
 @app.command(
     epilog="Examples:\n\n  servebook report runs/mixed runs/pd -o report/\n\n"
+    "  servebook report out/exp --pair pd-spec:pd\n\n"
     "  servebook report runs/pd -o runs/pd/report.html\n\n"
     "Exit codes: 0 written; 2 a results file is missing, malformed or of another schema "
     "(nothing is written)."
@@ -54,12 +56,22 @@ def report(
         "and plots/). Default: beside the results of one run (DIR, or the directory of "
         "DIR/results.json), ./servebook-report for several.",
     ),
+    pair: list[str] = typer.Option(
+        [],
+        "--pair",
+        metavar="ARM:OVER",
+        help="On an experiment's directory: also the ratios of ARM over OVER (repeatable), "
+        "e.g. --pair pd-spec:pd for speculation's own effect inside PD; the file's pairs: "
+        "are always there.",
+    ),
 ) -> None:
     """Write report.md, a self-contained report.html and PNG/SVG plots from results files.
 
     On an experiment's directory (DIR/experiment.json, from `servebook experiment`): the
-    table of every arm x level (absolute, per accelerator, TPOT), the ratios to the
-    baseline with their 95% intervals, the crossover in words, the drift and the schedule.
+    provenance of each arm, the load, the table of every arm x level (absolute, per
+    accelerator, TTFT and TPOT p50 and p99), the ratios to the baseline and of the named
+    pairs (--pair) with their 95% intervals, the crossover in words, the drift and the
+    schedule; report.md has no path of this machine and pastes into a pull request.
 
     Per run and load level: request and output-token throughput, absolute and per
     accelerator; TTFT/ITL/TPOT p50/p99 with 95% CIs; error rate; validity (invalid points
@@ -71,10 +83,17 @@ def report(
 
     if len(dirs) == 1 and dirs[0].is_dir() and exp_report.is_experiment(dirs[0]):
         out_dir, html_name = output_paths(output or dirs[0])
-        html_path = exp_report.write(dirs[0], out_dir, html_name)
+        html_path = exp_report.write(dirs[0], out_dir, html_name, pair)
         out.print(f"report: {html_path}", highlight=False, soft_wrap=True)
         out.print(f"report: {html_path.with_suffix('.md')}", highlight=False, soft_wrap=True)
         return
+    if pair:
+        raise UsageError(
+            f"--pair {pair[0]}: pairs are of an experiment's arms; {dirs[0]} is not an "
+            "experiment's directory (no experiment.json)",
+            hint="give the directory `servebook experiment -o DIR` wrote, or use "
+            "`servebook compare A B` for two runs",
+        )
     if output is None:
         # One run: beside its results (DIR, or the directory of DIR/results.json).
         one = dirs[0] if len(dirs) == 1 else None

@@ -67,14 +67,19 @@ METRICS: dict[str, tuple[str, bool]] = {
     "tpot_ms": ("TPOT (ms)", False),
 }
 
+# Each arm's own figures at a level beside the compared ones (the report's table, not
+# compared): TTFT's p50 (``point_values``) and the p99s an SLO bounds (``SLO_FIGURES``).
+SHOWN = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p99")
+
 # arm -> block -> level -> metric -> one value per valid repetition
 Samples = dict[str, dict[int, dict[float, dict[str, list[float]]]]]
 
 
 def point_values(p: Point, accelerators: int | None, tpot: str) -> dict[str, float]:
-    """The compared figures of one valid point (``METRICS``) and the tokens/s one user
-    sees (1000 / TPOT, the Pareto view's x), TPOT as its level is judged (``tpot``:
-    ``tpot_ms.p50`` or ``tpot_ms.mean``, :func:`samples_of`); per accelerator from the
+    """The compared figures of one valid point (``METRICS``), the tokens/s one user sees
+    (1000 / TPOT, the Pareto view's x) and its TTFT p50 (``SHOWN``), TPOT as its level is
+    judged (``tpot``: ``tpot_ms.p50`` or ``tpot_ms.mean``, :func:`samples_of`); per
+    accelerator from the
     point itself (a recipe arm's provenance counts them) or from the arm's declared
     ``accelerators``."""
     out: dict[str, float] = {}
@@ -89,6 +94,8 @@ def point_values(p: Point, accelerators: int | None, tpot: str) -> dict[str, flo
     if value:
         out["tpot_ms"] = value
         out["tokens_per_user"] = 1000.0 / value
+    if p.ttft_ms.p50 is not None:
+        out["ttft_ms_p50"] = p.ttft_ms.p50
     return out
 
 
@@ -106,6 +113,12 @@ def slo_values(points: list[Point]) -> list[dict[str, float]]:
                 values[name] = v
         out.append(values)
     return out
+
+
+def level_label(value: float, mode: str) -> str:
+    """``c=4`` or ``rate=2.5/s``: a level as every table and sentence of an experiment
+    names it."""
+    return f"c={value:g}" if mode == "concurrency" else f"rate={value:g}/s"
 
 
 def level_of(p: Point) -> float:
@@ -257,25 +270,38 @@ def ratios(
     """Every arm against the baseline, per level both have and metric, over the blocks in
     which both have valid points there; ``judged_on``: what TPOT is judged on per level
     (:func:`samples_of`), recorded with its ratios."""
+    arms = sorted(a for a in samples if a != baseline)
+    return pair_ratios(samples, [(arm, baseline) for arm in arms], seed, judged_on)
+
+
+def pair_ratios(
+    samples: Samples,
+    pairs: Sequence[tuple[str, str]],
+    seed: int = 0,
+    judged_on: Mapping[float, str] | None = None,
+) -> list[Ratio]:
+    """Each ``(arm, over)`` pair's ratios, as :func:`ratios` gives an arm's to the baseline
+    (``over`` in the baseline's place): ``experiment --pair pd-spec:pd`` is speculation's
+    own effect inside PD, which no ratio to a third arm shows."""
     judged_on = judged_on or {}
     out: list[Ratio] = []
-    base = samples.get(baseline, {})
-    for arm in sorted(a for a in samples if a != baseline):
-        levels = sorted({lv for blk in samples[arm].values() for lv in blk})
+    for arm, over in pairs:
+        mine, base = samples.get(arm, {}), samples.get(over, {})
+        levels = sorted({lv for blk in mine.values() for lv in blk})
         for level in levels:
             for metric in METRICS:
-                pairs = [
-                    (samples[arm][b][level][metric], base[b][level][metric])
-                    for b in sorted(samples[arm])
+                both = [
+                    (mine[b][level][metric], base[b][level][metric])
+                    for b in sorted(mine)
                     if b in base
-                    and metric in samples[arm][b].get(level, {})
+                    and metric in mine[b].get(level, {})
                     and metric in base[b].get(level, {})
                 ]
-                if not pairs:
+                if not both:
                     continue
-                est, lo, hi = bootstrap_ratio([a for a, _ in pairs], [b for _, b in pairs], seed)
+                est, lo, hi = bootstrap_ratio([a for a, _ in both], [b for _, b in both], seed)
                 on = judged_on.get(level) if metric == "tpot_ms" else None
-                out.append(Ratio(arm, baseline, level, metric, est, lo, hi, len(pairs), on))
+                out.append(Ratio(arm, over, level, metric, est, lo, hi, len(both), on))
     return out
 
 

@@ -101,7 +101,14 @@ def update(state: dict[str, Any], out_dir: Path) -> None:
     state["drift"] = analysis.drift(samples, state["baseline"], order)
     state["min_blocks"] = analysis.MIN_BLOCKS
     state["tpot_judged_on"] = {f"{lv:g}": key for lv, key in tpot_on.items()}
-    state["absolute"] = absolute(samples)
+    state["absolute"] = absolute(samples) + without_figures(state, samples, mode)
+    pairs = [(str(a), str(b)) for a, b in state.get("pairs") or []]
+    state["pair_comparisons"] = [
+        r.to_dict(mode)
+        for r in analysis.pair_ratios(samples, pairs, seed=state["seed"], judged_on=tpot_on)
+    ]
+    state["arm_provenance"] = arm_provenance(state, results)
+    state["measured_load"] = measured_load(state, results)
     state["pareto"] = pareto(samples, seed=state["seed"])
     if state.get("slo"):
         state["max_load"] = slo.max_loads(samples, state["slo"], seed=state["seed"])
@@ -149,12 +156,101 @@ def absolute(samples: analysis.Samples) -> list[dict[str, Any]]:
         levels = sorted({lv for blk in blocks.values() for lv in blk})
         for level in levels:
             row: dict[str, Any] = {"arm": arm, "level": level}
-            for metric in analysis.METRICS:
+            for metric in (*analysis.METRICS, *analysis.SHOWN):
                 reps = _block_reps(blocks, level, metric)
                 row[metric] = round(analysis.median_of_means(reps), 4) if reps else None
             row["blocks"] = sum(1 for blk in blocks.values() if level in blk)
             out.append(row)
     return out
+
+
+def without_figures(
+    state: dict[str, Any], samples: analysis.Samples, mode: str
+) -> list[dict[str, Any]]:
+    """A row for each arm with no figure at any level (``level: None``) and why: its
+    entries' outcomes where none finished in a valid block, else the checks its points
+    failed (``evidence``), so that an arm whose every point is invalid is in the table,
+    not silently missing from it."""
+    out = []
+    for arm in (a["name"] for a in state["arms"]):
+        if any(blk for blk in samples.get(arm, {}).values()):
+            continue
+        rows = [r for r in state.get("evidence", []) if r["arm"] == arm]
+        if rows:
+            why = "; ".join(
+                f"{r['invalid_reason']}" if not r["valid"]
+                else f"{r['points'] - r['valid_points']} of {r['points']} point(s) at "
+                f"{analysis.level_label(r['level'], mode)} invalid "
+                f"({', '.join(r['invalid_checks']) or 'see its results'})"
+                for r in rows
+            )  # fmt: skip
+        else:
+            ended = [e for e in state["schedule"] if e["arm"] == arm]
+            why = "; ".join(f"block {e['block']}: {e['outcome']}" for e in ended) or "not run"
+        out.append({"arm": arm, "level": None, "blocks": 0, "why": f"no valid point: {why}"})
+    return out
+
+
+def arm_provenance(
+    state: dict[str, Any], results: dict[tuple[str, int], Results]
+) -> list[dict[str, Any]]:
+    """Each arm as a pull request states it, from its first valid block's results (what
+    its servers said): the engine and its version, the images, the model, the accelerator
+    count per-accelerator figures divide by (``from``: the deployment's plan, or the
+    arm's ``accelerators:``), the packages and servebook's version and commit; and the
+    load and workload every arm ran (the baseline's, as measured)."""
+    from servebook.report.tables import servebook_of
+
+    first: dict[str, Results] = {}
+    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
+        first.setdefault(arm, res)
+    out = []
+    for a in state["arms"]:
+        row: dict[str, Any] = {"arm": a["name"], "what": a["what"], "measured": False}
+        declared = a.get("accelerators")
+        row["accelerators"], row["accelerators_from"] = (
+            (declared, "declared") if declared else (None, None)
+        )
+        measured = first.get(a["name"])
+        if measured is not None:
+            prov = measured.provenance
+            images = sorted({r.image for r in prov.roles if r.image})
+            row |= {
+                "measured": True,
+                "engine": prov.engine,
+                "engine_version": prov.engine_version,
+                "images": images,
+                "model": prov.model.name,
+                "model_config_hash": prov.model.config_hash,
+                "topology": prov.target.get("topology"),
+                "packages": dict(prov.packages),
+                "servebook": servebook_of(prov),
+            }
+            if prov.accelerators_used:
+                row["accelerators"], row["accelerators_from"] = prov.accelerators_used, "plan"
+                if declared and declared != prov.accelerators_used:
+                    row["accelerators_declared"] = declared
+        out.append(row)
+    return out
+
+
+def measured_load(
+    state: dict[str, Any], results: dict[tuple[str, int], Results]
+) -> dict[str, Any] | None:
+    """The load and workload as the baseline's first valid block measured them (every arm
+    ran the same: ``measured_differences`` lists any arm whose differ): the protocol's
+    settings, the workload and where the load came from."""
+    mine = sorted((b for arm, b in results if arm == state["baseline"]))
+    if not mine:
+        return None
+    prov = results[(state["baseline"], mine[0])].provenance
+    load = prov.load
+    return {
+        "protocol": dict(prov.protocol),
+        "workload": dict(prov.workload),
+        "load": None if load is None else {"agents": load.agents, "where": load.where,
+                                           "route": load.route},
+    }  # fmt: skip
 
 
 def _block_reps(blocks: dict[int, Any], level: float, metric: str) -> list[list[float]]:

@@ -10,6 +10,8 @@ report/'s plots and tables, which import no experiment."""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +19,18 @@ from servebook import inputs
 from servebook.errors import UsageError
 from servebook.experiment import slo as slo_
 from servebook.experiment.analysis import METRICS, MIN_BLOCKS
+from servebook.experiment.analysis import level_label as _level
 from servebook.files import write_files
 from servebook.report.plots import Panel, PlotSpec, Series, draw, pareto_view
-from servebook.report.render import PLOTS_DIR, html_figure, html_table, md_table, md_text
-from servebook.report.tables import NA, Column, Table
-
-
-def _level(value: float, mode: str) -> str:
-    return f"c={value:g}" if mode == "concurrency" else f"rate={value:g}/s"
-
+from servebook.report.render import (
+    PLOTS_DIR,
+    html_figure,
+    html_table,
+    md_table,
+    md_text,
+    public,
+)
+from servebook.report.tables import NA, Column, Table, settings_value
 
 # A metric an experiment.json of an earlier servebook names: its TPOT was the stored p50.
 _EARLIER = {"tpot_ms_p50": ("TPOT p50 (ms)", False)}
@@ -196,32 +201,26 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         + ("mean" if earlier else "median")
         + " over valid blocks of each block's mean",
         [Column("Arm"), Column("Level"), Column("Output tok/s", True),
-         Column("Per accelerator", True), Column("TPOT (ms)", True), Column("Blocks", True)],
-        [
-            [r["arm"], _level(r["level"], mode), _num(r["output_tokens_per_s"]),
-             _num(r["output_tokens_per_s_per_accelerator"]), _tpot_cell(r, on),
-             str(r["blocks"])]
-            for r in doc.get("absolute", [])
-        ],
+         Column("Per accelerator", True), Column("TTFT p50 (ms)", True),
+         Column("TTFT p99 (ms)", True), Column("TPOT p50 (ms)", True),
+         Column("TPOT p99 (ms)", True), Column("Blocks", True)],
+        [_absolute_row(r, on, mode) for r in doc.get("absolute", [])],
         note=""
         if earlier
-        else "The figure each ratio divides. TPOT is the client's p50, or the engines' exact "
-        "mean (marked) at a level where an engine's histogram leads TPOT (the client timed "
-        "tokens wrong there): every arm at that level is judged so, as servebook's other "
-        "reports judge it.",
+        else "The figure each ratio divides. TPOT p50 is the client's p50, or the engines' "
+        "exact mean (marked) at a level where an engine's histogram leads TPOT (the client "
+        "timed tokens wrong there): every arm at that level is judged so, as servebook's "
+        "other reports judge it; its p99 is then n/a (an engine's percentiles are only "
+        "buckets). Per accelerator divides by the count in the provenance table (n/a where "
+        "an arm has none). An arm with no valid point at any level has one row saying why.",
     )  # fmt: skip
     need = doc.get("min_blocks", MIN_BLOCKS)  # an earlier experiment.json: no rule, no note
     ratios = Table(
         "ratios",
         f"Ratios to the baseline {doc['baseline']}: arm's median over valid blocks of each "
         "block's mean over the baseline's, with 95% block-bootstrap intervals",
-        [Column("Arm"), Column("Level"), Column("Metric"), Column("Ratio", True),
-         Column("95% interval", True), Column("Blocks", True), Column("Verdict")],
-        [
-            [c["arm"], _level(c[mode], mode), metric_words(c), f"{c['ratio']:.3f}",
-             f"[{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]", str(c["blocks"]), c["verdict"]]
-            for c in doc.get("comparisons", [])
-        ],
+        _RATIO_COLUMNS,
+        _ratio_rows(doc.get("comparisons", []), mode),
         note="A ratio above 1 is more throughput, or a longer TPOT (worse). The verdict is "
         "better or worse only when the whole interval is on one side of 1"
         + (
@@ -229,7 +228,7 @@ def tables(doc: dict[str, Any]) -> list[Table]:
             if "min_blocks" in doc  # an experiment.json of an earlier servebook: any number
             else "."
         ),
-    )  # fmt: skip
+    )
     schedule = Table(
         "schedule",
         "Schedule, in run order, with each entry's outcome",
@@ -244,7 +243,108 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         "attached and URL arms are benched only (n/a).",
     )  # fmt: skip
     orders = [orders_table(doc)] if "level_orders" in doc else []  # earlier: not recorded
-    return [absolute, ratios, evidence_table(doc), *orders, schedule]
+    pairs = [pairs_table(doc, need)] if doc.get("pair_comparisons") else []
+    head = [provenance_table(doc)] if "arm_provenance" in doc else []  # earlier: none
+    load = [load_table(doc["measured_load"])] if doc.get("measured_load") else []
+    return [*head, *load, absolute, ratios, *pairs, evidence_table(doc), *orders, schedule]
+
+
+def _ratio_rows(comps: list[dict[str, Any]], mode: str) -> list[list[str]]:
+    return [
+        [c["arm"], c["baseline"], _level(c[mode], mode), metric_words(c), f"{c['ratio']:.3f}",
+         f"[{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]", str(c["blocks"]), c["verdict"]]
+        for c in comps
+    ]  # fmt: skip
+
+
+_RATIO_COLUMNS = [
+    Column("Arm"), Column("Over"), Column("Level"), Column("Metric"), Column("Ratio", True),
+    Column("95% interval", True), Column("Blocks", True), Column("Verdict"),
+]  # fmt: skip
+
+
+def pairs_table(doc: dict[str, Any], need: int) -> Table:
+    """The ratios of the pairs the experiment names (``pairs:``, ``report --pair``): an
+    arm over another than the baseline, as the baseline's ratios are computed."""
+    mode = doc.get("level_mode", "concurrency")
+    named = ", ".join(f"{a}/{b}" for a, b in doc.get("pairs") or [])
+    return Table(
+        "pairs",
+        f"Ratios of the named pairs ({named}): the first arm's median over valid blocks of "
+        "each block's mean over the second's, with 95% block-bootstrap intervals",
+        _RATIO_COLUMNS,
+        _ratio_rows(doc["pair_comparisons"], mode),
+        note="Computed as the ratios to the baseline are, over the blocks where both arms "
+        f"have valid points; a verdict needs {need} valid blocks.",
+    )
+
+
+def _absolute_row(r: dict[str, Any], on: dict[str, str], mode: str) -> list[str]:
+    """One arm at one level; an arm without any figure (``level: None``) says why."""
+    if r["level"] is None:
+        return [r["arm"], r["why"], *[NA] * 6, "0"]
+    return [
+        r["arm"], _level(r["level"], mode), _num(r["output_tokens_per_s"]),
+        _num(r["output_tokens_per_s_per_accelerator"]), _num(r.get("ttft_ms_p50"), 2),
+        _num(r.get("ttft_ms_p99"), 2), _tpot_cell(r, on), _num(r.get("tpot_ms_p99"), 2),
+        str(r["blocks"]),
+    ]  # fmt: skip
+
+
+def _accelerators(p: dict[str, Any]) -> str:
+    n = p.get("accelerators")
+    if not n:
+        return f"{NA} (no count: declare accelerators: on the arm)"
+    said = {"plan": "the deployment's plan", "declared": "declared on the arm"}
+    out = f"{n} ({said[p['accelerators_from']]})"
+    if p.get("accelerators_declared"):
+        out += f"; {p['accelerators_declared']} declared, not used"
+    return out
+
+
+def provenance_table(doc: dict[str, Any]) -> Table:
+    """Each arm as its servers said in its first valid block (``figures.arm_provenance``)."""
+    rows = []
+    for p in doc["arm_provenance"]:
+        if not p["measured"]:
+            rows.append([p["arm"], p["what"], "not measured (no valid block)", *[NA] * 5,
+                         _accelerators(p)])  # fmt: skip
+            continue
+        packages = ", ".join(f"{k} {v}" for k, v in sorted(p["packages"].items()))
+        engine = f"{p['engine'] or NA} {p['engine_version'] or '(version unknown)'}"
+        rows.append(
+            [p["arm"], p["what"], engine,
+             p["topology"] or NA, p["model"] + (f" ({p['model_config_hash'][:19]})"
+                                                 if p.get("model_config_hash") else ""),
+             ", ".join(p["images"]) or "none (processes on the bench machine)",
+             packages or NA, p["servebook"], _accelerators(p)]
+        )  # fmt: skip
+    return Table(
+        "provenance",
+        "Provenance of each arm (what its servers said, first valid block)",
+        [Column("Arm"), Column("What"), Column("Engine"), Column("Topology"), Column("Model"),
+         Column("Images"), Column("Packages"), Column("servebook"), Column("Accelerators")],
+        rows,
+        note="Engine and version from each server's /version; the model's config hash from "
+        "its config.json; images from each role's Pod. Paths on the measuring machine are "
+        "shown by their last component.",
+    )  # fmt: skip
+
+
+def load_table(m: dict[str, Any]) -> Table:
+    """The load and workload every arm ran, as the baseline measured them."""
+    rows = [[f"Protocol: {k}", settings_value(v)] for k, v in sorted(m["protocol"].items())]
+    rows += [[f"Workload: {k}", settings_value(v)] for k, v in sorted(m["workload"].items())]
+    if m.get("load"):
+        rows += [[f"Load: {k}", settings_value(v)] for k, v in m["load"].items()]
+    return Table(
+        "load",
+        "Load and workload (every arm's; as the baseline's first valid block recorded them)",
+        [Column("Setting"), Column("Value")],
+        rows,
+        note="An arm whose recorded load or workload differs from the baseline's is named "
+        "above the tables.",
+    )
 
 
 _WHY_BLOCKS = (
@@ -455,36 +555,65 @@ def pareto_plot(doc: dict[str, Any]) -> PlotSpec | None:
     )
 
 
-def write(exp_dir: Path, out_dir: Path, html_name: str = "report.html") -> Path:
-    """``report.md`` and ``report.html`` of an experiment's directory."""
+def with_pairs(doc: dict[str, Any], exp_dir: Path, pairs: Sequence[str]) -> dict[str, Any]:
+    """``doc`` with the ratios of ``pairs`` (``ARM:OVER``, ``report --pair``) beside those
+    the file names, its figures recomputed from the arms' results in ``exp_dir`` (as
+    ``experiment`` computes them)."""
+    from servebook.experiment import figures, spec
+
+    names = [a["name"] for a in doc["arms"]]
+    asked = [list(spec.parse_pair(p, names, f"--pair {p}")) for p in pairs]
+    state = {**doc, "pairs": [*(doc.get("pairs") or []), *asked]}
+    state["pairs"] = [list(p) for p in dict.fromkeys(tuple(p) for p in state["pairs"])]
+    figures.update(state, exp_dir)
+    return state
+
+
+def _public_table(t: Table) -> Table:
+    return replace(
+        t,
+        title=public(t.title),
+        rows=[[public(c) for c in row] for row in t.rows],
+    )
+
+
+def write(
+    exp_dir: Path, out_dir: Path, html_name: str = "report.html", pairs: Sequence[str] = ()
+) -> Path:
+    """``report.md`` and ``report.html`` of an experiment's directory, with the ratios of
+    ``pairs`` too (:func:`with_pairs`).  Neither shows a path of this machine (``public``):
+    report.md is written to be pasted into a pull request as it is, its plots named at
+    the end rather than embedded (a pasted page cannot reach files beside it)."""
     doc = inputs.load_json(exp_dir / EXPERIMENT_NAME, "experiment")
     if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
         raise UsageError(f"{exp_dir / EXPERIMENT_NAME}: not an experiment's figures")
-    ts, words = tables(doc), sentences(doc)
+    if pairs:
+        doc = with_pairs(doc, exp_dir, pairs)
+    ts = [_public_table(t) for t in tables(doc)]
+    words = [public(w) for w in sentences(doc)]
+    name = Path(str(doc["experiment"])).name
     files: dict[str, str | bytes] = {}
     figures = []
-    md = [f"# servebook experiment: {md_text(str(doc['experiment']))}", ""]
-    md += [md_text(w) + "\n" for w in words]
+    plots = []
     for plot in (ratio_plot(doc), pareto_plot(doc)):
         if plot is None:
             continue
         png, svg = draw(plot)
         files[f"{PLOTS_DIR}/{plot.id}.png"], files[f"{PLOTS_DIR}/{plot.id}.svg"] = png, svg
         figures.append(html_figure(plot, png))
-        md += [
-            f"![{md_text(plot.title)}]({PLOTS_DIR}/{plot.id}.png)",
-            "",
-            md_text(plot.caption),
-            "",
-        ]
+        plots.append(f"- {md_text(plot.title)}: `{PLOTS_DIR}/{plot.id}.png` (and .svg)")
+    md = [f"# servebook experiment: {md_text(name)}", ""]
+    md += [md_text(w) + "\n" for w in words]
     for t in ts:
         md += [f"## {md_text(t.title)}", "", md_table(t), ""]
+    if plots:
+        md += ["## Plots", "", "Beside this file (attach them where it is pasted):", "", *plots, ""]
     e = html.escape
     page = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        f"<title>servebook experiment: {e(str(doc['experiment']))}</title>",
+        f"<title>servebook experiment: {e(name)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>servebook experiment: {e(str(doc['experiment']))}</h1>",
+        f"<h1>servebook experiment: {e(name)}</h1>",
         '<section id="summary">',
         *[f"<p>{e(w)}</p>" for w in words],
         "</section>",

@@ -164,6 +164,13 @@ def retry(state: dict[str, Any], wanted: list[str], path: Path) -> list[dict[str
 _ATTEMPT = ("started_at", "ended_at", "outcome", "deployment", "verify", "health_misses")
 
 
+def analysis_settings(state: dict[str, Any], exp: Experiment) -> None:
+    """The file's analysis-only keys (``slo``, ``pairs``) into ``state``: a resumed
+    experiment is judged as its file says now, from the same benches."""
+    state["slo"] = exp.slo
+    state["pairs"] = [list(p) for p in exp.pairs]
+
+
 def new_state(
     exp: Experiment, order: list[tuple[int, str]], design: str, tag: str
 ) -> dict[str, Any]:

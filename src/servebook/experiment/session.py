@@ -103,8 +103,7 @@ def execute(
                 hint="continue it with --resume, or give another -o DIR",
             )
         state = runner.new_state(exp, order, design_name, runner.new_tag(exp, out_dir))
-    # The SLO is analysis only: a resumed experiment is judged against the file's SLO now.
-    state["slo"] = exp.slo
+    runner.analysis_settings(state, exp)
     runner.save(out_dir, state)
     try:
         state = runner.run(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ LOAD_KEYS = {
     "load-image",
     "load-start-timeout",
 }
-_TOP_KEYS = {"baseline", "blocks", "arms", "load", "variable", "seed", "slo", "values"}
+_TOP_KEYS = {"baseline", "blocks", "arms", "load", "variable", "seed", "slo", "values", "pairs"}
 _ARM_KEYS = {
     "name",
     "recipe",
@@ -111,6 +112,9 @@ class Experiment:
     # Values for every recipe arm: a values file's path (beside the experiment file) or a
     # mapping; each recipe takes the keys it declares (``experiment.values``).
     values: str | dict[str, Any] | None = None
+    # Pairs of arms compared as baseline and arm are, ``(arm, over)`` (``pairs: [pd-spec:pd]``):
+    # analysis only, as the SLO is (not part of the digest).
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
@@ -181,7 +185,31 @@ def parse(doc: Any, path: str) -> Experiment:
         seed=seed,
         slo=_slo(doc.get("slo"), path),
         values=_shared_values(doc.get("values"), path),
+        pairs=_pairs(doc.get("pairs"), names, path),
     )
+
+
+def parse_pair(text: Any, names: Sequence[str], where: str) -> tuple[str, str]:
+    """``ARM:OVER`` (``pairs:``'s items, ``report --pair``): two different arms' names;
+    an error names ``where`` and the arms there are."""
+    arm, sep, over = str(text).partition(":")
+    arm, over = arm.strip(), over.strip()
+    fix = f"write ARM:OVER with two of the arms ({', '.join(names)}), e.g. {names[-1]}:{names[0]}"
+    if not sep or arm not in names or over not in names:
+        unknown = [n for n in (arm, over) if sep and n not in names]
+        problem = f"{unknown[0]!r} is not an arm's name" if unknown else f"{text!r}"
+        raise UsageError(f"{where}: {problem}", hint=fix)
+    if arm == over:
+        raise UsageError(f"{where}: {text!r} divides an arm by itself", hint=fix)
+    return arm, over
+
+
+def _pairs(v: Any, names: Sequence[str], path: str) -> tuple[tuple[str, str], ...]:
+    if v is None:
+        return ()
+    items = v if isinstance(v, list) else [v]
+    out = [parse_pair(item, names, f"{path}: pairs[{i}]") for i, item in enumerate(items)]
+    return tuple(dict.fromkeys(out))
 
 
 def _slo(v: Any, path: str) -> dict[str, float] | None:
@@ -312,13 +340,6 @@ def _arm(item: Any, i: int, path: str) -> Arm:
     if kind == "url" and not isinstance(item.get("model"), str):
         raise _bad(
             path, f"{where}.model", "missing", "a URL arm names its served model: model: NAME"
-        )
-    if kind == "recipe" and "accelerators" in item:
-        raise _bad(
-            path,
-            f"{where}.accelerators",
-            "a recipe arm's accelerators come from its recipe",
-            "remove accelerators: (it is for attached and URL arms)",
         )
     if "namespace" in item and kind != "deployment":
         raise _bad(

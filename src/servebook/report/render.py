@@ -261,6 +261,18 @@ def build_report(runs: Sequence[Run]) -> Report:
 
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>|])")
 
+# An absolute path on this machine: "/" then two components or more, not inside a URL
+# ("http://h/p") or a word ("4/s", "a/b"); one component is an endpoint's ("/metrics").
+_MACHINE_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/:,;'\"()\[\]{}|<>=]+){2,}/?")
+
+
+def public(s: str) -> str:
+    """``s`` without this machine's paths: each absolute path is its last component after
+    ``…/`` (``/root/.cache/servebook/tiny`` -> ``…/tiny``), for a page pasted where
+    others read it (a pull request): the directories are this machine's, the name is
+    what a reader recognises."""
+    return _MACHINE_PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], s)
+
 
 def md_text(s: str) -> str:
     """Plain text for a markdown table cell or paragraph: markdown and HTML characters

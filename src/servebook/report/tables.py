@@ -22,7 +22,7 @@ from servebook.errors import UsageError
 from servebook.results import stats
 from servebook.results.evidence import one_source
 from servebook.results.measurement import not_a_measurement
-from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
+from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Provenance, Results
 from servebook.results.store import load_results
 from servebook.results.tpot import (
     PER_TOKEN,
@@ -659,6 +659,12 @@ def settings_value(v: Any) -> str:
     return str(v)
 
 
+def servebook_of(prov: Provenance) -> str:
+    """``0.1.0 (commit 7352f058d053)``: the version, and the commit where it was recorded."""
+    commit = prov.servebook_commit
+    return prov.servebook_version + (f" (commit {commit})" if commit else "")
+
+
 def provenance_table(run: Run, index: int) -> Table:
     prov = run.results.provenance
     acc = prov.accelerator
@@ -677,7 +683,7 @@ def provenance_table(run: Run, index: int) -> Table:
         ["Accelerators used", str(prov.accelerators_used) if prov.accelerators_used else NA],
         ["Target", settings_value(prov.target) if prov.target else NA],
         ["Seed", str(prov.seed)],
-        ["servebook", prov.servebook_version],
+        ["servebook", servebook_of(prov)],
         ["Started / ended", f"{prov.started_at} / {prov.ended_at or NA}"],
     ]
     rows += [[f"Protocol: {k}", settings_value(v)] for k, v in sorted(prov.protocol.items())]

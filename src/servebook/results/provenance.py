@@ -71,6 +71,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def source_commit(where: Path | None = None) -> str | None:
+    """The git commit servebook runs from (12 hex digits, ``+dirty`` when tracked files
+    differ from it), for a results file a reader can trace to the code that measured it;
+    None when servebook is not run from a git checkout (an installed wheel) or git is
+    missing.  ``where``: the package directory (default: servebook's own)."""
+    import subprocess
+
+    here = where or Path(__file__).resolve().parents[1]
+    git = ["git", "-C", str(here)]
+    try:
+        top = subprocess.run(
+            [*git, "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.split()  # fmt: skip
+        if len(top) != 2 or not here.is_relative_to(Path(top[0]).resolve()):
+            return None
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return top[1] + ("+dirty" if dirty else "")
+
+
 def host_info() -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
@@ -121,6 +146,7 @@ def make_provenance(
 
     return Provenance(
         servebook_version=__version__,
+        servebook_commit=source_commit(),
         engine=engine,
         engine_version=engine_version,
         model=ModelInfo(

@@ -92,6 +92,9 @@ class LoadOrigin(BaseModel):
 class Provenance(BaseModel):
     model_config = ConfigDict(extra="allow")
     servebook_version: str
+    # The git commit of servebook's source tree, ``+dirty`` with uncommitted changes; None
+    # for an install from a wheel (``results.provenance.source_commit``).
+    servebook_commit: str | None = None
     engine: str | None = None
     engine_version: str | None = None  # from the server's /version
     model: ModelInfo
