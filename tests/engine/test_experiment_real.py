@@ -6,7 +6,8 @@ the schedule is a fresh deployment of its own name (its own up, verify and down,
 time), every level carries its server evidence, every PD point's handoff is judged and
 valid, the benches ran their levels in more than one order, the TPOT ratios are those of
 the judged TPOT, and `servebook report DIR` renders a page that headless Chromium loads
-with every plot and table.
+with every plot and table and a report.md a pull request takes as it is (provenance,
+TTFT/TPOT p50 and p99, per-accelerator figures, the pd-spec/pd ratios).
 
 The engines run with `--block-size 32` (the experiment's `values:`): ExampleConnector hands
 over whole blocks of the prompt less its last token, so on the CPU build's default
@@ -55,7 +56,13 @@ EXPERIMENT = {
     "blocks": 2,
     "variable": ["topology"],
     "values": {"extra_engine_args": "--block-size 32"},
-    "arms": [{"name": name, "recipe": recipe} for name, recipe in ARMS.items()],
+    # The report's per-accelerator figures: the CPU build's plan counts no GPU, so each arm
+    # declares one per engine; and speculation's own effect inside PD as a named pair.
+    "arms": [
+        {"name": name, "recipe": recipe, "accelerators": 2 if name in ("pd", "pd-spec") else 1}
+        for name, recipe in ARMS.items()
+    ],
+    "pairs": ["pd-spec:pd"],
     "load": {
         "concurrency": [1, 4],
         "dataset": DATASET.name,
@@ -226,6 +233,43 @@ def check_tpot(state: dict[str, Any], out: Path) -> None:
         assert c["ratio"] == pytest.approx(median(c["arm"]) / median("mixed"), rel=1e-4), c
 
 
+def check_pr_report(out: Path, home: Path, tmp_path: Path) -> None:
+    """report.md as a pull request takes it (issue 49, point 6): every arm's provenance
+    (engine and version as its servers said, servebook's commit where it ran from a
+    checkout), TTFT and TPOT p50 and p99, per-accelerator figures for every arm, the
+    pd-spec/pd ratio table, and no path of this machine."""
+    from servebook.results.provenance import source_commit
+
+    md = (out / "report.md").read_text()
+    sections = {s.split("\n", 1)[0]: s for s in md.split("\n## ")[1:]}
+    prov = next(v for k, v in sections.items() if k.startswith("Provenance of each arm"))
+    res = load_results(out / "arms" / "pd-spec" / "block-1" / RESULTS_NAME)
+    for arm in ARMS:
+        row = next(line for line in prov.splitlines() if line.startswith(f"| {arm} |"))
+        assert f"vllm {res.provenance.engine_version}" in row, row
+        assert "declared on the arm" in row and "recipe tiny-" in row, row
+        if source_commit() is not None:
+            assert "(commit " in row, row
+    arms = next(v for k, v in sections.items() if k.startswith("Every arm at every level"))
+    head = arms.splitlines()[2]
+    for column in ("Per accelerator", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)",
+                   "TPOT p99 (ms)"):  # fmt: skip
+        assert column in head, head
+    rows = [line.split(" | ") for line in arms.splitlines()[4:] if line.startswith("| ")]
+    assert len(rows) == len(ARMS) * len(LEVELS), arms
+    for cells in rows:
+        per, ttft50, ttft99 = cells[3], cells[4], cells[5]
+        assert float(per.replace(",", "")) > 0 and 0 < float(ttft50) <= float(ttft99), cells
+    pairs = next(
+        v for k, v in sections.items() if k.startswith("Ratios of the named pairs (pd-spec/pd)")
+    )
+    for level in LEVELS:
+        assert f"| pd-spec | pd | c={level} | output tok/s |" in pairs, pairs
+        assert f"| pd-spec | pd | c={level} | TPOT" in pairs, pairs
+    for where in (str(tmp_path), str(home), "/root/", "/tmp/", "/work/"):
+        assert where not in md, where
+
+
 def check_in_browser(out: Path, tmp_path: Path) -> None:
     """report.html as headless Chromium shows it, with the network mapped to nothing:
     every plot's image decoded, every table with its rows (test_report_render's check)."""
@@ -283,4 +327,5 @@ def test_the_four_tiny_topologies_on_short_prose_in_two_blocks_of_fresh_deployme
     check_tpot(state, out)
     rep = servebook(home, "report", str(out), timeout=120)
     assert rep.returncode == 0, rep.stderr
+    check_pr_report(out, home, tmp_path)
     check_in_browser(out, tmp_path)

@@ -19,6 +19,7 @@ from servebook.bench.protocol import round_order
 from servebook.bench.sweep import settings_from
 from servebook.experiment import design, session, spec, steps
 from servebook.experiment import report as exp_report
+from servebook.report.comparability import comparability
 from servebook.results.store import load_results
 from tests.unit.conftest import QUICK_LOAD, scripted_machine
 
@@ -132,6 +133,11 @@ def test_the_benches_run_the_orders_and_experiment_json_and_the_report_state_the
     assert ran == {(b, a): [planned[b]] for b in (1, 2) for a in ("a", "b")}
     # what ran is the results' own order, and their protocol records what was asked
     res = load_results(out / "arms" / "b" / "block-2" / "results.json")
+    # two blocks' benches of one arm are like for like: the rows they drew differ by
+    # design, as two runs' seeds do (compare refused them for "protocol.level_orders")
+    other = load_results(out / "arms" / "b" / "block-1" / "results.json")
+    same = comparability(other.provenance, res.provenance, ())
+    assert same.like_for_like, [d.to_dict() for d in same.differences]
     assert [f"c={p.concurrency}" for p in res.points] == planned[2]
     assert res.provenance.protocol["level_orders"][0] == planned[2]
     assert state["level_positions"] == {

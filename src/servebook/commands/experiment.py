@@ -187,9 +187,8 @@ def summary_lines(state: dict[str, Any]) -> list[str]:
         for e in state["schedule"]
         if e.get("retried")
     ]
-    lines += [
-        comparison_line(c, state.get("level_mode", "concurrency")) for c in state["comparisons"]
-    ]
+    lines += [comparison_line(c, mode) for c in state["comparisons"]]
+    lines += [comparison_line(c, mode) for c in state.get("pair_comparisons", [])]
     lines += [crossover_line(c) for c in state["crossovers"]]
     if state.get("drift"):
         lines.append(drift_line(state["drift"]))

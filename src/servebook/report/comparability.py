@@ -110,6 +110,9 @@ _PROTOCOL_FREE = {
     "max_repetitions",
     "precision_rule",
     "replay_speed",  # compared as the workload's
+    # The rows of a counterbalanced design each bench ran (``order`` itself is compared):
+    # an experiment's blocks draw different rows by design, as runs draw different seeds.
+    "level_orders",
 }
 # Workload keys that name a place on a machine; the content is compared elsewhere (model
 # config hash, dataset sha256).
