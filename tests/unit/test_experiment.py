@@ -346,6 +346,13 @@ def test_dry_run_prints_the_schedule_time_and_deployments(
     tag = re.search(r"mixed-b1-([0-9a-f]{6}) \(arm mixed, block 1\)", r.stdout)
     assert tag is not None, r.stdout
     assert f"spec-b2-{tag.group(1)} (arm spec, block 2)" in r.stdout
+    # the levels' orders each block's benches will run: rows of the design, not one shuffle
+    b1 = re.search(r"levels .*\n  block 1: (.*)\n  block 2: (.*)\n", r.stdout)
+    assert b1 is not None, r.stdout
+    assert b1.group(1) != b1.group(2) and set(b1.group(1).split(", then ")) == {
+        "c=1 -> c=4",
+        "c=4 -> c=1",
+    }
     assert not (tmp_path / "out").exists()
 
 

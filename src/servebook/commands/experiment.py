@@ -113,6 +113,8 @@ def dry_run_plan(exp: Any, order: list[tuple[int, str]], tag: str) -> dict[str, 
 
     low, high = steps.estimated_s(exp)
     ups = sum(1 for _b, a in order if exp.arm(a).kind == "recipe")
+    base = steps.bench_args(exp, exp.arm(exp.baseline))
+    blocks = sorted({b for b, _a in order})
     return {
         "experiment": exp.path,
         "seed": exp.seed,
@@ -127,6 +129,11 @@ def dry_run_plan(exp: Any, order: list[tuple[int, str]], tag: str) -> dict[str, 
         ],
         # every setting each arm's bench runs with, the file's or bench's default
         "load": load_settings.rows(exp),
+        # each block's benches' level orders, round by round (``design.level_orders``)
+        "level_orders": [
+            {"block": b, "rounds": [list(r) for r in steps.level_orders(exp, base, b)]}
+            for b in blocks
+        ],
         "estimated_bench_s": [round(low), round(high)],
         "fresh_deployments": ups,
     }
@@ -141,6 +148,13 @@ def dry_run_lines(plan: dict[str, Any]) -> list[str]:
     for e in plan["schedule"]:
         blocks.setdefault(e["block"], []).append(e["arm"])
     lines += [f"  block {b}: {' -> '.join(arms)}" for b, arms in blocks.items()]
+    orders = plan.get("level_orders") or []
+    if any(o["rounds"] for o in orders):
+        lines.append("levels (every arm of a block in its order; each round the next row):")
+        lines += [
+            f"  block {o['block']}: " + ", then ".join(" -> ".join(r) for r in o["rounds"])
+            for o in orders
+        ]
     lines.append("load (every arm's bench; a key the file leaves out takes bench's default):")
     lines += [
         f"  {r['key']}: {r['value']}" + ("" if r["from"] == "file" else f" [{r['from']}]")
