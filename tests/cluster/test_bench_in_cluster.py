@@ -14,9 +14,11 @@ On the test plane, or KUBECONFIG's cluster with vLLM's CPU image in SERVEBOOK_TE
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from servebook.kube import client as kube_client
 from servebook.kube import load_job as lj
@@ -105,6 +107,27 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     assert status["namespace"] == ns and status["recipe"] == "tiny-mixed", status
     r = sb("verify", "b", *where_b, timeout=600, env=lost)
     assert r.returncode == 0, r.stdout + r.stderr
+    # Without -n, a tenant may not list across namespaces: as kubectl does, the context's
+    # namespace (set as a user sets it) is searched, and a note says so.
+    r = sb("status", "--backend", "kubernetes", "--json", timeout=120,
+           env={**lost, "KUBECONFIG": str(_in_context(ns, tmp_path))})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [(d["name"], d["namespace"]) for d in json.loads(r.stdout)] == [("b", ns)], r.stdout
+    if tenant_rules_in(ns) is not None:  # the plane's tenant; a named cluster may allow it
+        assert f"searched namespace {ns} (the kubeconfig context's)" in r.stderr, r.stderr
+
+
+def _in_context(ns: str, tmp_path: Path) -> Path:
+    """A copy of KUBECONFIG whose current context's namespace is ``ns`` (`kubectl config
+    set-context --current --namespace=NS`)."""
+    doc = yaml.safe_load(Path(os.environ["KUBECONFIG"]).read_text())
+    current = doc["current-context"]
+    for c in doc["contexts"]:
+        if c["name"] == current:
+            c["context"]["namespace"] = ns
+    path = tmp_path / "in-context.kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 # (verb, resource, group) that only bench's load Job needs (tests/cluster/test_tenant.py

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -524,3 +526,30 @@ def test_prompts_are_built_for_what_the_level_sent_before() -> None:
     # ... but once it has its own, its own decide.
     own = seen.model_copy(update={"concurrency": 4, "requests_per_s": 4.0})
     assert protocol.prompts_needed(s, four, [seen, own]) == 54 + 8
+
+
+def test_a_role_whose_metrics_answer_too_late_once_is_asked_again() -> None:
+    """An engine whose cores the load fills missed one /metrics timeout (CI, load average
+    10 on 2 cores) and the point lost its server evidence: the role is asked once more,
+    and only two misses in a row are the role's error, both said."""
+    from servebook.bench.protocol import scrape_roles
+    from servebook.metrics.scrape import Snapshot
+
+    def metrics(late: Callable[[int], bool]) -> web.Application:
+        asked = [0]
+
+        async def handle(_req: web.Request) -> web.Response:
+            asked[0] += 1
+            if late(asked[0]):
+                await asyncio.sleep(0.5)  # past the client's timeout
+            return web.Response(text="vllm:num_requests_running 0\n")
+
+        app = web.Application()
+        app.router.add_get("/metrics", handle)
+        return app
+
+    with served(metrics(lambda n: n == 1)) as once, served(metrics(lambda n: True)) as never:
+        got = scrape_roles({"once": once, "never": never}, timeout=0.2)
+    assert isinstance(got["once"], Snapshot)  # the second ask answered
+    assert isinstance(got["never"], str) and got["never"].count("timed out") == 2, got["never"]
+    assert "; asked again: " in got["never"]

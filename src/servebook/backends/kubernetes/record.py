@@ -371,28 +371,48 @@ def cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[O
     use (ConfigMaps, the router's ServiceAccount, Role and RoleBinding), the roles'
     Deployments, LeaderWorkerSets (where the cluster serves that kind) and Services, in
     ``namespace`` or, when None, every namespace; with the Namespace of each found when
-    it can be read."""
+    it can be read.
+
+    A tenant may not list across namespaces: then, as kubectl does without ``-n``, the
+    kubeconfig context's namespace is searched instead, and a note on stderr says so."""
     selector = names.deployment_selector(name) if name else DEPLOYMENT_LABEL
     try:
-        found = [
-            o
-            for kind in (*SUPPORT, "Deployment", "Service")
-            for o in list_objects(api, kind, namespace, selector)
-        ]
-        found += list_if_served(api, "LeaderWorkerSet", namespace, selector)
+        found = _labelled(api, namespace, selector)
     except UsageError as e:
-        if namespace is None and "refused" in str(e):
+        context = getattr(api, "namespace", None)
+        if namespace is not None or "refused" not in str(e):
+            raise
+        if not context:
             raise UsageError(
                 f"{e} Listing across namespaces is not allowed with these credentials: give "
                 "the deployment's namespace with -n NAMESPACE."
             ) from e
-        raise
+        from servebook.console import err
+
+        err.print(
+            f"note: listing across namespaces is not allowed with these credentials; "
+            f"searched namespace {context} (the kubeconfig context's). Give -n NAMESPACE "
+            "for another.",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        found = _labelled(api, str(context), selector)
     for ns in sorted({str(meta_of(o).get("namespace", "")) for o in found}):
         with contextlib.suppress(UsageError):  # a namespace we may not read: not ours
             got = namespace_exists(api, ns)
             if got is not None:
                 found.append({"apiVersion": "v1", "kind": "Namespace", **got})
     return found
+
+
+def _labelled(api: Any, namespace: str | None, selector: str) -> list[Obj]:
+    found = [
+        o
+        for kind in (*SUPPORT, "Deployment", "Service")
+        for o in list_objects(api, kind, namespace, selector)
+    ]
+    return found + list_if_served(api, "LeaderWorkerSet", namespace, selector)
 
 
 def find_deployment(api: Any, name: str, namespace: str | None = None) -> KubeDeployment | None:
