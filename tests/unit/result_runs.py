@@ -73,4 +73,5 @@ def experiment_of(
         (where / "results.json").write_text((arms[e["arm"]] / "results.json").read_text())
         e["outcome"] = runner.DONE
     figures.update(state, out)
+    runner.save(out, state)  # out/experiment.json, as `experiment -o out` leaves it
     return state

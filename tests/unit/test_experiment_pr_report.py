@@ -14,7 +14,7 @@ import pytest
 
 from servebook.errors import UsageError
 from servebook.experiment import report as exp_report
-from servebook.experiment import runner, spec
+from servebook.experiment import spec
 from servebook.report.render import public
 from servebook.results.provenance import source_commit
 from tests.unit.result_runs import TRIAL_MIXED, TRIAL_PD, experiment_of, variant
@@ -39,9 +39,7 @@ def four_arms(tmp_path: Path) -> tuple[dict[str, Any], Path]:
         arm_keys={"pd-spec": {"accelerators": 2}, "pd": {"accelerators": 2}},
         pairs=["pd-spec:pd"],
     )
-    out = tmp_path / "out"
-    runner.save(out, state)
-    return state, out
+    return state, tmp_path / "out"
 
 
 def test_a_named_pair_is_computed_as_the_baseline_ratios_are(
