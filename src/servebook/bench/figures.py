@@ -19,6 +19,7 @@ results that reads client records, so it stays with the load generator.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -157,6 +158,30 @@ def _replay_lag(load: LoadResult, lags: list[int], q: float) -> float | None:
     return float(np.percentile(lags, q)) * 1e-6
 
 
+def agents_counted(
+    load: LoadResult, counted: Sequence[RequestRecord]
+) -> list[dict[str, Any]] | None:
+    """The load agents (``AgentInfo.to_dict``), each with its share of the load (its slots
+    of the level; an open loop's rate is split evenly) and how many of the point's counted
+    requests it made, for SB414; None when one process made the load."""
+    if not load.agents:
+        return None
+    spec = load.spec
+    made = Counter(r.worker for r in counted)
+    out = []
+    for a in load.agents:
+        slots = spec.share(a.index)[0]
+        share = slots / spec.concurrency if slots is not None and spec.concurrency else None
+        out.append(
+            {
+                **a.to_dict(),
+                "load_share": round(share if share is not None else 1 / spec.workers, 4),
+                "requests_counted": made[a.index],
+            }
+        )
+    return out
+
+
 def point_from_load(
     load: LoadResult,
     *,
@@ -262,7 +287,7 @@ def point_from_load(
             prompt_waits=load.prompt_waits,
             prompts_ran_out=load.prompts_ran_out,
             producer_cpu_s=load.producer_cpu_s,
-            agents=[a.to_dict() for a in load.agents] or None,
+            agents=agents_counted(load, ok),
         ),
         server=dict(server or {}),
         started_at=started_at,
