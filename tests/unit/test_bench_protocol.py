@@ -406,7 +406,19 @@ def two_agent_point(per_slot: tuple[int, int], spec: LoadSpec | None = None) -> 
         spec=spec or LoadSpec(concurrency=4, workers=2),
         endpoint=Endpoint("http://x", "m"),
         records=records,
-        workers=[WorkerStats(a, 100 + a, 10 * MS, 5000 * MS, array("q", [MS])) for a in (0, 1)],
+        # Agent 1's event loop ran about once a second in the window, as CI's did.
+        workers=[
+            WorkerStats(0, 100, 10 * MS, 5000 * MS, array("q", [MS])),
+            WorkerStats(
+                1,
+                101,
+                10 * MS,
+                5000 * MS,
+                array("q", [1000 * MS] * 4),
+                array("q", [k * 1000 * MS for k in (2, 3, 4, 5)]),
+                array("q", [k * MS for k in (2, 3, 4, 5)]),
+            ),
+        ],
         start_ns=0,
         end_ns=5010 * MS,
         window_start_ns=1000 * MS,
@@ -433,7 +445,8 @@ def test_an_agent_with_no_request_counted_makes_a_point_of_several_agents_invali
     assert not p.valid and len(p.invalid_reasons) == 1, p.invalid_reasons
     assert p.invalid_reasons[0].startswith(
         "SB414: load agent 1 (pid 101) made none of the 198 requests counted in the window, "
-        "where its share (50% of the load) would have made about 99"
+        "where its share (50% of the load) would have made about 99 (2 of its requests open "
+        "at the window's end; its event-loop lag p99 1000 ms)"
     )
     # Healthy: each agent's requests counted; and a share too small to expect any (a low
     # rate split over agents: Poisson may give an agent none) is not failed for chance.

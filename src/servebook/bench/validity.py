@@ -540,6 +540,17 @@ AGENT_SILENT = register(
 )
 
 
+def _silent_evidence(agent: Mapping[str, Any]) -> str:
+    """What a silent agent's record says about why: requests it sent that were never
+    answered in the window, and how long its event loop waited (a process starved of CPU
+    lags; one waiting on the server does not)."""
+    lag = agent.get("loop_lag_p99_ms")
+    return (
+        f"{agent.get('requests_open_at_end', '?')} of its requests open at the window's "
+        "end; its event-loop lag p99 " + ("unknown" if lag is None else f"{lag:g} ms")
+    )
+
+
 @VERDICTS.add(AGENT_SILENT)
 def every_agent_counted(case: Case) -> Verdict | None:
     """Only a load of several agents whose counts were recorded (``figures.agents_counted``)
@@ -561,7 +572,7 @@ def every_agent_counted(case: Case) -> Verdict | None:
     named = "; ".join(
         f"load agent {a['index']} (pid {a['pid']}) made none of the {total} requests counted "
         f"in the window, where its share ({100 * a['load_share']:.0f}% of the load) would "
-        f"have made about {a['load_share'] * total:.0f}"
+        f"have made about {a['load_share'] * total:.0f} ({_silent_evidence(a)})"
         for a in silent
     )
     return Verdict(
