@@ -16,7 +16,7 @@ from servebook.bench.coordinator import LocalLauncher, run_load
 from servebook.bench.endpoint import Endpoint
 from servebook.bench.saved_requests import read_requests
 from servebook.bench.workload import RandomPrompts
-from servebook.results.schema import RESULTS_NAME
+from servebook.results.schema import RESULTS_NAME, Point
 from servebook.results.store import load_results
 from tests.engine.conftest import Shared
 from tests.unit.conftest import assert_union_percentiles, time_namespaces
@@ -24,15 +24,12 @@ from tests.unit.conftest import assert_union_percentiles, time_namespaces
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.shares("tiny-mixed")
-def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
-    tmp_path: Path, shared: Shared
-) -> None:
-    dep = shared.get("tiny-mixed")
-    out = tmp_path / "agents"
+def _bench(name: str, out: Path) -> tuple[Path, subprocess.CompletedProcess[str], Point]:
+    """``bench --agents 2`` of one c=4 point, saving every request; its output directory,
+    its process and its point."""
     proc = subprocess.run(
         [
-            sys.executable, "-m", "servebook", "bench", dep.name, "--agents", "2",
+            sys.executable, "-m", "servebook", "bench", name, "--agents", "2",
             "--prompt-format", "ids", "--concurrency", "4", "--repetitions", "1",
             "--precision", "off",
             "--duration", "4s", "--warmup", "1s", "--min-requests", "8",
@@ -44,6 +41,26 @@ def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
         timeout=300,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    res = load_results(out / RESULTS_NAME)
+    assert res.provenance.load is not None and res.provenance.load.agents == 2
+    (point,) = res.points
+    return out, proc, point
+
+
+@pytest.mark.shares("tiny-mixed")
+def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
+    tmp_path: Path, shared: Shared
+) -> None:
+    dep = shared.get("tiny-mixed")
+    out, proc, point = _bench(dep.name, tmp_path / "agents")
+    if not point.valid and all(r.startswith("SB414:") for r in point.invalid_reasons):
+        # One agent made nothing in the window, and its point says so (SB414): on a 2-core
+        # machine the server fills, an agent's process can wait seconds for a core (1.4 s
+        # seen by hand; in CI one agent's event loop ran about once a second through the
+        # whole 4 s window).  What this test proves is the merge of two agents' loads,
+        # which that point cannot show: it is run once more, saying why.
+        print(f"bench again: {point.invalid_reasons}; client={point.client.model_dump()}")
+        out, proc, point = _bench(dep.name, tmp_path / "agents-again")
     view = local.view(dep)
     skewed = None
     if time_namespaces():
@@ -59,9 +76,6 @@ def test_two_agents_on_vllm_merge_to_the_union_and_an_offset_clock_is_corrected(
                 wrap=lambda i: ["unshare", "-rT", "--monotonic", "1000"] if i else []
             ),
         )
-    res = load_results(out / RESULTS_NAME)
-    assert res.provenance.load is not None and res.provenance.load.agents == 2
-    (point,) = res.points
     assert point.requests_ok >= 8 and point.errors == 0
     _, lines = read_requests(out / "requests" / "c4-rep0.jsonl.gz")
     every = list(lines)

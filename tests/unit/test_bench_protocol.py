@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,9 @@ import pytest
 from aiohttp import web
 
 from servebook.bench import protocol, validity
-from servebook.bench.control import Progress
+from servebook.bench.control import LoadSpec, Progress
+from servebook.bench.endpoint import Endpoint
+from servebook.bench.figures import point_from_load
 from servebook.bench.flags import (
     Warmup,
     parse_duration,
@@ -26,6 +29,7 @@ from servebook.bench.protocol import (
     WindowController,
     point_order,
 )
+from servebook.bench.records import AgentInfo, LoadResult, RequestRecord, WorkerStats
 from servebook.bench.sweep import BenchArgs, prompts_from, settings_from
 from servebook.bench.target import pd_min_share
 from servebook.bench.validity import Thresholds, apply_verdict, judge
@@ -371,6 +375,86 @@ def test_send_and_loop_lag_alone_do_not_make_a_closed_loop_point_client_limited(
     assert sb404.message == (
         "achieved concurrency 63.8 of 64 (99.7%); send lag p99 70.0 ms; event-loop lag p99 30.0 ms"
     )
+
+
+MS = 1_000_000
+
+
+def two_agent_point(per_slot: tuple[int, int], spec: LoadSpec | None = None) -> Point:
+    """The point of a load of two agents (c=4, two slots each, a 4 s window after a 1 s
+    warm-up), judged as bench judges it: each slot of agent ``a`` sends 40 ms requests back
+    to back, 25 in the warm-up and ``per_slot[a]`` in the window; with 0 the slot's last
+    request of the warm-up stays open, unanswered, until the load ends."""
+    records: list[RequestRecord] = []
+
+    def sent(a: int, t: int, end: int) -> None:
+        r = RequestRecord(index=2 * len(records) + a, worker=a, scheduled_ns=t)
+        r.sent_ns, r.end_ns = t, end
+        if end == 5010 * MS:
+            r.cancelled = True
+        else:
+            r.chunk_ns = array("q", [t + 10 * MS, end])
+            r.usage_output_tokens = r.expected_output_tokens = 2
+            r.done = True
+        records.append(r)
+
+    for a, n in enumerate(per_slot):
+        for _slot in range(2):
+            for k in range(25):
+                sent(a, 40 * MS * k, 40 * MS * (k + 1) if k < 24 or n else 5010 * MS)
+            for k in range(n):
+                sent(a, 1000 * MS + 40 * MS * k, 1000 * MS + 40 * MS * (k + 1))
+    load = LoadResult(
+        spec=spec or LoadSpec(concurrency=4, workers=2),
+        endpoint=Endpoint("http://x", "m"),
+        records=records,
+        # Agent 1's event loop ran about once a second in the window, as CI's did.
+        workers=[
+            WorkerStats(0, 100, 10 * MS, 5000 * MS, array("q", [MS])),
+            WorkerStats(
+                1,
+                101,
+                10 * MS,
+                5000 * MS,
+                array("q", [1000 * MS] * 4),
+                array("q", [k * 1000 * MS for k in (2, 3, 4, 5)]),
+                array("q", [k * MS for k in (2, 3, 4, 5)]),
+            ),
+        ],
+        start_ns=0,
+        end_ns=5010 * MS,
+        window_start_ns=1000 * MS,
+        window_end_ns=5000 * MS,
+        agents=[AgentInfo(a, 100 + a, "h", "this machine", 0, 0, 20_000, 0, 0) for a in (0, 1)],
+    )
+    point = point_from_load(
+        load, window_start_ns=1000 * MS, window_end_ns=5000 * MS, repetition=0
+    ).model_copy(update={"server": {"roles": {"mixed": {}}, "missing": []}})
+    return verdict_of(point, duration_s=4, min_requests=8)
+
+
+def test_an_agent_with_no_request_counted_makes_a_point_of_several_agents_invalid() -> None:
+    """SB414: agent 1 started nothing after the warm-up (as in CI, where its event loop ran
+    about once a second); agent 0's requests alone are not the load of two agents, though
+    agent 1's open requests keep the achieved concurrency at the level (SB404 passes)."""
+    p = two_agent_point((99, 0))
+    assert p.client.agents is not None and p.client.achieved_concurrency is not None
+    assert p.client.achieved_concurrency > 3.9
+    assert [(a["requests_counted"], a["load_share"]) for a in p.client.agents] == [
+        (198, 0.5),
+        (0, 0.5),
+    ]
+    assert not p.valid and len(p.invalid_reasons) == 1, p.invalid_reasons
+    assert p.invalid_reasons[0].startswith(
+        "SB414: load agent 1 (pid 101) made none of the 198 requests counted in the window, "
+        "where its share (50% of the load) would have made about 99 (2 of its requests open "
+        "at the window's end; its event-loop lag p99 1000 ms)"
+    )
+    # Healthy: each agent's requests counted; and a share too small to expect any (a low
+    # rate split over agents: Poisson may give an agent none) is not failed for chance.
+    assert two_agent_point((99, 99)).valid
+    low = two_agent_point((4, 0), LoadSpec(rate=2.0, workers=2))
+    assert not any(r.startswith("SB414") for r in low.invalid_reasons)
 
 
 def test_handoff_share_is_judged_only_for_pd_with_a_threshold() -> None:

@@ -19,6 +19,7 @@ results that reads client records, so it stays with the load generator.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -157,6 +158,42 @@ def _replay_lag(load: LoadResult, lags: list[int], q: float) -> float | None:
     return float(np.percentile(lags, q)) * 1e-6
 
 
+def agents_counted(
+    load: LoadResult, counted: Sequence[RequestRecord], window: tuple[int, int]
+) -> list[dict[str, Any]] | None:
+    """The load agents (``AgentInfo.to_dict``), each with its share of the load (its slots
+    of the level; an open loop's rate is split evenly), how many of the point's counted
+    requests it made (SB414 judges the two), and what says why an agent made none: its
+    requests still open at the window's end (sent, never answered) and its event loop's
+    lag p99 in the window (its process waited that long for a core, or was held); None
+    when one process made the load."""
+    if not load.agents:
+        return None
+    spec, (ws, we) = load.spec, window
+    made = Counter(r.worker for r in counted)
+    open_at_end = Counter(
+        r.worker for r in load.records if r.sent_ns and r.sent_ns <= we and not 0 < r.end_ns <= we
+    )
+    lags = {w.worker: w.loop_lag_between(ws, we) for w in load.workers}
+    out = []
+    for a in load.agents:
+        slots = spec.share(a.index)[0]
+        share = slots / spec.concurrency if slots is not None and spec.concurrency else None
+        lag = lags.get(a.index)
+        out.append(
+            {
+                **a.to_dict(),
+                "load_share": round(share if share is not None else 1 / spec.workers, 4),
+                "requests_counted": made[a.index],
+                "requests_open_at_end": open_at_end[a.index],
+                "loop_lag_p99_ms": round(float(np.percentile(lag, 99)) / 1e6, 1)
+                if lag is not None and lag.size
+                else None,
+            }
+        )
+    return out
+
+
 def point_from_load(
     load: LoadResult,
     *,
@@ -262,7 +299,7 @@ def point_from_load(
             prompt_waits=load.prompt_waits,
             prompts_ran_out=load.prompts_ran_out,
             producer_cpu_s=load.producer_cpu_s,
-            agents=[a.to_dict() for a in load.agents] or None,
+            agents=agents_counted(load, ok, (window_start_ns, window_end_ns)),
         ),
         server=dict(server or {}),
         started_at=started_at,

@@ -518,6 +518,71 @@ def speculation_engaged(case: Case) -> Verdict | None:
     )
 
 
+#: SB414 fails an agent with no counted request only where its share of the point's
+#: counted requests would have been at least this many: an open loop's Poisson share of
+#: mean 10 sends none in the window with probability e^-10 (5e-5), so a healthy point of a
+#: low rate, a short window or long requests is not failed for chance.
+AGENT_MIN_EXPECTED = 10.0
+
+AGENT_SILENT = register(
+    "SB414",
+    "Every load agent made requests counted in the window",
+    "A point made by several load agents claims all of their load. An agent that made "
+    "nothing counted in the window (its process starved of CPU for seconds on a machine "
+    "the server fills, or stuck) leaves a smaller load labelled as the whole, and its "
+    "requests left open still count as in flight for SB404: in CI agent 1 of 2 started no "
+    "request in a 4 s window (its event loop ran about once a second), the achieved "
+    "concurrency read 2.9 of 4, and under the test's loose SB404 bound the point was "
+    "valid.",
+    "Run the point again; if it recurs, give the client cores the server does not use "
+    "(the point's event-loop lag says whether an agent was starved), or use fewer "
+    "--agents.",
+)
+
+
+def _silent_evidence(agent: Mapping[str, Any]) -> str:
+    """What a silent agent's record says about why: requests it sent that were never
+    answered in the window, and how long its event loop waited (a process starved of CPU
+    lags; one waiting on the server does not)."""
+    lag = agent.get("loop_lag_p99_ms")
+    return (
+        f"{agent.get('requests_open_at_end', '?')} of its requests open at the window's "
+        "end; its event-loop lag p99 " + ("unknown" if lag is None else f"{lag:g} ms")
+    )
+
+
+@VERDICTS.add(AGENT_SILENT)
+def every_agent_counted(case: Case) -> Verdict | None:
+    """Only a load of several agents whose counts were recorded (``figures.agents_counted``)
+    gets a verdict here."""
+    agents = case.point.client.agents or []
+    if len(agents) < 2 or any("requests_counted" not in a for a in agents):
+        return None
+    total = case.point.requests_ok
+    silent = [
+        a
+        for a in agents
+        if a["requests_counted"] == 0 and a["load_share"] * total >= AGENT_MIN_EXPECTED
+    ]
+    made = ", ".join(f"agent {a['index']} {a['requests_counted']}" for a in agents)
+    if not silent:
+        return Verdict(
+            False, f"requests counted per agent: {made}", dict(counted=made, total=total)
+        )
+    named = "; ".join(
+        f"load agent {a['index']} (pid {a['pid']}) made none of the {total} requests counted "
+        f"in the window, where its share ({100 * a['load_share']:.0f}% of the load) would "
+        f"have made about {a['load_share'] * total:.0f} ({_silent_evidence(a)})"
+        for a in silent
+    )
+    return Verdict(
+        True,
+        f"{named}: the point is not the load of the {len(agents)} agents it claims "
+        f"(counted per agent: {made})",
+        dict(silent=[a["index"] for a in silent], counted=made, total=total),
+    )
+
+
 REACH = register(
     "SB410",
     "Every role stayed reachable and the same for the whole point",

@@ -174,8 +174,10 @@ class ClientEvidence(BaseModel):
     producer_cpu_s: float = 0.0
     # The load agents that made the load (``bench/coordinator.py``), each with where it
     # ran, its clock offset to the coordinator (taken off its records), the offset's
-    # drift over the point and uncertainty, and how late the shared start reached it.
-    # None: one worker in the bench command's own process.
+    # drift over the point and uncertainty, how late the shared start reached it, its
+    # share of the load and how many of the point's counted requests it made
+    # (``figures.agents_counted``, SB414).  None: one worker in the bench command's own
+    # process.
     agents: list[dict[str, Any]] | None = None
 
 
