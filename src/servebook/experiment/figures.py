@@ -246,7 +246,8 @@ def measured_load(
     prov = results[(state["baseline"], mine[0])].provenance
     load = prov.load
     return {
-        "protocol": dict(prov.protocol),
+        # the rows of the design each block drew are the orders table's, not one setting
+        "protocol": {k: v for k, v in prov.protocol.items() if k != "level_orders"},
         "workload": dict(prov.workload),
         "load": None if load is None else {"agents": load.agents, "where": load.where,
                                            "route": load.route},

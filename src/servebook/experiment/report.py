@@ -210,8 +210,9 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         else "The figure each ratio divides. TPOT p50 is the client's p50, or the engines' "
         "exact mean (marked) at a level where an engine's histogram leads TPOT (the client "
         "timed tokens wrong there): every arm at that level is judged so, as servebook's "
-        "other reports judge it; its p99 is then n/a (an engine's percentiles are only "
-        "buckets). Per accelerator divides by the count in the provenance table (n/a where "
+        "other reports judge it. TPOT p99 is the client's where the client's per-token "
+        "timing stands for that arm, and n/a where its engine's histogram leads (whose "
+        "percentiles are only buckets). Per accelerator divides by the count in the provenance table (n/a where "
         "an arm has none). An arm with no valid point at any level has one row saying why.",
     )  # fmt: skip
     need = doc.get("min_blocks", MIN_BLOCKS)  # an earlier experiment.json: no rule, no note
