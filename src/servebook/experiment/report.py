@@ -213,7 +213,8 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         "other reports judge it. TPOT p99 is the client's where the client's per-token "
         "timing stands for that arm, and n/a where its engine's histogram leads (whose "
         "percentiles are only buckets). Per accelerator divides by the count in the "
-        "provenance table (n/a where an arm has none). An arm with no valid point at any level has one row saying why.",
+        "provenance table (n/a where an arm has none). An arm with no valid point at any "
+        "level has one row saying why.",
     )  # fmt: skip
     need = doc.get("min_blocks", MIN_BLOCKS)  # an earlier experiment.json: no rule, no note
     ratios = Table(
