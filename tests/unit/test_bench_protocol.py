@@ -616,8 +616,7 @@ def test_a_role_whose_metrics_answer_too_late_once_is_asked_again() -> None:
     """An engine whose cores the load fills missed one /metrics timeout (CI, load average
     10 on 2 cores) and the point lost its server evidence: the role is asked once more,
     and only two misses in a row are the role's error, both said."""
-    from servebook.bench.protocol import scrape_roles
-    from servebook.metrics.scrape import Snapshot
+    from servebook.metrics.scrape import Snapshot, scrape_roles
 
     def metrics(late: Callable[[int], bool]) -> web.Application:
         asked = [0]

@@ -206,12 +206,17 @@ def test_status_of_a_deployment_the_cluster_does_not_have_is_exit_2(
     assert "servebook.io/deployment=ghost" in r.stderr
 
 
-def test_listing_across_namespaces_refused_asks_for_a_namespace(
-    cluster: tuple[StandIn, dict[str, str]],
+def test_listing_across_namespaces_refused_searches_the_context_namespace_then_asks_for_one(
+    cluster: tuple[StandIn, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A tenant may not list across namespaces: as kubectl without -n, the kubeconfig
+    context's namespace is searched (a note says so); refused there too, -n is asked for."""
     st, _ = cluster
     st.forbidden.append(("GET", "/apis/apps/v1/deployments"))
-    with pytest.raises(UsageError, match="-n NAMESPACE"):
+    assert kube.list_deployments() == []
+    assert "searched namespace default (the kubeconfig context's)" in capsys.readouterr().err
+    st.forbidden.append(("GET", "/apis/apps/v1/namespaces/default/deployments"))
+    with pytest.raises(UsageError, match="nor in namespace default .* -n NAMESPACE"):
         kube.list_deployments()
 
 

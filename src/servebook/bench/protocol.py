@@ -62,7 +62,7 @@ from servebook.bench.validity import Thresholds, apply_verdict, judge, reach_fin
 from servebook.bench.workload import BuildsPrompts, PromptSource
 from servebook.errors import UsageError
 from servebook.findings import Finding
-from servebook.metrics.scrape import ScrapeError, Snapshot, scrape_replicas
+from servebook.metrics.scrape import Snapshot, scrape_roles
 from servebook.results.aggregate import PrecisionTarget
 from servebook.results.evidence import server_evidence, with_server_latency
 from servebook.results.provenance import utc_now
@@ -400,30 +400,6 @@ class Target:
 
 
 Scrape = Callable[[Mapping[str, str | tuple[str, ...]]], dict[str, Snapshot | str]]
-
-
-def scrape_roles(
-    urls: Mapping[str, str | tuple[str, ...]], timeout: float = 5.0
-) -> dict[str, Snapshot | str]:
-    """Every role's /metrics (summed over its replicas when it names several URLs); a role
-    that cannot be read is asked once more, and gets its errors instead when that fails
-    too.  One slow answer (an engine whose cores the load fills: a 5 s timeout missed at a
-    load average of 10 on 2 cores) lost the point's evidence, so the point; read again it
-    is the counters a little after the edge, which the point records
-    (``window.scrape_*_lag_ms``)."""
-    out: dict[str, Snapshot | str] = {}
-    for role, url in urls.items():
-        replicas = (url,) if isinstance(url, str) else url
-        errors = []
-        for _ in range(2):
-            try:
-                out[role] = scrape_replicas(replicas, timeout=timeout)
-                break
-            except ScrapeError as e:
-                errors.append(str(e))
-        else:
-            out[role] = "; asked again: ".join(errors)
-    return out
 
 
 @dataclass

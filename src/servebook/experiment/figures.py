@@ -199,7 +199,7 @@ def arm_provenance(
     count per-accelerator figures divide by (``from``: the deployment's plan, or the
     arm's ``accelerators:``), the packages and servebook's version and commit; and the
     load and workload every arm ran (the baseline's, as measured)."""
-    from servebook.report.tables import servebook_of
+    from servebook.results.provenance import servebook_of
 
     first: dict[str, Results] = {}
     for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):

@@ -91,6 +91,30 @@ def scrape_replicas(base_urls: Sequence[str], *, timeout: float = 5.0) -> Snapsh
     return merge_replicas([scrape(u, timeout=timeout) for u in base_urls])
 
 
+def scrape_roles(
+    urls: Mapping[str, str | tuple[str, ...]], timeout: float = 5.0
+) -> dict[str, Snapshot | str]:
+    """Every role's /metrics (summed over its replicas when it names several URLs); a role
+    that cannot be read is asked once more, and gets its errors instead when that fails
+    too.  One slow answer (an engine whose cores the load fills: a 5 s timeout missed at a
+    load average of 10 on 2 cores) lost the point's evidence, so the point; read again it
+    is the counters a little after the edge, which the point records
+    (``window.scrape_*_lag_ms``)."""
+    out: dict[str, Snapshot | str] = {}
+    for role, url in urls.items():
+        replicas = (url,) if isinstance(url, str) else url
+        errors = []
+        for _ in range(2):
+            try:
+                out[role] = scrape_replicas(replicas, timeout=timeout)
+                break
+            except ScrapeError as e:
+                errors.append(str(e))
+        else:
+            out[role] = "; asked again: ".join(errors)
+    return out
+
+
 def merge_replicas(snaps: Sequence[Snapshot]) -> Snapshot:
     """Several replicas' snapshots as one role's: each series tagged with its replica's
     index (``REPLICA_LABEL``), so a value sums them and ``split_replicas`` undoes it."""

@@ -22,7 +22,8 @@ from servebook.errors import UsageError
 from servebook.results import stats
 from servebook.results.evidence import one_source
 from servebook.results.measurement import not_a_measurement
-from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Provenance, Results
+from servebook.results.provenance import servebook_of
+from servebook.results.schema import RESULTS_NAME, LevelPrecision, Point, Results
 from servebook.results.store import load_results
 from servebook.results.tpot import (
     PER_TOKEN,
@@ -657,12 +658,6 @@ def settings_value(v: Any) -> str:
     if isinstance(v, list | tuple):
         return ",".join(settings_value(x) for x in v) or "none"
     return str(v)
-
-
-def servebook_of(prov: Provenance) -> str:
-    """``0.1.0 (commit 7352f058d053)``: the version, and the commit where it was recorded."""
-    commit = prov.servebook_commit
-    return prov.servebook_version + (f" (commit {commit})" if commit else "")
 
 
 def provenance_table(run: Run, index: int) -> Table:

@@ -96,6 +96,12 @@ def source_commit(where: Path | None = None) -> str | None:
     return top[1] + ("+dirty" if dirty else "")
 
 
+def servebook_of(prov: Provenance) -> str:
+    """``0.1.0 (commit 7352f058d053)``: the version, and the commit where it was recorded."""
+    commit = prov.servebook_commit
+    return prov.servebook_version + (f" (commit {commit})" if commit else "")
+
+
 def host_info() -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {

@@ -379,13 +379,16 @@ def cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[O
     try:
         found = _labelled(api, namespace, selector)
     except UsageError as e:
-        context = getattr(api, "namespace", None)
         if namespace is not None or "refused" not in str(e):
             raise
-        if not context:
+        context = str(getattr(api, "namespace", None) or "default")
+        try:
+            found = _labelled(api, context, selector)
+        except UsageError:
             raise UsageError(
-                f"{e} Listing across namespaces is not allowed with these credentials: give "
-                "the deployment's namespace with -n NAMESPACE."
+                f"{e} Listing across namespaces is not allowed with these credentials, nor "
+                f"in namespace {context} (the kubeconfig context's): give the deployment's "
+                "namespace with -n NAMESPACE."
             ) from e
         from servebook.console import err
 
@@ -397,7 +400,6 @@ def cluster_objects(api: Any, name: str | None, namespace: str | None) -> list[O
             markup=False,
             soft_wrap=True,
         )
-        found = _labelled(api, str(context), selector)
     for ns in sorted({str(meta_of(o).get("namespace", "")) for o in found}):
         with contextlib.suppress(UsageError):  # a namespace we may not read: not ours
             got = namespace_exists(api, ns)
