@@ -26,7 +26,7 @@ from servebook.kube.engine_pod import GENERATOR_HASH_ANNOTATION, GENERATOR_MOUNT
 from servebook.kube.names import GENERATOR_KEY
 from servebook.models.tiny import make_tiny_model
 from servebook.recipe.plan import POD_DRAFT_DIR, POD_MODEL_DIR, POD_MODELS_MOUNT
-from servebook.recipe.resolve import Source, parse_recipe, resolve
+from servebook.recipe.resolve import Source, load_source, parse_recipe, resolve
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IMAGE = "image=vllm/vllm-openai-cpu:v0.32.0-x86_64"
@@ -179,6 +179,25 @@ def test_a_spec_recipe_on_kubernetes_is_its_base_plus_a_draft_made_in_each_engin
     # Apart from the draft, exactly the base recipe's objects: the same image, resources,
     # node, probes, and (PD) the same KV storage and router.
     assert _without_the_draft(objects, recipe, base) == base_objects
+
+
+@pytest.mark.parametrize("recipe", list(SPEC_BASES))
+def test_a_spec_recipe_declares_its_bases_parameters_as_the_base_does(recipe: str) -> None:
+    """A catalog file cannot include another, so each spec recipe repeats its base's
+    parameter declarations: they must not drift apart (only the image's words name the
+    draft too)."""
+    base = load_source(SPEC_BASES[recipe][0]).data
+    spec = load_source(recipe).data
+    params, base_params = spec["parameters"], base["parameters"]
+    assert set(params) == set(base_params) | {"draft_dir", "num_speculative_tokens"}
+    for name, declared in base_params.items():
+        mine = dict(params[name])
+        if name == "image":
+            assert "and its draft" in mine["description"]
+            mine["description"] = declared["description"]
+        assert mine == declared, name
+    for key in ("image", "kubernetes", "router", "roles"):
+        assert spec.get(key) == base.get(key), key
 
 
 def test_the_pods_draft_is_servebook_model_tiny_drafts_bytes(tmp_path: Path) -> None:
