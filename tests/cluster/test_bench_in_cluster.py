@@ -1,11 +1,13 @@
-"""Two deployments of the tiny mixed recipe in one namespace (one bring-up each, on 2 cores
-the costly part), and on them `bench NAME --agents 2` in the cluster, then `down a`:
+"""Two deployments in one namespace, `a` of tiny-mixed and `b` of tiny-mixed-spec (one
+bring-up each, on 2 cores the costly part; `b`'s engine Pod makes the draft beside the
+model), and on `b` `bench NAME --agents 2` in the cluster, then `down a`:
 
 * the bench runs its load as an Indexed Job next to the engine, in the engine's own image:
   the results say two agents in that namespace on the cluster's node(s) made the load, over
   the route cluster-service to the entry Service's cluster address, with the per-point
   server evidence read in the cluster, and no object of the bench is left afterwards;
-* `down a` leaves `b` serving (status and verify by name), and `a` is gone.
+* `down a` leaves `b` serving (status and verify by name, its speculation engaged: SB303
+  reads the draft's acceptance from the engine in the Pod), and `a` is gone.
 
 On the test plane, or KUBECONFIG's cluster with vLLM's CPU image in SERVEBOOK_TEST_IMAGE
 (tests/cluster/conftest.py).
@@ -48,8 +50,8 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     where: list[str],
     tmp_path: Path,
 ) -> None:
-    for name in ("a", "b"):
-        up = ["up", "tiny-mixed", "--backend", "kubernetes", *mixed_sets(where), "--name", name]
+    for name, recipe in (("a", "tiny-mixed"), ("b", "tiny-mixed-spec")):
+        up = ["up", recipe, "--backend", "kubernetes", *mixed_sets(where), "--name", name]
         r = sb(*up, timeout=UP_S)
         assert r.returncode == 0, r.stdout + r.stderr
     ns = _namespace(where)
@@ -85,6 +87,7 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     assert load["target_url"].endswith(f".{ns}.svc:8000"), load
     (point,) = results["points"]
     assert point["requests_ok"] > 0 and point["server"].get("evidence") != "none", point
+    assert point["server"]["spec_acceptance"] > 0, point["server"]  # the draft in the Pod
     api = kube_client.connect()
     for kind in ("Job", "Pod", "ConfigMap", "Secret", "Service"):
         left = list_objects(api, kind, ns, lj.RUN_LABEL)
@@ -95,7 +98,10 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     d = sb("down", "a", timeout=600)
     assert d.returncode == 0, d.stderr
     assert sb("status", "b", timeout=120).returncode == 0
-    assert sb("verify", "b", timeout=600).returncode == 0
+    v = sb("verify", "b", "--json", timeout=600)
+    assert v.returncode == 0, v.stdout + v.stderr
+    found = {f["check"]: f for f in json.loads(v.stdout)["findings"]}
+    assert found["SB303"]["severity"] == "pass" and found["SB303"]["evidence"]["drafts"] > 0
     assert sb("status", "a", timeout=120).returncode == 2
     # SERVEBOOK_HOME lost (another machine, a wiped laptop): the cluster is the record, read
     # back from the objects' labels, as the tenant.
@@ -104,7 +110,7 @@ def test_two_in_one_namespace_bench_in_the_cluster_and_down_removes_one(
     r = sb("status", "b", *where_b, "--json", timeout=120, env=lost)
     assert r.returncode == 0, r.stdout + r.stderr
     status = json.loads(r.stdout)
-    assert status["namespace"] == ns and status["recipe"] == "tiny-mixed", status
+    assert status["namespace"] == ns and status["recipe"] == "tiny-mixed-spec", status
     r = sb("verify", "b", *where_b, timeout=600, env=lost)
     assert r.returncode == 0, r.stdout + r.stderr
     # Without -n, a tenant may not list across namespaces: as kubectl does, the context's

@@ -36,6 +36,10 @@ from tests.unit.kube_standin import Kubelet, Server, serve
 from tests.unit.preflight_standin import LLAMA_70B_BYTES, load_cluster, probe_output
 from tests.unit.served_app import StreamingServer, served, served_models
 
+# A recipe for the local backend only: every built-in recipe also runs on Kubernetes, so the
+# Kubernetes commands' refusal of a local recipe needs one of its own.
+LOCAL_ONLY_RECIPE = str(Path(__file__).parent / "fixtures" / "recipes" / "local-only.yaml")
+
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -11,6 +11,7 @@ import pytest
 
 from servebook.recipe.resolve import resolve
 from tests.conftest import CliResult
+from tests.unit.conftest import LOCAL_ONLY_RECIPE
 
 Cli = Callable[..., CliResult]
 VALUES = Path(__file__).parent / "fixtures" / "render" / "vllm-pd" / "values.yaml"
@@ -59,7 +60,7 @@ def test_up_without_any_kubeconfig_says_so(cli: Cli, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["tiny-pd-spec", "--backend", "kubernetes"], "not Kubernetes"),
+        ([LOCAL_ONLY_RECIPE, "--backend", "kubernetes"], "not Kubernetes"),
         (["vllm-pd", "-f", str(VALUES), "--backend", "kubernetes", "--port", "8000"], "--port is"),
         (["vllm-pd", "-f", str(VALUES), "--backend", "nomad"], "choose one of local, kubernetes"),
         (["vllm-mixed", "-f", str(MIXED), "--backend", "local"], "not the local backend"),

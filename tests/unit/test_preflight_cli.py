@@ -13,6 +13,7 @@ import pytest
 from servebook.preflight.probe_pod import ProbeTarget, interpret_events, pod_manifest, probe_targets
 from servebook.recipe.resolve import resolve
 from tests.conftest import GPU_PD_SETS, CliResult
+from tests.unit.conftest import LOCAL_ONLY_RECIPE
 
 Cli = Callable[..., CliResult]
 FIX = Path(__file__).parent / "fixtures" / "preflight"
@@ -97,7 +98,7 @@ def test_each_nodes_verdict_on_a_snapshot(
 
 
 def test_local_recipe_is_refused_with_exit_2(cli: Cli) -> None:
-    r = cli("preflight", "tiny-pd-spec", "--snapshot", str(FIX / "healthy.json"))
+    r = cli("preflight", LOCAL_ONLY_RECIPE, "--snapshot", str(FIX / "healthy.json"))
     assert r.returncode == 2 and "local backend only" in r.stderr
 
 

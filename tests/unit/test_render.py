@@ -23,11 +23,12 @@ from servebook.errors import UsageError
 from servebook.kube.names import ENGINE_PORT
 from servebook.kube.validate import K8S_VERSION, schema_errors
 from tests.conftest import CliResult
+from tests.unit.conftest import LOCAL_ONLY_RECIPE
 
 Cli = Callable[..., CliResult]
 GPU_RECIPES = ["vllm-mixed", "vllm-mixed-spec", "vllm-pd", "vllm-pd-spec"]
 # The tiny recipes on a CPU-only cluster (tests/unit/test_render_tiny.py has the rest).
-TINY_RECIPES = ["tiny-mixed", "tiny-pd"]
+TINY_RECIPES = ["tiny-mixed", "tiny-pd", "tiny-mixed-spec", "tiny-pd-spec"]
 # vllm-pd on each KV fabric profile (fixtures/render/fabrics/NAME/values.yaml).
 FABRIC_GOLDENS = ["ib-shared", "ib-sriov", "roce-gke", "efa", "tcp"]
 # PARAMETERS.md names the local-only model_dir's default, which follows SERVEBOOK_HOME.
@@ -578,7 +579,7 @@ def test_draft_given_to_a_method_without_drafts_is_refused() -> None:
 
 
 def test_local_recipe_is_refused(cli: Cli, tmp_path: Path) -> None:
-    r = cli("render", "tiny-pd-spec", "-o", str(tmp_path / "deploy"))
+    r = cli("render", LOCAL_ONLY_RECIPE, "-o", str(tmp_path / "deploy"))
     assert r.returncode == 2
     assert "local backend only" in r.stderr
     assert not (tmp_path / "deploy").exists()

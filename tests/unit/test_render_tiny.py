@@ -25,8 +25,8 @@ from servebook.kube import manifests
 from servebook.kube.engine_pod import GENERATOR_HASH_ANNOTATION, GENERATOR_MOUNT, KV_VOLUME
 from servebook.kube.names import GENERATOR_KEY
 from servebook.models.tiny import make_tiny_model
-from servebook.recipe.plan import POD_MODEL_DIR, POD_MODELS_MOUNT
-from servebook.recipe.resolve import Source, parse_recipe, resolve
+from servebook.recipe.plan import POD_DRAFT_DIR, POD_MODEL_DIR, POD_MODELS_MOUNT
+from servebook.recipe.resolve import Source, load_source, parse_recipe, resolve
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IMAGE = "image=vllm/vllm-openai-cpu:v0.32.0-x86_64"
@@ -129,6 +129,89 @@ def test_the_shipped_generator_is_servebooks_own_source() -> None:
     source = manifests.generator_source()
     assert source == (Path(manifests.__file__).parents[1] / "models" / "tiny.py").read_text()
     assert 'if __name__ == "__main__":' in source
+
+
+# --- speculation: the draft is made in the Pod beside the model --------------------------------
+
+# Each speculative recipe and the recipe it adds speculation to, with the values a cluster needs.
+SPEC_BASES = {"tiny-mixed-spec": ("tiny-mixed", [IMAGE]), "tiny-pd-spec": ("tiny-pd", PD)}
+
+
+def _without_the_draft(objects: list[Obj], recipe: str, base: str) -> list[Obj]:
+    """``objects`` with every trace of the draft taken out of the engine Pods (its init
+    container, the engine's --speculative-config) and the deployment named as ``base``."""
+    stripped: list[Obj] = json.loads(json.dumps(objects).replace(recipe, base))
+    for o in stripped:
+        if o["kind"] != "Deployment" or o["metadata"]["name"].endswith("-router"):
+            continue
+        pod = o["spec"]["template"]["spec"]
+        pod["initContainers"] = [c for c in pod["initContainers"] if c["name"] != "make-draft"]
+        args = pod["containers"][0]["args"]
+        at = args.index("--speculative-config")
+        del args[at : at + 2]
+    # The generator's hash is of the same script; the ConfigMap's text names no recipe.
+    return stripped
+
+
+@pytest.mark.parametrize("recipe", list(SPEC_BASES))
+def test_a_spec_recipe_on_kubernetes_is_its_base_plus_a_draft_made_in_each_engine_pod(
+    recipe: str,
+) -> None:
+    base, sets = SPEC_BASES[recipe]
+    _, objects, _ = render_files(recipe, sets)
+    _, base_objects, _ = render_files(base, sets)
+    engines = [n for n in _deployments(objects) if not n.endswith("-router")]
+    assert engines == ([f"{recipe}-prefill", f"{recipe}-decode"] if base == "tiny-pd" else [recipe])
+    for n in engines:
+        inits = {c["name"]: c for c in _pod(objects, n)["initContainers"]}
+        # The model, then the draft, into the one emptyDir the engine mounts at /models.
+        assert inits["make-model"]["command"][2:] == [POD_MODEL_DIR]
+        assert inits["make-draft"]["command"][2:] == [POD_DRAFT_DIR, "--draft"]
+        assert inits["make-draft"]["command"][:2] == inits["make-model"]["command"][:2]
+        assert list(inits)[-2:] == ["make-model", "make-draft"]
+        args = _engine(objects, n)["args"]
+        assert _flag(args, "--model") == POD_MODEL_DIR
+        assert json.loads(_flag(args, "--speculative-config")) == {
+            "method": "draft_model",
+            "model": POD_DRAFT_DIR,
+            "num_speculative_tokens": 3,
+        }
+    # Apart from the draft, exactly the base recipe's objects: the same image, resources,
+    # node, probes, and (PD) the same KV storage and router.
+    assert _without_the_draft(objects, recipe, base) == base_objects
+
+
+@pytest.mark.parametrize("recipe", list(SPEC_BASES))
+def test_a_spec_recipe_declares_its_bases_parameters_as_the_base_does(recipe: str) -> None:
+    """A catalog file cannot include another, so each spec recipe repeats its base's
+    parameter declarations: they must not drift apart (only the image's words name the
+    draft too)."""
+    base = load_source(SPEC_BASES[recipe][0]).data
+    spec = load_source(recipe).data
+    params, base_params = spec["parameters"], base["parameters"]
+    assert set(params) == set(base_params) | {"draft_dir", "num_speculative_tokens"}
+    for name, declared in base_params.items():
+        mine = dict(params[name])
+        if name == "image":
+            assert "and its draft" in mine["description"]
+            mine["description"] = declared["description"]
+        assert mine == declared, name
+    for key in ("image", "kubernetes", "router", "roles"):
+        assert spec.get(key) == base.get(key), key
+
+
+def test_the_pods_draft_is_servebook_model_tiny_drafts_bytes(tmp_path: Path) -> None:
+    _, objects, _ = render_files("tiny-pd-spec", PD)
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    (init,) = [
+        c
+        for c in _pod(objects, "tiny-pd-spec-decode")["initContainers"]
+        if c["name"] == "make-draft"
+    ]
+    made = _run_init_container(init, cm["data"][GENERATOR_KEY], tmp_path / "pod")
+    assert made == tmp_path / "pod" / POD_DRAFT_DIR.lstrip("/")
+    expected = make_tiny_model(tmp_path / "expected", draft=True)
+    assert _hashes(made) == _hashes(expected)
 
 
 # --- PD: one node, one shared directory ------------------------------------------------------

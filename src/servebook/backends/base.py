@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from servebook.deployment.site import LoadSite
 from servebook.deployment.view import DeploymentView
-from servebook.errors import ServebookError
+from servebook.errors import ServebookError, UsageError
 from servebook.findings import Finding
 from servebook.recipe.plan import Plan
 
@@ -158,3 +158,14 @@ __all__ = [
     "Say",
     "UpFailed",
 ]
+
+
+def refuse_unfit(plan: Plan, backend: Deployer) -> None:
+    """Refuses (exit 2, nothing started) a Plan ``backend`` cannot bring up: its recipe is
+    for another backend, or a parameter that backend needs is unset."""
+    if backend.name not in plan.backends:
+        raise UsageError(
+            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not {backend.title}.",
+            hint=backend.recipes_hint,
+        )
+    plan.refuse_unset_on(backend.name)

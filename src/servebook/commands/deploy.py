@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from servebook import names, redact
 from servebook.backends import registry
-from servebook.backends.base import Deployer, Down, Found, Place
+from servebook.backends.base import Deployer, Down, Found, Place, refuse_unfit
 from servebook.backends.state import bringing_up, state_dir_for
 from servebook.commands import (
     KubeconfigOpt,
@@ -42,11 +42,7 @@ def _plan_for(
         Path(recipe).stem, f"deployment name (from recipe {recipe}; give another with --name)"
     )
     plan = resolve(recipe, sets, values, state_dir=state_dir_for(dep_name))
-    if backend.name not in plan.backends:
-        raise UsageError(
-            f"recipe {plan.recipe} is for {', '.join(plan.backends)}, not {backend.title}.",
-            hint=backend.recipes_hint,
-        )
+    refuse_unfit(plan, backend)
     return dep_name, plan
 
 

@@ -24,13 +24,15 @@ class ExperimentStopped(ServebookError):
 
 def prepare(exp: Experiment) -> None:
     """Everything refused before anything starts: the load's settings, values no recipe of
-    the experiment declares (``values.check``), and arms that differ in more than the
-    declared variable (``declared.check``)."""
-    from servebook.experiment.steps import check_load
+    the experiment declares (``values.check``), a recipe arm its backend cannot bring up
+    (``steps.check_backends``), and arms that differ in more than the declared variable
+    (``declared.check``)."""
+    from servebook.experiment.steps import check_backends, check_load
     from servebook.experiment.values import check as check_values
 
     check_load(exp)
     check_values(exp)
+    check_backends(exp)
     declared.check(exp, {a.name: declared.provenance(exp, a) for a in exp.arms})
 
 

@@ -120,6 +120,26 @@ def check_load(exp: Experiment) -> None:
                 ) from None
 
 
+def check_backends(exp: Experiment) -> None:
+    """Every recipe arm's backend can bring its recipe up (the recipe is for that backend,
+    and every parameter that backend needs is set), before anything starts: otherwise the
+    arm would fail only when its turn came, after the arms before it had run."""
+    from servebook.backends import registry
+    from servebook.backends.base import refuse_unfit
+    from servebook.experiment.values import resolve_arm
+
+    for arm in exp.arms:
+        if arm.kind != "recipe":
+            continue
+        try:
+            refuse_unfit(resolve_arm(exp, arm), registry.get(arm.backend))
+        except UsageError as e:
+            raise UsageError(
+                f"{exp.path}: arms[{arm.name}] (recipe {arm.recipe}, backend {arm.backend}): {e}",
+                hint=e.hint or "set it in the experiment's values: or the arm's set:",
+            ) from None
+
+
 def load_start_s(exp: Experiment) -> float:
     """``load-start-timeout`` (seconds for the in-cluster load's Pods to run; bench's
     default 600)."""

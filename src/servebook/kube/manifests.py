@@ -465,12 +465,7 @@ def render(plan: Plan, name: str | None = None) -> list[Obj]:
             "Use `servebook up` for it, or render a recipe with `backends: [kubernetes]` "
             "(`servebook recipes` lists them)."
         )
-    missing = plan.unresolved_on.get("kubernetes")
-    if missing:
-        raise UsageError(
-            f"{plan.origin}: {len(missing)} parameter(s) the kubernetes backend needs are "
-            "unset; nothing was rendered or started:\n" + "\n".join(missing)
-        )
+    plan.refuse_unset_on("kubernetes")
     name = name or plan.recipe
     whose = f"recipe name {name!r}" if name == plan.recipe else f"deployment name {name!r}"
     fix = "Shorten the recipe's name." if name == plan.recipe else "Choose another --name."

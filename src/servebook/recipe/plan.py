@@ -138,6 +138,16 @@ class Plan(BaseModel):
     def role(self, name: str) -> RolePlan:
         return role_named(self.roles, name)
 
+    def refuse_unset_on(self, backend: str) -> None:
+        """Refuses (exit 2, nothing rendered or started) while a parameter ``backend``
+        needs is unset (``unresolved_on``), naming each and how to set it."""
+        missing = self.unresolved_on.get(backend)
+        if missing:
+            raise UsageError(
+                f"{self.origin}: {len(missing)} parameter(s) the {backend} backend needs are "
+                "unset; nothing was rendered or started:\n" + "\n".join(missing)
+            )
+
     @property
     def engine_roles(self) -> list[RolePlan]:
         return engines_of(self.roles)

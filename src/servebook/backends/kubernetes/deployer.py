@@ -533,9 +533,7 @@ class KubernetesBackend:
 
     name = "kubernetes"
     title = "Kubernetes"
-    recipes_hint = (
-        "Use a vllm-* recipe, or tiny-mixed or tiny-pd (`servebook recipes`), or --backend local."
-    )
+    recipes_hint = "Use a vllm-* or tiny-* recipe (`servebook recipes`), or --backend local."
     up_cost = (
         "for a GPU deployment of a large model 10-40 minutes (image pull, weight load from "
         "the node's disk, compilation) before the first request"
