@@ -216,7 +216,7 @@ def test_listing_across_namespaces_refused_searches_the_context_namespace_then_a
     assert kube.list_deployments() == []
     assert "searched namespace default (the kubeconfig context's)" in capsys.readouterr().err
     st.forbidden.append(("GET", "/apis/apps/v1/namespaces/default/deployments"))
-    with pytest.raises(UsageError, match="nor in namespace default .* -n NAMESPACE"):
+    with pytest.raises(UsageError, match=r"nor in namespace default .* -n NAMESPACE"):
         kube.list_deployments()
 
 
