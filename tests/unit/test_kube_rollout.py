@@ -234,6 +234,42 @@ def test_a_container_that_has_exited_now_is_failed() -> None:
     assert s.state == "failed" and "has exited: its last run exited with code 137" in s.summary
 
 
+def _initializing(inits: list[dict[str, Any]]) -> dict[str, Any]:
+    """The loading Pod still in its init containers ``inits`` (kubelet's shapes: an init
+    container's status as a container's, the engine waiting in PodInitializing)."""
+    (pod,) = objects("loading")["Pod"]
+    pod["status"]["phase"] = "Pending"
+    pod["status"]["initContainerStatuses"] = inits
+    for cs in pod["status"]["containerStatuses"]:
+        cs["state"] = {"waiting": {"reason": "PodInitializing"}}
+        cs["started"], cs["ready"] = False, False
+    return pod
+
+
+def test_an_init_container_crash_looping_fails_the_role_naming_it() -> None:
+    """`make-model` crash-looping (on the plane: an interpreter without numpy) left the
+    engine in PodInitializing, and `up` waited out its whole timeout saying nothing."""
+    done = {"name": "clear-kv-storage", "restartCount": 0, "ready": True,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}  # fmt: skip
+    looping = {
+        "name": "make-model", "restartCount": 3, "ready": False,
+        "state": {"waiting": {"reason": "CrashLoopBackOff",
+                              "message": "back-off 40s restarting failed container=make-model"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                     "finishedAt": "2026-11-30T10:00:50Z"}},
+    }  # fmt: skip
+    pod = _initializing([done, looping])
+    s = role_state("prefill", "vllm-pd-prefill", [pod], [], now=APPLIED, started=APPLIED)
+    assert s.state == "failed" and s.crashed_container == "make-model", s.summary
+    assert "container make-model is crash-looping (CrashLoopBackOff)" in s.summary
+    # one that finished well, and one still making the model: the role waits
+    running = {"name": "make-model", "restartCount": 0, "ready": False,
+               "state": {"running": {"startedAt": "2026-11-30T10:00:10Z"}}}  # fmt: skip
+    pod = _initializing([done, running])
+    s = role_state("prefill", "vllm-pd-prefill", [pod], [], now=APPLIED, started=APPLIED)
+    assert s.state == "waiting", s.summary
+
+
 FIRST_UP = [
     "hostpath-absent",
     "image-pull-backoff",

@@ -129,6 +129,20 @@ def restarts(pod: Obj) -> int:
     )
 
 
+def container_statuses(pod: Obj) -> list[Obj]:
+    """The statuses a Pod's verdict reads: its init containers' that have not finished
+    well (one crash-looping makes the Pod's containers wait forever: ``up`` waited out its
+    whole timeout on a ``make-model`` that could not import numpy, saying nothing), then
+    its containers'."""
+    status = pod.get("status") or {}
+    unfinished = [
+        cs
+        for cs in status.get("initContainerStatuses") or []
+        if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode") != 0
+    ]
+    return [*unfinished, *(status.get("containerStatuses") or [])]
+
+
 def pod_state(pod: Obj) -> str:
     """The Pod's phase, as ``kubectl get pods`` would show why: ``Pending (ContainerCreating)``."""
     status = pod.get("status") or {}

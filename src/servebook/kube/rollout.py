@@ -50,6 +50,7 @@ from servebook.kube.objects import (
     annotation,
     as_int,
     condition,
+    container_statuses,
     event_since,
     hostpath_absent,
     is_ready,
@@ -509,7 +510,7 @@ def _judged(
         per_role=per_role,
         base={"pod": name, "node": node},
         pod_events=_events_for(events, "Pod", name, exact=True),
-        statuses=list(pod.get("status", {}).get("containerStatuses") or []),
+        statuses=container_statuses(pod),
         since_apply=since_apply,
         from_apply=restart_baseline is not None,
     )
@@ -587,15 +588,13 @@ def _container_verdict(j: _Judged) -> RoleState | None:
         ),
         key=_terminated_at,
     )
-    crashed_since_apply = (
-        str(restarted[-1].get("name", "")) if j.since_apply and restarted else None
-    )
+    last_out = str(restarted[-1].get("name", "")) if j.since_apply and restarted else None
     for cs in j.statuses:
         reason = str(((cs.get("state") or {}).get("waiting") or {}).get("reason", ""))
         if reason in FATAL_WAITING:
             return _cannot_start(j, cs, reason)
         last = (cs.get("lastState") or {}).get("terminated")
-        if str(cs.get("name", "")) == crashed_since_apply and last:
+        if str(cs.get("name", "")) == last_out and last:
             return _crashed_since_apply(j, cs, last)
         ended = (cs.get("state") or {}).get("terminated")
         if reason == "CrashLoopBackOff" or ended:
