@@ -79,9 +79,8 @@ def point_values(p: Point, accelerators: int | None, tpot: str) -> dict[str, flo
     """The compared figures of one valid point (``METRICS``), the tokens/s one user sees
     (1000 / TPOT, the Pareto view's x) and its TTFT p50 (``SHOWN``), TPOT as its level is
     judged (``tpot``: ``tpot_ms.p50`` or ``tpot_ms.mean``, :func:`samples_of`); per
-    accelerator from the
-    point itself (a recipe arm's provenance counts them) or from the arm's declared
-    ``accelerators``."""
+    accelerator from the point itself (a recipe arm's provenance counts them) or from the
+    arm's declared ``accelerators``."""
     out: dict[str, float] = {}
     if p.output_tokens_per_s is not None:
         out["output_tokens_per_s"] = p.output_tokens_per_s

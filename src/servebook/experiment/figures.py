@@ -117,6 +117,15 @@ def update(state: dict[str, Any], out_dir: Path) -> None:
     state["provenance"] = measured_differences(state, results)
 
 
+def first_results(results: dict[tuple[str, int], Results]) -> dict[str, Results]:
+    """Each arm's results of its first valid block (the lowest block number): what its
+    provenance is read from."""
+    first: dict[str, Results] = {}
+    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
+        first.setdefault(arm, res)
+    return first
+
+
 def measured_differences(
     state: dict[str, Any], results: dict[tuple[str, int], Results]
 ) -> list[dict[str, Any]]:
@@ -126,9 +135,7 @@ def measured_differences(
     difference outside ``variable:`` is listed here, and the report says so."""
     from servebook.report.comparability import comparability
 
-    first: dict[str, Results] = {}
-    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
-        first.setdefault(arm, res)
+    first = first_results(results)
     base = first.get(state["baseline"])
     if base is None:
         return []
@@ -201,9 +208,7 @@ def arm_provenance(
     load and workload every arm ran (the baseline's, as measured)."""
     from servebook.results.provenance import servebook_of
 
-    first: dict[str, Results] = {}
-    for (arm, _block), res in sorted(results.items(), key=lambda kv: kv[0][1]):
-        first.setdefault(arm, res)
+    first = first_results(results)
     out = []
     for a in state["arms"]:
         row: dict[str, Any] = {"arm": a["name"], "what": a["what"], "measured": False}
@@ -240,10 +245,10 @@ def measured_load(
     """The load and workload as the baseline's first valid block measured them (every arm
     ran the same: ``measured_differences`` lists any arm whose differ): the protocol's
     settings, the workload and where the load came from."""
-    mine = sorted((b for arm, b in results if arm == state["baseline"]))
-    if not mine:
+    base = first_results(results).get(state["baseline"])
+    if base is None:
         return None
-    prov = results[(state["baseline"], mine[0])].provenance
+    prov = base.provenance
     load = prov.load
     return {
         # the rows of the design each block drew are the orders table's, not one setting

@@ -564,9 +564,9 @@ def with_pairs(doc: dict[str, Any], exp_dir: Path, pairs: Sequence[str]) -> dict
     from servebook.experiment import figures, spec
 
     names = [a["name"] for a in doc["arms"]]
-    asked = [list(spec.parse_pair(p, names, f"--pair {p}")) for p in pairs]
-    state = {**doc, "pairs": [*(doc.get("pairs") or []), *asked]}
-    state["pairs"] = [list(p) for p in dict.fromkeys(tuple(p) for p in state["pairs"])]
+    named = [tuple(p) for p in doc.get("pairs") or []]
+    asked = [spec.parse_pair(p, names, f"--pair {p}") for p in pairs]
+    state = {**doc, "pairs": [list(p) for p in dict.fromkeys([*named, *asked])]}
     figures.update(state, exp_dir)
     return state
 
