@@ -25,7 +25,8 @@ from servebook.kube.validate import schema_errors
 from servebook.recipe.plan import POD_MODELS_MOUNT, Plan, RolePlan
 from servebook.recipe.schema import Generate, Kubernetes
 
-PROBE_PERIOD_S = 10
+# How long a serving role may fail its readiness probe before its Pod leaves the Service.
+READY_GRACE_S = 30
 # The generator's ConfigMap is mounted here; the generator runs as a lone script with
 # numpy and tokenizers (both in vLLM's images).  The Pod template carries its hash, so a
 # new generator rolls the Pods.
@@ -62,8 +63,15 @@ def http_probe(path: str, period: int, timeout: int, failures: int) -> Obj:
     }
 
 
-def startup_failures(budget_s: int) -> int:
-    return max(1, math.ceil(budget_s / PROBE_PERIOD_S))
+def startup_failures(budget_s: int, period_s: int) -> int:
+    """The startup probe's failureThreshold: ``budget_s`` in probes every ``period_s``."""
+    return max(1, math.ceil(budget_s / period_s))
+
+
+def readiness_failures(period_s: int) -> int:
+    """The readiness probe's failureThreshold: unready after ~30 s of failed probes (3 at
+    Kubernetes' usual 10 s period), whatever the period."""
+    return max(3, math.ceil(READY_GRACE_S / period_s))
 
 
 def gpu_count(role: RolePlan) -> int:
@@ -439,10 +447,13 @@ def _engine_container(
     # A headless worker serves no HTTP: its health is the leader's /health, which fails
     # once any rank of the group died (and the group is recreated with it).
     if member != "worker":
+        period = k8s.probe_period_s
         container["startupProbe"] = http_probe(
-            vllm.HEALTH_PATH, PROBE_PERIOD_S, 5, startup_failures(k8s.startup_timeout_s)
+            vllm.HEALTH_PATH, period, 5, startup_failures(k8s.startup_timeout_s, period)
         )
-        container["readinessProbe"] = http_probe(vllm.HEALTH_PATH, PROBE_PERIOD_S, 10, 3)
+        container["readinessProbe"] = http_probe(
+            vllm.HEALTH_PATH, period, 10, readiness_failures(period)
+        )
         container["livenessProbe"] = http_probe(vllm.HEALTH_PATH, 30, 30, 5)
     return container, ports
 

@@ -66,13 +66,13 @@ import yaml
 from servebook.engines import vllm
 from servebook.errors import UsageError
 from servebook.kube.engine_pod import (
-    PROBE_PERIOD_S,
     PROGRESS_MARGIN_S,
     ROUTER_REQUESTS,
     api_key_env,
     engine_pod,
     http_probe,
     pod_identity,
+    readiness_failures,
     startup_failures,
 )
 from servebook.kube.names import (
@@ -404,11 +404,16 @@ def _router_deployment(
         "ports": ports,
         "startupProbe": http_probe(
             vllm.ROUTER_LIVENESS_PATH,
-            PROBE_PERIOD_S,
+            k8s.probe_period_s,
             5,
-            startup_failures(k8s.startup_timeout_s + 60),
+            startup_failures(k8s.startup_timeout_s + 60, k8s.probe_period_s),
         ),
-        "readinessProbe": http_probe(vllm.ROUTER_READINESS_PATH, PROBE_PERIOD_S, 5, 3),
+        "readinessProbe": http_probe(
+            vllm.ROUTER_READINESS_PATH,
+            k8s.probe_period_s,
+            5,
+            readiness_failures(k8s.probe_period_s),
+        ),
         "livenessProbe": http_probe(vllm.ROUTER_LIVENESS_PATH, 30, 10, 5),
     }
     pod: Obj = {}

@@ -388,6 +388,11 @@ class Kubernetes(_Strict):
     # it: field notes saw ~8 min normal loads and 10-14 min deploys; a budget shorter than
     # the load is an endless restart loop that looks like a crash.
     startup_timeout_s: int = Field(default=1800, ge=60, le=86400)
+    # How often the kubelet asks a serving role's /health while it starts and then for
+    # readiness: a role is Ready up to two periods after it first answers (the startup
+    # probe's tick, then the readiness probe's).  10 s suits a load of minutes; an engine
+    # that starts in seconds (the tiny recipes) takes 2.
+    probe_period_s: int = Field(default=10, ge=1, le=60)
     # /dev/shm for NCCL and the engine's worker processes (the container default is 64Mi).
     shm_size: Quantity = "16Gi"
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
