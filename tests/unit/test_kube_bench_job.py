@@ -85,6 +85,10 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     assert load.agents == 2 and load.namespace == NS and load.nodes == ["node-1"]
     assert f"in namespace {NS} on node(s) node-1" in load.where
     assert load.target_url == "http://vllm-pd-router.moe-pd.svc:8000"
+    # Each role's image is its Pod's (the report's provenance shows it), not "none".
+    images = {r.name: r.image for r in res.provenance.roles}
+    assert images["prefill"] == images["decode"] == "vllm/vllm-openai:v0.11.0", images
+    assert images["router"], images
     (point,) = res.points
     assert point.errors == 0 and point.requests_ok >= 4, point.error_samples
     # --save-requests: the raw records came back as files too, beside results.json.

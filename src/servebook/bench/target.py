@@ -170,6 +170,7 @@ def from_deployment(
             env=dict(r.env),  # redacted with the rest of the provenance (``provenance``)
             url=r.api_url,
             engine_version=fetch_engine_version(r.api_url) if r.kind == "engine" else None,
+            image=r.image or None,
         )
         for r in view.roles
     ]

@@ -42,6 +42,7 @@ class ReplicaRecord:
     name: str = ""
     argv: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    image: str = ""  # the container image it runs, where it runs one ("": a process)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def role_view(deployment: str, role: RoleRecord, reach: Reach) -> RoleView:
         metrics_url=a0.counters_url,
         argv=list(first.argv),
         env=dict(first.env),
+        image=first.image,
         alive=state.alive,
         describe=state.describe,
         log=state.log,

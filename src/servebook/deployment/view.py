@@ -91,6 +91,7 @@ class RoleView:
     metrics_url: str = ""  # base URL whose /metrics holds its counters ("": api_url's)
     argv: Sequence[str] = field(default_factory=list)  # as applied
     env: dict[str, str] = field(default_factory=dict)  # as applied
+    image: str = ""  # the container image as applied ("": a process of this machine)
     alive: Callable[[], bool | None] = _unknown  # None: the place cannot tell
     describe: Callable[[], str] = _nothing  # "pid 123 running", "Pod x Ready on node y"
     log: Callable[[], str] | None = None  # its log, when the place can read it
@@ -137,6 +138,7 @@ class RoleView:
             "metrics_url": self.metrics_url,
             "argv": list(self.argv),
             "env": dict(self.env),
+            "image": self.image,
             "replica_metrics_urls": list(self.replica_metrics_urls),
             "replica_names": list(self.replica_names),
             "replica_argv": [list(a) for a in self.replica_argv],
@@ -151,6 +153,7 @@ class RoleView:
             metrics_url=address(doc["metrics_url"]) if doc.get("metrics_url") else "",
             argv=list(doc.get("argv") or ()),
             env=dict(doc.get("env") or {}),
+            image=str(doc.get("image") or ""),
             replica_metrics_urls=tuple(address(u) for u in doc.get("replica_metrics_urls") or ()),
             replica_names=tuple(doc.get("replica_names") or ()),
             replica_argv=tuple(tuple(a) for a in doc.get("replica_argv") or ()),

@@ -98,6 +98,7 @@ def engine_argv(pod: dict[str, Any], kind: str) -> ReplicaRecord:
         str(pod["metadata"]["name"]),
         [*container.get("command", []), *container.get("args", [])],
         {str(e["name"]): str(e["value"]) for e in container.get("env", []) if "value" in e},
+        str(container.get("image") or ""),
     )
 
 
