@@ -16,7 +16,7 @@ import pytest
 from servebook.errors import UsageError
 from servebook.experiment import analysis, design, session, slo, spec
 from servebook.experiment import report as exp_report
-from servebook.experiment.runner import StepFailed, Steps
+from servebook.experiment.runner import StepFailed, Steps, deployment_name
 from servebook.experiment.spec import Arm
 from servebook.experiment.steps import servebook_steps
 from tests.conftest import CliResult
@@ -279,14 +279,32 @@ def test_a_step_failure_is_an_outcome_not_a_crash(two_urls: Any, tmp_path: Path)
     exp = spec.parse(doc, str(tmp_path / "exp.yaml"))
     real = servebook_steps(exp, lambda _l: None, None)
 
+    downed: list[str] = []
+
     def up(arm: Arm, name: str) -> str:
         raise StepFailed("role mixed exited 1 (CUDA out of memory)")
 
     nothing: Callable[..., None] = lambda *_a: None  # noqa: E731
-    steps = Steps(up, nothing, lambda *_a: None, real.bench, nothing)
+    steps = Steps(up, nothing, lambda *_a: None, real.bench, lambda _a, n: downed.append(n))
     state = session.execute(exp, tmp_path / "out", steps, lambda _l: None)
     assert state["invalid_blocks"][0]["reason"].startswith("arm a failed to come up: role mixed")
     assert state["comparisons"] == [] and state["crossovers"] == []
+    # what the failed up applied went with it: the next arm came up on a clean cluster
+    (entry,) = [e for e in state["schedule"] if e["arm"] == "a"]
+    assert downed == [entry["deployment"]]
+
+    # A Ctrl-C while an arm comes up takes that deployment down too, and stops the
+    # experiment (found on the test plane: the interrupted arm's Pods were left running).
+    def stopped_up(arm: Arm, name: str) -> str:
+        raise KeyboardInterrupt
+
+    downed.clear()
+    steps = Steps(stopped_up, nothing, lambda *_a: None, real.bench, lambda _a, n: downed.append(n))
+    with pytest.raises(session.ExperimentStopped, match="--resume"):
+        session.execute(exp, tmp_path / "stopped", steps, lambda _l: None)
+    saved = json.loads((tmp_path / "stopped" / "experiment.json").read_text())
+    assert downed == [deployment_name(saved["tag"], "a", 1)], downed
+    assert [e["outcome"] for e in saved["schedule"] if e["arm"] == "a"] == ["pending"]
 
 
 def ratio(

@@ -270,8 +270,15 @@ def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say, t
     entry["deployment"] = deployment_name(tag, arm.name, entry["block"])
     try:
         handle = steps.up(arm, entry["deployment"])
-    except StepFailed as e:
-        return f"failed to come up: {e}"
+    except BaseException as e:
+        # What a failed or stopped up applied goes with it (down is idempotent): a
+        # Kubernetes up leaves its objects for the user to read, which in an experiment
+        # would hold the next arm's resources, and a Ctrl-C mid-up left them running.
+        say(f"taking {entry['deployment']} down (its up did not finish)")
+        steps.down(arm, entry["deployment"])
+        if isinstance(e, StepFailed):
+            return f"failed to come up: {e}"
+        raise
     entry["deployment"] = handle
     try:
         steps.warm(arm, handle)
