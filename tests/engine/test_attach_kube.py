@@ -5,12 +5,11 @@ No cluster is reachable here, so the Kubernetes API is the stand-in of
 tests/unit/kube_standin.py, holding Pods shaped like llm-d's and like NVIDIA Dynamo's
 (tests/unit/fixtures/attach, which cite their sources), and each Pod's forwarded port
 relays to a real engine of a tiny-pd deployment the local backend runs (prefill and decode
-sharing KV through ExampleConnector, vllm-router in front), as tests/engine/
-test_kube_view.py does for servebook's own.  The engine containers' argv is the one these
-engines run, in the stack's own form (llm-d: `vllm serve` args, decode on 8200 behind the
-routing proxy; Dynamo: `python3 -m dynamo.vllm`, counters on the system port 9090).  The
-routing proxy's port relays to the router, whose /metrics are not an engine's: reading it
-would be wrong, and the test would see it.
+sharing KV through ExampleConnector, vllm-router in front).  The engine containers' argv
+is the one these engines run, in the stack's own form (llm-d: `vllm serve` args, decode
+on 8200 behind the routing proxy; Dynamo: `python3 -m dynamo.vllm`, counters on the
+system port 9090).  The routing proxy's port relays to the router, whose /metrics are not
+an engine's: reading it would be wrong, and the test would see it.
 """
 
 from __future__ import annotations

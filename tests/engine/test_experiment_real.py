@@ -23,7 +23,6 @@ other engine tests relax them on a machine the engines share.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -40,45 +39,29 @@ import yaml
 from servebook.backends.local import deployer as local
 from servebook.results.schema import RESULTS_NAME
 from servebook.results.store import load_results
+from tests.four_arms import (
+    ARM_ENTRIES,
+    LEVELS,
+    LOAD,
+    PAIRS,
+    check_evidence,
+    check_pr_report,
+    check_schedule,
+)
 from tests.unit.browser import PROBE, Dom, chromium
 
 pytestmark = pytest.mark.engine
 
 DATASET = Path(__file__).parents[1] / "unit" / "fixtures" / "datasets" / "short-prose.jsonl"
-ARMS = {
-    "mixed": "tiny-mixed",
-    "mixed-spec": "tiny-mixed-spec",
-    "pd": "tiny-pd",
-    "pd-spec": "tiny-pd-spec",
-}
 EXPERIMENT = {
     "baseline": "mixed",
     "blocks": 2,
     "variable": ["topology"],
     "values": {"extra_engine_args": "--block-size 32"},
-    # The report's per-accelerator figures: the CPU build's plan counts no GPU, so each arm
-    # declares one per engine; and speculation's own effect inside PD as a named pair.
-    "arms": [
-        {"name": name, "recipe": recipe, "accelerators": 2 if name in ("pd", "pd-spec") else 1}
-        for name, recipe in ARMS.items()
-    ],
-    "pairs": ["pd-spec:pd"],
-    "load": {
-        "concurrency": [1, 4],
-        "dataset": DATASET.name,
-        "output-len": 16,
-        "warmup": "2s",
-        "duration": "5s",
-        "min-requests": 4,
-        "repetitions": 1,
-        "precision": "off",
-        "max-client-lag-ms": 250,
-        "min-achieved-concurrency": 0.5,
-    },
+    "arms": ARM_ENTRIES,
+    "pairs": PAIRS,
+    "load": {**LOAD, "dataset": DATASET.name},
 }
-LEVELS = [1, 4]
-PD_ARMS = ("pd", "pd-spec")
-SPEC_ARMS = ("mixed-spec", "pd-spec")
 BOUND_S = 1500  # 8 ups, 3 processes each for PD; each 40-110 s on 2 cores
 
 
@@ -123,63 +106,6 @@ def engines_of(home: Path) -> list[int]:
         except OSError:
             continue
     return pids
-
-
-def check_schedule(state: dict[str, Any], out: Path) -> None:
-    """Every arm ran once per block, each a deployment of its own name, brought up,
-    verified, benched and taken down before the next came up; every point valid, every PD
-    point's handoff judged and above its threshold."""
-    sched = state["schedule"]
-    assert sorted((e["block"], e["arm"]) for e in sched) == sorted(
-        (b, a) for b in (1, 2) for a in ARMS
-    )
-    assert [e["outcome"] for e in sched] == ["done"] * 8, sched
-    assert [e["verify"] for e in sched] == ["passed"] * 8, sched
-    tag = state["tag"]
-    assert sorted(e["deployment"] for e in sched) == sorted(
-        f"{a}-b{b}-{tag}" for b in (1, 2) for a in ARMS
-    )
-    for before, after in itertools.pairwise(sched):
-        assert before["ended_at"] <= after["started_at"], (before, after)
-    for e in sched:
-        res = load_results(out / "arms" / e["arm"] / f"block-{e['block']}" / RESULTS_NAME)
-        assert res.provenance.target.get("deployment") == e["deployment"]
-        points = sorted(res.points, key=lambda p: p.concurrency or 0)
-        assert [(p.concurrency, p.valid) for p in points] == [(c, True) for c in LEVELS], [
-            p.invalid_reasons for p in points
-        ]
-        if e["arm"] in PD_ARMS:
-            for p in points:
-                share = p.server.get("handoff_share")
-                assert share is not None and share > 0.7, (e["arm"], p.server)
-
-
-def check_evidence(state: dict[str, Any]) -> None:
-    """Each arm x level carries its server evidence over both blocks: the drafts the
-    speculative arms' engines accepted, none on the plain ones, no errors, the PD arms'
-    handoff share and no point failed open."""
-    rows = {(r["arm"], r["level"]): r for r in state["evidence"]}
-    assert sorted(rows) == sorted((a, float(c)) for a in ARMS for c in LEVELS)
-    for (arm, _level), r in rows.items():
-        assert r["valid"] and r["blocks"] == [1, 2] and r["points"] == r["valid_points"] == 2, r
-        assert r["invalid_checks"] == [], r
-        assert r["errors"] == 0 and r["error_rate"] == 0, r
-        assert r["request_errors"]["max"] == 0, r
-        assert r["handoff_failed_open"] == [], r
-        assert r["missing"] == [], r
-        if arm in PD_ARMS:
-            assert r["handoff_share"] is not None, r
-        else:
-            assert r["handoff_share"] is None, r
-        if arm in SPEC_ARMS:
-            assert 0 < r["spec_acceptance"]["min"] <= r["spec_acceptance"]["max"] <= 1, r
-        else:
-            assert r["spec_acceptance"] is None, r
-    tok_s = [c for c in state["comparisons"] if c["metric"] == "output_tokens_per_s"]
-    assert sorted((c["arm"], c["concurrency"], c["blocks"]) for c in tok_s) == sorted(
-        (a, float(c), 2) for a in ARMS if a != "mixed" for c in LEVELS
-    )
-    assert state["invalid_blocks"] == []
 
 
 def check_orders(state: dict[str, Any], out: Path) -> None:
@@ -231,43 +157,6 @@ def check_tpot(state: dict[str, Any], out: Path) -> None:
             return float(sum(blocks) / len(blocks))  # the median of two blocks
 
         assert c["ratio"] == pytest.approx(median(c["arm"]) / median("mixed"), rel=1e-4), c
-
-
-def check_pr_report(out: Path, home: Path, tmp_path: Path) -> None:
-    """report.md as a pull request takes it (issue 49, point 6): every arm's provenance
-    (engine and version as its servers said, servebook's commit where it ran from a
-    checkout), TTFT and TPOT p50 and p99, per-accelerator figures for every arm, the
-    pd-spec/pd ratio table, and no path of this machine."""
-    from servebook.results.provenance import source_commit
-
-    md = (out / "report.md").read_text()
-    sections = {s.split("\n", 1)[0]: s for s in md.split("\n## ")[1:]}
-    prov = next(v for k, v in sections.items() if k.startswith("Provenance of each arm"))
-    res = load_results(out / "arms" / "pd-spec" / "block-1" / RESULTS_NAME)
-    for arm in ARMS:
-        row = next(line for line in prov.splitlines() if line.startswith(f"| {arm} |"))
-        assert f"vllm {res.provenance.engine_version}" in row, row
-        assert "declared on the arm" in row and "recipe tiny-" in row, row
-        if source_commit() is not None:
-            assert "(commit " in row, row
-    arms = next(v for k, v in sections.items() if k.startswith("Every arm at every level"))
-    head = arms.splitlines()[2]
-    for column in ("Per accelerator", "TTFT p50 (ms)", "TTFT p99 (ms)", "TPOT p50 (ms)",
-                   "TPOT p99 (ms)"):  # fmt: skip
-        assert column in head, head
-    rows = [line.split(" | ") for line in arms.splitlines()[4:] if line.startswith("| ")]
-    assert len(rows) == len(ARMS) * len(LEVELS), arms
-    for cells in rows:
-        per, ttft50, ttft99 = cells[3], cells[4], cells[5]
-        assert float(per.replace(",", "")) > 0 and 0 < float(ttft50) <= float(ttft99), cells
-    pairs = next(
-        v for k, v in sections.items() if k.startswith("Ratios of the named pairs (pd-spec/pd)")
-    )
-    for level in LEVELS:
-        assert f"| pd-spec | pd | c={level} | output tok/s |" in pairs, pairs
-        assert f"| pd-spec | pd | c={level} | TPOT" in pairs, pairs
-    for where in (str(tmp_path), str(home), "/root/", "/tmp/", "/work/"):
-        assert where not in md, where
 
 
 def check_in_browser(out: Path, tmp_path: Path) -> None:

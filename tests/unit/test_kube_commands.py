@@ -7,7 +7,7 @@ endpoints servebook reads (/health, /version, /metrics with counters captured fr
 What is pinned: a re-up after a change waits for the new Pod instead of reporting the old
 one; a forward that fails and a Pod replaced mid-command each end the command naming the
 role, within its bound; status shows each role's Pod, node, readiness, restarts and image.
-A real engine behind the forwards is tests/engine/test_kube_view.py's."""
+Real engines behind the forwards, on the plane: tests/cluster/test_tiny_pd_lifecycle.py."""
 
 from __future__ import annotations
 
