@@ -1,9 +1,9 @@
-"""The stand-in API server's scenarios, each run against the stand-in and against the cluster
-of the tests (the test plane by default) with one body (conftest.py's ``kube``): what a real
-API server does over time (deletion, Terminating namespaces, paging, unserved groups),
-server-side apply and its refusals, Pod Security, RBAC on port-forwards, and servebook's
-port-forwards through the API server.  Where the two disagreed, the stand-in was changed to
-answer as the plane does (tests/unit/kube_standin.py says what it keeps and why)."""
+"""What a real API server does over time (deletion, Terminating namespaces, paging, unserved
+groups), server-side apply and its refusals, Pod Security, RBAC on port-forwards, and
+servebook's port-forwards through the API server, on the cluster of the tests (the test plane
+by default).  These ran on the stand-in API server too until issue 43: where the two had
+disagreed, the plane was right, and the stand-in (tests/unit/kube_standin.py) keeps only what
+the plane cannot show."""
 
 from __future__ import annotations
 
@@ -68,8 +68,7 @@ def _ready(pod: Obj) -> bool:
 
 
 def _slow_to_stop(ns: str, name: str, grace_s: int) -> Obj:
-    """A Deployment whose Pod ignores SIGTERM: it stops when its grace period ends (on the
-    stand-in, whose Pods run nothing, a deleted Pod stops then too)."""
+    """A Deployment whose Pod ignores SIGTERM: it stops when its grace period ends."""
     labels = {"app.kubernetes.io/component": name}
     return {
         "apiVersion": "apps/v1",

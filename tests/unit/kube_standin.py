@@ -151,8 +151,6 @@ class StandIn:
     # (plural, namespace or "", name) -> object
     objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     requests: list[Seen] = field(default_factory=list)
-    # (plural, namespace, name) -> {dotted field path: manager}
-    owned_by_other: dict[tuple[str, str, str], dict[str, str]] = field(default_factory=dict)
     # (method, path prefix) pairs answered 403; a prefix ending in "$" is one exact path
     forbidden: list[tuple[str, str]] = field(default_factory=list)
     ready_pods: bool = False
@@ -280,14 +278,6 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
-def _get_path(obj: Any, path: str) -> Any:
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict) or part not in obj:
-            return None
-        obj = obj[part]
-    return obj
-
-
 def _app(st: StandIn) -> web.Application:
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -351,12 +341,11 @@ def _app(st: StandIn) -> web.Application:
             i.pop("kind", None)
             i.pop("apiVersion", None)
         api_version, kind, _ = KINDS[plural]
-        items, list_meta = _page(request, items)
         return web.json_response(
             {
                 "kind": f"{kind}List",
                 "apiVersion": api_version,
-                "metadata": list_meta,
+                "metadata": {"resourceVersion": "99"},
                 "items": items,
             }
         )
@@ -399,7 +388,7 @@ def _app(st: StandIn) -> web.Application:
                 422, "Invalid", "PatchOptions.meta.k8s.io is invalid: fieldManager: Required"
             )
         body = _body(await request.text())
-        api_version, kind, group = KINDS[plural]
+        api_version, kind, _ = KINDS[plural]
         if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
             return _status(400, "BadRequest", "the name or kind of the object does not match")
         invalid = validate(st, plural, ns, body)
@@ -409,35 +398,6 @@ def _app(st: StandIn) -> web.Application:
         old = st.objects.get(key)
         if old is None and (refused := _refuse_namespace(st, plural, ns, name)) is not None:
             return refused
-        force = request.query.get("force") == "true"
-        conflicts = [
-            (path, who)
-            for path, who in st.owned_by_other.get(key, {}).items()
-            if who != manager
-            and _get_path(body, path) is not None
-            and _get_path(body, path) != _get_path(old, path)
-        ]
-        if conflicts and not force:
-            n = len(conflicts)
-            return _status(
-                409,
-                "Conflict",
-                f"Apply failed with {n} conflict{'s' if n > 1 else ''}: "
-                + "; ".join(f'conflict with "{w}" using {api_version}: {p}' for p, w in conflicts),
-                {
-                    "name": name,
-                    "group": group,
-                    "kind": plural,
-                    "causes": [
-                        {
-                            "reason": "FieldManagerConflict",
-                            "message": f'conflict with "{w}" using {api_version}',
-                            "field": p,
-                        }
-                        for p, w in conflicts
-                    ],
-                },
-            )
         obj = copy.deepcopy(body)
         if plural == "secrets" and "stringData" in obj:  # the API server stores only data
             data = obj.setdefault("data", {})
@@ -984,14 +944,6 @@ def dump(st: StandIn) -> str:
 #   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).  A condition
 #   appears only once it is first true (``setCondition``): while no group is ready there is
 #   no ``Available``, as the test plane's controller showed.
-# * ``crashing[POD]``: that Pod's containers exit with this code once they run, and the
-#   kubelet restarts them (``restartCount``, ``lastState.terminated``).  A LeaderWorkerSet
-#   member that restarted makes the controller recreate its group (RecreateGroupOnPodRestart,
-#   pkg/controllers/pod_controller.go ``handleRestartPolicy``): the leader is deleted in the
-#   Foreground and the workers with it, a ``RecreateGroup`` event is recorded on the set
-#   (the events API's shape: ``eventTime``, no ``lastTimestamp``), and the group is made
-#   again under the same names once they are gone; on the test plane a worker that exits
-#   5 s after starting was recreated every 6 s.
 # * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
 #   ``remainingItemCount``) while more remain; ``continue`` resumes.
 # * ``tokens`` (when set): a request whose bearer token is not one of them is 401
@@ -1028,8 +980,6 @@ class Lifecycle:
     rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
     # (reason, message) the kubelet emits for every new Pod, as Warning Events
     pod_events: list[tuple[str, str]] = field(default_factory=list)
-    crashing: dict[str, int] = field(default_factory=dict)  # Pod name -> its exit code
-    regroup: set[tuple[str, str, str]] = field(default_factory=set)  # LWS remaking a group
 
 
 NAMESPACE_TERMINATING = "NamespaceTerminating"
@@ -1096,23 +1046,6 @@ def _not_served() -> web.Response:
     return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
 
 
-def _page(request: web.Request, items: list[Obj]) -> tuple[list[Obj], Obj]:
-    meta: Obj = {"resourceVersion": "99"}
-    limit = int(request.query.get("limit") or 0)
-    if limit <= 0:
-        return items, meta
-    token = request.query.get("continue", "")
-    start = int(json.loads(base64.b64decode(token))["start"]) if token else 0
-    page = items[start : start + limit]
-    rest = len(items) - start - len(page)
-    if rest > 0:
-        meta["continue"] = base64.b64encode(
-            json.dumps({"rv": 99, "start": start + limit}).encode()
-        ).decode()
-        meta["remainingItemCount"] = rest
-    return page, meta
-
-
 def _dependents(st: StandIn, uid: str) -> list[tuple[str, str, str]]:
     return [
         k
@@ -1142,10 +1075,6 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
         obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
         obj.setdefault("status", {})["phase"] = "Terminating"
         st.life.deleting[key] = now
-    elif policy == "Foreground":
-        meta["deletionTimestamp"] = _now_text()
-        meta["finalizers"] = [*meta.get("finalizers", []), "foregroundDeletion"]
-        st.life.deleting[key] = now
     else:
         del st.objects[key]
         if policy != "Orphan":
@@ -1169,20 +1098,13 @@ def _finish_deletions(st: StandIn, now: float) -> bool:
         if plural == "pods":  # its containers stop within their grace period
             grace = obj["metadata"].get("deletionGracePeriodSeconds")
             done = timing.due(timing.grace_s if grace is None else float(grace), since, now)
-        elif plural == "namespaces":
+        else:  # a namespace: its content deleted first
             content = [k for k in st.objects if k[1] == name]
             for k in content:
                 changed |= _delete(st, k, "Background") is not None and k in st.objects
             done = not [k for k in st.objects if k[1] == name] and timing.due(
                 timing.namespace_s, since, now
             )
-        else:
-            deps = _dependents(st, obj["metadata"]["uid"])
-            for k in deps:
-                if not st.objects[k]["metadata"].get("deletionTimestamp"):
-                    _delete(st, k, "Foreground")
-                    changed = True
-            done = not deps
         if done:
             del st.objects[key]
             del st.life.deleting[key]
@@ -1237,9 +1159,6 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         if before is not None and before.get("status") == c["status"]:
             c["lastTransitionTime"] = before["lastTransitionTime"]
     kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    if meta["name"] in st.life.crashing and stage >= 2:
-        _crashed(pod, st.life.crashing[meta["name"]], stamp)
-        return
     status["containerStatuses"] = [
         {
             "name": c["name"],
@@ -1253,81 +1172,6 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         }
         for c in containers
     ]
-
-
-def _crashed(pod: Obj, code: int, stamp: str) -> None:
-    """Its containers exited with ``code``; the kubelet has restarted them (running, not
-    Ready)."""
-    status = pod["status"]
-    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    status["conditions"] = [
-        c for c in status.get("conditions") or () if c["type"] in ("Initialized", "PodScheduled")
-    ]
-    exited = {"exitCode": code, "reason": "Error", "startedAt": stamp, "finishedAt": stamp}
-    status["containerStatuses"] = [
-        {
-            "name": c["name"],
-            "image": c["image"],
-            "ready": False,
-            "started": True,
-            "restartCount": max(1, kept.get(c["name"], {}).get("restartCount", 0)),
-            "lastState": {"terminated": exited},
-            "state": {"running": {"startedAt": stamp}},
-        }
-        for c in pod["spec"]["containers"]
-    ]
-
-
-def _recreate_groups(st: StandIn, key: tuple[str, str, str], lws: Obj) -> None:
-    """The LWS pod controller's ``handleRestartPolicy``, and the StatefulSets making a
-    recreated group again once its Pods are gone."""
-    meta = lws["metadata"]
-    if key in st.life.regroup and key not in st.life.rollouts:
-        _roll_out_lws(st, lws)
-        size = int(lws["spec"]["leaderWorkerTemplate"].get("size", 1))
-        if len(_lws_pods(st, lws)) >= size * int(lws["spec"].get("replicas", 1)):
-            st.life.regroup.discard(key)
-    for pod in _lws_pods(st, lws):
-        pm = pod["metadata"]
-        restarted = any(
-            c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or ()
-        )
-        if pm.get("deletionTimestamp") or not restarted:
-            continue
-        group = pm["labels"][LWS_GROUP]
-        leader_key = ("pods", meta["namespace"], f"{meta['name']}-{group}")
-        leader = st.objects.get(leader_key)
-        if leader is None or leader["metadata"].get("deletionTimestamp"):
-            continue
-        _delete(st, leader_key, "Foreground")
-        for member in _lws_pods(st, lws):
-            if member["metadata"]["labels"][LWS_GROUP] == group:
-                _delete(st, ("pods", meta["namespace"], member["metadata"]["name"]))
-        st.life.regroup.add(key)
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        st.put(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                             "namespace": meta["namespace"]},
-                "involvedObject": {"apiVersion": lws["apiVersion"], "kind": "LeaderWorkerSet",
-                                   "name": meta["name"], "namespace": meta["namespace"],
-                                   "uid": meta["uid"]},
-                "related": {"apiVersion": "v1", "kind": "Pod", "name": leader["metadata"]["name"],
-                            "namespace": meta["namespace"]},
-                "reason": "RecreateGroup",
-                "action": "Delete",
-                "message": f"Worker pod {pm['name']} failed, deleted leader pod "
-                           f"{leader['metadata']['name']} to recreate group {group}",
-                "type": "Normal",
-                "eventTime": stamp,
-                "firstTimestamp": None,
-                "lastTimestamp": None,
-                "reportingComponent": "leaderworkerset",
-                "source": {},
-            }
-        )  # fmt: skip
 
 
 def _lws_pods(st: StandIn, lws: Obj) -> list[Obj]:
@@ -1352,32 +1196,9 @@ def pod_ip(pod: Obj) -> str:
     return str(status["podIP"])
 
 
-ROOT_CA = "kube-root-ca.crt"
-
-
-def _publish_root_ca(st: StandIn) -> None:
-    """kube-controller-manager's root-ca-cert-publisher: every namespace that is not being
-    deleted holds the ConfigMap ``kube-root-ca.crt`` (the cluster's CA bundle), as every
-    namespace on the test plane does."""
-    for p, _, ns in list(st.objects):
-        space = st.objects[(p, "", ns)] if p == "namespaces" else None
-        if space is None or space["metadata"].get("deletionTimestamp"):
-            continue
-        if ("configmaps", ns, ROOT_CA) not in st.objects:
-            st.put(
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": ROOT_CA, "namespace": ns},
-                    "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n"},
-                }
-            )
-
-
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
     now = time.monotonic()
-    _publish_root_ca(st)
     for _ in range(20):
         changed = _finish_deletions(st, now)
         for key in list(st.life.rollouts):
@@ -1396,9 +1217,6 @@ def _advance(st: StandIn) -> None:
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj, now)
-    for key, obj in list(st.objects.items()):
-        if key in st.life.rolled and not obj["metadata"].get("deletionTimestamp"):
-            _recreate_groups(st, key, obj)
     for key, obj in st.objects.items():
         if key in st.life.rolled:
             _lws_status(st, obj)

@@ -19,9 +19,7 @@ from typing import Any
 
 import pytest
 
-from servebook.backends.base import UpFailed
 from servebook.backends.kubernetes import deployer as kube
-from servebook.backends.kubernetes.record import workload_name
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
 from servebook.kube import resources
@@ -253,25 +251,4 @@ def test_a_leaderworkerset_whose_pods_pod_security_refuses_fails_with_the_reason
     text = _up_under_baseline(server, resolve("vllm-pd-wide-ep", [], [WIDE]), "wide")
     assert "the cluster refused to create the Pods of LeaderWorkerSet" in text, text
     assert 'violates PodSecurity "baseline:latest"' in text, text
-    assert "is the LeaderWorkerSet controller running" not in text
-
-
-def test_a_group_whose_worker_crashes_fails_up_at_once_naming_the_worker(server: Server) -> None:
-    """On the test plane (LWS v0.9.0) a member whose container restarts makes the controller
-    recreate its group at once (RecreateGroupOnPodRestart), so the restarted Pod is seen for
-    a moment at most: ``up`` waited through the recreations and, two minutes on, asked
-    whether the LeaderWorkerSet controller was running.  It now fails at the first
-    recreation, naming the worker and the controller's event."""
-    server.standin.ready_pods = True
-    plan = resolve("vllm-pd-wide-ep", [], [WIDE])
-    lws_name = workload_name(plan, "decode", "wide")
-    server.standin.life.crashing = {f"{lws_name}-0-2": 3}
-    t0 = time.monotonic()
-    with pytest.raises(UpFailed) as e:
-        kube.up(plan, name="wide", timeout_s=20, poll_s=0.05)
-    assert time.monotonic() - t0 < 15, "it waited through the recreations"
-    text = str(e.value)
-    assert e.value.role == "decode", text
-    assert f"Pod {lws_name}-0-2" in text, text
-    assert "RecreateGroupOnPodRestart" in text, text
     assert "is the LeaderWorkerSet controller running" not in text
