@@ -12,13 +12,16 @@ the test plane only: a cluster the user named is not theirs to do that to.
 
 from __future__ import annotations
 
-import datetime as dt
+import base64
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -266,37 +269,99 @@ print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "Exec
                              "expirationTimestamp": until.strftime("%Y-%m-%dT%H:%M:%SZ")}}))
 """
 FIRST_S = 4
+# The same plugin's part for a bearer token (as EKS's `aws eks get-token`): run N hands out
+# the token in file N of its folder.
+TOKEN_PLUGIN = """\
+import json, pathlib, sys
+runs, folder = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {"token": (folder / str(n)).read_text().strip()}}))
+"""
 
 
-def test_a_certificate_that_expires_under_concurrent_calls_is_renewed_once_and_none_fails(
-    cluster: Cluster, tenant_ns: str, tmp_path: Path
+def _tokens_bound_to_secrets(ns: str, folder: Path) -> None:
+    """Two tokens of a ServiceAccount bound to the tenant's Role in ``ns``, each bound to a
+    Secret of its own (``kubectl create token --bound-object-kind Secret``), written to
+    FOLDER/1 and FOLDER/2: deleting Secret ``t1`` ends token 1 (the API server refuses a
+    bound token whose object is gone), as an expiry would."""
+    subject = {"kind": "ServiceAccount", "name": "exec-user", "namespace": ns}
+    objs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "exec-user"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "exec-user"}, "subjects": [subject],
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"}},
+        *({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"t{n}"}} for n in (1, 2)),
+    ]  # fmt: skip
+    kubectl("create", "-n", ns, "-f", "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))  # fmt: skip
+    folder.mkdir()
+    for n in (1, 2):
+        token = kubectl("create", "token", "exec-user", "-n", ns, "--duration=10m",
+                        "--bound-object-kind=Secret", f"--bound-object-name=t{n}")  # fmt: skip
+        (folder / str(n)).write_text(token.strip())
+
+
+def _answer(cfg: Obj, path: str, token: str) -> int:
+    """The API server's status for GET ``path`` with bearer ``token`` (the kubeconfig's
+    server and CA)."""
+    cluster = cfg["clusters"][0]["cluster"]
+    ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    request = urllib.request.Request(
+        cluster["server"] + path, headers={"Authorization": f"Bearer {token}"}
+    )
+    context = ssl.create_default_context(cadata=ca)
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    try:
+        with opener.open(request, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+@pytest.mark.parametrize("credential", ["certificate", "token"])
+def test_a_credential_that_expires_under_concurrent_calls_is_renewed_once_and_none_fails(
+    cluster: Cluster, tenant_ns: str, tmp_path: Path, credential: str
 ) -> None:
-    """The exec plugin's first certificate expires while the client is in use: the API
-    server answers 401 to every call made with it; the plugin runs once more, and every one
-    of 64 concurrent calls succeeds with the new certificate (before the fix, the client
-    kept presenting the expired one and all 64 failed)."""
+    """The exec plugin's first credential ends while the client is in use (a certificate
+    valid for FIRST_S seconds; a token whose bound Secret is deleted): the API server answers
+    401 to every call made with it; the plugin runs once more, and every one of 64
+    concurrent calls succeeds with the new credential (with a certificate, the client kept
+    presenting the expired one before the fix, and all 64 failed)."""
     _plane_only(cluster)
     plugin, runs = tmp_path / "plugin.py", tmp_path / "runs"
-    plugin.write_text(PLUGIN)
+    if credential == "certificate":
+        plugin.write_text(PLUGIN)
+        args = [str(Path(cluster.kubeconfig).parent / "pki"), str(FIRST_S)]
+    else:
+        plugin.write_text(TOKEN_PLUGIN)
+        _tokens_bound_to_secrets(tenant_ns, tmp_path / "tokens")
+        args = [str(tmp_path / "tokens")]
     cfg = yaml.safe_load(Path(cluster.user).read_text())
-    pki = Path(cluster.kubeconfig).parent / "pki"
     cfg["users"][0]["user"] = {
         "exec": {
             "apiVersion": "client.authentication.k8s.io/v1",
             "command": sys.executable,
-            "args": [str(plugin), str(runs), str(pki), str(FIRST_S)],
+            "args": [str(plugin), str(runs), *args],
             "interactiveMode": "Never",
         }
     }
     path = tmp_path / "exec.kubeconfig"
     path.write_text(yaml.safe_dump(cfg))
-    issued = dt.datetime.now(dt.UTC)
+    issued = time.monotonic()
     api = kube_client.connect(str(path))
     assert runs.read_text() == "1"
     listing = f"/api/v1/namespaces/{tenant_ns}/configmaps"
     assert kube_client.send(api, "GET", listing, "before").code == 200
-    left = FIRST_S + 1.5 - (dt.datetime.now(dt.UTC) - issued).total_seconds()
-    time.sleep(max(0.0, left))  # the first certificate has expired
+    if credential == "certificate":
+        time.sleep(max(0.0, FIRST_S + 1.5 - (time.monotonic() - issued)))  # it has expired
+    else:
+        kubectl("delete", "secret", "t1", "-n", tenant_ns)
+        token = (tmp_path / "tokens" / "1").read_text()
+        _until("token 1 refused", lambda: _answer(cfg, listing, token) == 401, 30)
 
     def one(i: int) -> str:
         try:
@@ -308,7 +373,7 @@ def test_a_certificate_that_expires_under_concurrent_calls_is_renewed_once_and_n
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(64)))
     assert [r for r in results if r != "ok"] == []
-    assert runs.read_text() == "2", "the plugin ran once for the expired certificate"
+    assert runs.read_text() == "2", "the plugin ran once for the credential that ended"
 
 
 # --- a deployment found from its labels -------------------------------------------------------

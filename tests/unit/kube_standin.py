@@ -290,9 +290,6 @@ def _app(st: StandIn) -> web.Application:
             )
         )
         _advance(st)
-        refused = _unauthorized(st, request)
-        if refused is not None:
-            return refused
         if "/leaderworkerset.x-k8s.io/" in request.path and not st.serves_lws:
             return _not_served()
         for method, prefix in st.forbidden:
@@ -946,8 +943,6 @@ def dump(st: StandIn) -> str:
 #   no ``Available``, as the test plane's controller showed.
 # * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
 #   ``remainingItemCount``) while more remain; ``continue`` resumes.
-# * ``tokens`` (when set): a request whose bearer token is not one of them is 401
-#   ``Unauthorized`` (an expired exec-plugin token).
 # * ``forward_resets[role]``: that many port-forward streams of the role answer the
 #   kubelet's connection-reset error on the error channel (containerd#9875), then relay.
 #
@@ -972,7 +967,6 @@ class Timing:
 class Lifecycle:
     timing: Timing = field(default_factory=Timing)
     lws_version: str = "v0.9.0"
-    tokens: set[str] = field(default_factory=set)
     forward_resets: dict[str, int] = field(default_factory=dict)
     born: dict[str, float] = field(default_factory=dict)  # Pod uid -> created
     deleting: dict[tuple[str, str, str], float] = field(default_factory=dict)
@@ -1030,15 +1024,6 @@ def _refuse_namespace(st: StandIn, plural: str, ns: str, name: str) -> web.Respo
             },
         )
     return None
-
-
-def _unauthorized(st: StandIn, request: web.Request) -> web.Response | None:
-    if not st.life.tokens:
-        return None
-    token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if token in st.life.tokens:
-        return None
-    return _status(401, "Unauthorized", "Unauthorized")
 
 
 def _not_served() -> web.Response:
@@ -1601,49 +1586,3 @@ def reset_message(port: int, uid: str) -> str:
         f'network namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:'
         f"{port}: read: connection reset by peer"
     )
-
-
-EXEC_KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: standin
-  cluster: {{server: "{server}"}}
-users:
-- name: tester
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: "{command}"
-      args: ["{state}"]
-      interactiveMode: Never
-contexts:
-- name: c
-  context: {{cluster: standin, user: tester}}
-current-context: c
-"""
-
-# An exec credential plugin (as EKS's `aws eks get-token` answers): each run hands out the
-# next token, t1, t2, ..., counting its runs in the file it is given.
-TOKEN_PLUGIN = """\
-import json, pathlib, sys
-state = pathlib.Path(sys.argv[1])
-n = int(state.read_text()) + 1 if state.exists() else 1
-state.write_text(str(n))
-print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-                  "status": {"token": f"t{n}", "expirationTimestamp": "2030-01-01T00:00:00Z"}}))
-"""
-
-
-def exec_kubeconfig(server: str, folder: Path, python: str) -> tuple[Path, Path]:
-    """A kubeconfig whose user's token comes from ``TOKEN_PLUGIN`` run by ``python``;
-    (the kubeconfig, the file counting the plugin's runs)."""
-    script = folder / "token-plugin.py"
-    script.write_text(TOKEN_PLUGIN)
-    wrapper = folder / "token-plugin"
-    wrapper.write_text(f'#!/bin/sh\nexec "{python}" "{script}" "$@"\n')
-    wrapper.chmod(0o755)
-    state = folder / "token-runs"
-    cfg = folder / "kubeconfig"
-    cfg.write_text(EXEC_KUBECONFIG.format(server=server, command=wrapper, state=state))
-    return cfg, state
