@@ -341,6 +341,28 @@ def test_a_deployment_whose_pods_pod_security_refuses_fails_with_the_reason(kube
     assert pods and all(p.startswith("pd-router-") for p in pods), pods
 
 
+WIDE = VALUES.parents[1] / "vllm-pd-wide-ep-replicas" / "values.yaml"
+
+
+def test_a_leaderworkerset_whose_pods_pod_security_refuses_fails_with_the_reason(
+    kube: Kube,
+) -> None:
+    """Issue 23 point 11: the API server refuses the set's Pods (Pod Security's baseline
+    level: the engines' hostPath model volume and added capabilities); the refusal is only
+    on the StatefulSets' events, and ``up`` fails with it at once instead of waiting two
+    minutes to ask whether the controller runs."""
+    ns = kube.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
+    plan = resolve("vllm-pd-wide-ep", [f"namespace={ns}"], [WIDE])
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as e:
+        kube_backend.up(plan, name="wide", timeout_s=90, poll_s=0.2)
+    assert time.monotonic() - t0 < 60, "it waited for a Pod that cannot come"
+    text = str(e.value)
+    assert "the cluster refused to create the Pods of LeaderWorkerSet" in text, text
+    assert 'violates PodSecurity "baseline:latest"' in text, text
+    assert "is the LeaderWorkerSet controller running" not in text
+
+
 # --- port-forwards: RBAC, servebook's dialer, a Pod's identity ---------------------------------
 
 

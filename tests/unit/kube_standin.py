@@ -67,7 +67,6 @@ import copy
 import hashlib
 import itertools
 import json
-import random
 import threading
 import time
 import uuid
@@ -533,8 +532,6 @@ def _app(st: StandIn) -> web.Application:
             )
         if ns:
             meta["namespace"] = ns
-        if plural == "pods" and (refused := _pod_security_refusal(st, ns, name, body)):
-            return refused
         if plural == "pods":
             body["status"] = {"phase": "Pending"}
             st._started[(ns, name)] = time.monotonic()
@@ -728,21 +725,6 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
         current["metadata"]["annotations"][REVISION] = revision
     running = [o for o in st.objects.values() if _owned_by(o, current)]
     meta.setdefault("annotations", {})[REVISION] = revision
-    rs_name = current["metadata"]["name"]
-    if len(running) < want and _refused_by_pod_security(
-        st, ns, rs_name, f"{rs_name}-", current["spec"]["template"]["spec"], kind="ReplicaSet"
-    ):
-        # The ReplicaSet controller creates no Pod; it records FailedCreate on the
-        # ReplicaSet and sets its ReplicaFailure condition, which the Deployment
-        # controller copies (pkg/controller/replicaset, deployment/sync.go).
-        failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}
-        current["status"] = {"replicas": len(running), "conditions": [failure]}
-        dep["status"] = {
-            "observedGeneration": meta["generation"],
-            "replicas": len(running),
-            "conditions": [failure],
-        }
-        return
     for i in range(len(running), want):
         _start_pod(st, current, suffix=f"{digest[:5]}{i}")
     dep["status"] = {
@@ -1253,10 +1235,6 @@ def _run_job(st: StandIn, job: Obj) -> None:
         }
         pod_spec = copy.deepcopy(template["spec"])
         pod_spec["hostname"] = f"{meta['name']}-{i}"
-        # Pod Security admission refuses the Pod as it would any; the Job controller
-        # records the refusal on the Job and tries again on its next pass.
-        if _refused_by_pod_security(st, ns, meta["name"], f"{meta['name']}-{i}-", pod_spec, "Job"):
-            continue
         pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -1373,14 +1351,6 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             if ("pods", meta["namespace"], name) in st.objects:
                 continue
             template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
-            # The leader StatefulSet (named after the set) makes the leaders; the pod
-            # controller makes a group's worker StatefulSet (named after its leader) only
-            # once the leader Pod exists.  Pod Security admission refuses them as it would
-            # any Pod, and the StatefulSet controller records the refusal on the
-            # StatefulSet, nowhere else.
-            sts = meta["name"] if w == 0 else f"{meta['name']}-{g}"
-            if _refused_by_pod_security(st, meta["namespace"], sts, name, template["spec"]):
-                break
             labels = {
                 **template["metadata"].get("labels", {}),
                 LWS_NAME: meta["name"],
@@ -1402,74 +1372,6 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             }
             st.put(pod)
             _born(st, pod)
-
-
-def _refused_by_pod_security(
-    st: StandIn, ns: str, owner: str, pod: str, spec: Obj, kind: str = "StatefulSet"
-) -> bool:
-    """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, its
-    controller's ``FailedCreate`` Warning on ``owner`` (one event, its count raised on each
-    retry), worded as that controller words it: the StatefulSet controller's
-    (pkg/controller/statefulset/stateful_pod_control.go), or for a Job or a ReplicaSet the
-    shared pod control's (pkg/controller/controller_utils.go, ``Error creating: %v``).  The
-    refused Pod is named in full: the API server generates a name from the generateName
-    prefix before admission (the test plane, Kubernetes 1.37, named
-    ``pd-prefill-5d54b5df74-gpt24`` where this stand-in said ``pd-prefill-5d54b5df74-``)."""
-    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
-        "labels"
-    ) or {}
-    enforce = labels.get("pod-security.kubernetes.io/enforce")
-    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
-    if not why:
-        return False
-    key = ("events", ns, f"{owner}.failedcreate")
-    stamp = _now_text()
-    old = st.objects.get(key)
-    if pod.endswith("-"):  # a generateName prefix: the name the API server generates
-        pod += "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
-    forbidden = f'pods "{pod}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
-    if kind == "StatefulSet":
-        message = f"create Pod {pod} in StatefulSet {owner} failed error: {forbidden}"
-        group, component = "apps/v1", "statefulset-controller"
-    else:  # the shared pod control's words, for a Job and a ReplicaSet alike
-        message = f"Error creating: {forbidden}"
-        group, component = {
-            "ReplicaSet": ("apps/v1", "replicaset-controller"),
-            "Job": ("batch/v1", "job-controller"),
-        }[kind]
-    st.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": key[2], "namespace": ns},
-            "involvedObject": {"kind": kind, "name": owner, "namespace": ns,
-                               "apiVersion": group},
-            "reason": "FailedCreate",
-            "message": message,
-            "type": "Warning",
-            "count": (old or {}).get("count", 0) + 1,
-            "firstTimestamp": (old or {}).get("firstTimestamp", stamp),
-            "lastTimestamp": stamp,
-            "source": {"component": component},
-        }
-    )  # fmt: skip
-    return True
-
-
-def _pod_security_refusal(st: StandIn, ns: str, name: str, pod: Obj) -> web.Response | None:
-    """A Pod created directly, refused as a real API server's PodSecurity admission refuses
-    it (the test plane's kube-apiserver refused preflight's probe Pod in a namespace that
-    enforces baseline; this stand-in admitted it)."""
-    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
-        "labels"
-    ) or {}
-    enforce = labels.get("pod-security.kubernetes.io/enforce")
-    spec = pod.get("spec") or {}
-    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
-    if not why:
-        return None
-    message = f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
-    return _status(403, "Forbidden", message, {"name": name, "kind": "pods"})
 
 
 def _born(st: StandIn, pod: Obj) -> None:

@@ -220,35 +220,3 @@ def test_a_passing_failed_mount_does_not_fail_a_ready_pods_role(server: Server) 
     server.standin.life.pod_events = [("FailedMount", ROOT_CA)]
     plan = resolve("vllm-pd", [], [VALUES])
     assert kube.up(plan, name="one", timeout_s=20, poll_s=0.05).ready
-
-
-def _up_under_baseline(server: Server, plan: Any, name: str) -> str:
-    """``up`` of ``plan`` in its namespace enforcing Pod Security baseline: the failure's
-    words, asserted to come at once (not after waiting for a Pod that cannot come)."""
-    server.standin.ready_pods = True
-    ns = plan.kubernetes.namespace if plan.kubernetes else ""
-    server.standin.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": ns, "labels": {"pod-security.kubernetes.io/enforce": "baseline"}},
-        }
-    )
-    t0 = time.monotonic()
-    with pytest.raises(Exception) as e:
-        kube.up(plan, name=name, timeout_s=60, poll_s=0.05)
-    assert time.monotonic() - t0 < 30, "it waited for a Pod that cannot come"
-    return str(e.value)
-
-
-def test_a_leaderworkerset_whose_pods_pod_security_refuses_fails_with_the_reason(
-    server: Server,
-) -> None:
-    """Issue 23 point 11: the API server refuses the set's Pods (here Pod Security's
-    baseline level: the engine's hostPath model volume / added capabilities); the refusal
-    is only on the StatefulSets' events, and ``up`` fails with it at once instead of
-    waiting two minutes to ask whether the controller runs."""
-    text = _up_under_baseline(server, resolve("vllm-pd-wide-ep", [], [WIDE]), "wide")
-    assert "the cluster refused to create the Pods of LeaderWorkerSet" in text, text
-    assert 'violates PodSecurity "baseline:latest"' in text, text
-    assert "is the LeaderWorkerSet controller running" not in text
