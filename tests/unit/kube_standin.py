@@ -1,62 +1,27 @@
-"""A stand-in Kubernetes API server over real HTTP, for the kubernetes backend's tests.
+"""A stand-in Kubernetes API server over real HTTP, for unit tests of the Kubernetes code
+that run in milliseconds.  Everything it does that the test plane also shows has a plane
+test (tests/cluster; the README's "What has run on what" lists what runs only here): where
+the two disagreed, the plane was right and this was changed to answer as it does.
 
-It keeps objects in memory and speaks the part of the REST API servebook uses, the way the
-real API server answers it: ``GET /version``; GET, server-side apply (PATCH with
-``application/apply-patch+yaml`` and ``?fieldManager=``) and DELETE on namespaces and on
-namespaced deployments, services, pods and events; lists (namespaced and across
-namespaces) with ``labelSelector``; and ``Status`` bodies for 404, 409 and 403.
-
-What a test arranges: ``owned_by_other`` (a field another field manager owns, so an apply
-that changes it is a 409 FieldManagerConflict), ``forbidden`` (method and path prefix that
-answer 403), and ``ready_pods`` (a Deployment applied gets what its controller and the
-kubelet would make: a generation observed, a ReplicaSet per Pod template with its
-``pod-template-hash`` and revision, and a Ready Pod of it).  ``requests`` records every
-request the server saw.
-
-Port-forwards: ``pods/POD/portforward`` speaks the ``v4.channel.k8s.io`` WebSocket protocol
-and relays to ``forward_to["ROLE:PORT"]`` (ROLE is the Pod's
-``app.kubernetes.io/component`` label) or ``forward_to["pod/NAME:PORT"]`` (any Pod, by its
-name), a local address standing in for the container's port; a role in ``forward_errors``
-gets kubelet's error on the error channel instead.
-``replace_pod(role)`` replaces a role's Pod the way a node failure or an eviction does.
-
-For preflight: Nodes and CustomResourceDefinitions can be ``put`` and listed; Namespaces
-and Pods can be created (POST), a Pod in a namespace that exists only; ``kubelet`` (when
-set) runs a created Pod: its image pulls for ``pull_s`` (or fails with ``pull_error``), its
-container runs for ``run_s``, and its log is ``logs(pod)``; like the kubelet it fails the
-Pod with ``DeadlineExceeded`` once ``activeDeadlineSeconds`` pass from the Pod's start, pull
-included.  ``pods/NAME/log`` serves that log.  ``selfsubjectaccessreviews`` answer allowed
-except for the (verb, resource, subresource) in ``denied`` and, once the test ``grant``s a
-Role or ClusterRole, only what its rules allow; every request (port-forward upgrades with
-the verbs a real server checks: ``get``, and ``create`` too from ``minor`` 35) is then
-authorized by those rules.  Names, label values and a Deployment's selector are validated
-(422 Invalid, worded as the API server words it), and a Pod whose ServiceAccount does not
-exist is refused, dry run included (``kube_standin_rules`` holds these rules).
-``dryRun=All`` on an apply or a
-create admits or refuses without storing anything: a namespaced object needs its
-namespace; a Pod with a hostPath volume is refused in a namespace whose
-``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
-template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
-``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
-
-Jobs: an Indexed Job applied gets its Pods from a Job controller one request later
-(``_run_job``: names, index annotation and label, hostname under the subdomain, owner
-reference), bound to node-1 by the scheduler (or left Unschedulable with
-``unschedulable`` as its words); their phases are then their kubelet's, which a test plays
-through ``set_pod_status`` and ``pod_logs``.  A Secret's ``stringData`` is stored as
-``data``, as the API server does.
-
-Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods,
-finalizers and Terminating namespaces, creates refused into absent or Terminating
-namespaces, Pods that come up through their phases after the apply, paged lists, the
-LeaderWorkerSet controller and its status per LWS version, a plain-text 404 for an
-unserved group (LeaderWorkerSet's when ``serves_lws`` is False, and any group the stand-in
-does not know), the ``kube-root-ca.crt`` ConfigMap in every namespace, expiring bearer
-tokens and connection resets on port-forward streams.
-
-The scenarios of tests/cluster/test_scenarios.py run against this stand-in and the test
-plane with one body each; where they disagreed, this stand-in was changed to answer as the
-plane does.
+Objects in memory; ``GET /version`` (``minor``: 1.31 by default, whose port-forward needs
+``get`` alone, ``create`` too from 35); GET, LIST (``labelSelector``), server-side apply
+(``application/apply-patch+yaml``, ``fieldManager``), POST and DELETE, with ``Status``
+bodies as the API server words them.  ``requests`` records what it saw.  A test arranges:
+``forbidden`` (method and path prefix answered 403); ``ready_pods`` (a Deployment's
+ReplicaSet and Pods, a LeaderWorkerSet's groups, as their controllers and kubelet make
+them); ``forward_to`` (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a
+``v4.channel.k8s.io`` port-forward relays to), ``forward_errors`` and
+``life.forward_resets`` (the kubelet's error-channel errors); ``replace_pod``;
+``hold_rollouts``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or
+``pull_error``, ``run_s`` of running, ``logs``, and ``DeadlineExceeded`` past
+``activeDeadlineSeconds``); ``denied`` and ``grant`` (access reviews and RBAC,
+``kube_standin_rules``); ``refuse`` (a dry run refused as a quota or webhook would);
+``unschedulable``, ``set_pod_status`` and ``pod_logs`` for an Indexed Job's Pods, which
+``_run_job`` makes as the Job controller does; ``serves_lws`` and ``life.lws_version``.
+Names, labels, selectors and ServiceAccounts are validated as the API server does, dry
+runs included, and a workload's Pod template warned of by the namespace's Pod Security
+levels.  Over time (``StandIn.life``): grace periods, Terminating namespaces, Pods through
+their phases, LeaderWorkerSet status per release.
 """
 
 from __future__ import annotations
@@ -130,7 +95,6 @@ class Seen:
     method: str
     path: str
     query: dict[str, str]
-    content_type: str
 
 
 @dataclass
@@ -166,8 +130,6 @@ class StandIn:
     denied: set[tuple[str, str, str]] = field(default_factory=set)
     # "Kind/name" -> (code, reason, message) for a dry run
     refuse: dict[str, tuple[int, str, str]] = field(default_factory=dict)
-    # every object a dry run was asked about, as "Kind/name in namespace"
-    dry_runs: list[str] = field(default_factory=list)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
     # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
@@ -285,7 +247,6 @@ def _app(st: StandIn) -> web.Application:
                 request.method,
                 request.path,
                 dict(request.query),
-                request.headers.get("Content-Type", ""),
             )
         )
         _advance(st)
@@ -466,7 +427,6 @@ def _app(st: StandIn) -> web.Application:
     async def dry_run(request: web.Request, body: Obj, plural: str, ns: str) -> web.Response:
         kind = KINDS.get(plural, ("", plural, ""))[1]
         name = str((body.get("metadata") or {}).get("name", ""))
-        st.dry_runs.append(f"{kind}/{name}" + (f" in {ns}" if ns else ""))
         if ns and ("namespaces", "", ns) not in st.objects:
             return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
         if f"{kind}/{name}" in st.refuse:
@@ -894,39 +854,21 @@ def dump(st: StandIn) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Lifecycle: deletion, namespaces, asynchronous Pods, paging, LeaderWorkerSet status,
-# credentials.  What a real API server and its controllers do over time, run on every
-# request (``_advance``) so it happens between requests, never inside the one that asked:
+# Lifecycle: what a real API server and its controllers do over time, run on every request
+# (``_advance``) so it happens between requests, never inside the one that asked.
 #
-# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and ``deletionGracePeriodSeconds``
-#   (its ``terminationGracePeriodSeconds``, else ``grace_s``) and goes after that long; a
-#   Namespace turns ``Terminating`` (``status.phase``, ``spec.finalizers: [kubernetes]``),
-#   its content is deleted, and it goes once its content is gone; ``propagationPolicy:
-#   Foreground`` leaves the object with the ``foregroundDeletion`` finalizer until the
-#   garbage collector has removed its dependents (by ``ownerReferences``); Background (the
-#   default) removes it at once and its dependents after.  (kubernetes:
-#   staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go,
-#   pkg/controller/garbagecollector, pkg/controller/namespace.)
-# * Creating into a namespace that does not exist is 404 ``namespaces "x" not found``;
-#   into a Terminating one 403 ``... is forbidden: unable to create new content in
-#   namespace x because it is being terminated`` with the cause ``NamespaceTerminating``
-#   (plugin/pkg/admission/namespace/lifecycle/admission.go).
-# * Pods (``_progress``): Pending, then scheduled with ContainerCreating, then Running
-#   not Ready, then Ready, over ``Timing``; a Deployment's rollout (``_roll_out``) runs
-#   after the apply, and under Recreate only once the previous ReplicaSet's Pods are gone.
-# * A LeaderWorkerSet applied with ``ready_pods`` gets its groups' Pods (leader
-#   ``NAME-G``, workers ``NAME-G-W``, labelled with group and worker index) and the status
-#   its controller writes in ``Lifecycle.lws_version``: ``replicas``, ``readyReplicas``,
-#   ``updatedReplicas`` (omitted when 0), ``hpaPodSelector`` and the conditions
-#   ``Available`` (AllGroupsReady) / ``Progressing`` (GroupsProgressing), and
-#   ``observedGeneration`` only from v0.9.0 (lws: api/leaderworkerset/v1/
-#   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).  A condition
-#   appears only once it is first true (``setCondition``): while no group is ready there is
-#   no ``Available``, as the test plane's controller showed.
-# * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
-#   ``remainingItemCount``) while more remain; ``continue`` resumes.
-# * ``forward_resets[role]``: that many port-forward streams of the role answer the
-#   kubelet's connection-reset error on the error channel (containerd#9875), then relay.
+# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes after its grace
+#   period; a Namespace turns ``Terminating``, its content is deleted, and it goes once
+#   that is gone; anything else goes at once, its dependents (``ownerReferences``) after.
+# * A create into an absent namespace is 404, into a Terminating one 403 with the cause
+#   ``NamespaceTerminating`` (plugin/pkg/admission/namespace/lifecycle/admission.go).
+# * Pods (``_progress``): Pending, ContainerCreating, Running not Ready, then Ready, over
+#   ``Timing``; a Deployment rolls out after the apply, under Recreate once the previous
+#   ReplicaSet's Pods are gone.
+# * A LeaderWorkerSet gets its groups' Pods (leader ``NAME-G``, workers ``NAME-G-W``) and
+#   the status its controller writes in ``Lifecycle.lws_version``: ``observedGeneration``
+#   only from v0.9.0, a condition only once it is first true (lws:
+#   pkg/controllers/leaderworkerset_controller.go).
 #
 # ``Timing`` times are seconds multiplied by ``scale``; at the default scale 0 every step
 # is due at the next request, so tests that do not look at timing stay fast.
@@ -1138,17 +1080,6 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
             else state,
         }
         for c in containers
-    ]
-
-
-def _lws_pods(st: StandIn, lws: Obj) -> list[Obj]:
-    meta = lws["metadata"]
-    return [
-        o
-        for (p, ns, _), o in st.objects.items()
-        if p == "pods"
-        and ns == meta["namespace"]
-        and (o["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
     ]
 
 
