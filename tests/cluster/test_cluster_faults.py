@@ -384,8 +384,8 @@ def test_status_and_down_find_the_deployment_from_its_labels_when_servebook_home
 ) -> None:
     """Two deployments of vllm-pd applied from one machine; from another (a SERVEBOOK_HOME
     with no record of them), as the tenant: `status` lists both and reads one back from its
-    objects' labels, `down` of one removes exactly its objects and keeps the namespace it
-    did not create, `down` of the other leaves nothing of servebook's."""
+    objects' labels, and `down` of one removes exactly its objects and keeps the namespace
+    it did not create."""
     ns = tenant_ns
     monkeypatch.setenv("SERVEBOOK_HOME", str(tmp_path / "first-machine"))
     api = kube_backend._api()
@@ -421,8 +421,5 @@ def test_status_and_down_find_the_deployment_from_its_labels_when_servebook_home
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"Namespace/{ns}: kept (this deployment did not create it)" in r.stdout, r.stdout
     assert names("b") == [] and len(names("a")) == 6
-    r = sb("down", "a", *where, timeout=300, env=lost)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert names("a") == []
-    r = sb("status", *where, timeout=120, env=lost)
-    assert r.returncode == 0 and f"no servebook deployments in namespace {ns}" in r.stdout, r
+    r = sb("status", *where, "--json", timeout=120, env=lost)
+    assert [d["name"] for d in json.loads(r.stdout)] == ["a"], r.stdout + r.stderr
