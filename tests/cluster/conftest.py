@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,18 @@ def sb(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def until(what: str, check: Callable[[], Any], within_s: float = 60.0) -> Any:
+    """``check()``'s first truthy answer, asked every 0.1 s; an AssertionError naming
+    ``what`` when none came within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 ADMIN_ENV = "SERVEBOOK_TEST_ADMIN_KUBECONFIG"

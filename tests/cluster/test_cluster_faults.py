@@ -23,7 +23,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,22 +36,12 @@ from servebook.kube import load_job as lj
 from servebook.kube.resources import list_objects
 from servebook.preflight.probe_pod import ProbeTarget, container_phase, pod_manifest
 from servebook.recipe.resolve import resolve
-from tests.cluster.conftest import Cluster, kubectl, sb
+from tests.cluster.conftest import Cluster, kubectl, sb, until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 Obj = dict[str, Any]
 VALUES = Path(__file__).parents[1] / "unit" / "fixtures" / "render" / "vllm-pd" / "values.yaml"
-
-
-def _until(what: str, check: Callable[[], Any], within_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 def _pod(ns: str, name: str) -> Obj:
@@ -89,12 +78,15 @@ def test_pods_past_their_active_deadline_are_ended_by_the_kubelet(tenant_ns: str
         },
     }
     t0 = time.monotonic()
-    for pod in (probe, sleeper):
-        kube_client.call(api, "POST", f"/api/v1/namespaces/{ns}/pods", "creating", body=pod)
-    name = probe["metadata"]["name"]
-    _until("the sleeper running", lambda: _pod(ns, "sleeper")["status"].get("phase") == "Running")
-    for pod in (name, "sleeper"):
-        _until(f"{pod} failed", lambda p=pod: _pod(ns, p)["status"].get("phase") == "Failed", 60)
+    for manifest in (probe, sleeper):
+        kube_client.call(api, "POST", f"/api/v1/namespaces/{ns}/pods", "creating", body=manifest)
+    name = str(probe["metadata"]["name"])
+
+    def phase(pod: str) -> str:
+        return str(_pod(ns, pod)["status"].get("phase"))
+
+    until("the sleeper running", lambda: phase("sleeper") == "Running")
+    until("both failed", lambda: phase(name) == phase("sleeper") == "Failed", 60)
     assert time.monotonic() - t0 >= 2.5, "ended before its deadline"
     for pod in (name, "sleeper"):
         status = _pod(ns, pod)["status"]
@@ -219,7 +211,7 @@ def test_load_agent_pods_that_fail_or_cannot_start_end_the_bench_at_once_naming_
     assert "a load agent's Pod failed: load agent 1, Pod " in r.stderr, r.stderr
     assert "container load terminated: Error, exit code 137" in r.stderr, r.stderr
     assert took < 90 and not (tmp_path / "killed" / "results.json").exists(), took
-    _until("the Job's objects gone", lambda: _left(ns) == [], 30)
+    until("the Job's objects gone", lambda: _left(ns) == [], 30)
 
     kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
     t0 = time.monotonic()
@@ -231,7 +223,7 @@ def test_load_agent_pods_that_fail_or_cannot_start_end_the_bench_at_once_naming_
     assert f'Error creating: pods "{name}-bench-' in r.stderr, r.stderr
     assert 'is forbidden: violates PodSecurity "restricted:latest"' in r.stderr, r.stderr
     assert took < 60, took
-    _until("the Job's objects gone", lambda: _left(ns) == [], 30)
+    until("the Job's objects gone", lambda: _left(ns) == [], 30)
 
 
 # --- a credential that expires while calls are in flight --------------------------------------
@@ -361,7 +353,7 @@ def test_a_credential_that_expires_under_concurrent_calls_is_renewed_once_and_no
     else:
         kubectl("delete", "secret", "t1", "-n", tenant_ns)
         token = (tmp_path / "tokens" / "1").read_text()
-        _until("token 1 refused", lambda: _answer(cfg, listing, token) == 401, 30)
+        until("token 1 refused", lambda: _answer(cfg, listing, token) == 401, 30)
 
     def one(i: int) -> str:
         try:
