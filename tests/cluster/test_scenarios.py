@@ -117,10 +117,10 @@ def test_a_foreground_delete_leaves_the_object_until_its_pods_have_stopped(kube:
 
 
 @pytest.mark.admin(
-    "deleting a namespace, and asking for one that does not exist, are the platform's: a tenant "
-    "is refused both (403) before the API server looks"
+    "deleting a namespace, asking for one that does not exist, and creating one are the "
+    "platform's: a tenant is refused each (403) before the API server looks"
 )
-def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_an_absent_one_is_404(
+def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_up_waits_for_it(
     kube: Kube,
 ) -> None:
     ns = kube.namespace()
@@ -161,7 +161,16 @@ def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_an_absent_one_i
         apply_config(absent)
     assert missing.value.code == 404
     assert missing.value.status["message"] == f'namespaces "{absent}" not found'
-    until("the namespace gone", lambda: _get(api, f"/api/v1/namespaces/{ns}") is None)
+    # Issue 23 point 2: `up` into it (another client's `down` still finishing) waits for it
+    # to go, saying so, then creates it again as its own and applies.
+    said: list[str] = []
+    plan = resolve("vllm-pd", [f"namespace={ns}"], [VALUES])
+    kube_backend.apply_deployment(kube_backend._api(), plan, "pd", say=said.append)
+    assert any(f"namespace {ns} is being deleted (Terminating" in s for s in said), said
+    again = _get(api, f"/api/v1/namespaces/{ns}")
+    assert again is not None and again["metadata"]["uid"] != space["metadata"]["uid"]
+    assert again["metadata"]["annotations"][CREATED_BY_ANNOTATION] == "pd"
+    assert kube.names("deployments", ns) == ["pd-decode", "pd-prefill", "pd-router"]
 
 
 def test_lists_page_with_limit_and_continue(kube: Kube) -> None:

@@ -20,8 +20,8 @@ them); ``forward_to`` (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a
 ``_run_job`` makes as the Job controller does; ``serves_lws`` and ``life.lws_version``.
 Names, labels, selectors and ServiceAccounts are validated as the API server does, dry
 runs included, and a workload's Pod template warned of by the namespace's Pod Security
-levels.  Over time (``StandIn.life``): grace periods, Terminating namespaces, Pods through
-their phases, LeaderWorkerSet status per release.
+levels.  Over time (``StandIn.life``): Pods' grace periods, Pods through their phases,
+LeaderWorkerSet status per release.
 """
 
 from __future__ import annotations
@@ -858,10 +858,9 @@ def dump(st: StandIn) -> str:
 # (``_advance``) so it happens between requests, never inside the one that asked.
 #
 # * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes after its grace
-#   period; a Namespace turns ``Terminating``, its content is deleted, and it goes once
-#   that is gone; anything else goes at once, its dependents (``ownerReferences``) after.
-# * A create into an absent namespace is 404, into a Terminating one 403 with the cause
-#   ``NamespaceTerminating`` (plugin/pkg/admission/namespace/lifecycle/admission.go).
+#   period; anything else goes at once, a Namespace's content and an object's dependents
+#   (``ownerReferences``) with it.  (Terminating namespaces run on the plane.)
+# * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
 # * Pods (``_progress``): Pending, ContainerCreating, Running not Ready, then Ready, over
 #   ``Timing``; a Deployment rolls out after the apply, under Recreate once the previous
 #   ReplicaSet's Pods are gone.
@@ -881,7 +880,6 @@ class Timing:
     create_s: float = 5.0  # on the node: ContainerCreating (image, volumes)
     start_s: float = 10.0  # Running, not yet Ready (the engine loading)
     grace_s: float = 30.0  # a deleted Pod's containers stopping, when its spec says nothing
-    namespace_s: float = 2.0  # the namespace controller's last pass
 
     def due(self, seconds: float, since: float, now: float) -> bool:
         return now - since >= seconds * self.scale
@@ -900,7 +898,6 @@ class Lifecycle:
     pod_events: list[tuple[str, str]] = field(default_factory=list)
 
 
-NAMESPACE_TERMINATING = "NamespaceTerminating"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -927,25 +924,6 @@ def _refuse_namespace(st: StandIn, plural: str, ns: str, name: str) -> web.Respo
             "NotFound",
             f'namespaces "{ns}" not found',
             {"name": ns, "kind": "namespaces"},
-        )
-    if space["metadata"].get("deletionTimestamp"):
-        return _status(
-            403,
-            "Forbidden",
-            f'{_resource(plural)} "{name}" is forbidden: unable to create new content in '
-            f"namespace {ns} because it is being terminated",
-            {
-                "name": name,
-                "group": KINDS[plural][2],
-                "kind": plural,
-                "causes": [
-                    {
-                        "reason": NAMESPACE_TERMINATING,
-                        "message": f"namespace {ns} is being terminated",
-                        "field": "metadata.namespace",
-                    }
-                ],
-            },
         )
     return None
 
@@ -979,11 +957,10 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
         grace = obj["spec"].get("terminationGracePeriodSeconds", st.life.timing.grace_s)
         meta["deletionGracePeriodSeconds"] = int(grace)
         st.life.deleting[key] = now
-    elif plural == "namespaces":
-        meta["deletionTimestamp"] = _now_text()
-        obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
-        obj.setdefault("status", {})["phase"] = "Terminating"
-        st.life.deleting[key] = now
+    elif plural == "namespaces":  # with its content (Terminating runs on the plane)
+        for k in [k for k in st.objects if k[1] == key[2]]:
+            _delete(st, k)
+        del st.objects[key]
     else:
         del st.objects[key]
         if policy != "Orphan":
@@ -994,8 +971,8 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
 
 
 def _finish_deletions(st: StandIn, now: float) -> bool:
-    """One pass of the kubelet, garbage collector and namespace controller over what is
-    being deleted; whether anything changed."""
+    """One pass of the kubelet over the Pods being deleted: each goes once its grace period
+    has passed; whether anything changed."""
     changed = False
     timing = st.life.timing
     for key, since in list(st.life.deleting.items()):
@@ -1003,18 +980,8 @@ def _finish_deletions(st: StandIn, now: float) -> bool:
         if obj is None:
             del st.life.deleting[key]
             continue
-        plural, _, name = key
-        if plural == "pods":  # its containers stop within their grace period
-            grace = obj["metadata"].get("deletionGracePeriodSeconds")
-            done = timing.due(timing.grace_s if grace is None else float(grace), since, now)
-        else:  # a namespace: its content deleted first
-            content = [k for k in st.objects if k[1] == name]
-            for k in content:
-                changed |= _delete(st, k, "Background") is not None and k in st.objects
-            done = not [k for k in st.objects if k[1] == name] and timing.due(
-                timing.namespace_s, since, now
-            )
-        if done:
+        grace = obj["metadata"].get("deletionGracePeriodSeconds")
+        if timing.due(timing.grace_s if grace is None else float(grace), since, now):
             del st.objects[key]
             del st.life.deleting[key]
             st.life.born.pop(obj["metadata"].get("uid", ""), None)
