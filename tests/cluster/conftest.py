@@ -16,16 +16,13 @@ point is an admin-only path says why with `@pytest.mark.admin("why")`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +51,18 @@ def sb(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def until(what: str, check: Callable[[], Any], within_s: float = 60.0) -> Any:
+    """``check()``'s first truthy answer, asked every 0.1 s; an AssertionError naming
+    ``what`` when none came within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 ADMIN_ENV = "SERVEBOOK_TEST_ADMIN_KUBECONFIG"
@@ -303,18 +312,16 @@ def where(live: ClusterSnapshot, image: str, tenant_ns: str) -> Iterator[list[st
         sb("down", found["name"], "--backend", "kubernetes", "-n", ns, timeout=600)
 
 
-# --- one scenario, two API servers (test_scenarios.py) ---------------------------------------
+# --- scenarios (test_scenarios.py) ----------------------------------------------------------
 #
-# A scenario of the stand-in's (tests/unit/kube_standin.py) runs once against the stand-in and
-# once against the cluster above, with ONE body: ``kube`` is a small facade over either.  What
-# the body does through servebook (its client, `servebook` commands) goes over HTTP to the API
-# server of the facade's ``kubeconfig`` (KUBECONFIG names it); what the facade arranges as a
-# cluster's administrator it does through the stand-in's own API on the stand-in and through
-# kubectl on the plane.  Where the two disagree, the plane is right.
+# These ran once against the stand-in API server (tests/unit/kube_standin.py) and once against
+# the cluster, with one body; where the two disagreed the plane was right, and they now run on
+# the cluster alone.  ``kube`` is what a scenario arranges as the cluster's administrator
+# (kubectl); what the body does through servebook goes to the API server of the facade's
+# ``kubeconfig`` (KUBECONFIG names it).
 
 # A Pod's container: an HTTP server on the port it is given that answers "pod-answer PATH",
-# and exits after answering /exit (its container then restarts).  On the plane the node
-# agent runs it as the Pod's process; on the stand-in the facade runs it and plays the kubelet.
+# and exits after answering /exit (its container then restarts); the node agent runs it.
 POD_SERVER = """\
 import http.server, os, sys
 class H(http.server.BaseHTTPRequestHandler):
@@ -331,9 +338,6 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer((sys.argv[2], int(sys.argv[1])), H).serve_forever()
 """
 POD_PORT = 8000
-# The plane's Kubernetes release, which the stand-in answers as: its /version and the
-# port-forward authorization that depends on it (`create` too from 1.35).
-STANDIN_MINOR = 37
 
 
 def pod_server(namespace: str, name: str, grace_s: int = 1) -> dict[str, Any]:
@@ -521,122 +525,7 @@ class PlaneKube(Kube):
             )  # fmt: skip
 
 
-class StandInKube(Kube):
-    """The stand-in API server (tests/unit/kube_standin.py), answering as Kubernetes
-    ``STANDIN_MINOR``; its Pods come up, and stop within their grace periods, in real time
-    (a Pod is scheduled, created and started within a second), and a Pod of ``run_pod``
-    runs here as a process, restarted as a kubelet restarts a container that exits."""
-
-    name = "stand-in"
-
-    def __init__(self, tmp: Path) -> None:
-        from tests.unit.kube_standin import Timing, serve
-
-        self.server = serve()
-        st = self.server.standin
-        st.minor = STANDIN_MINOR
-        st.ready_pods = True
-        st.life.timing = Timing(
-            scale=1.0, schedule_s=0.2, create_s=0.3, start_s=0.3, namespace_s=0.5
-        )
-        self.kubeconfig = str(self.server.write_kubeconfig(tmp / "kubeconfig"))
-        self._pods: list[tuple[subprocess.Popen[bytes] | None, threading.Event]] = []
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._stop = threading.Event()
-
-    def namespace(self, labels: dict[str, str] | None = None, create: bool = True) -> str:
-        ns = _unique()
-        if create:
-            obj = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": ns, "labels": labels or {}},
-            }
-            self.server.call(lambda st: st.put({**obj, "status": {"phase": "Active"}}))
-        return ns
-
-    def grant(self, namespace: str, rules: list[Obj], cluster_rules: list[Obj]) -> str:
-        # The stand-in has one user, the kubeconfig's: from now on it may do this only.
-        self.server.call(lambda st: st.grant({"rules": [*rules, *cluster_rules]}))
-        return self.kubeconfig
-
-    def names(self, plural: str, namespace: str) -> list[str]:
-        got: list[str] = self.server.call(lambda st: st.names(plural, namespace))
-        return got
-
-    def run_pod(self, namespace: str, name: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        pod = pod_server(namespace, name)
-        pod["spec"]["nodeName"] = "node-1"
-        pod["status"] = {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [
-                {"name": "server", "ready": True, "restartCount": 0, "state": {"running": {}}}
-            ],
-        }
-
-        def put(st: Any) -> None:
-            st.put(pod)
-            st.forward_to[f"pod/{name}:{POD_PORT}"] = ("127.0.0.1", port)
-
-        self.server.call(put)
-        started = threading.Event()
-        threading.Thread(
-            target=self._kubelet, args=(namespace, name, port, started), daemon=True
-        ).start()
-        assert started.wait(30), f"the stand-in's Pod {name} did not answer"
-
-    def _kubelet(self, namespace: str, name: str, port: int, started: threading.Event) -> None:
-        """Run the Pod's container here; when it exits, count a restart and run it again."""
-        restarts = 0
-        while not self._stop.is_set():
-            argv = pod_server(namespace, name)["spec"]["containers"][0]["command"]
-            proc = subprocess.Popen([sys.executable, *argv[1:-2], str(port), "127.0.0.1"])
-            self._procs.append(proc)
-            while not started.is_set() and proc.poll() is None:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    started.set()
-                time.sleep(0.05)
-            proc.wait()
-            if self._stop.is_set():
-                return
-            restarts += 1
-            status = {
-                "name": "server",
-                "ready": True,
-                "restartCount": restarts,
-                "state": {"running": {}},
-            }
-            self.server.call(
-                lambda st, s=status: st.set_pod_status(namespace, name, {"containerStatuses": [s]})
-            )
-
-    def set_replicas(self, namespace: str, deployment: str, replicas: int) -> str:
-        key = ("deployments", namespace, deployment)
-
-        def patch(st: Any) -> None:
-            st.objects[key]["spec"]["replicas"] = replicas
-            st.owned_by_other[key] = {".spec.replicas": "kubectl-patch"}
-
-        self.server.call(patch)
-        return "kubectl-patch"
-
-    def close(self) -> None:
-        self._stop.set()
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.server.stop()
-
-
-@pytest.fixture(params=["stand-in", "plane"])
+@pytest.fixture
 def kube(
     request: pytest.FixtureRequest,
     cluster: Cluster,
@@ -644,16 +533,11 @@ def kube(
     sb_home: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Kube]:
-    """The API server of a scenario: the stand-in, or the cluster of the tests (as the
-    tenant, in namespaces given to it, unless the test is marked admin); KUBECONFIG names it
-    for the test and every servebook process it starts."""
-    made: StandInKube | PlaneKube
+    """The API server of a scenario: the cluster of the tests (as the tenant, in namespaces
+    given to it, unless the test is marked admin); KUBECONFIG names it for the test and every
+    servebook process it starts."""
     admin = request.node.get_closest_marker("admin") is not None
-    made = (
-        StandInKube(tmp_path)
-        if request.param == "stand-in"
-        else PlaneKube(cluster, tmp_path, admin=admin)
-    )
+    made = PlaneKube(cluster, tmp_path, admin=admin)
     monkeypatch.setenv("KUBECONFIG", made.kubeconfig)
     try:
         yield made

@@ -1,9 +1,9 @@
-"""The stand-in API server's scenarios, each run against the stand-in and against the cluster
-of the tests (the test plane by default) with one body (conftest.py's ``kube``): what a real
-API server does over time (deletion, Terminating namespaces, paging, unserved groups),
-server-side apply and its refusals, Pod Security, RBAC on port-forwards, and servebook's
-port-forwards through the API server.  Where the two disagreed, the stand-in was changed to
-answer as the plane does (tests/unit/kube_standin.py says what it keeps and why)."""
+"""What a real API server does over time (deletion, Terminating namespaces, paging, unserved
+groups), server-side apply and its refusals, Pod Security, RBAC on port-forwards, and
+servebook's port-forwards through the API server, on the cluster of the tests (the test plane
+by default).  These ran on the stand-in API server too until issue 43: where the two had
+disagreed, the plane was right, and the stand-in (tests/unit/kube_standin.py) keeps only what
+the plane cannot show."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from servebook.kube import resources
 from servebook.kube.names import CREATED_BY_ANNOTATION, DEPLOYMENT_LABEL
 from servebook.preflight.live import LiveOptions, plan_findings
 from servebook.recipe.resolve import resolve
-from tests.cluster.conftest import PLANE_IMAGE, POD_PORT, Kube
+from tests.cluster.conftest import PLANE_IMAGE, POD_PORT, Kube, until
 from tests.conftest import CliResult
 from tests.rbac_rules import CLUSTER_READS, forward_rules
 
@@ -41,17 +41,8 @@ Cli = Callable[..., CliResult]
 VALUES = Path(__file__).parents[1] / "unit" / "fixtures" / "render" / "vllm-pd" / "values.yaml"
 # vllm-pd's engines (VALUES) are pinned to nodes gpu-node-1 and gpu-node-2, which the plane
 # does not have: they stay Pending, and no vLLM starts.  Its router runs vllm-router.
+WIDE = VALUES.parents[1] / "vllm-pd-wide-ep-replicas" / "values.yaml"
 CLIENT_FAILS = (OSError, http.client.HTTPException, urllib.error.URLError)
-
-
-def _until(what: str, check: Callable[[], Any], within_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within_s} s: {what}")
 
 
 def _get(api: Any, path: str) -> Obj | None:
@@ -68,8 +59,7 @@ def _ready(pod: Obj) -> bool:
 
 
 def _slow_to_stop(ns: str, name: str, grace_s: int) -> Obj:
-    """A Deployment whose Pod ignores SIGTERM: it stops when its grace period ends (on the
-    stand-in, whose Pods run nothing, a deleted Pod stops then too)."""
+    """A Deployment whose Pod ignores SIGTERM: it stops when its grace period ends."""
     labels = {"app.kubernetes.io/component": name}
     return {
         "apiVersion": "apps/v1",
@@ -103,7 +93,7 @@ def _slow_to_stop(ns: str, name: str, grace_s: int) -> Obj:
 
 
 def _running(api: Any, ns: str) -> list[Obj]:
-    return _until("the Deployment's Pod running", lambda: [p for p in _pods(api, ns) if _ready(p)])
+    return until("the Deployment's Pod running", lambda: [p for p in _pods(api, ns) if _ready(p)])
 
 
 # --- what a real API server does over time ---------------------------------------------------
@@ -121,16 +111,16 @@ def test_a_foreground_delete_leaves_the_object_until_its_pods_have_stopped(kube:
     assert dep is not None, "deleted at once, Pods and all"
     assert dep["metadata"]["deletionTimestamp"]
     assert dep["metadata"]["finalizers"] == ["foregroundDeletion"]
-    _until("the Pod terminating", lambda: _pods(api, ns)[0]["metadata"].get("deletionTimestamp"))
-    _until("the Deployment gone", lambda: _get(api, path) is None and not _pods(api, ns))
+    until("the Pod terminating", lambda: _pods(api, ns)[0]["metadata"].get("deletionTimestamp"))
+    until("the Deployment gone", lambda: _get(api, path) is None and not _pods(api, ns))
     assert time.monotonic() - t0 >= 2.5, "gone before its Pod's grace period ended"
 
 
 @pytest.mark.admin(
-    "deleting a namespace, and asking for one that does not exist, are the platform's: a tenant "
-    "is refused both (403) before the API server looks"
+    "deleting a namespace, asking for one that does not exist, and creating one are the "
+    "platform's: a tenant is refused each (403) before the API server looks"
 )
-def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_an_absent_one_is_404(
+def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_up_waits_for_it(
     kube: Kube,
 ) -> None:
     ns = kube.namespace()
@@ -171,7 +161,16 @@ def test_a_terminating_namespace_refuses_creates_not_as_rbac_and_an_absent_one_i
         apply_config(absent)
     assert missing.value.code == 404
     assert missing.value.status["message"] == f'namespaces "{absent}" not found'
-    _until("the namespace gone", lambda: _get(api, f"/api/v1/namespaces/{ns}") is None)
+    # Issue 23 point 2: `up` into it (another client's `down` still finishing) waits for it
+    # to go, saying so, then creates it again as its own and applies.
+    said: list[str] = []
+    plan = resolve("vllm-pd", [f"namespace={ns}"], [VALUES])
+    kube_backend.apply_deployment(kube_backend._api(), plan, "pd", say=said.append)
+    assert any(f"namespace {ns} is being deleted (Terminating" in s for s in said), said
+    again = _get(api, f"/api/v1/namespaces/{ns}")
+    assert again is not None and again["metadata"]["uid"] != space["metadata"]["uid"]
+    assert again["metadata"]["annotations"][CREATED_BY_ANNOTATION] == "pd"
+    assert kube.names("deployments", ns) == ["pd-decode", "pd-prefill", "pd-router"]
 
 
 def test_lists_page_with_limit_and_continue(kube: Kube) -> None:
@@ -314,17 +313,24 @@ def test_a_permission_up_lacks_is_exit_2_at_the_start_naming_it(kube: Kube, cli:
         assert [n for n in kube.names(kind, ns) if n.startswith("vllm-pd")] == [], kind
 
 
+def _up_under_baseline(kube: Kube, recipe: str, values: Path, name: str) -> tuple[str, str]:
+    """``up`` of ``recipe`` in a namespace enforcing Pod Security baseline: (the namespace,
+    the failure's words), asserted to come at once, not after waiting for a Pod that
+    cannot come."""
+    ns = kube.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
+    plan = resolve(recipe, [f"namespace={ns}"], [values])
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as e:
+        kube_backend.up(plan, name=name, timeout_s=90, poll_s=0.2)
+    assert time.monotonic() - t0 < 60, "it waited for a Pod that cannot come"
+    return ns, str(e.value)
+
+
 def test_a_deployment_whose_pods_pod_security_refuses_fails_with_the_reason(kube: Kube) -> None:
     """vllm-pd's engines mount their weights by hostPath, which baseline forbids: the
     ReplicaSet controller makes no Pod and records FailedCreate on its ReplicaSet; ``up``
     fails at once with those words."""
-    ns = kube.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
-    plan = resolve("vllm-pd", [f"namespace={ns}"], [VALUES])
-    t0 = time.monotonic()
-    with pytest.raises(Exception) as e:
-        kube_backend.up(plan, name="pd", timeout_s=90, poll_s=0.2)
-    assert time.monotonic() - t0 < 60, "it waited for a Pod that cannot come"
-    text = str(e.value)
+    ns, text = _up_under_baseline(kube, "vllm-pd", VALUES, "pd")
     for role in ("prefill", "decode"):
         refused = re.search(
             rf'{role}: the cluster refused to create its Pod: Error creating: pods "pd-{role}-'
@@ -340,6 +346,19 @@ def test_a_deployment_whose_pods_pod_security_refuses_fails_with_the_reason(kube
     # Only the router, which mounts nothing from the node, was admitted.
     pods = kube.names("pods", ns)
     assert pods and all(p.startswith("pd-router-") for p in pods), pods
+
+
+def test_a_leaderworkerset_whose_pods_pod_security_refuses_fails_with_the_reason(
+    kube: Kube,
+) -> None:
+    """Issue 23 point 11: the API server refuses the set's Pods (Pod Security's baseline
+    level: the engines' hostPath model volume and added capabilities); the refusal is only
+    on the StatefulSets' events, and ``up`` fails with it at once instead of waiting two
+    minutes to ask whether the controller runs."""
+    _, text = _up_under_baseline(kube, "vllm-pd-wide-ep", WIDE, "wide")
+    assert "the cluster refused to create the Pods of LeaderWorkerSet" in text, text
+    assert 'violates PodSecurity "baseline:latest"' in text, text
+    assert "is the LeaderWorkerSet controller running" not in text
 
 
 # --- port-forwards: RBAC, servebook's dialer, a Pod's identity ---------------------------------
@@ -428,7 +447,7 @@ def test_a_role_and_the_port_forward_verbs_preflight_the_upgrade_and_the_dialer_
             return
         with pytest.raises(CLIENT_FAILS):
             _fetch(url + "/metrics")
-        _until("the forward's failure", lambda: "decode" in fw.problems(), 20)
+        until("the forward's failure", lambda: "decode" in fw.problems(), 20)
         reason = fw.problems()["decode"]
         assert "403 Forbidden to the port-forward for" in reason, reason
         assert "needs get on pods/portforward, and create on it too from Kubernetes" in reason
@@ -448,8 +467,8 @@ def test_kr8s_pod_identity_notices_a_restart_and_a_deletion(kube: Kube) -> None:
     with _forwards(api) as fw:  # the container exits after answering /exit, and restarts
         url = fw.open(role="decode", pod="server", namespace=ns, remote_port=POD_PORT)
         assert _fetch(url + "/exit") == b"pod-answer /exit"
-        _until("a restart seen", lambda: identity(ns, "server") not in (None, first), 60)
-        _until("the forward failing", lambda: "decode" in fw.problems(), 20)
+        until("a restart seen", lambda: identity(ns, "server") not in (None, first), 60)
+        until("the forward failing", lambda: "decode" in fw.problems(), 20)
         assert "was replaced" in fw.problems()["decode"], fw.problems()
     client = kube_client.connect()
     kube_client.call(client, "DELETE", f"/api/v1/namespaces/{ns}/pods/server", "deleting")

@@ -51,15 +51,9 @@ class Kubelet:
         root: Path,
         *,
         missing: tuple[str, ...] = (),
-        oom_kill: tuple[int, float] | None = None,
     ) -> None:
         self.server, self.root = server, root
         self.missing = missing  # modules the image lacks (an image without numpy)
-        # (index, seconds): that Pod's container is killed for memory that long after it
-        # started, as the kernel's OOM killer ends a container over its limit.
-        self.oom_kill = oom_kill
-        self.started: dict[tuple[str, str], float] = {}
-        self.oom: set[tuple[str, str]] = set()
         self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.logs: dict[tuple[str, str], Path] = {}
         self.index: dict[tuple[str, str], int] = {}
@@ -213,7 +207,6 @@ class Kubelet:
                 stdin=subprocess.DEVNULL,
             )
         self.procs[(ns, name)] = proc
-        self.started[(ns, name)] = time.monotonic()
         self.index[(ns, name)] = index
         self.logs[(ns, name)] = log
         if index == 0:  # the port-forward to its results port reaches this process
@@ -282,19 +275,11 @@ class Kubelet:
         log = self.logs[key].read_text(errors="replace")
         self.server.call(lambda st: st.pod_logs.__setitem__(key, log))
         index = int(pod["metadata"]["annotations"][lj.INDEX_ANNOTATION])
-        kill = self.oom_kill
-        due = kill is not None and time.monotonic() - self.started[key] > kill[1]
-        if kill and kill[0] == index and proc.poll() is None and due:
-            proc.kill()
-            proc.wait(5)
-            self.oom.add(key)
         code = proc.poll()
         phase = (pod.get("status") or {}).get("phase")
         if code is not None and phase == "Running":
             self.ended[index] = code
             reason = "Completed" if code == 0 else "Error"
-            if key in self.oom:  # what the kubelet reports for a container the OOM killer ended
-                code, reason = 137, "OOMKilled"
             state = {"terminated": {"exitCode": code, "reason": reason}}
             status = {
                 "phase": "Succeeded" if code == 0 else "Failed",

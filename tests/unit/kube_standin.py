@@ -1,62 +1,27 @@
-"""A stand-in Kubernetes API server over real HTTP, for the kubernetes backend's tests.
+"""A stand-in Kubernetes API server over real HTTP, for unit tests of the Kubernetes code
+that run in milliseconds.  Everything it does that the test plane also shows has a plane
+test (tests/cluster; the README's "What has run on what" lists what runs only here): where
+the two disagreed, the plane was right and this was changed to answer as it does.
 
-It keeps objects in memory and speaks the part of the REST API servebook uses, the way the
-real API server answers it: ``GET /version``; GET, server-side apply (PATCH with
-``application/apply-patch+yaml`` and ``?fieldManager=``) and DELETE on namespaces and on
-namespaced deployments, services, pods and events; lists (namespaced and across
-namespaces) with ``labelSelector``; and ``Status`` bodies for 404, 409 and 403.
-
-What a test arranges: ``owned_by_other`` (a field another field manager owns, so an apply
-that changes it is a 409 FieldManagerConflict), ``forbidden`` (method and path prefix that
-answer 403), and ``ready_pods`` (a Deployment applied gets what its controller and the
-kubelet would make: a generation observed, a ReplicaSet per Pod template with its
-``pod-template-hash`` and revision, and a Ready Pod of it).  ``requests`` records every
-request the server saw.
-
-Port-forwards: ``pods/POD/portforward`` speaks the ``v4.channel.k8s.io`` WebSocket protocol
-and relays to ``forward_to["ROLE:PORT"]`` (ROLE is the Pod's
-``app.kubernetes.io/component`` label) or ``forward_to["pod/NAME:PORT"]`` (any Pod, by its
-name), a local address standing in for the container's port; a role in ``forward_errors``
-gets kubelet's error on the error channel instead.
-``replace_pod(role)`` replaces a role's Pod the way a node failure or an eviction does.
-
-For preflight: Nodes and CustomResourceDefinitions can be ``put`` and listed; Namespaces
-and Pods can be created (POST), a Pod in a namespace that exists only; ``kubelet`` (when
-set) runs a created Pod: its image pulls for ``pull_s`` (or fails with ``pull_error``), its
-container runs for ``run_s``, and its log is ``logs(pod)``; like the kubelet it fails the
-Pod with ``DeadlineExceeded`` once ``activeDeadlineSeconds`` pass from the Pod's start, pull
-included.  ``pods/NAME/log`` serves that log.  ``selfsubjectaccessreviews`` answer allowed
-except for the (verb, resource, subresource) in ``denied`` and, once the test ``grant``s a
-Role or ClusterRole, only what its rules allow; every request (port-forward upgrades with
-the verbs a real server checks: ``get``, and ``create`` too from ``minor`` 35) is then
-authorized by those rules.  Names, label values and a Deployment's selector are validated
-(422 Invalid, worded as the API server words it), and a Pod whose ServiceAccount does not
-exist is refused, dry run included (``kube_standin_rules`` holds these rules).
-``dryRun=All`` on an apply or a
-create admits or refuses without storing anything: a namespaced object needs its
-namespace; a Pod with a hostPath volume is refused in a namespace whose
-``pod-security.kubernetes.io/enforce`` is baseline or restricted, and a workload whose
-template has one gets a ``Warning`` header where the namespace's ``warn`` level is; and
-``refuse["Kind/name"]`` answers (code, reason, message), as a quota or a webhook would.
-
-Jobs: an Indexed Job applied gets its Pods from a Job controller one request later
-(``_run_job``: names, index annotation and label, hostname under the subdomain, owner
-reference), bound to node-1 by the scheduler (or left Unschedulable with
-``unschedulable`` as its words); their phases are then their kubelet's, which a test plays
-through ``set_pod_status`` and ``pod_logs``.  A Secret's ``stringData`` is stored as
-``data``, as the API server does.
-
-Over time (the Lifecycle section, ``StandIn.life``): deletion with grace periods,
-finalizers and Terminating namespaces, creates refused into absent or Terminating
-namespaces, Pods that come up through their phases after the apply, paged lists, the
-LeaderWorkerSet controller and its status per LWS version, a plain-text 404 for an
-unserved group (LeaderWorkerSet's when ``serves_lws`` is False, and any group the stand-in
-does not know), the ``kube-root-ca.crt`` ConfigMap in every namespace, expiring bearer
-tokens and connection resets on port-forward streams.
-
-The scenarios of tests/cluster/test_scenarios.py run against this stand-in and the test
-plane with one body each; where they disagreed, this stand-in was changed to answer as the
-plane does.
+Objects in memory; ``GET /version`` (``minor``: 1.31 by default, whose port-forward needs
+``get`` alone, ``create`` too from 35); GET, LIST (``labelSelector``), server-side apply
+(``application/apply-patch+yaml``, ``fieldManager``), POST and DELETE, with ``Status``
+bodies as the API server words them.  ``requests`` records what it saw.  A test arranges:
+``forbidden`` (method and path prefix answered 403); ``ready_pods`` (a Deployment's
+ReplicaSet and Pods, a LeaderWorkerSet's groups, as their controllers and kubelet make
+them); ``forward_to`` (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a
+``v4.channel.k8s.io`` port-forward relays to), ``forward_errors`` and
+``life.forward_resets`` (the kubelet's error-channel errors); ``replace_pod``;
+``hold_rollouts``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or
+``pull_error``, ``run_s`` of running, ``logs``, and ``DeadlineExceeded`` past
+``activeDeadlineSeconds``); ``denied`` and ``grant`` (access reviews and RBAC,
+``kube_standin_rules``); ``refuse`` (a dry run refused as a quota or webhook would);
+``unschedulable``, ``set_pod_status`` and ``pod_logs`` for an Indexed Job's Pods, which
+``_run_job`` makes as the Job controller does; ``serves_lws`` and ``life.lws_version``.
+Names, labels, selectors and ServiceAccounts are validated as the API server does, dry
+runs included, and a workload's Pod template warned of by the namespace's Pod Security
+levels.  Over time (``StandIn.life``): Pods' grace periods, Pods through their phases,
+LeaderWorkerSet status per release.
 """
 
 from __future__ import annotations
@@ -67,7 +32,6 @@ import copy
 import hashlib
 import itertools
 import json
-import random
 import threading
 import time
 import uuid
@@ -131,7 +95,6 @@ class Seen:
     method: str
     path: str
     query: dict[str, str]
-    content_type: str
 
 
 @dataclass
@@ -151,8 +114,6 @@ class StandIn:
     # (plural, namespace or "", name) -> object
     objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     requests: list[Seen] = field(default_factory=list)
-    # (plural, namespace, name) -> {dotted field path: manager}
-    owned_by_other: dict[tuple[str, str, str], dict[str, str]] = field(default_factory=dict)
     # (method, path prefix) pairs answered 403; a prefix ending in "$" is one exact path
     forbidden: list[tuple[str, str]] = field(default_factory=list)
     ready_pods: bool = False
@@ -169,8 +130,6 @@ class StandIn:
     denied: set[tuple[str, str, str]] = field(default_factory=set)
     # "Kind/name" -> (code, reason, message) for a dry run
     refuse: dict[str, tuple[int, str, str]] = field(default_factory=dict)
-    # every object a dry run was asked about, as "Kind/name in namespace"
-    dry_runs: list[str] = field(default_factory=list)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
     # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
@@ -280,14 +239,6 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
-def _get_path(obj: Any, path: str) -> Any:
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict) or part not in obj:
-            return None
-        obj = obj[part]
-    return obj
-
-
 def _app(st: StandIn) -> web.Application:
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -296,13 +247,9 @@ def _app(st: StandIn) -> web.Application:
                 request.method,
                 request.path,
                 dict(request.query),
-                request.headers.get("Content-Type", ""),
             )
         )
         _advance(st)
-        refused = _unauthorized(st, request)
-        if refused is not None:
-            return refused
         if "/leaderworkerset.x-k8s.io/" in request.path and not st.serves_lws:
             return _not_served()
         for method, prefix in st.forbidden:
@@ -351,12 +298,11 @@ def _app(st: StandIn) -> web.Application:
             i.pop("kind", None)
             i.pop("apiVersion", None)
         api_version, kind, _ = KINDS[plural]
-        items, list_meta = _page(request, items)
         return web.json_response(
             {
                 "kind": f"{kind}List",
                 "apiVersion": api_version,
-                "metadata": list_meta,
+                "metadata": {"resourceVersion": "99"},
                 "items": items,
             }
         )
@@ -399,7 +345,7 @@ def _app(st: StandIn) -> web.Application:
                 422, "Invalid", "PatchOptions.meta.k8s.io is invalid: fieldManager: Required"
             )
         body = _body(await request.text())
-        api_version, kind, group = KINDS[plural]
+        api_version, kind, _ = KINDS[plural]
         if body.get("kind") != kind or body.get("metadata", {}).get("name") != name:
             return _status(400, "BadRequest", "the name or kind of the object does not match")
         invalid = validate(st, plural, ns, body)
@@ -409,35 +355,6 @@ def _app(st: StandIn) -> web.Application:
         old = st.objects.get(key)
         if old is None and (refused := _refuse_namespace(st, plural, ns, name)) is not None:
             return refused
-        force = request.query.get("force") == "true"
-        conflicts = [
-            (path, who)
-            for path, who in st.owned_by_other.get(key, {}).items()
-            if who != manager
-            and _get_path(body, path) is not None
-            and _get_path(body, path) != _get_path(old, path)
-        ]
-        if conflicts and not force:
-            n = len(conflicts)
-            return _status(
-                409,
-                "Conflict",
-                f"Apply failed with {n} conflict{'s' if n > 1 else ''}: "
-                + "; ".join(f'conflict with "{w}" using {api_version}: {p}' for p, w in conflicts),
-                {
-                    "name": name,
-                    "group": group,
-                    "kind": plural,
-                    "causes": [
-                        {
-                            "reason": "FieldManagerConflict",
-                            "message": f'conflict with "{w}" using {api_version}',
-                            "field": p,
-                        }
-                        for p, w in conflicts
-                    ],
-                },
-            )
         obj = copy.deepcopy(body)
         if plural == "secrets" and "stringData" in obj:  # the API server stores only data
             data = obj.setdefault("data", {})
@@ -510,7 +427,6 @@ def _app(st: StandIn) -> web.Application:
     async def dry_run(request: web.Request, body: Obj, plural: str, ns: str) -> web.Response:
         kind = KINDS.get(plural, ("", plural, ""))[1]
         name = str((body.get("metadata") or {}).get("name", ""))
-        st.dry_runs.append(f"{kind}/{name}" + (f" in {ns}" if ns else ""))
         if ns and ("namespaces", "", ns) not in st.objects:
             return _status(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns})
         if f"{kind}/{name}" in st.refuse:
@@ -576,8 +492,6 @@ def _app(st: StandIn) -> web.Application:
             )
         if ns:
             meta["namespace"] = ns
-        if plural == "pods" and (refused := _pod_security_refusal(st, ns, name, body)):
-            return refused
         if plural == "pods":
             body["status"] = {"phase": "Pending"}
             st._started[(ns, name)] = time.monotonic()
@@ -771,21 +685,6 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
         current["metadata"]["annotations"][REVISION] = revision
     running = [o for o in st.objects.values() if _owned_by(o, current)]
     meta.setdefault("annotations", {})[REVISION] = revision
-    rs_name = current["metadata"]["name"]
-    if len(running) < want and _refused_by_pod_security(
-        st, ns, rs_name, f"{rs_name}-", current["spec"]["template"]["spec"], kind="ReplicaSet"
-    ):
-        # The ReplicaSet controller creates no Pod; it records FailedCreate on the
-        # ReplicaSet and sets its ReplicaFailure condition, which the Deployment
-        # controller copies (pkg/controller/replicaset, deployment/sync.go).
-        failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate"}
-        current["status"] = {"replicas": len(running), "conditions": [failure]}
-        dep["status"] = {
-            "observedGeneration": meta["generation"],
-            "replicas": len(running),
-            "conditions": [failure],
-        }
-        return
     for i in range(len(running), want):
         _start_pod(st, current, suffix=f"{digest[:5]}{i}")
     dep["status"] = {
@@ -955,49 +854,20 @@ def dump(st: StandIn) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Lifecycle: deletion, namespaces, asynchronous Pods, paging, LeaderWorkerSet status,
-# credentials.  What a real API server and its controllers do over time, run on every
-# request (``_advance``) so it happens between requests, never inside the one that asked:
+# Lifecycle: what a real API server and its controllers do over time, run on every request
+# (``_advance``) so it happens between requests, never inside the one that asked.
 #
-# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and ``deletionGracePeriodSeconds``
-#   (its ``terminationGracePeriodSeconds``, else ``grace_s``) and goes after that long; a
-#   Namespace turns ``Terminating`` (``status.phase``, ``spec.finalizers: [kubernetes]``),
-#   its content is deleted, and it goes once its content is gone; ``propagationPolicy:
-#   Foreground`` leaves the object with the ``foregroundDeletion`` finalizer until the
-#   garbage collector has removed its dependents (by ``ownerReferences``); Background (the
-#   default) removes it at once and its dependents after.  (kubernetes:
-#   staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go,
-#   pkg/controller/garbagecollector, pkg/controller/namespace.)
-# * Creating into a namespace that does not exist is 404 ``namespaces "x" not found``;
-#   into a Terminating one 403 ``... is forbidden: unable to create new content in
-#   namespace x because it is being terminated`` with the cause ``NamespaceTerminating``
-#   (plugin/pkg/admission/namespace/lifecycle/admission.go).
-# * Pods (``_progress``): Pending, then scheduled with ContainerCreating, then Running
-#   not Ready, then Ready, over ``Timing``; a Deployment's rollout (``_roll_out``) runs
-#   after the apply, and under Recreate only once the previous ReplicaSet's Pods are gone.
-# * A LeaderWorkerSet applied with ``ready_pods`` gets its groups' Pods (leader
-#   ``NAME-G``, workers ``NAME-G-W``, labelled with group and worker index) and the status
-#   its controller writes in ``Lifecycle.lws_version``: ``replicas``, ``readyReplicas``,
-#   ``updatedReplicas`` (omitted when 0), ``hpaPodSelector`` and the conditions
-#   ``Available`` (AllGroupsReady) / ``Progressing`` (GroupsProgressing), and
-#   ``observedGeneration`` only from v0.9.0 (lws: api/leaderworkerset/v1/
-#   leaderworkerset_types.go, pkg/controllers/leaderworkerset_controller.go).  A condition
-#   appears only once it is first true (``setCondition``): while no group is ready there is
-#   no ``Available``, as the test plane's controller showed.
-# * ``crashing[POD]``: that Pod's containers exit with this code once they run, and the
-#   kubelet restarts them (``restartCount``, ``lastState.terminated``).  A LeaderWorkerSet
-#   member that restarted makes the controller recreate its group (RecreateGroupOnPodRestart,
-#   pkg/controllers/pod_controller.go ``handleRestartPolicy``): the leader is deleted in the
-#   Foreground and the workers with it, a ``RecreateGroup`` event is recorded on the set
-#   (the events API's shape: ``eventTime``, no ``lastTimestamp``), and the group is made
-#   again under the same names once they are gone; on the test plane a worker that exits
-#   5 s after starting was recreated every 6 s.
-# * Lists page: ``limit`` returns that many items and ``metadata.continue`` (with
-#   ``remainingItemCount``) while more remain; ``continue`` resumes.
-# * ``tokens`` (when set): a request whose bearer token is not one of them is 401
-#   ``Unauthorized`` (an expired exec-plugin token).
-# * ``forward_resets[role]``: that many port-forward streams of the role answer the
-#   kubelet's connection-reset error on the error channel (containerd#9875), then relay.
+# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes after its grace
+#   period; anything else goes at once, a Namespace's content and an object's dependents
+#   (``ownerReferences``) with it.  (Terminating namespaces run on the plane.)
+# * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
+# * Pods (``_progress``): Pending, ContainerCreating, Running not Ready, then Ready, over
+#   ``Timing``; a Deployment rolls out after the apply, under Recreate once the previous
+#   ReplicaSet's Pods are gone.
+# * A LeaderWorkerSet gets its groups' Pods (leader ``NAME-G``, workers ``NAME-G-W``) and
+#   the status its controller writes in ``Lifecycle.lws_version``: ``observedGeneration``
+#   only from v0.9.0, a condition only once it is first true (lws:
+#   pkg/controllers/leaderworkerset_controller.go).
 #
 # ``Timing`` times are seconds multiplied by ``scale``; at the default scale 0 every step
 # is due at the next request, so tests that do not look at timing stay fast.
@@ -1010,7 +880,6 @@ class Timing:
     create_s: float = 5.0  # on the node: ContainerCreating (image, volumes)
     start_s: float = 10.0  # Running, not yet Ready (the engine loading)
     grace_s: float = 30.0  # a deleted Pod's containers stopping, when its spec says nothing
-    namespace_s: float = 2.0  # the namespace controller's last pass
 
     def due(self, seconds: float, since: float, now: float) -> bool:
         return now - since >= seconds * self.scale
@@ -1020,7 +889,6 @@ class Timing:
 class Lifecycle:
     timing: Timing = field(default_factory=Timing)
     lws_version: str = "v0.9.0"
-    tokens: set[str] = field(default_factory=set)
     forward_resets: dict[str, int] = field(default_factory=dict)
     born: dict[str, float] = field(default_factory=dict)  # Pod uid -> created
     deleting: dict[tuple[str, str, str], float] = field(default_factory=dict)
@@ -1028,11 +896,8 @@ class Lifecycle:
     rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
     # (reason, message) the kubelet emits for every new Pod, as Warning Events
     pod_events: list[tuple[str, str]] = field(default_factory=list)
-    crashing: dict[str, int] = field(default_factory=dict)  # Pod name -> its exit code
-    regroup: set[tuple[str, str, str]] = field(default_factory=set)  # LWS remaking a group
 
 
-NAMESPACE_TERMINATING = "NamespaceTerminating"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -1060,57 +925,12 @@ def _refuse_namespace(st: StandIn, plural: str, ns: str, name: str) -> web.Respo
             f'namespaces "{ns}" not found',
             {"name": ns, "kind": "namespaces"},
         )
-    if space["metadata"].get("deletionTimestamp"):
-        return _status(
-            403,
-            "Forbidden",
-            f'{_resource(plural)} "{name}" is forbidden: unable to create new content in '
-            f"namespace {ns} because it is being terminated",
-            {
-                "name": name,
-                "group": KINDS[plural][2],
-                "kind": plural,
-                "causes": [
-                    {
-                        "reason": NAMESPACE_TERMINATING,
-                        "message": f"namespace {ns} is being terminated",
-                        "field": "metadata.namespace",
-                    }
-                ],
-            },
-        )
     return None
-
-
-def _unauthorized(st: StandIn, request: web.Request) -> web.Response | None:
-    if not st.life.tokens:
-        return None
-    token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if token in st.life.tokens:
-        return None
-    return _status(401, "Unauthorized", "Unauthorized")
 
 
 def _not_served() -> web.Response:
     """What the API server answers for a group it does not serve: its mux's plain 404."""
     return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
-
-
-def _page(request: web.Request, items: list[Obj]) -> tuple[list[Obj], Obj]:
-    meta: Obj = {"resourceVersion": "99"}
-    limit = int(request.query.get("limit") or 0)
-    if limit <= 0:
-        return items, meta
-    token = request.query.get("continue", "")
-    start = int(json.loads(base64.b64decode(token))["start"]) if token else 0
-    page = items[start : start + limit]
-    rest = len(items) - start - len(page)
-    if rest > 0:
-        meta["continue"] = base64.b64encode(
-            json.dumps({"rv": 99, "start": start + limit}).encode()
-        ).decode()
-        meta["remainingItemCount"] = rest
-    return page, meta
 
 
 def _dependents(st: StandIn, uid: str) -> list[tuple[str, str, str]]:
@@ -1137,15 +957,10 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
         grace = obj["spec"].get("terminationGracePeriodSeconds", st.life.timing.grace_s)
         meta["deletionGracePeriodSeconds"] = int(grace)
         st.life.deleting[key] = now
-    elif plural == "namespaces":
-        meta["deletionTimestamp"] = _now_text()
-        obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
-        obj.setdefault("status", {})["phase"] = "Terminating"
-        st.life.deleting[key] = now
-    elif policy == "Foreground":
-        meta["deletionTimestamp"] = _now_text()
-        meta["finalizers"] = [*meta.get("finalizers", []), "foregroundDeletion"]
-        st.life.deleting[key] = now
+    elif plural == "namespaces":  # with its content (Terminating runs on the plane)
+        for k in [k for k in st.objects if k[1] == key[2]]:
+            _delete(st, k)
+        del st.objects[key]
     else:
         del st.objects[key]
         if policy != "Orphan":
@@ -1156,8 +971,8 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
 
 
 def _finish_deletions(st: StandIn, now: float) -> bool:
-    """One pass of the kubelet, garbage collector and namespace controller over what is
-    being deleted; whether anything changed."""
+    """One pass of the kubelet over the Pods being deleted: each goes once its grace period
+    has passed; whether anything changed."""
     changed = False
     timing = st.life.timing
     for key, since in list(st.life.deleting.items()):
@@ -1165,25 +980,8 @@ def _finish_deletions(st: StandIn, now: float) -> bool:
         if obj is None:
             del st.life.deleting[key]
             continue
-        plural, _, name = key
-        if plural == "pods":  # its containers stop within their grace period
-            grace = obj["metadata"].get("deletionGracePeriodSeconds")
-            done = timing.due(timing.grace_s if grace is None else float(grace), since, now)
-        elif plural == "namespaces":
-            content = [k for k in st.objects if k[1] == name]
-            for k in content:
-                changed |= _delete(st, k, "Background") is not None and k in st.objects
-            done = not [k for k in st.objects if k[1] == name] and timing.due(
-                timing.namespace_s, since, now
-            )
-        else:
-            deps = _dependents(st, obj["metadata"]["uid"])
-            for k in deps:
-                if not st.objects[k]["metadata"].get("deletionTimestamp"):
-                    _delete(st, k, "Foreground")
-                    changed = True
-            done = not deps
-        if done:
+        grace = obj["metadata"].get("deletionGracePeriodSeconds")
+        if timing.due(timing.grace_s if grace is None else float(grace), since, now):
             del st.objects[key]
             del st.life.deleting[key]
             st.life.born.pop(obj["metadata"].get("uid", ""), None)
@@ -1237,9 +1035,6 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
         if before is not None and before.get("status") == c["status"]:
             c["lastTransitionTime"] = before["lastTransitionTime"]
     kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    if meta["name"] in st.life.crashing and stage >= 2:
-        _crashed(pod, st.life.crashing[meta["name"]], stamp)
-        return
     status["containerStatuses"] = [
         {
             "name": c["name"],
@@ -1255,92 +1050,6 @@ def _progress(st: StandIn, pod: Obj, now: float) -> None:
     ]
 
 
-def _crashed(pod: Obj, code: int, stamp: str) -> None:
-    """Its containers exited with ``code``; the kubelet has restarted them (running, not
-    Ready)."""
-    status = pod["status"]
-    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    status["conditions"] = [
-        c for c in status.get("conditions") or () if c["type"] in ("Initialized", "PodScheduled")
-    ]
-    exited = {"exitCode": code, "reason": "Error", "startedAt": stamp, "finishedAt": stamp}
-    status["containerStatuses"] = [
-        {
-            "name": c["name"],
-            "image": c["image"],
-            "ready": False,
-            "started": True,
-            "restartCount": max(1, kept.get(c["name"], {}).get("restartCount", 0)),
-            "lastState": {"terminated": exited},
-            "state": {"running": {"startedAt": stamp}},
-        }
-        for c in pod["spec"]["containers"]
-    ]
-
-
-def _recreate_groups(st: StandIn, key: tuple[str, str, str], lws: Obj) -> None:
-    """The LWS pod controller's ``handleRestartPolicy``, and the StatefulSets making a
-    recreated group again once its Pods are gone."""
-    meta = lws["metadata"]
-    if key in st.life.regroup and key not in st.life.rollouts:
-        _roll_out_lws(st, lws)
-        size = int(lws["spec"]["leaderWorkerTemplate"].get("size", 1))
-        if len(_lws_pods(st, lws)) >= size * int(lws["spec"].get("replicas", 1)):
-            st.life.regroup.discard(key)
-    for pod in _lws_pods(st, lws):
-        pm = pod["metadata"]
-        restarted = any(
-            c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or ()
-        )
-        if pm.get("deletionTimestamp") or not restarted:
-            continue
-        group = pm["labels"][LWS_GROUP]
-        leader_key = ("pods", meta["namespace"], f"{meta['name']}-{group}")
-        leader = st.objects.get(leader_key)
-        if leader is None or leader["metadata"].get("deletionTimestamp"):
-            continue
-        _delete(st, leader_key, "Foreground")
-        for member in _lws_pods(st, lws):
-            if member["metadata"]["labels"][LWS_GROUP] == group:
-                _delete(st, ("pods", meta["namespace"], member["metadata"]["name"]))
-        st.life.regroup.add(key)
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        st.put(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                             "namespace": meta["namespace"]},
-                "involvedObject": {"apiVersion": lws["apiVersion"], "kind": "LeaderWorkerSet",
-                                   "name": meta["name"], "namespace": meta["namespace"],
-                                   "uid": meta["uid"]},
-                "related": {"apiVersion": "v1", "kind": "Pod", "name": leader["metadata"]["name"],
-                            "namespace": meta["namespace"]},
-                "reason": "RecreateGroup",
-                "action": "Delete",
-                "message": f"Worker pod {pm['name']} failed, deleted leader pod "
-                           f"{leader['metadata']['name']} to recreate group {group}",
-                "type": "Normal",
-                "eventTime": stamp,
-                "firstTimestamp": None,
-                "lastTimestamp": None,
-                "reportingComponent": "leaderworkerset",
-                "source": {},
-            }
-        )  # fmt: skip
-
-
-def _lws_pods(st: StandIn, lws: Obj) -> list[Obj]:
-    meta = lws["metadata"]
-    return [
-        o
-        for (p, ns, _), o in st.objects.items()
-        if p == "pods"
-        and ns == meta["namespace"]
-        and (o["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
-    ]
-
-
 def pod_ip(pod: Obj) -> str:
     """The Pod's address on the cluster network, as the kubelet reports it once the Pod's
     sandbox runs (``status.podIP``, ``status.podIPs``): one per Pod, from 10.244.0.0/16."""
@@ -1352,32 +1061,9 @@ def pod_ip(pod: Obj) -> str:
     return str(status["podIP"])
 
 
-ROOT_CA = "kube-root-ca.crt"
-
-
-def _publish_root_ca(st: StandIn) -> None:
-    """kube-controller-manager's root-ca-cert-publisher: every namespace that is not being
-    deleted holds the ConfigMap ``kube-root-ca.crt`` (the cluster's CA bundle), as every
-    namespace on the test plane does."""
-    for p, _, ns in list(st.objects):
-        space = st.objects[(p, "", ns)] if p == "namespaces" else None
-        if space is None or space["metadata"].get("deletionTimestamp"):
-            continue
-        if ("configmaps", ns, ROOT_CA) not in st.objects:
-            st.put(
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": ROOT_CA, "namespace": ns},
-                    "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n"},
-                }
-            )
-
-
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
     now = time.monotonic()
-    _publish_root_ca(st)
     for _ in range(20):
         changed = _finish_deletions(st, now)
         for key in list(st.life.rollouts):
@@ -1396,9 +1082,6 @@ def _advance(st: StandIn) -> None:
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj, now)
-    for key, obj in list(st.objects.items()):
-        if key in st.life.rolled and not obj["metadata"].get("deletionTimestamp"):
-            _recreate_groups(st, key, obj)
     for key, obj in st.objects.items():
         if key in st.life.rolled:
             _lws_status(st, obj)
@@ -1450,10 +1133,6 @@ def _run_job(st: StandIn, job: Obj) -> None:
         }
         pod_spec = copy.deepcopy(template["spec"])
         pod_spec["hostname"] = f"{meta['name']}-{i}"
-        # Pod Security admission refuses the Pod as it would any; the Job controller
-        # records the refusal on the Job and tries again on its next pass.
-        if _refused_by_pod_security(st, ns, meta["name"], f"{meta['name']}-{i}-", pod_spec, "Job"):
-            continue
         pod: Obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -1570,14 +1249,6 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             if ("pods", meta["namespace"], name) in st.objects:
                 continue
             template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
-            # The leader StatefulSet (named after the set) makes the leaders; the pod
-            # controller makes a group's worker StatefulSet (named after its leader) only
-            # once the leader Pod exists.  Pod Security admission refuses them as it would
-            # any Pod, and the StatefulSet controller records the refusal on the
-            # StatefulSet, nowhere else.
-            sts = meta["name"] if w == 0 else f"{meta['name']}-{g}"
-            if _refused_by_pod_security(st, meta["namespace"], sts, name, template["spec"]):
-                break
             labels = {
                 **template["metadata"].get("labels", {}),
                 LWS_NAME: meta["name"],
@@ -1599,74 +1270,6 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
             }
             st.put(pod)
             _born(st, pod)
-
-
-def _refused_by_pod_security(
-    st: StandIn, ns: str, owner: str, pod: str, spec: Obj, kind: str = "StatefulSet"
-) -> bool:
-    """Whether the namespace's enforced Pod Security level refuses ``pod``; if so, its
-    controller's ``FailedCreate`` Warning on ``owner`` (one event, its count raised on each
-    retry), worded as that controller words it: the StatefulSet controller's
-    (pkg/controller/statefulset/stateful_pod_control.go), or for a Job or a ReplicaSet the
-    shared pod control's (pkg/controller/controller_utils.go, ``Error creating: %v``).  The
-    refused Pod is named in full: the API server generates a name from the generateName
-    prefix before admission (the test plane, Kubernetes 1.37, named
-    ``pd-prefill-5d54b5df74-gpt24`` where this stand-in said ``pd-prefill-5d54b5df74-``)."""
-    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
-        "labels"
-    ) or {}
-    enforce = labels.get("pod-security.kubernetes.io/enforce")
-    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
-    if not why:
-        return False
-    key = ("events", ns, f"{owner}.failedcreate")
-    stamp = _now_text()
-    old = st.objects.get(key)
-    if pod.endswith("-"):  # a generateName prefix: the name the API server generates
-        pod += "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
-    forbidden = f'pods "{pod}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
-    if kind == "StatefulSet":
-        message = f"create Pod {pod} in StatefulSet {owner} failed error: {forbidden}"
-        group, component = "apps/v1", "statefulset-controller"
-    else:  # the shared pod control's words, for a Job and a ReplicaSet alike
-        message = f"Error creating: {forbidden}"
-        group, component = {
-            "ReplicaSet": ("apps/v1", "replicaset-controller"),
-            "Job": ("batch/v1", "job-controller"),
-        }[kind]
-    st.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": key[2], "namespace": ns},
-            "involvedObject": {"kind": kind, "name": owner, "namespace": ns,
-                               "apiVersion": group},
-            "reason": "FailedCreate",
-            "message": message,
-            "type": "Warning",
-            "count": (old or {}).get("count", 0) + 1,
-            "firstTimestamp": (old or {}).get("firstTimestamp", stamp),
-            "lastTimestamp": stamp,
-            "source": {"component": component},
-        }
-    )  # fmt: skip
-    return True
-
-
-def _pod_security_refusal(st: StandIn, ns: str, name: str, pod: Obj) -> web.Response | None:
-    """A Pod created directly, refused as a real API server's PodSecurity admission refuses
-    it (the test plane's kube-apiserver refused preflight's probe Pod in a namespace that
-    enforces baseline; this stand-in admitted it)."""
-    labels = ((st.objects.get(("namespaces", "", ns)) or {}).get("metadata") or {}).get(
-        "labels"
-    ) or {}
-    enforce = labels.get("pod-security.kubernetes.io/enforce")
-    spec = pod.get("spec") or {}
-    why = pod_security_violations(enforce, spec) if enforce in ("baseline", "restricted") else ""
-    if not why:
-        return None
-    message = f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}'
-    return _status(403, "Forbidden", message, {"name": name, "kind": "pods"})
 
 
 def _born(st: StandIn, pod: Obj) -> None:
@@ -1783,49 +1386,3 @@ def reset_message(port: int, uid: str) -> str:
         f'network namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:'
         f"{port}: read: connection reset by peer"
     )
-
-
-EXEC_KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: standin
-  cluster: {{server: "{server}"}}
-users:
-- name: tester
-  user:
-    exec:
-      apiVersion: client.authentication.k8s.io/v1
-      command: "{command}"
-      args: ["{state}"]
-      interactiveMode: Never
-contexts:
-- name: c
-  context: {{cluster: standin, user: tester}}
-current-context: c
-"""
-
-# An exec credential plugin (as EKS's `aws eks get-token` answers): each run hands out the
-# next token, t1, t2, ..., counting its runs in the file it is given.
-TOKEN_PLUGIN = """\
-import json, pathlib, sys
-state = pathlib.Path(sys.argv[1])
-n = int(state.read_text()) + 1 if state.exists() else 1
-state.write_text(str(n))
-print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-                  "status": {"token": f"t{n}", "expirationTimestamp": "2030-01-01T00:00:00Z"}}))
-"""
-
-
-def exec_kubeconfig(server: str, folder: Path, python: str) -> tuple[Path, Path]:
-    """A kubeconfig whose user's token comes from ``TOKEN_PLUGIN`` run by ``python``;
-    (the kubeconfig, the file counting the plugin's runs)."""
-    script = folder / "token-plugin.py"
-    script.write_text(TOKEN_PLUGIN)
-    wrapper = folder / "token-plugin"
-    wrapper.write_text(f'#!/bin/sh\nexec "{python}" "{script}" "$@"\n')
-    wrapper.chmod(0o755)
-    state = folder / "token-runs"
-    cfg = folder / "kubeconfig"
-    cfg.write_text(EXEC_KUBECONFIG.format(server=server, command=wrapper, state=state))
-    return cfg, state

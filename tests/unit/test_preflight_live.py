@@ -291,23 +291,3 @@ def test_weights_fit_reads_the_bytes_the_probe_found(
     ]
     assert "the probe on node gpu-a" in fit[0].message
     assert "nvidia.com/gpu.memory=81559 MiB" in fit[0].message
-
-
-def test_a_namespace_enforcing_baseline_fails_each_probe_naming_the_refusal(
-    preflight_cluster: tuple[Server, Path],
-) -> None:
-    """The test plane's API server refused the probe Pods (hostPath) in a namespace that
-    enforces baseline, and preflight ended with exit 2 and no verdicts; now each node's probe
-    fails, naming the refusal, beside SB265."""
-    server, cfg = preflight_cluster
-
-    def enforce(st: StandIn) -> None:
-        ns = st.objects[("namespaces", "", "servebook")]
-        ns["metadata"].setdefault("labels", {})["pod-security.kubernetes.io/enforce"] = "baseline"
-
-    server.call(enforce)
-    found = run(cfg, plan())
-    refused = [f for f in found if "refused the probe Pod" in f.message]
-    assert {f.subject for f in refused} == {"gpu-a", "gpu-b"}, found
-    assert all(f.severity is Severity.FAIL and "PodSecurity" in f.message for f in refused)
-    assert [f.severity for f in by_check(found, "SB265")] == [Severity.FAIL]

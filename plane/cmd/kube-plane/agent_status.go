@@ -41,8 +41,11 @@ type podView struct {
 	PodIP        string
 	HostIP       string
 	StartTime    time.Time
-	Terminal     bool                     // the agent has finished the Pod: nothing will restart
-	Containers   map[string]containerView // init and regular containers by name
+	Terminal     bool // the agent has finished the Pod: nothing will restart
+	// Why the agent ended the Pod itself (its activeDeadlineSeconds passed): the Pod is
+	// Failed with this reason and message, as the kubelet's eviction by a sync handler.
+	FailReason, FailMessage string
+	Containers              map[string]containerView // init and regular containers by name
 }
 
 // computePodStatus returns the kubelet-owned part of the status. old is the status last
@@ -73,10 +76,16 @@ func computePodStatus(pod *v1.Pod, old v1.PodStatus, view podView, now time.Time
 
 	all := append(append([]v1.ContainerStatus{}, s.ContainerStatuses...), s.InitContainerStatuses...)
 	s.Phase = podPhase(pod, all, view.Terminal, anyRegularRunning(pod, view))
+	if view.FailReason != "" {
+		s.Phase = v1.PodFailed // generateAPIPodStatus: a Pod a sync handler evicts is Failed
+	}
 	if p := pod.Status.Phase; p == v1.PodFailed || p == v1.PodSucceeded {
 		s.Phase = p // a terminal phase never changes
 	}
-	if s.Phase == pod.Status.Phase {
+	switch {
+	case view.FailReason != "" && s.Phase == v1.PodFailed:
+		s.Reason, s.Message = view.FailReason, view.FailMessage
+	case s.Phase == pod.Status.Phase:
 		s.Reason, s.Message = pod.Status.Reason, pod.Status.Message
 	}
 	s.Conditions = podConditions(pod, s, view)

@@ -236,3 +236,35 @@ func TestAgentIPAllocator(t *testing.T) {
 		t.Errorf("after release: %s", ip)
 	}
 }
+
+// A Pod past its activeDeadlineSeconds: Failed with the kubelet's reason and message, its
+// containers' last states as they ended, not Ready; a Pod without the field has no deadline.
+func TestAgentStatusDeadlineExceeded(t *testing.T) {
+	pod := statusPod(v1.RestartPolicyAlways)
+	d := int64(30)
+	pod.Spec.ActiveDeadlineSeconds = &d
+	if end, ok := activeDeadline(pod, t0); !ok || !end.Equal(t0.Add(30*time.Second)) {
+		t.Errorf("deadline %v %v", end, ok)
+	}
+	if _, ok := activeDeadline(statusPod(v1.RestartPolicyAlways), t0); ok {
+		t.Error("a Pod without activeDeadlineSeconds has a deadline")
+	}
+	v := view(true, map[string]containerView{"c": {Current: exited("servebook-agent://1", 137)}})
+	v.FailReason, v.FailMessage = deadlineReason, deadlineMessage
+	s := computePodStatus(pod, pod.Status, v, t0)
+	if s.Phase != v1.PodFailed || s.Reason != "DeadlineExceeded" || s.Message != "Pod was active on the node longer than the specified deadline" {
+		t.Errorf("phase %s, reason %q, message %q", s.Phase, s.Reason, s.Message)
+	}
+	if term := s.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 137 || term.Reason != "Error" {
+		t.Errorf("container %+v", s.ContainerStatuses[0].State)
+	}
+	if c := cond(s, v1.PodReady); c.Status != v1.ConditionFalse || c.Reason != "PodFailed" {
+		t.Errorf("Ready %+v", c)
+	}
+	// A Pod that never started a container (its volume never mounted) fails the same way.
+	never := view(true, nil)
+	never.FailReason, never.FailMessage = deadlineReason, deadlineMessage
+	if s := computePodStatus(pod, pod.Status, never, t0); s.Phase != v1.PodFailed || s.Reason != deadlineReason {
+		t.Errorf("never started: phase %s, reason %q", s.Phase, s.Reason)
+	}
+}

@@ -51,6 +51,9 @@ type podWorker struct {
 	initialized bool
 	terminal    bool // finished: nothing will run again
 	startTime   time.Time
+	deadlineAt  time.Time // when activeDeadlineSeconds ends the Pod (a sync is due then)
+	failReason  string    // set when the agent ended the Pod itself (DeadlineExceeded)
+	failMessage string
 	reported    *v1.PodStatus // the status last accepted by the API server
 }
 
@@ -141,6 +144,11 @@ func (w *podWorker) sync() bool {
 	if w.startTime.IsZero() {
 		w.startTime = time.Now()
 	}
+	if w.pastDeadline(pod, time.Now()) {
+		w.endPastDeadline(pod)
+		w.report(pod)
+		return false
+	}
 	if w.prepare(pod) {
 		w.killProbeFailures(pod)
 		if w.runInit(pod) {
@@ -157,6 +165,50 @@ func (w *podWorker) sync() bool {
 	}
 	w.report(pod)
 	return false
+}
+
+// The kubelet's active-deadline handler (pkg/kubelet/active_deadline.go): a Pod whose
+// spec.activeDeadlineSeconds have passed since its start (status.startTime, this agent's
+// first sync of it, before any image or volume) is failed with this reason and message.
+const (
+	deadlineReason  = "DeadlineExceeded"
+	deadlineMessage = "Pod was active on the node longer than the specified deadline"
+)
+
+// activeDeadline is when a Pod started at start reaches its activeDeadlineSeconds.
+func activeDeadline(pod *v1.Pod, start time.Time) (time.Time, bool) {
+	if pod.Spec.ActiveDeadlineSeconds == nil || start.IsZero() {
+		return time.Time{}, false
+	}
+	return start.Add(time.Duration(*pod.Spec.ActiveDeadlineSeconds) * time.Second), true
+}
+
+// pastDeadline says whether the Pod's active deadline has passed, and otherwise makes sure
+// a sync comes when it does (the field may be lowered on a running Pod).
+func (w *podWorker) pastDeadline(pod *v1.Pod, now time.Time) bool {
+	end, ok := activeDeadline(pod, w.startTime)
+	if !ok {
+		return false
+	}
+	if !now.Before(end) {
+		return true
+	}
+	if !end.Equal(w.deadlineAt) {
+		w.deadlineAt = end
+		w.kickAt(end)
+	}
+	return false
+}
+
+// endPastDeadline ends a Pod past its deadline as the kubelet does: an event, its
+// containers stopped within its grace period (preStop hooks first), nothing restarted,
+// and the Pod Failed with reason DeadlineExceeded.
+func (w *podWorker) endPastDeadline(pod *v1.Pod) {
+	w.event("", v1.EventTypeNormal, deadlineReason, deadlineMessage)
+	w.failReason, w.failMessage = deadlineReason, deadlineMessage
+	w.stopAll(pod, gracePeriod(pod.Spec.TerminationGracePeriodSeconds), true)
+	w.terminal = true
+	w.release()
 }
 
 // prepare makes the sandbox and the volumes; failures are retried on later syncs.
@@ -591,6 +643,7 @@ func (w *podWorker) report(pod *v1.Pod) {
 
 func (w *podWorker) view() podView {
 	v := podView{HostIP: w.a.cfg.BridgeIP, StartTime: w.startTime, Terminal: w.terminal,
+		FailReason: w.failReason, FailMessage: w.failMessage,
 		SandboxReady: w.sandbox != nil && w.volumes != nil, Containers: map[string]containerView{}}
 	if v.SandboxReady || w.terminal {
 		v.PodIP = w.podIP

@@ -244,7 +244,10 @@ def share_reauthentication(api: Any) -> None:
     calls still using it, which then fail.  Here the re-authentications are one at a time
     and one that has just happened serves the calls queued behind it, and the client is
     replaced only when its credentials are not the current ones, the old one closed once
-    its calls have had their request timeout to finish.  (kr8s 0.20: ``Api.call_api``,
+    its calls have had their request timeout to finish.  The credentials are the bearer
+    token and the client certificate: an exec plugin may hand out either (a certificate
+    that expired was renewed, and the client kept presenting the old one: every call then
+    failed 401, found on the test plane).  (kr8s 0.20: ``Api.call_api``,
     ``Api._create_session``, ``KubeAuth.reauthenticate``.)"""
     import asyncio
 
@@ -256,6 +259,12 @@ def share_reauthentication(api: Any) -> None:
     locks: dict[int, Any] = {}  # per event loop: kr8s's, and the forwards' own
     last = [float("-inf")]
 
+    def credentials() -> tuple[Any, ...]:
+        # kr8s writes a certificate an exec plugin gave to a new file on each run
+        return (auth.token, auth.client_cert_file, auth.client_key_file)
+
+    made_with = [credentials() if api._session is not None else None]
+
     async def reauthenticate() -> None:
         loop = id(asyncio.get_running_loop())
         async with locks.setdefault(loop, anyio.Lock()):
@@ -266,10 +275,10 @@ def share_reauthentication(api: Any) -> None:
 
     async def create_session() -> None:
         old = api._session
-        header = f"Bearer {auth.token}" if auth.token else None
-        if old is not None and not old.is_closed and old.headers.get("Authorization") == header:
+        if old is not None and not old.is_closed and made_with[0] == credentials():
             return  # already a client with the current credentials
         api._session = None  # kr8s would close it under the calls using it
+        made_with[0] = credentials()
         await new_session()
         if old is not None and not old.is_closed:
             grace = _request_timeout(api) * 2
