@@ -4,7 +4,6 @@ logic lives in the modules they call."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -14,45 +13,28 @@ from typing import Any
 from rich.markup import escape
 
 from servebook import commands, stopping
+from servebook.commands.index import COMMANDS
 from servebook.console import err, styled
 from servebook.errors import ServebookError
 
-#: The module of ``servebook.commands`` that defines each command, in --help's order.  A
-#: command imports only its own module: importing all of them took 2-4 s, before every
-#: command (``tests/unit/test_cli_lazy.py`` holds this map to what the modules register).
-COMMAND_MODULES = {
-    "attach": "attach",
-    "detach": "attach",
-    "verify": "verify",
-    "bench": "bench",
-    "up": "deploy",
-    "status": "deploy",
-    "down": "deploy",
-    "run": "deploy",
-    "experiment": "experiment",
-    "checks": "lint",
-    "lint": "lint",
-    "preflight": "preflight",
-    "probe": "probe",
-    "render": "render",
-    "report": "report",
-    "compare": "report",
-    "recipes": "recipes",
-    "model": "model",
-}
 
-
-def load(argv: Sequence[str] = ()) -> None:
-    """Register the command ``argv`` names (its first word that is not an option), or every
-    command when it names none that exists (--help, a typo, nothing)."""
-    words = [a for a in argv if not a.startswith("-")]
-    wanted = [COMMAND_MODULES[words[0]]] if words and words[0] in COMMAND_MODULES else None
-    for module in wanted or dict.fromkeys(COMMAND_MODULES.values()):
-        importlib.import_module(f"servebook.commands.{module}")
+def load(argv: Sequence[str] | None = None) -> None:
+    """Import the module of the command ``argv`` names (its first word that is not an
+    option), before the command line is parsed; when it names none (--help, --version, a
+    typo, nothing), none: ``commands.CommandGroup`` lists them all from ``index.COMMANDS``.
+    ``argv`` None: every command (``servebook.cli.app``)."""
+    if argv is None:
+        wanted: Sequence[str] = list(COMMANDS)
+    else:
+        wanted = [w for w in argv if not w.startswith("-")][:1]
+    for name in wanted:
+        if name in COMMANDS:
+            commands.import_command(name)
 
 
 def __getattr__(name: str) -> Any:
-    """``servebook.cli.app``: the application with every command (tests run it in-process)."""
+    """``servebook.cli.app``: the application with every command imported (tests run it
+    in-process)."""
     if name == "app":
         load()
         return commands.app
@@ -130,4 +112,4 @@ def _still_cleaning(_signum: int, _frame: FrameType | None) -> None:
         )
 
 
-__all__ = ["COMMAND_MODULES", "load", "main"]
+__all__ = ["load", "main"]

@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from servebook.cli import app
-from servebook.recipe.resolve import catalog_names, load_source
+from servebook.recipe.source import catalog_names, load_source
 from tests.conftest import CliResult
 from tests.unit.result_runs import A
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from servebook.recipe.resolve import catalog_names, load_source
+from servebook.recipe.source import catalog_names, load_source
 from tests.conftest import CliResult
 from tests.unit.result_runs import RERUN, A
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from servebook.errors import UsageError
-from servebook.recipe.resolve import catalog_names, resolve
+from servebook.recipe.resolve import resolve
+from servebook.recipe.source import catalog_names
 from tests.conftest import CliResult
 
 Cli = Callable[..., CliResult]

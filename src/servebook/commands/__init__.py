@@ -1,28 +1,72 @@
 """The Typer application, and the two ways every command prints beside its tables
 (``servebook.console``): progress lines and ``--json``.  Each module beside this one
 attaches one command (or command group) to ``app``; ``servebook.cli`` imports the one a
-command line names (``COMMAND_MODULES``), or all of them."""
+command line names, and ``CommandGroup`` lists the others from ``index.COMMANDS``."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
+import typer.core
+import typer.main
 from rich.markup import escape
-from typer.core import TyperArgument, TyperOption
+from typer import _click, _coercion
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from servebook import __version__, inputs, names, redact, urls
+from servebook import names, redact, urls, version_line
+from servebook.commands.index import COMMANDS
 from servebook.console import err, out, styled
 from servebook.errors import UsageError
 
+
+def import_command(name: str) -> None:
+    """Attach the command ``name`` (of ``index.COMMANDS``) to ``app``: import its module."""
+    importlib.import_module(f"servebook.commands.{COMMANDS[name].module}")
+
+
+class _NotImported(TyperCommand):
+    """A command whose module is not imported: its name and summary, for --help's list, a
+    mistyped command's suggestion and the shell's completion of a command's name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, help=COMMANDS[name].summary)
+
+    def invoke(self, ctx: _click.Context) -> Any:
+        # CommandGroup.resolve_command swaps it for the command before it can run.
+        raise RuntimeError(f"servebook {self.name}: run before its module was imported")
+
+
+class CommandGroup(TyperGroup):
+    """servebook's commands, every one in ``index.COMMANDS``'s order, whether its module
+    is imported or not; one that is not is imported when the command line (or the shell's
+    completion of its options) reaches it."""
+
+    def __init__(self, *, commands: dict[str, _click.Command], **attrs: Any) -> None:
+        every = {name: commands.get(name) or _NotImported(name) for name in COMMANDS}
+        super().__init__(commands=every | commands, **attrs)
+
+    def resolve_command(
+        self, ctx: _click.Context, args: list[str]
+    ) -> tuple[str | None, _click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if name is not None and isinstance(command, _NotImported):
+            import_command(name)
+            command = self.commands[name] = typer.main.get_group(app).commands[name]
+        return name, command, rest
+
+
 app = typer.Typer(
     name="servebook",
+    cls=CommandGroup,
     help="Make LLM serving deployments provable: recipe -> running deployment -> "
     "evidence -> reproducible numbers.",
     no_args_is_help=True,
@@ -53,6 +97,30 @@ def _plain_type(param: TyperOption | TyperArgument, ctx: typer.Context) -> str |
 # The one place --help's type column is decided, for every command.
 TyperOption.display_type_rich = _plain_type  # type: ignore[method-assign,assignment]
 TyperArgument.display_type_rich = _plain_type  # type: ignore[method-assign,assignment]
+
+
+@dataclass(frozen=True)
+class _BuiltWhenUsed(_coercion.RuntimeParam):
+    """Typer's conversion of one parameter's value, built when a value comes to convert.
+
+    Typer builds a pydantic ``TypeAdapter`` for each parameter it processes, even one
+    whose value is None and is never converted (``--help`` and ``--install-completion``
+    not given, on every command): importing pydantic for that cost every command about
+    100 ms of CPU, two thirds of ``servebook recipes``."""
+
+    descriptor: _coercion.TypeDescriptor
+
+    def _coerce_value(self, value: Any, param: Any, ctx: _click.Context) -> Any:
+        built = _coercion.build_runtime_param(self.descriptor)
+        param._runtime_param = built  # typer's own from now on
+        return built._coerce_value(value, param=param, ctx=ctx)
+
+
+def _built_when_used(descriptor: _coercion.TypeDescriptor) -> _coercion.RuntimeParam:
+    return _BuiltWhenUsed(descriptor.parameter_info, descriptor.annotation, descriptor)
+
+
+typer.core.build_runtime_param = _built_when_used
 
 
 def port_number(param: typer.CallbackParam, value: int | None) -> int | None:
@@ -101,6 +169,8 @@ def regular_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
     """A file option read later (``--dataset``): a regular file (``servebook.inputs``),
     so that a FIFO or ``/dev/zero`` is refused now, in its own words, not read for ever."""
     if value is not None:
+        from servebook import inputs  # PyYAML: not for --help
+
         inputs.check_regular(value, f"{_flag(param)} file")
     return value
 
@@ -144,6 +214,8 @@ def _use_kubeconfig(value: str | None) -> str | None:
     if value is not None:
         if not os.path.exists(os.path.expanduser(value)):
             raise UsageError(f"--kubeconfig {value}: no such file.")
+        from servebook import inputs
+
         # A FIFO would block the Kubernetes client's read for ever.
         inputs.check_regular(os.path.expanduser(value), "--kubeconfig")
         os.environ["KUBECONFIG"] = os.path.expanduser(value)
@@ -178,7 +250,7 @@ def print_json(doc: Any) -> None:
 
 def _version_callback(value: bool) -> None:
     if value:
-        out.print(f"servebook {__version__}")
+        out.print(version_line())
         raise typer.Exit()
 
 

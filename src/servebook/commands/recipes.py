@@ -13,8 +13,7 @@ from rich.table import Table
 from servebook import redact
 from servebook.commands import app, print_json
 from servebook.console import out, styled
-from servebook.recipe.plan import Plan
-from servebook.recipe.resolve import catalog_names, load_source, resolve
+from servebook.recipe.source import catalog_names, load_source
 
 recipes_app = typer.Typer(
     help="List the built-in recipes, or show one resolved to exact command lines.\n\n"
@@ -83,6 +82,9 @@ def show(
 
     Example: servebook recipes show tiny-pd-spec --set num_speculative_tokens=4
     """
+    from servebook.recipe.plan import Plan  # pydantic: not for the list
+    from servebook.recipe.resolve import resolve
+
     # Shown as a record is kept: a key in the engine arguments, a token in the environment
     # or a parameter shows that it is given, never its value (``servebook.redact``).
     plan = Plan.model_validate(redact.scrub(resolve(recipe, sets, values).model_dump())[0])

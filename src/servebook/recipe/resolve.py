@@ -11,8 +11,6 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,12 @@ from servebook import inputs
 from servebook.errors import UsageError
 from servebook.recipe.plan import Plan, RecipeValueError, build_plan
 from servebook.recipe.schema import Parameter, ParamType, Recipe
+from servebook.recipe.source import (
+    RECIPE_MAX_BYTES,
+    Source,
+    load_source,
+    parse_yaml,
+)
 
 REF = re.compile(r"\$\{([^}]*)\}")
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -30,95 +34,11 @@ IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 # Built-in references every recipe may use; their values come from the caller.
 BUILTINS = ("cache_dir", "state_dir")
-# A recipe or values file is a few KiB; a bound far above that keeps a wrong file from
-# holding the pure-Python YAML parser for minutes (60 MB took more than 120 s).
-RECIPE_MAX_BYTES = inputs.MiB
-
-
-@dataclass(frozen=True)
-class Source:
-    """A recipe document and where it came from (for messages)."""
-
-    name: str
-    origin: str
-    data: dict[str, Any]
 
 
 def servebook_home() -> Path:
     """Where servebook keeps generated models and deployment state."""
     return Path(os.environ.get("SERVEBOOK_HOME") or Path.home() / ".servebook").expanduser()
-
-
-def catalog_names() -> list[str]:
-    root = resources.files("servebook.recipe") / "catalog"
-    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str, line: int, first: int) -> None:
-        super().__init__(key)
-        self.key, self.line, self.first = key, line, first
-
-
-class _StrictLoader(inputs.BoundedLoader):
-    """A safe loader within servebook's bounds (``inputs.BoundedLoader``) that refuses a key
-    given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                line = key_node.start_mark.line + 1
-                if key_node.value in seen:
-                    raise _DuplicateKey(key_node.value, line, seen[key_node.value])
-                seen[key_node.value] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
-    except _DuplicateKey as e:
-        raise UsageError(
-            f"{origin}: line {e.line}: key {e.key!r} is given twice (first at line {e.first}); "
-            "YAML would silently keep the last one. Keep one of them."
-        ) from None
-    except inputs.YamlTooComplex as e:
-        raise UsageError(
-            f"{origin}{inputs.yaml_where(e)}: {e.problem}.",
-            hint="Is this the right file? A recipe or values file nests a few levels.",
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise UsageError(
-            f"{origin}:{where}: malformed YAML: {problem}. Fix the YAML syntax there."
-        ) from None
-    if data is None:
-        raise UsageError(f"{origin}: holds no keys (an empty YAML document).")
-    if not isinstance(data, dict):
-        raise UsageError(
-            f"{origin}: expected a mapping of keys (a recipe), got {type(data).__name__}."
-        )
-    return data
-
-
-def load_source(ref: str) -> Source:
-    """A built-in recipe name, or a path to a recipe YAML file."""
-    path = Path(ref)
-    if ref.endswith((".yaml", ".yml")) or os.sep in ref:
-        text = inputs.read_text(path, "recipe file", RECIPE_MAX_BYTES)
-        return Source(name=path.stem, origin=str(path), data=_parse_yaml(text, str(path)))
-    names = catalog_names()
-    if ref not in names:
-        raise UsageError(
-            f"unknown recipe '{ref}'. Built-in recipes: {', '.join(names)}. "
-            "Give one of them, or a path to a recipe .yaml file "
-            "(`servebook recipes` lists them)."
-        )
-    res = resources.files("servebook.recipe") / "catalog" / f"{ref}.yaml"
-    return Source(name=ref, origin=f"built-in recipe {ref}", data=_parse_yaml(res.read_text(), ref))
 
 
 def _loc(loc: Iterable[Any]) -> str:
@@ -195,7 +115,7 @@ def load_values_file(path: Path) -> dict[str, Any]:
             f"values file {path} is empty: it should map parameter names to values, e.g. "
             "`node: gpu-node-1`. Fill it in, or drop -f."
         )
-    data = _parse_yaml(text, str(path))
+    data = parse_yaml(text, str(path))
     return data
 
 
