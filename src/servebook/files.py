@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -83,6 +84,27 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def hold_lock(path: Path) -> tuple[int, bool]:
+    """(fd of ``path``, whether this process now holds its flock): the kernel drops it when
+    the holder exits, however it exits.  A holder that finishes removes the file (and may
+    remove its directory), so one opened just before that is not the lock any more: take
+    the file that is there now."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE)
+        except FileNotFoundError:
+            continue  # its directory went between the mkdir and the open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fd, False
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd, True
+        os.close(fd)
 
 
 def write_record(path: str | Path, record: BaseModel) -> None:

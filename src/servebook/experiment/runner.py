@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from servebook import inputs
 from servebook.errors import ServebookError, UsageError
+from servebook.experiment import ownership
 from servebook.experiment.spec import Arm, Experiment
 from servebook.files import write_atomic
 from servebook.results.provenance import utc_now
@@ -225,6 +225,15 @@ def load_state(out_dir: Path, exp: Experiment) -> dict[str, Any]:
     return doc
 
 
+def check_blocks(out_dir: Path, state: dict[str, Any]) -> None:
+    """Every pending entry's block directory may be made: refused before anything runs
+    when one is not this experiment's (``ownership``)."""
+    for e in state["schedule"]:
+        if e["outcome"] == PENDING:
+            where = results_dir(out_dir, e["arm"], e["block"])
+            ownership.check(out_dir, where, state["tag"], e["arm"], e["block"])
+
+
 def save(out_dir: Path, state: dict[str, Any]) -> None:
     write_atomic(out_dir / STATE_NAME, json.dumps(state, indent=2) + "\n")
 
@@ -246,8 +255,9 @@ def run(
         n = len(entries) - len(todo) + i
         say(f"[{n}/{len(entries)}] block {entry['block']}, arm {arm.name}: {arm.describe()}")
         where = results_dir(out_dir, arm.name, entry["block"])
-        if where.exists():  # a bench interrupted before it finished: it starts over
-            shutil.rmtree(where)
+        # a bench interrupted before it finished starts over in a directory made anew
+        # (removed only when this experiment made it: ``ownership``)
+        ownership.fresh_block(out_dir, where, state["tag"], arm.name, entry["block"])
         entry["started_at"] = utc_now()
         entry["outcome"] = _one(arm, entry, where, steps, say, state["tag"])
         entry["ended_at"] = utc_now()
