@@ -167,3 +167,38 @@ def test_d2_a_second_resume_of_a_running_experiment_is_refused_naming_its_pid(
     assert not (out / ownership.LOCK_NAME).exists()  # given up when the run ended
     assert all((out / "arms" / e["arm"] / f"block-{e['block']}" / "results.json").is_file()
                for e in done["schedule"])  # fmt: skip
+
+
+def test_d4_url_credentials_never_reach_experiment_json_which_is_its_owner_s_only(
+    tmp_path: Path,
+) -> None:
+    """D4: a URL arm's ``?token=`` and ``user:pass@`` were written in clear into
+    ``experiment.json`` (mode 0644), and from there into the report."""
+    from servebook.experiment import report as exp_report
+
+    f = tmp_path / "sec.yaml"
+    arms = [
+        {"name": "a", "url": "http://127.0.0.1:9/?token=EXPTOK4567", "model": "m"},
+        {"name": "b", "url": "http://admin:EXPPASS9876@127.0.0.1:9", "model": "m"},
+    ]
+    f.write_text(json.dumps({"baseline": "a", "blocks": 2, "arms": arms, "load": {}}))
+    exp = spec.load(f)
+    out = tmp_path / "out"
+    done = session.execute(exp, out, steps([]), lambda _l: None)
+    text = (out / "experiment.json").read_text()
+    assert "EXPTOK4567" not in text and "EXPPASS9876" not in text
+    assert (out / "experiment.json").stat().st_mode & 0o777 == 0o600
+    saved = json.loads(text)
+    what = {a["name"]: a["what"] for a in saved["arms"]}
+    assert what["a"].startswith("http://127.0.0.1:9/?token=<redacted>")
+    assert "<redacted>" in what["b"] and "127.0.0.1:9" in what["b"]
+    # nothing else of the state changed on its way to the file
+    for key in ("schedule", "comparisons", "level_orders", "load", "digest", "tag"):
+        assert saved[key] == done[key], key
+    exp_report.write(out, out)
+    for name in ("report.md", "report.html"):
+        page = (out / name).read_text()
+        assert "EXPTOK4567" not in page and "EXPPASS9876" not in page
+    # a resume still recognises its experiment (the digest holds the URLs, hashed)
+    again = session.execute(exp, out, steps([]), lambda _l: None, resume=True)
+    assert [e["outcome"] for e in again["schedule"]] == ["done"] * 4

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servebook import inputs
+from servebook import inputs, redact
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment import ownership
 from servebook.experiment.spec import Arm, Experiment
-from servebook.files import write_atomic
+from servebook.files import PRIVATE, write_atomic
 from servebook.results.provenance import utc_now
 
 STATE_NAME = "experiment.json"
@@ -235,7 +235,11 @@ def check_blocks(out_dir: Path, state: dict[str, Any]) -> None:
 
 
 def save(out_dir: Path, state: dict[str, Any]) -> None:
-    write_atomic(out_dir / STATE_NAME, json.dumps(state, indent=2) + "\n")
+    """``experiment.json``, atomically, readable by its owner only and redacted at the
+    source (``redact.scrub``: a URL arm's ``user:pass@`` or ``?token=``, a secret in a
+    step's message), as servebook's other records are (hostile probe D4)."""
+    doc, _ = redact.scrub(state)
+    write_atomic(out_dir / STATE_NAME, json.dumps(doc, indent=2) + "\n", mode=PRIVATE)
 
 
 def run(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servebook import inputs
+from servebook import inputs, redact
 from servebook.errors import UsageError
 from servebook.report.comparability import VARIABLES
 
@@ -93,7 +93,8 @@ class Arm:
         if self.kind == "deployment":
             where = f" in namespace {self.namespace}" if self.namespace else ""
             return f"deployment {self.deployment}{where}, benched only"
-        return f"{self.url} (model {self.model}), benched only"
+        # its credentials never leave servebook (issue 44 point 6; hostile probe D4)
+        return f"{redact.url(str(self.url))} (model {self.model}), benched only"
 
 
 @dataclass(frozen=True)
