@@ -308,4 +308,32 @@ def _bench(arm: Arm, handle: str | None, where: Path, steps: Steps, entry: dict[
         entry.update(e.facts)
         return f"bench failed: {e}"
     entry.update(facts or {})
-    return DONE
+    failed = measured_nothing(where)
+    return DONE if failed is None else f"bench measured nothing: {failed}"
+
+
+def measured_nothing(where: Path) -> str | None:
+    """Why the bench that returned into ``where`` is no measurement (no results file, or
+    not one successful request: every request refused, another model answering, the
+    server gone), else None.  Such a bench makes its block invalid (hostile probe D5: it
+    was a valid block, exit 0, "No crossover").  Points invalid for other reasons (server
+    evidence, lag) are judged per level by the experiment's evidence, as before."""
+    from servebook.results.schema import RESULTS_NAME
+    from servebook.results.store import load_results
+
+    path = where / RESULTS_NAME
+    if not path.is_file():
+        return f"it wrote no {RESULTS_NAME}"
+    points = load_results(path).points
+    if not points:
+        return "no point finished"
+    if any(p.requests_ok for p in points):
+        return None
+    failed = sum(p.errors for p in points)
+    why = next((r for p in points for r in p.invalid_reasons), "")
+    sample = next((x for p in points for x in p.error_samples), "")
+    return (
+        f"no successful request ({failed} failed over {len(points)} point(s))"
+        + (f"; {why}" if why else "")
+        + (f"; e.g. {sample}" if sample else "")
+    )
