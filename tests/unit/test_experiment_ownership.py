@@ -173,9 +173,7 @@ def test_d4_url_credentials_never_reach_experiment_json_which_is_its_owner_s_onl
     tmp_path: Path,
 ) -> None:
     """D4: a URL arm's ``?token=`` and ``user:pass@`` were written in clear into
-    ``experiment.json`` (mode 0644), and from there into the report."""
-    from servebook.experiment import report as exp_report
-
+    ``experiment.json`` (mode 0644), which the report is made from."""
     f = tmp_path / "sec.yaml"
     arms = [
         {"name": "a", "url": "http://127.0.0.1:9/?token=EXPTOK4567", "model": "m"},
@@ -195,10 +193,55 @@ def test_d4_url_credentials_never_reach_experiment_json_which_is_its_owner_s_onl
     # nothing else of the state changed on its way to the file
     for key in ("schedule", "comparisons", "level_orders", "load", "digest", "tag"):
         assert saved[key] == done[key], key
-    exp_report.write(out, out)
-    for name in ("report.md", "report.html"):
-        page = (out / name).read_text()
-        assert "EXPTOK4567" not in page and "EXPPASS9876" not in page
     # a resume still recognises its experiment (the digest holds the URLs, hashed)
     again = session.execute(exp, out, steps([]), lambda _l: None, resume=True)
     assert [e["outcome"] for e in again["schedule"]] == ["done"] * 4
+
+
+@pytest.mark.parametrize("changed", ["dataset", "values", "recipe"])
+def test_d6_resume_refuses_an_input_file_changed_since_the_experiment_started(
+    tmp_path: Path, changed: str
+) -> None:
+    """D6: ``--resume`` compared the paths of the dataset, values and recipe files, not
+    their content: a dataset replaced between blocks went on, exit 0, "like for like"."""
+    from servebook.recipe.resolve import load_source
+
+    files = {
+        "dataset": tmp_path / "prompts.jsonl",
+        "values": tmp_path / "site.yaml",
+        "recipe": tmp_path / "mine.yaml",
+    }
+    files["dataset"].write_text(json.dumps({"prompt": "one"}) + "\n")
+    files["values"].write_text("{}\n")
+    files["recipe"].write_text(json.dumps(load_source("tiny-mixed").data))
+    f = tmp_path / "exp.yaml"
+    arms = [
+        {"name": "a", "recipe": str(files["recipe"])},
+        {"name": "b", "recipe": "tiny-mixed", "set": {"served_model_name": "tiny"}},
+    ]
+    doc = {"baseline": "a", "blocks": 2, "arms": arms, "values": "site.yaml"}
+    f.write_text(json.dumps({**doc, "load": {"dataset": "prompts.jsonl"}}))
+    exp = spec.load(f)
+    out = tmp_path / "out"
+    with pytest.raises(session.ExperimentStopped):
+        session.execute(exp, out, steps([], stop_at=3), lambda _l: None)
+    saved = json.loads((out / "experiment.json").read_text())
+    assert set(saved["inputs"]) == {
+        f"dataset {files['dataset']}",
+        f"values file {files['values']}",
+        f"recipe file {files['recipe']}",
+        "built-in recipe tiny-mixed",
+    }
+    before = files[changed].read_text()
+    edit = {"dataset": {"prompt": "two"}, "values": {"model_dir": "/m"}}
+    edit["recipe"] = {**json.loads(before), "description": "edited"}
+    files[changed].write_text(json.dumps(edit[changed]) + "\n")
+    calls: list[str] = []
+    with pytest.raises(Exception) as e:
+        session.execute(exp, out, steps(calls), lambda _l: None, resume=True)
+    assert getattr(e.value, "exit_code", None) == 2, e.value
+    assert f"{files[changed]} changed since {out / 'experiment.json'} was started" in str(e.value)
+    assert calls == [] and json.loads((out / "experiment.json").read_text()) == saved
+    files[changed].write_text(before)  # put back as it was: it resumes
+    done = session.execute(exp, out, steps(calls), lambda _l: None, resume=True)
+    assert [x["outcome"] for x in done["schedule"]] == ["done"] * 4

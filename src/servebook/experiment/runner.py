@@ -29,7 +29,7 @@ from typing import Any
 
 from servebook import inputs, redact
 from servebook.errors import ServebookError, UsageError
-from servebook.experiment import ownership
+from servebook.experiment import input_files, ownership
 from servebook.experiment.spec import Arm, Experiment
 from servebook.files import PRIVATE, write_atomic
 from servebook.results.provenance import utc_now
@@ -178,6 +178,8 @@ def new_state(
         "kind": "servebook-experiment",
         "experiment": exp.path,
         "digest": exp.digest(),
+        # what it reads besides its file, by content: a --resume compares them
+        "inputs": input_files.digests(exp),
         # every deployment this experiment makes is named ARM-bBLOCK-TAG (deployment_name)
         "tag": tag,
         "seed": exp.seed,
@@ -222,6 +224,7 @@ def load_state(out_dir: Path, exp: Experiment) -> dict[str, Any]:
             f"seed differ from {exp.path})",
             hint="resume with the file it was started with, or start over in a new -o DIR",
         )
+    input_files.check_unchanged(doc.get("inputs"), exp, path)
     return doc
 
 

@@ -136,6 +136,18 @@ class Experiment:
         return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
+def dataset_path(exp: Experiment) -> Path | None:
+    """The load's dataset: a shipped one (``builtin:NAME``, as bench's ``--dataset``
+    takes it), else a file beside the experiment file; None when the load gives none."""
+    from servebook import datasets
+
+    value = exp.load.get("dataset")
+    if value is None:
+        return None
+    shipped = datasets.resolve(str(value))
+    return shipped if shipped is not None else Path(exp.path).parent / str(value)
+
+
 def _bad(path: str, key: str, problem: str, fix: str) -> UsageError:
     return UsageError(f"{path}: {key}: {problem}", hint=fix)
 

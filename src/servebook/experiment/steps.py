@@ -17,7 +17,7 @@ from servebook.bench.health import ServingCheck, not_serving
 from servebook.bench.sweep import DEFAULT_PRECISION, BenchArgs, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
-from servebook.experiment.spec import Arm, Experiment
+from servebook.experiment.spec import Arm, Experiment, dataset_path
 
 if TYPE_CHECKING:
     from servebook.backends.base import Place
@@ -39,7 +39,7 @@ def bench_args(exp: Experiment, arm: Arm, block: int | None = None) -> BenchArgs
             continue
         default = getattr(BenchArgs(), name)
         if name == "dataset":
-            given[name] = Path(exp.path).parent / str(value)
+            given[name] = dataset_path(exp)
             continue
         if name == "precision" and value is False:  # YAML reads a bare `off` as false
             value = "off"
