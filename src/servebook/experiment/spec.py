@@ -154,9 +154,12 @@ def _bad(path: str, key: str, problem: str, fix: str) -> UsageError:
 
 def load(path: Path) -> Experiment:
     """Read and check an experiment file (see the module docstring)."""
+    from servebook.recipe.resolve import parse_yaml
+
     text = inputs.read_text(path, "experiment file")
-    doc = inputs.safe_load(text)
-    return parse(doc, str(path))
+    # malformed, too deep or too many aliases, or a key given twice: exit 2 naming the
+    # line, as a values file's (hostile probe D12a, D16)
+    return parse(parse_yaml(text, str(path)), str(path))
 
 
 def parse(doc: Any, path: str) -> Experiment:

@@ -75,7 +75,7 @@ class _StrictLoader(inputs.BoundedLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _parse_yaml(text: str, origin: str) -> dict[str, Any]:
+def parse_yaml(text: str, origin: str) -> dict[str, Any]:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
     except _DuplicateKey as e:
@@ -109,7 +109,7 @@ def load_source(ref: str) -> Source:
     path = Path(ref)
     if ref.endswith((".yaml", ".yml")) or os.sep in ref:
         text = inputs.read_text(path, "recipe file", RECIPE_MAX_BYTES)
-        return Source(name=path.stem, origin=str(path), data=_parse_yaml(text, str(path)))
+        return Source(name=path.stem, origin=str(path), data=parse_yaml(text, str(path)))
     names = catalog_names()
     if ref not in names:
         raise UsageError(
@@ -118,7 +118,7 @@ def load_source(ref: str) -> Source:
             "(`servebook recipes` lists them)."
         )
     res = resources.files("servebook.recipe") / "catalog" / f"{ref}.yaml"
-    return Source(name=ref, origin=f"built-in recipe {ref}", data=_parse_yaml(res.read_text(), ref))
+    return Source(name=ref, origin=f"built-in recipe {ref}", data=parse_yaml(res.read_text(), ref))
 
 
 def _loc(loc: Iterable[Any]) -> str:
@@ -195,7 +195,7 @@ def load_values_file(path: Path) -> dict[str, Any]:
             f"values file {path} is empty: it should map parameter names to values, e.g. "
             "`node: gpu-node-1`. Fill it in, or drop -f."
         )
-    data = _parse_yaml(text, str(path))
+    data = parse_yaml(text, str(path))
     return data
 
 
