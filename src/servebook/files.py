@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -104,6 +104,32 @@ def hold_lock(path: Path) -> tuple[int, bool]:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd, True
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive(
+    path: Path,
+    refused: Callable[[str], Exception],
+    after: Callable[[], None] | None = None,
+) -> Iterator[None]:
+    """Held by this process for the block (``hold_lock``, its pid written in ``path``); a
+    second holder gets ``refused(PID)`` raised (the first's pid as written, '' when it has
+    not written it yet).  On the way out the holder removes ``path``, then runs ``after``."""
+    fd, mine = hold_lock(path)
+    try:
+        if not mine:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            raise refused(holder if holder.isdigit() else "")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            if after is not None:
+                after()
+    finally:
         os.close(fd)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook.errors import UsageError
-from servebook.files import hold_lock
+from servebook.files import exclusive
 
 LOCK_NAME = "experiment.lock"
 MARKER = ".servebook-block"
@@ -42,33 +42,29 @@ def held(out_dir: Path) -> Iterator[None]:
             hint="give a directory (new, or an experiment's to --resume) for the output",
         )
     path = out_dir / LOCK_NAME
+
+    def refused(holder: str) -> UsageError:
+        return UsageError(
+            f"{out_dir} is being run by another `servebook experiment` "
+            f"({f'pid {holder}' if holder else 'its pid not written yet'}, {LOCK_NAME}); two "
+            "runs of one directory would run its schedule twice, each removing the other's "
+            "blocks",
+            hint=f"wait for it to end, or stop it (kill {holder or 'PID'}), then run this "
+            "command again",
+        )
+
+    entered = False
     try:
-        fd, mine = hold_lock(path)
+        with exclusive(path, refused):
+            entered = True
+            yield
     except OSError as e:
+        if entered:  # the run's own
+            raise
         raise UsageError(
             f"-o {out_dir}: cannot take {path} ({e.strerror or e}); nothing was run",
             hint="choose a directory you can write, and no symbolic link at that name",
         ) from None
-    try:
-        if not mine:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip()
-            pid = f"pid {holder}" if holder.isdigit() else "its pid not written yet"
-            raise UsageError(
-                f"{out_dir} is being run by another `servebook experiment` ({pid}, "
-                f"{LOCK_NAME}); two runs of one directory would run its schedule twice, "
-                "each removing the other's blocks",
-                hint=f"wait for it to end, or stop it (kill {holder or 'PID'}), then run "
-                "this command again",
-            )
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
-    finally:
-        os.close(fd)
 
 
 def check_new(out_dir: Path) -> None:
