@@ -259,6 +259,17 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
     def up(arm: Arm, name: str) -> str:
         backend = registry.get(arm.backend)
         plan = arm_plan(exp, arm, name)
+        if backend.has(name):
+            # Its name is this experiment's (``runner.deployment_name``) and the run holds
+            # the experiment's lock: it is left by a run of it that was killed (hostile
+            # probe D10: the block failed for good and the engine kept running).
+            say(f"{name} is left up by an earlier run of this experiment: taking it down first")
+            try:
+                backend.down(name)
+            except ServebookError as e:
+                raise StepFailed(
+                    f"{name}, left up by an earlier run, would not go down: {e}"
+                ) from None
         try:
             ready = backend.up(plan, name=name, timeout_s=None, say=say)
         except ServebookError as e:
