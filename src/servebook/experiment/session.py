@@ -96,6 +96,8 @@ def execute(
             "--retry runs an invalid entry of an experiment that ran: give --resume too",
             hint=f"e.g. {command(exp, out_dir, '--retry', f'2/{exp.baseline}')}",
         )
+    if resume and not (out_dir / STATE_NAME).is_file():
+        runner.load_state(out_dir, exp)  # refused: nothing to resume (nor a DIR made)
     with ownership.held(out_dir):  # one run of the directory at a time
         if resume:
             state = _resumed(exp, out_dir, order, retry, say)
