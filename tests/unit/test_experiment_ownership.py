@@ -245,3 +245,18 @@ def test_d6_resume_refuses_an_input_file_changed_since_the_experiment_started(
     files[changed].write_text(before)  # put back as it was: it resumes
     done = session.execute(exp, out, steps(calls), lambda _l: None, resume=True)
     assert [x["outcome"] for x in done["schedule"]] == ["done"] * 4
+
+
+def test_d1_variant_an_arm_s_directory_linked_out_of_dir_is_refused_too(tmp_path: Path) -> None:
+    """A variant not in the probe: ``arms/ARM`` (not ``arms``) a link out of DIR."""
+    exp, out, saved = stopped_at_third(tmp_path)
+    pending = next(e for e in saved["schedule"] if e["outcome"] == "pending")
+    victim = tmp_path / "victim"
+    shutil.move(out / "arms" / pending["arm"], victim)
+    (out / "arms" / pending["arm"]).symlink_to(victim)
+    (victim / "paper.txt").write_text("mine")
+    before = sorted(p.name for p in victim.rglob("*"))
+    with pytest.raises(Exception) as e:
+        session.execute(exp, out, steps([]), lambda _l: None, resume=True)
+    assert getattr(e.value, "exit_code", None) == 2 and "is a symbolic link" in str(e.value)
+    assert sorted(p.name for p in victim.rglob("*")) == before
