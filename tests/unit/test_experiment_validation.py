@@ -100,3 +100,38 @@ def test_d12b_agents_is_a_number_and_builtin_datasets_work_in_an_experiment(
     r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "dataset: prompts from builtin:spec-text" in r.stdout and "agents: 2" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "key"),
+    [("concurrency: [1, 2]", "concurrency: []"), ("concurrency: [1, 2]", 'concurrency: ""'),
+     ("duration: 2s", "duration: null")],
+)  # fmt: skip
+def test_d16_an_empty_load_value_is_refused_not_read_as_bench_s_default(
+    tmp_path: Path, cli: Callable[..., CliResult], given: str, key: str
+) -> None:
+    """D16: ``concurrency: []`` or ``""`` silently became bench's default levels."""
+    f = exp_file(tmp_path)
+    f.write_text(f.read_text().replace(given, key))
+    r = cli("experiment", str(f), "-o", str(tmp_path / "out"), "--dry-run")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"load.{key.split(':')[0]}: empty" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_d12d_a_state_entry_without_an_outcome_is_refused_on_resume(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    import json
+
+    f = exp_file(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    exp = spec.load(f)
+    from servebook.experiment import runner, session
+
+    state = runner.new_state(exp, session.order_of(exp), "williams", "c0ffee")
+    del state["schedule"][1]["outcome"]
+    (out / "experiment.json").write_text(json.dumps(state))
+    r = cli("experiment", str(f), "-o", str(out), "--resume")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert "schedule[1] is not an entry (block, arm, outcome)" in " ".join(r.stderr.split())

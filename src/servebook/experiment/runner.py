@@ -218,6 +218,17 @@ def load_state(out_dir: Path, exp: Experiment) -> dict[str, Any]:
     doc = inputs.load_json(path, "experiment state")
     if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
         raise UsageError(f"--resume: {path} is not an experiment's state")
+    for i, e in enumerate(doc.get("schedule") if isinstance(doc.get("schedule"), list) else [None]):
+        if not (
+            isinstance(e, dict)
+            and isinstance(e.get("block"), int)
+            and isinstance(e.get("arm"), str)
+            and isinstance(e.get("outcome"), str)
+        ):  # hostile probe D12d: a KeyError traceback
+            raise UsageError(
+                f"--resume: {path}: schedule[{i}] is not an entry (block, arm, outcome)",
+                hint="it was edited or cut short: restore it, or start over in a new -o DIR",
+            )
     if doc.get("digest") != exp.digest():
         raise UsageError(
             f"--resume: {path} was written by another experiment (arms, load, blocks or "

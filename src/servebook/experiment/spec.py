@@ -301,6 +301,14 @@ def _load(v: Any, path: str) -> dict[str, Any]:
             )
         if isinstance(val, list):
             val = ",".join(str(x) for x in val)
+        if val is None or val == "":  # `concurrency: []` read as bench's default (D16)
+            raise _bad(
+                path,
+                f"load.{k}",
+                "empty",
+                f"give a value (`servebook bench --help` for --{key}), or leave the key out "
+                "for bench's default",
+            )
         out[key] = val
     return out
 
