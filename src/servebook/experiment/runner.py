@@ -218,7 +218,8 @@ def load_state(out_dir: Path, exp: Experiment) -> dict[str, Any]:
     doc = inputs.load_json(path, "experiment state")
     if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
         raise UsageError(f"--resume: {path} is not an experiment's state")
-    for i, e in enumerate(doc.get("schedule") if isinstance(doc.get("schedule"), list) else [None]):
+    schedule = doc.get("schedule")
+    for i, e in enumerate(schedule if isinstance(schedule, list) else [None]):
         if not (
             isinstance(e, dict)
             and isinstance(e.get("block"), int)
