@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -100,5 +101,24 @@ func TestFileDigest(t *testing.T) {
 	want := "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 	if err != nil || got != want {
 		t.Fatalf("fileDigest = %q, %v; want %q", got, err, want)
+	}
+}
+
+// scripts/kube-plane down reads these two lines of plane.json with sed: their shape is
+// what writeRecord writes.
+func TestTheRecordedBinaryLinesAreWhatDownReads(t *testing.T) {
+	d := t.TempDir()
+	r := &record{Layout: layout{Dir: d}, Binary: "/c/0123456789abcdef/kube-plane", BinarySHA256: "sha256:" + strings.Repeat("ab", 32)}
+	if err := writeRecord(r); err != nil {
+		t.Fatal(err)
+	}
+	text := read(t, recordPath(d))
+	for _, line := range []string{
+		"\n  \"binary\": \"/c/0123456789abcdef/kube-plane\",\n",
+		"\n  \"binarySHA256\": \"sha256:" + strings.Repeat("ab", 32) + "\"\n",
+	} {
+		if !strings.Contains(text, line) {
+			t.Errorf("plane.json lacks the line %q:\n%s", line, text)
+		}
 	}
 }
