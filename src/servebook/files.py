@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -83,6 +84,53 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def hold_lock(path: Path) -> tuple[int, bool]:
+    """(fd of ``path``, whether this process now holds its flock): the kernel drops it when
+    the holder exits, however it exits.  A holder that finishes removes the file (and may
+    remove its directory), so one opened just before that is not the lock any more: take
+    the file that is there now."""
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PRIVATE)
+        except FileNotFoundError:
+            continue  # its directory went between the mkdir and the open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fd, False
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd, True
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive(
+    path: Path,
+    refused: Callable[[str], Exception],
+    after: Callable[[], None] | None = None,
+) -> Iterator[None]:
+    """Held by this process for the block (``hold_lock``, its pid written in ``path``); a
+    second holder gets ``refused(PID)`` raised (the first's pid as written, '' when it has
+    not written it yet).  On the way out the holder removes ``path``, then runs ``after``."""
+    fd, mine = hold_lock(path)
+    try:
+        if not mine:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            raise refused(holder if holder.isdigit() else "")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            if after is not None:
+                after()
+    finally:
+        os.close(fd)
 
 
 def write_record(path: str | Path, record: BaseModel) -> None:

@@ -132,7 +132,8 @@ def test_the_four_tiny_topologies_as_kubernetes_arms_interrupted_and_resumed(
     code, said = _interrupted(["experiment", str(f), "-o", str(out)], env)
     assert code != 0, said
     assert "--resume" in said, said  # it says how to go on
-    assert _left(tenant_ns) == [], "the interrupted entry's deployment was left up:\n" + said[-3000:]
+    left = _left(tenant_ns)
+    assert left == [], f"the interrupted entry's deployment was left up: {left}\n{said[-3000:]}"
 
     r = sb("experiment", str(f), "-o", str(out), "--resume", timeout=BOUND_S, env=env)
     took = time.monotonic() - started

@@ -54,6 +54,9 @@ type record struct {
 	TenantNamespaces []string  `json:"tenantNamespaces"`
 	Layout           layout    `json:"layout"`
 	Processes        []started `json:"processes"`
+	// The binary that started the plane and its digest: the one `down` runs (plane_dir.go).
+	Binary       string `json:"binary"`
+	BinarySHA256 string `json:"binarySHA256"`
 }
 
 func (l *layout) server() string {

@@ -83,6 +83,13 @@ func runUp(args []string) int {
 		fmt.Fprintf(os.Stderr, "kube-plane up: a plane already runs from %s (%s): `scripts/kube-plane down %s` first\n", o.dir, r.Server, o.dir)
 		return 2
 	}
+	if err := claimDir(o.dir); err != nil {
+		fmt.Fprintln(os.Stderr, "kube-plane up:", err)
+		if errors.Is(err, errNotOurs) {
+			return 2
+		}
+		return 1
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sig)
@@ -127,26 +134,24 @@ func anyAlive(r *record) bool {
 
 // bringUp returns the record of what it started even when it fails, so the caller can stop it.
 func bringUp(ctx context.Context, o *upOptions) (*record, error) {
-	for _, sub := range []string{"pki", "etcd", "agent", "logs"} {
-		if err := os.RemoveAll(filepath.Join(o.dir, sub)); err != nil {
-			return nil, err
-		}
-	}
-	_ = os.Remove(filepath.Join(o.dir, "kubeconfig"))
-	_ = os.Remove(filepath.Join(o.dir, "tenant.kubeconfig"))
+	// what an earlier up left in DIR was removed by claimDir (runUp), and only that
 	if err := os.MkdirAll(filepath.Join(o.dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(o.dir, "pki", "lws-webhook"), 0o700); err != nil {
 		return nil, err
 	}
-	// DIR/kube-plane is the binary that started this plane: `down` uses it even after the
-	// sources (and so the cached binary's name) changed.
+	// The binary that started this plane, by path and digest in the record: `down` runs it
+	// (even after the sources, and so the cached binary's name, changed) and no other.
+	// DIR/kube-plane links to it, for a person to see.
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	_ = os.Remove(filepath.Join(o.dir, "kube-plane"))
+	digest, err := fileDigest(self)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.Symlink(self, filepath.Join(o.dir, "kube-plane")); err != nil {
 		return nil, err
 	}
@@ -154,7 +159,7 @@ func bringUp(ctx context.Context, o *upOptions) (*record, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &record{Version: KubeVersion, Layout: *l}
+	r := &record{Version: KubeVersion, Layout: *l, Binary: self, BinarySHA256: digest}
 	if err := writeRecord(r); err != nil {
 		return r, err
 	}

@@ -11,8 +11,6 @@ interrupted ``up``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from servebook import names
 from servebook.errors import UsageError
-from servebook.files import read_model, write_record
+from servebook.files import exclusive, read_model, write_record
 from servebook.recipe.plan import role_named
 from servebook.recipe.resolve import servebook_home
 
@@ -84,26 +82,6 @@ def state_dir_for(name: str) -> Path:
     return path
 
 
-def _lock(path: Path) -> tuple[int, bool]:
-    """(fd of ``path``, whether this process now holds its flock).  The file and its
-    directory are removed by a holder that finishes (``bringing_up``), so one opened just
-    before that is not the lock any more: take the file that is there now."""
-    while True:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:
-            continue  # its directory went between the mkdir and the open
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return fd, False
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd, True
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def bringing_up(name: str) -> Iterator[None]:
     """Held while one ``up`` (or ``run``) brings deployment ``name`` up; a second one at the
@@ -112,28 +90,23 @@ def bringing_up(name: str) -> Iterator[None]:
     holder exits, however it exits; one that finishes removes the file (and the
     deployment's directory when nothing else is in it), so a refused ``up`` leaves nothing."""
     path = state_dir_for(name) / UP_LOCK
-    fd, held = _lock(path)
-    try:
-        if not held:
-            holder = os.read(fd, 32).decode("ascii", "replace").strip()
-            pid = f" (pid {holder})" if holder.isdigit() else ""
-            raise UsageError(
-                f"another `servebook up` (or `run`) of deployment {name!r} is running{pid}; "
-                "it is not up yet, and two would race for its processes and files.",
-                hint=f"Wait for that one to finish (then `servebook status {name}`), or stop "
-                f"it (Ctrl-C in its shell, or `kill {holder or 'PID'}`); or choose another --name.",
-            )
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # only when empty: nothing was recorded
-                path.parent.rmdir()
-                path.parent.parent.rmdir()
-    finally:
-        os.close(fd)
+
+    def refused(holder: str) -> UsageError:
+        pid = f" (pid {holder})" if holder else ""
+        return UsageError(
+            f"another `servebook up` (or `run`) of deployment {name!r} is running{pid}; "
+            "it is not up yet, and two would race for its processes and files.",
+            hint=f"Wait for that one to finish (then `servebook status {name}`), or stop "
+            f"it (Ctrl-C in its shell, or `kill {holder or 'PID'}`); or choose another --name.",
+        )
+
+    def emptied() -> None:
+        with contextlib.suppress(OSError):  # only when empty: nothing was recorded
+            path.parent.rmdir()
+            path.parent.parent.rmdir()
+
+    with exclusive(path, refused, after=emptied):
+        yield
 
 
 def write_state(dep: Deployment) -> None:

@@ -271,11 +271,16 @@ def prompts_from(
     )
 
 
-def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None) -> PromptSource:
+def check_api(a: BenchArgs) -> None:
+    """The request's shape: an API and a prompt format bench can send."""
     if a.api not in ("completions", "chat"):
         raise UsageError(f"--api {a.api!r}: choose completions or chat")
     if a.prompt_format not in ("text", "ids"):
         raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
+
+
+def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None) -> PromptSource:
+    check_api(a)
     if (a.prefix_len is None) != (a.prefix_count is None):
         given = "--prefix-len" if a.prefix_len is not None else "--prefix-count"
         raise UsageError(

@@ -31,8 +31,8 @@ HELP = (
     "Each deployment an experiment makes is its own, named ARM-bBLOCK-TAG (TAG: the "
     "experiment's, from its directory), with its own logs and KV storage.\n\n"
     "Exit 0 when every block is valid, 1 when a block is invalid (an arm did not come up, "
-    "failed verify, or its bench stopped: listed with the reason and the --retry that runs "
-    "it again), 2 on unusable input.\n\n"
+    "failed verify, or its bench stopped or measured no valid point: listed with the reason "
+    "and the --retry that runs it again) or nothing could be compared, 2 on unusable input.\n\n"
     "Examples: servebook experiment spec.yaml -o out/spec-vs-mixed --dry-run\n\n"
     "servebook experiment spec.yaml -o out/spec-vs-mixed --resume --retry 2/spec"
 )
@@ -104,7 +104,7 @@ def experiment(
                 markup=False,
                 soft_wrap=True,
             )
-    if state.get("invalid_blocks"):
+    if state.get("invalid_blocks") or state.get("no_comparison"):
         raise typer.Exit(1)
 
 
@@ -189,7 +189,10 @@ def summary_lines(state: dict[str, Any]) -> list[str]:
     )
 
     mode = state.get("level_mode", "concurrency")
-    lines = [
+    lines = (
+        [f"  NO VALID COMPARISON: {state['no_comparison']}"] if state.get("no_comparison") else []
+    )
+    lines += [
         f"  block {b['block']} INVALID: {b['reason']}" for b in state.get("invalid_blocks", [])
     ]
     lines += [

@@ -115,6 +115,28 @@ def update(state: dict[str, Any], out_dir: Path) -> None:
     else:
         state.pop("max_load", None)
     state["provenance"] = measured_differences(state, results)
+    state["no_comparison"] = no_comparison(state)
+
+
+def no_comparison(state: dict[str, Any]) -> str | None:
+    """Why a finished experiment compares nothing (no ratio to the baseline at any
+    level), else None: such an experiment exits non-zero and its report says so first
+    (hostile probe D5: every block invalid or empty read as "No crossover", exit 0)."""
+    if state["comparisons"] or any(e["outcome"] == PENDING for e in state["schedule"]):
+        return None
+    bad = state["invalid_blocks"]
+    if len(bad) == state["blocks"]:
+        return (
+            "every block is invalid ("
+            + "; ".join(f"block {b['block']}: {b['reason']}" for b in bad)
+            + ")"
+        )
+    levels = [r for r in state.get("evidence", []) if not r["valid"]]
+    return (
+        "no level has valid figures of the baseline and another arm in one valid block"
+        + (f" ({len(bad)} block(s) invalid)" if bad else "")
+        + (f"; {len(levels)} arm-level(s) invalid by their evidence" if levels else "")
+    )
 
 
 def first_results(results: dict[tuple[str, int], Results]) -> dict[str, Results]:

@@ -435,6 +435,8 @@ def sentences(doc: dict[str, Any]) -> list[str]:
         f"Baseline {doc['baseline']}; {doc['blocks']} block(s), design {doc['design']}, "
         f"seed {doc['seed']}; arms may differ in: {', '.join(doc['variable']) or 'nothing'}."
     ]
+    if doc.get("no_comparison"):  # first: nothing below it is a finding
+        out.insert(0, f"No valid comparison: {doc['no_comparison']}.")
     out += [f"Block {b['block']} is invalid: {b['reason']}." for b in doc.get("invalid_blocks", [])]
     out += order_sentences(doc)
     out += tpot_sentences(doc)
@@ -447,7 +449,7 @@ def sentences(doc: dict[str, Any]) -> list[str]:
         )
     out += [invalid_level_line(r, mode) for r in doc.get("evidence", []) if not r["valid"]]
     out += [crossover_line(c).strip() for c in doc.get("crossovers", [])]
-    if not doc.get("crossovers"):
+    if not doc.get("crossovers") and not doc.get("no_comparison"):
         out.append("No crossover: no ratio's interval goes from one side of 1 to the other.")
     if doc.get("drift"):
         out.append(drift_line(doc["drift"]).strip())

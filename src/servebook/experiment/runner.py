@@ -22,16 +22,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servebook import inputs
+from servebook import inputs, redact
 from servebook.errors import ServebookError, UsageError
+from servebook.experiment import input_files, ownership
 from servebook.experiment.spec import Arm, Experiment
-from servebook.files import write_atomic
+from servebook.files import PRIVATE, write_atomic
 from servebook.results.provenance import utc_now
 
 STATE_NAME = "experiment.json"
@@ -178,6 +178,8 @@ def new_state(
         "kind": "servebook-experiment",
         "experiment": exp.path,
         "digest": exp.digest(),
+        # what it reads besides its file, by content: a --resume compares them
+        "inputs": input_files.digests(exp),
         # every deployment this experiment makes is named ARM-bBLOCK-TAG (deployment_name)
         "tag": tag,
         "seed": exp.seed,
@@ -216,17 +218,43 @@ def load_state(out_dir: Path, exp: Experiment) -> dict[str, Any]:
     doc = inputs.load_json(path, "experiment state")
     if not isinstance(doc, dict) or doc.get("kind") != "servebook-experiment":
         raise UsageError(f"--resume: {path} is not an experiment's state")
+    schedule = doc.get("schedule")
+    for i, e in enumerate(schedule if isinstance(schedule, list) else [None]):
+        if not (
+            isinstance(e, dict)
+            and isinstance(e.get("block"), int)
+            and isinstance(e.get("arm"), str)
+            and isinstance(e.get("outcome"), str)
+        ):  # hostile probe D12d: a KeyError traceback
+            raise UsageError(
+                f"--resume: {path}: schedule[{i}] is not an entry (block, arm, outcome)",
+                hint="it was edited or cut short: restore it, or start over in a new -o DIR",
+            )
     if doc.get("digest") != exp.digest():
         raise UsageError(
             f"--resume: {path} was written by another experiment (arms, load, blocks or "
             f"seed differ from {exp.path})",
             hint="resume with the file it was started with, or start over in a new -o DIR",
         )
+    input_files.check_unchanged(doc.get("inputs"), exp, path)
     return doc
 
 
+def check_blocks(out_dir: Path, state: dict[str, Any]) -> None:
+    """Every pending entry's block directory may be made: refused before anything runs
+    when one is not this experiment's (``ownership``)."""
+    for e in state["schedule"]:
+        if e["outcome"] == PENDING:
+            where = results_dir(out_dir, e["arm"], e["block"])
+            ownership.check(out_dir, where, state["tag"], e["arm"], e["block"])
+
+
 def save(out_dir: Path, state: dict[str, Any]) -> None:
-    write_atomic(out_dir / STATE_NAME, json.dumps(state, indent=2) + "\n")
+    """``experiment.json``, atomically, readable by its owner only and redacted at the
+    source (``redact.scrub``: a URL arm's ``user:pass@`` or ``?token=``, a secret in a
+    step's message), as servebook's other records are (hostile probe D4)."""
+    doc, _ = redact.scrub(state)
+    write_atomic(out_dir / STATE_NAME, json.dumps(doc, indent=2) + "\n", mode=PRIVATE)
 
 
 def run(
@@ -246,8 +274,9 @@ def run(
         n = len(entries) - len(todo) + i
         say(f"[{n}/{len(entries)}] block {entry['block']}, arm {arm.name}: {arm.describe()}")
         where = results_dir(out_dir, arm.name, entry["block"])
-        if where.exists():  # a bench interrupted before it finished: it starts over
-            shutil.rmtree(where)
+        # a bench interrupted before it finished starts over in a directory made anew
+        # (removed only when this experiment made it: ``ownership``)
+        ownership.fresh_block(out_dir, where, state["tag"], arm.name, entry["block"])
         entry["started_at"] = utc_now()
         entry["outcome"] = _one(arm, entry, where, steps, say, state["tag"])
         entry["ended_at"] = utc_now()
@@ -301,4 +330,32 @@ def _bench(arm: Arm, handle: str | None, where: Path, steps: Steps, entry: dict[
         entry.update(e.facts)
         return f"bench failed: {e}"
     entry.update(facts or {})
-    return DONE
+    failed = measured_nothing(where)
+    return DONE if failed is None else f"bench measured nothing: {failed}"
+
+
+def measured_nothing(where: Path) -> str | None:
+    """Why the bench that returned into ``where`` is no measurement (no results file, or
+    not one successful request: every request refused, another model answering, the
+    server gone), else None.  Such a bench makes its block invalid (hostile probe D5: it
+    was a valid block, exit 0, "No crossover").  Points invalid for other reasons (server
+    evidence, lag) are judged per level by the experiment's evidence, as before."""
+    from servebook.results.schema import RESULTS_NAME
+    from servebook.results.store import load_results
+
+    path = where / RESULTS_NAME
+    if not path.is_file():
+        return f"it wrote no {RESULTS_NAME}"
+    points = load_results(path).points
+    if not points:
+        return "no point finished"
+    if any(p.requests_ok for p in points):
+        return None
+    failed = sum(p.errors for p in points)
+    why = next((r for p in points for r in p.invalid_reasons), "")
+    sample = next((x for p in points for x in p.error_samples), "")
+    return (
+        f"no successful request ({failed} failed over {len(points)} point(s))"
+        + (f"; {why}" if why else "")
+        + (f"; e.g. {sample}" if sample else "")
+    )

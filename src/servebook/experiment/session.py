@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from servebook.errors import ServebookError, UsageError
-from servebook.experiment import declared, design, figures, runner
+from servebook.experiment import declared, design, figures, ownership, runner
 from servebook.experiment.runner import STATE_NAME, Say, Steps
 from servebook.experiment.spec import Experiment
 
@@ -96,29 +96,34 @@ def execute(
             "--retry runs an invalid entry of an experiment that ran: give --resume too",
             hint=f"e.g. {command(exp, out_dir, '--retry', f'2/{exp.baseline}')}",
         )
-    if resume:
-        state = _resumed(exp, out_dir, order, retry, say)
-    else:
-        if (out_dir / STATE_NAME).exists():
-            raise UsageError(
-                f"{out_dir / STATE_NAME} exists: this directory holds an experiment",
-                hint="continue it with --resume, or give another -o DIR",
+    if resume and not (out_dir / STATE_NAME).is_file():
+        runner.load_state(out_dir, exp)  # refused: nothing to resume (nor a DIR made)
+    with ownership.held(out_dir):  # one run of the directory at a time
+        if resume:
+            state = _resumed(exp, out_dir, order, retry, say)
+        else:
+            if (out_dir / STATE_NAME).exists():
+                raise UsageError(
+                    f"{out_dir / STATE_NAME} exists: this directory holds an experiment",
+                    hint="continue it with --resume, or give another -o DIR",
+                )
+            ownership.check_new(out_dir)
+            state = runner.new_state(exp, order, design_name, runner.new_tag(exp, out_dir))
+        runner.check_blocks(out_dir, state)
+        runner.analysis_settings(state, exp)
+        runner.save(out_dir, state)
+        try:
+            state = runner.run(
+                exp, state, out_dir, steps, say, after=lambda s: figures.update(s, out_dir)
             )
-        state = runner.new_state(exp, order, design_name, runner.new_tag(exp, out_dir))
-    runner.analysis_settings(state, exp)
-    runner.save(out_dir, state)
-    try:
-        state = runner.run(
-            exp, state, out_dir, steps, say, after=lambda s: figures.update(s, out_dir)
-        )
-    except KeyboardInterrupt:
-        raise _stopped(exp, out_dir, state, extra_args) from None
-    except ServebookError as e:
-        if e.exit_code < 128:
-            raise
-        raise _stopped(exp, out_dir, state, extra_args) from None  # bench's own stop
-    figures.update(state, out_dir)
-    runner.save(out_dir, state)
+        except KeyboardInterrupt:
+            raise _stopped(exp, out_dir, state, extra_args) from None
+        except ServebookError as e:
+            if e.exit_code < 128:
+                raise
+            raise _stopped(exp, out_dir, state, extra_args) from None  # bench's own stop
+        figures.update(state, out_dir)
+        runner.save(out_dir, state)
     return state
 
 

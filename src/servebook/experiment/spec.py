@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servebook import inputs
+from servebook import inputs, redact
 from servebook.errors import UsageError
 from servebook.report.comparability import VARIABLES
 
@@ -93,7 +93,8 @@ class Arm:
         if self.kind == "deployment":
             where = f" in namespace {self.namespace}" if self.namespace else ""
             return f"deployment {self.deployment}{where}, benched only"
-        return f"{self.url} (model {self.model}), benched only"
+        # its credentials never leave servebook (issue 44 point 6; hostile probe D4)
+        return f"{redact.url(str(self.url))} (model {self.model}), benched only"
 
 
 @dataclass(frozen=True)
@@ -135,15 +136,30 @@ class Experiment:
         return "sha256:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
+def dataset_path(exp: Experiment) -> Path | None:
+    """The load's dataset: a shipped one (``builtin:NAME``, as bench's ``--dataset``
+    takes it), else a file beside the experiment file; None when the load gives none."""
+    from servebook import datasets
+
+    value = exp.load.get("dataset")
+    if value is None:
+        return None
+    shipped = datasets.resolve(str(value))
+    return shipped if shipped is not None else Path(exp.path).parent / str(value)
+
+
 def _bad(path: str, key: str, problem: str, fix: str) -> UsageError:
     return UsageError(f"{path}: {key}: {problem}", hint=fix)
 
 
 def load(path: Path) -> Experiment:
     """Read and check an experiment file (see the module docstring)."""
+    from servebook.recipe.source import parse_yaml
+
     text = inputs.read_text(path, "experiment file")
-    doc = inputs.safe_load(text)
-    return parse(doc, str(path))
+    # malformed, too deep or too many aliases, or a key given twice: exit 2 naming the
+    # line, as a values file's (hostile probe D12a, D16)
+    return parse(parse_yaml(text, str(path)), str(path))
 
 
 def parse(doc: Any, path: str) -> Experiment:
@@ -285,6 +301,14 @@ def _load(v: Any, path: str) -> dict[str, Any]:
             )
         if isinstance(val, list):
             val = ",".join(str(x) for x in val)
+        if val is None or val == "":  # `concurrency: []` read as bench's default (D16)
+            raise _bad(
+                path,
+                f"load.{k}",
+                "empty",
+                f"give a value (`servebook bench --help` for --{key}), or leave the key out "
+                "for bench's default",
+            )
         out[key] = val
     return out
 

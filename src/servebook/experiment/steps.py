@@ -17,7 +17,7 @@ from servebook.bench.health import ServingCheck, not_serving
 from servebook.bench.sweep import DEFAULT_PRECISION, BenchArgs, run_bench
 from servebook.errors import ServebookError, UsageError
 from servebook.experiment.runner import Say, StepFailed, Steps
-from servebook.experiment.spec import Arm, Experiment
+from servebook.experiment.spec import Arm, Experiment, dataset_path
 
 if TYPE_CHECKING:
     from servebook.backends.base import Place
@@ -39,7 +39,7 @@ def bench_args(exp: Experiment, arm: Arm, block: int | None = None) -> BenchArgs
             continue
         default = getattr(BenchArgs(), name)
         if name == "dataset":
-            given[name] = Path(exp.path).parent / str(value)
+            given[name] = dataset_path(exp)
             continue
         if name == "precision" and value is False:  # YAML reads a bare `off` as false
             value = "off"
@@ -48,7 +48,7 @@ def bench_args(exp: Experiment, arm: Arm, block: int | None = None) -> BenchArgs
                 if not isinstance(value, bool):
                     raise ValueError("give true or false")
                 given[name] = value
-            elif isinstance(default, int) or name in ("min_requests", "max_repetitions"):
+            elif isinstance(default, int) or name in ("min_requests", "max_repetitions", "agents"):
                 given[name] = int(value)
             elif isinstance(default, float):
                 given[name] = float(value)
@@ -118,6 +118,47 @@ def check_load(exp: Experiment) -> None:
                     hint="leave dataset: and tokenizer: out of load: (the Pods tokenize on "
                     "the server)",
                 ) from None
+        check_workload(exp, arm, a)
+
+
+def check_workload(exp: Experiment, arm: Arm, a: BenchArgs) -> None:
+    """What each bench would refuse when it starts, refused before any arm comes up
+    (issue 44 point 2; hostile probe D14: a bad ``api``, ``input-len: 0``, a missing
+    dataset or tokenizer, a request timeout of 0 or nan were refused after other arms
+    ran): exit 2 naming the key of the file."""
+    import math
+
+    from servebook import inputs
+    from servebook.bench.sweep import check_api
+    from servebook.urls import server_url
+
+    def bad(key: str, problem: str, fix: str) -> UsageError:
+        return UsageError(f"{exp.path}: {key}: {problem}", hint=fix)
+
+    try:
+        check_api(a)
+    except UsageError as e:
+        key = "api" if str(e).startswith("--api") else "prompt-format"
+        raise bad(
+            f"load.{key}", str(e).partition(": ")[2], f"see `servebook bench --help` for --{key}"
+        ) from None
+    for key, n in (("input-len", a.input_len), ("output-len", a.output_len)):
+        if n < 1 and (key == "output-len" or a.dataset is None):
+            raise bad(f"load.{key}", f"{n}", "give a number of tokens, 1 or more")
+    if not (math.isfinite(a.request_timeout) and a.request_timeout > 0):
+        raise bad("load.request-timeout", f"{a.request_timeout}", "give seconds above 0, e.g. 600")
+    if a.dataset is not None:
+        inputs.check_regular(a.dataset, f"{exp.path}: load.dataset file")
+    tok = exp.load.get("tokenizer")
+    if tok is not None and not Path(str(tok)).exists():
+        raise bad(
+            "load.tokenizer",
+            f"{tok} does not exist (read from the working directory, {Path.cwd()})",
+            "give the model directory that holds tokenizer.json, or leave tokenizer: out "
+            "(the deployment's model directory, else the server's /tokenize)",
+        )
+    if arm.kind == "url":
+        server_url(str(arm.url), f"{exp.path}: arms[{arm.name}].url")
 
 
 def check_backends(exp: Experiment) -> None:
@@ -218,6 +259,17 @@ def servebook_steps(exp: Experiment, say: Say, api_key: str | None) -> Steps:
     def up(arm: Arm, name: str) -> str:
         backend = registry.get(arm.backend)
         plan = arm_plan(exp, arm, name)
+        if backend.has(name):
+            # Its name is this experiment's (``runner.deployment_name``) and the run holds
+            # the experiment's lock: it is left by a run of it that was killed (hostile
+            # probe D10: the block failed for good and the engine kept running).
+            say(f"{name} is left up by an earlier run of this experiment: taking it down first")
+            try:
+                backend.down(name)
+            except ServebookError as e:
+                raise StepFailed(
+                    f"{name}, left up by an earlier run, would not go down: {e}"
+                ) from None
         try:
             ready = backend.up(plan, name=name, timeout_s=None, say=say)
         except ServebookError as e:
