@@ -56,9 +56,7 @@ def _roles(name: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.timeout(2400)  # several bring-ups of two vLLM engines on a shared 2-core machine
-def test_run_keep_status_verify_bench_reup_and_down(
-    where: list[str], tmp_path: Path
-) -> None:
+def test_run_keep_status_verify_bench_reup_and_down(where: list[str], tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = sb(
         "run", "tiny-pd", "--backend", "kubernetes", *where, "--name", "lifecycle",
