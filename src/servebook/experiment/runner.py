@@ -304,7 +304,10 @@ def _one(arm: Arm, entry: dict[str, Any], where: Path, steps: Steps, say: Say, t
         # Kubernetes up leaves its objects for the user to read, which in an experiment
         # would hold the next arm's resources, and a Ctrl-C mid-up left them running.
         say(f"taking {entry['deployment']} down (its up did not finish)")
-        steps.down(arm, entry["deployment"])
+        try:
+            steps.down(arm, entry["deployment"])
+        except ServebookError as gone:  # the up's own failure is the one to report
+            say(f"{entry['deployment']} did not go down: {gone}")
         if isinstance(e, StepFailed):
             return f"failed to come up: {e}"
         raise
