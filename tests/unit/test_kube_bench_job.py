@@ -80,6 +80,10 @@ def test_bench_runs_in_the_cluster_by_default_fetches_its_results_and_deletes_th
     import servebook
 
     assert res.provenance.servebook_version == servebook.__version__
+    # The code the agents ran is this checkout's (shipped in a ConfigMap, no git there).
+    from servebook.results.provenance import source_commit
+
+    assert res.provenance.servebook_commit == source_commit(), res.provenance.servebook_commit
     load = res.provenance.load
     assert load is not None and load.route == "cluster-service"
     assert load.agents == 2 and load.namespace == NS and load.nodes == ["node-1"]

@@ -46,6 +46,7 @@ from servebook.kube.resources import apply, list_objects, request, where_of
 from servebook.preflight.admission import load_access
 from servebook.preflight.live import require_access
 from servebook.recipe.plan import Plan
+from servebook.results.provenance import source_commit
 from servebook.results.schema import RESULTS_NAME, Results
 from servebook.results.store import load_results
 
@@ -518,6 +519,10 @@ def _finish(fetched: Path, out_dir: Path, nodes: list[str]) -> tuple[Results, Pa
     if not src.is_file():
         return None
     results = load_results(src)
+    # The agents ran this process's own source, shipped in a ConfigMap, where git cannot
+    # say its commit: this checkout can.
+    if results.provenance.servebook_commit is None:
+        results.provenance.servebook_commit = source_commit()
     load = results.provenance.load
     if load is not None:
         load.where = (
