@@ -43,7 +43,6 @@ from typing import Any
 
 import yaml
 from aiohttp import web
-from multidict import CIMultiDict
 
 from tests.unit import kube_standin_rules as rules
 from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
@@ -105,7 +104,6 @@ class Kubelet:
     run_s: float = 0.0
     logs: Callable[[Obj], str] = lambda pod: ""
     pull_error: str = ""
-    exit_code: int = 0
 
 
 @dataclass
@@ -121,10 +119,6 @@ class StandIn:
     serves_lws: bool = True
     forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
     forward_errors: set[str] = field(default_factory=set)
-    # A changed Deployment waits here, its new generation not yet observed and its old Pod
-    # still Ready, until ``release_rollouts`` (the controller being slow, as it may be).
-    hold_rollouts: bool = False
-    held: list[tuple[str, str, str]] = field(default_factory=list)
     kubelet: Kubelet | None = None
     # (verb, resource, subresource) the access reviews deny
     denied: set[tuple[str, str, str]] = field(default_factory=set)
@@ -140,11 +134,6 @@ class StandIn:
     # The server's minor version (``/version``); from 35 a port-forward's WebSocket upgrade
     # is also authorized as ``create``.
     minor: int = 31
-    # Jobs (the Job controller of the Lifecycle section): the scheduler's message for a
-    # Job's Pods it cannot place ("" places them on node-1); each Pod's log as its kubelet
-    # wrote it (``pods/NAME/log``), keyed by (namespace, name).
-    unschedulable: str = ""
-    pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
@@ -173,16 +162,6 @@ class StandIn:
             and any(r["uid"] == o["metadata"]["uid"] for r in meta["ownerReferences"])
         )
         return _start_pod(self, rs, suffix="new")
-
-    def set_pod_status(self, namespace: str, name: str, status: Obj) -> bool:
-        """A kubelet's status update of its Pod (``PATCH pods/NAME/status``); False when
-        the Pod is gone."""
-        pod = self.objects.get(("pods", namespace, name))
-        if pod is None:
-            return False
-        pod["status"] = {**pod.get("status", {}), **copy.deepcopy(status)}
-        self._stamp(pod)
-        return True
 
     def put(self, obj: Obj) -> None:
         """Put an object as if someone else had made it."""
@@ -381,9 +360,7 @@ def _app(st: StandIn) -> web.Application:
         ]
         st.objects[key] = obj
         if plural in ("deployments", "leaderworkersets") and st.ready_pods:
-            if st.hold_rollouts and old is not None and old.get("spec") != obj.get("spec"):
-                st.held.append(key)
-            elif key not in st.life.rollouts:
+            if key not in st.life.rollouts:
                 st.life.rollouts.append(key)  # the controller acts after the apply
         return web.json_response(obj, status=200 if old else 201)
 
@@ -449,7 +426,6 @@ def _app(st: StandIn) -> web.Application:
                     f'{ns}/{missing}: serviceaccount "{missing}" not found',
                 )
         enforce = labels.get("pod-security.kubernetes.io/enforce")
-        warn = labels.get("pod-security.kubernetes.io/warn")
         if kind == "Pod" and enforce in ("baseline", "restricted"):
             why = pod_security_violations(enforce, pod_spec)
             if why:
@@ -458,18 +434,9 @@ def _app(st: StandIn) -> web.Application:
                     "Forbidden",
                     f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
-        # A workload's Pod template is judged at the enforce level and at the warn level (the
-        # test plane warned of a Deployment in a namespace labelled only `enforce`), each in
-        # a Warning header whose text is a quoted-string: its quotes escaped.
-        warnings = []
-        for level in dict.fromkeys(lv for lv in (enforce, warn) if kind != "Pod" and lv):
-            why = pod_security_violations(level, pod_spec) if level != "privileged" else ""
-            if why:
-                text = f'would violate PodSecurity "{level}:latest": {why}'
-                warnings.append(("Warning", '299 - "' + text.replace('"', '\\"') + '"'))
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
-        return web.json_response(obj, status=201, headers=CIMultiDict(warnings))
+        return web.json_response(obj, status=201)
 
     async def create(request: web.Request) -> web.Response:
         plural, ns, _ = where(request)
@@ -515,13 +482,7 @@ def _app(st: StandIn) -> web.Application:
         pod = st.objects.get(("pods", ns, name))
         if pod is None:
             return not_found("pods", name)
-        if (ns, name) in st.pod_logs:
-            text = st.pod_logs[(ns, name)]
-            tail = request.query.get("tailLines")
-            if tail and tail.isdigit():
-                text = "".join(text.splitlines(keepends=True)[-int(tail) :])
-        else:
-            text = st.kubelet.logs(pod) if st.kubelet is not None else ""
+        text = st.kubelet.logs(pod) if st.kubelet is not None else ""
         return web.Response(text=text, content_type="text/plain")
 
     async def access_review(request: web.Request) -> web.Response:
@@ -583,15 +544,7 @@ def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
         return
     image = pod["spec"]["containers"][0]["image"]
     name = pod["spec"]["containers"][0]["name"]
-    deadline = pod["spec"].get("activeDeadlineSeconds")
     finished = kubelet.pull_s + kubelet.run_s
-    if deadline is not None and elapsed > deadline and elapsed < finished:
-        status.update(
-            phase="Failed",
-            reason="DeadlineExceeded",
-            message="Pod was active on the node longer than the specified deadline",
-        )
-        return
     if kubelet.pull_error:
         state: Obj = {
             "waiting": {
@@ -604,9 +557,8 @@ def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
     elif elapsed < finished:
         state = {"running": {"startedAt": "2025-06-18T14:30:00Z"}}
     else:
-        code = kubelet.exit_code
-        state = {"terminated": {"exitCode": code, "reason": "Completed" if not code else "Error"}}
-        status["phase"] = "Succeeded" if not code else "Failed"
+        state = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        status["phase"] = "Succeeded"
     if "phase" not in status or status["phase"] == "Pending":
         status["phase"] = "Running" if "running" in state else "Pending"
     status["containerStatuses"] = [
@@ -790,13 +742,6 @@ class Server:
             return fn(self.standin)
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
-
-    def release_rollouts(self) -> None:
-        def release(st: StandIn) -> None:
-            st.life.rollouts.extend(k for k in st.held if k not in st.life.rollouts)
-            st.held.clear()
-
-        self.call(release)
 
     def write_kubeconfig(self, path: Path) -> Path:
         path.write_text(kubeconfig(self.standin.url))
@@ -1076,134 +1021,12 @@ def _advance(st: StandIn) -> None:
                 changed = True
         if not changed:
             break
-    for key, obj in list(st.objects.items()):
-        if key[0] == "jobs" and key in st.objects:
-            _run_job(st, obj)
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj, now)
     for key, obj in st.objects.items():
         if key in st.life.rolled:
             _lws_status(st, obj)
-
-
-JOB_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def _run_job(st: StandIn, job: Obj) -> None:
-    """One pass of the Job controller and the scheduler over an Indexed Job (kubernetes
-    pkg/controller/job, as of 1.31): a Pod per index not yet made, created one request
-    after the Job (the controller acts after the create, never inside it), named
-    ``JOB-INDEX-RANDOM`` with its index in an annotation and a label, hostname
-    ``JOB-INDEX`` under the template's subdomain; the scheduler then binds each to node-1
-    (or leaves it Pending, ``PodScheduled`` False, ``Unschedulable``, with
-    ``unschedulable`` as its message).  Their phases after that are their kubelet's (the
-    test's: ``set_pod_status``).  The Job's status counts its Pods; with ``backoffLimit``
-    failures exceeded it is Failed (``BackoffLimitExceeded``) and its running Pods are
-    deleted; with every index succeeded it is Complete.  A Pod the namespace's Pod
-    Security level refuses is not created: a ``FailedCreate`` Warning on the Job says why."""
-    meta = job["metadata"]
-    if meta.get("deletionTimestamp"):
-        return
-    spec = job["spec"]
-    ns, uid = meta["namespace"], meta["uid"]
-    status = job.setdefault("status", {})
-    pods = [
-        o
-        for (p, n, _), o in list(st.objects.items())
-        if p == "pods" and n == ns and _owned_by(o, job)
-    ]
-    done = any(c.get("status") == "True" for c in status.get("conditions") or ())
-    if "startTime" not in status:
-        status["startTime"] = _now_text()  # this pass is the controller's first look
-        st._stamp(job)
-        return
-    have = {int(o["metadata"]["annotations"][JOB_INDEX]) for o in pods}
-    template = spec["template"]
-    for i in range(int(spec.get("completions", 1))):
-        if i in have or done:
-            continue
-        labels = {
-            **(template.get("metadata", {}).get("labels") or {}),
-            "batch.kubernetes.io/controller-uid": uid,
-            "batch.kubernetes.io/job-name": meta["name"],
-            "controller-uid": uid,
-            "job-name": meta["name"],
-            JOB_INDEX: str(i),
-        }
-        pod_spec = copy.deepcopy(template["spec"])
-        pod_spec["hostname"] = f"{meta['name']}-{i}"
-        pod: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name']}-{i}-{uuid.uuid4().hex[:5]}",
-                "namespace": ns,
-                "labels": labels,
-                "annotations": {
-                    **(template.get("metadata", {}).get("annotations") or {}),
-                    JOB_INDEX: str(i),
-                },
-                "ownerReferences": [_owner(job)],
-            },
-            "spec": pod_spec,
-            "status": {"phase": "Pending", "qosClass": "Burstable"},
-        }
-        st.put(pod)
-        st.created_pods.append((ns, pod["metadata"]["name"]))
-    for pod in pods:  # the scheduler
-        if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
-            continue
-        stamp = _now_text()
-        if st.unschedulable:
-            cond = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": st.unschedulable,
-                "lastTransitionTime": stamp,
-            }
-        else:
-            pod["spec"]["nodeName"] = "node-1"
-            cond = {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}
-        pod["status"]["conditions"] = [cond]
-        st._stamp(pod)
-    phases = [o.get("status", {}).get("phase") for o in pods]
-    failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
-    status.update(
-        active=sum(1 for ph in phases if ph in ("Pending", "Running")),
-        failed=failed,
-        succeeded=succeeded,
-        ready=sum(1 for o in pods if _pod_ready(o)),
-        completedIndexes=",".join(
-            o["metadata"]["annotations"][JOB_INDEX]
-            for o in sorted(pods, key=lambda o: int(o["metadata"]["annotations"][JOB_INDEX]))
-            if o.get("status", {}).get("phase") == "Succeeded"
-        ),
-    )
-    if done:
-        return
-    stamp = _now_text()
-    if failed > int(spec.get("backoffLimit", 6)):
-        why = {
-            "reason": "BackoffLimitExceeded",
-            "message": "Job has reached the specified backoff limit",
-        }
-        status["conditions"] = [
-            {"type": "FailureTarget", "status": "True", "lastTransitionTime": stamp, **why},
-            {"type": "Failed", "status": "True", "lastTransitionTime": stamp, **why},
-        ]
-        for o in pods:
-            if o.get("status", {}).get("phase") in ("Pending", "Running"):
-                m = o["metadata"]
-                _delete(st, ("pods", m["namespace"], m["name"]))
-    elif succeeded == int(spec.get("completions", 1)):
-        status["completionTime"] = stamp
-        status["conditions"] = [
-            {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
-            {"type": "Complete", "status": "True", "lastTransitionTime": stamp},
-        ]
-    st._stamp(job)
 
 
 def _ready_to_roll(st: StandIn, obj: Obj) -> bool:

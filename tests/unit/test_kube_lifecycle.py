@@ -1,10 +1,10 @@
 """What a real API server does over time, as the stand-in does it, where the test plane
 cannot show it: LeaderWorkerSet's status in releases before v0.9.0 (issue 23 point 1), a
-CRD not installed (point 12), the kubelet's passing FailedMount (point 4); and that the
-stand-in's own Pods go through their phases, which the rollout tests rely on.  Foreground
-deletion, Terminating namespaces and `up` waiting for one (point 2), paged lists, an
-unserved group and Pod Security's refusal of a Deployment's and a LeaderWorkerSet's Pods
-run on the plane (tests/cluster/test_scenarios.py)."""
+CRD not installed (point 12), the kubelet's passing FailedMount (point 4).  Pods through
+their phases, LeaderWorkerSet v0.9.0's own status, foreground deletion, Terminating
+namespaces and `up` waiting for one (point 2), paged lists, an unserved group and Pod
+Security's refusal of a Deployment's and a LeaderWorkerSet's Pods run on the plane
+(tests/cluster/test_scenarios.py, test_lws.py)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,13 @@ import pytest
 from servebook.backends.kubernetes import deployer as kube
 from servebook.errors import UsageError
 from servebook.kube import client as kube_client
-from servebook.kube import resources
 from servebook.recipe.resolve import resolve
-from tests.unit.kube_standin import Server, Timing, serve
+from tests.unit.kube_standin import Server, serve
 
 Obj = dict[str, Any]
 FIX = Path(__file__).parent / "fixtures" / "render"
 VALUES = FIX / "vllm-pd" / "values.yaml"
 WIDE = FIX / "vllm-pd-wide-ep-replicas" / "values.yaml"
-NS = "life"
 
 
 @pytest.fixture
@@ -55,65 +53,8 @@ def _until(what: str, check: Callable[[], Any], within_s: float = 20.0) -> Any:
     raise AssertionError(f"not within {within_s} s: {what}")
 
 
-def _ns(name: str = NS) -> Obj:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-
-
-def _deployment(name: str = "web", grace: int = 30) -> Obj:
-    labels = {"app.kubernetes.io/component": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": grace,
-                    "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.32.0"}],
-                },
-            },
-        },
-    }
-
-
 def _get(api: Any, path: str) -> Obj | None:
     return kube_client.call(api, "GET", path, "reading", missing_ok=True)
-
-
-def _pods(api: Any) -> list[Obj]:
-    return resources.list_objects(api, "Pod", NS)
-
-
-def _ready(pod: Obj) -> bool:
-    return any(
-        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
-    )
-
-
-# --- the stand-in ---------------------------------------------------------------------------
-
-
-def test_pods_come_up_after_the_apply_through_their_phases(server: Server, api: Any) -> None:
-    server.standin.ready_pods = True
-    server.standin.life.timing = Timing(scale=0.03)
-    resources.apply(api, [_ns(), _deployment()], lambda s: None)
-    seen = []
-
-    def ready() -> bool:
-        pods = _pods(api)
-        for p in pods:
-            waiting = [c["state"].get("waiting") for c in p["status"].get("containerStatuses", [])]
-            seen.append((p["status"]["phase"], (waiting or [None])[0]))
-        return bool(pods) and _ready(pods[0])
-
-    _until("a Ready Pod", ready)
-    assert seen[0][0] == "Pending", seen  # not Ready in the PATCH
-    assert ("Pending", {"reason": "ContainerCreating"}) in seen
-    assert any(phase == "Running" for phase, _ in seen[:-1]), "Running before Ready"
 
 
 @pytest.mark.parametrize("version", ["v0.7.0", "v0.8.1", "v0.9.0"])
@@ -131,18 +72,6 @@ def test_a_leaderworkerset_gets_its_groups_and_the_status_its_version_writes(
     conditions = {c["type"]: c["status"] for c in lws["conditions"]}
     assert conditions == {"Available": "True", "Progressing": "False"}
     assert ("observedGeneration" in lws) == (version == "v0.9.0")
-
-
-def test_a_leaderworkerset_has_no_available_condition_before_a_group_is_ready(
-    server: Server, api: Any
-) -> None:
-    """As the test plane's controller (v0.9.0) writes it: a condition appears once true."""
-    server.standin.life.timing = Timing(scale=100.0)  # the Pods stay Pending
-    server.standin.ready_pods = True
-    dep = kube.apply_deployment(api, resolve("vllm-pd-wide-ep", [], [WIDE]), "wide")
-    path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{dep.namespace}/leaderworkersets/"
-    lws = _until("a status", lambda: (_get(api, path + dep.roles["decode"]) or {}).get("status"))
-    assert {c["type"]: c["status"] for c in lws["conditions"]} == {"Progressing": "True"}
 
 
 # --- the defects they showed -----------------------------------------------------------------

@@ -262,16 +262,6 @@ def test_dry_run_reports_every_refusal_at_once(preflight_cluster: tuple[Server, 
     )
 
 
-def test_dry_run_warns_of_pod_security_warnings_on_workloads(
-    preflight_cluster: tuple[Server, Path],
-) -> None:
-    server, cfg = preflight_cluster
-    label_namespace(server, "servebook", {"pod-security.kubernetes.io/warn": "baseline"})
-    (adm,) = by_check(run(cfg, plan()), "SB264")
-    assert adm.severity is Severity.WARN
-    assert 'Deployment/vllm-pd-prefill: would violate PodSecurity "baseline:latest"' in adm.message
-
-
 # --- SB262 from the probe ---------------------------------------------------------------
 
 
