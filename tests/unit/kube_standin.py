@@ -359,9 +359,9 @@ def _app(st: StandIn) -> web.Application:
             {"manager": manager, "operation": "Apply", "apiVersion": api_version}
         ]
         st.objects[key] = obj
-        if plural in ("deployments", "leaderworkersets") and st.ready_pods:
-            if key not in st.life.rollouts:
-                st.life.rollouts.append(key)  # the controller acts after the apply
+        ready = plural in ("deployments", "leaderworkersets") and st.ready_pods
+        if ready and key not in st.life.rollouts:
+            st.life.rollouts.append(key)  # the controller acts after the apply
         return web.json_response(obj, status=200 if old else 201)
 
     async def portforward(request: web.Request) -> web.StreamResponse:
@@ -802,41 +802,26 @@ def dump(st: StandIn) -> str:
 # Lifecycle: what a real API server and its controllers do over time, run on every request
 # (``_advance``) so it happens between requests, never inside the one that asked.
 #
-# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes after its grace
-#   period; anything else goes at once, a Namespace's content and an object's dependents
-#   (``ownerReferences``) with it.  (Terminating namespaces run on the plane.)
+# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes at the next request;
+#   anything else goes at once, a Namespace's content and an object's dependents
+#   (``ownerReferences``) with it.  (Grace periods and Terminating namespaces run on the
+#   plane.)
 # * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
-# * Pods (``_progress``): Pending, ContainerCreating, Running not Ready, then Ready, over
-#   ``Timing``; a Deployment rolls out after the apply, under Recreate once the previous
-#   ReplicaSet's Pods are gone.
+# * Pods (``_progress``): a controller's new Pod is on node-1, Running and Ready at the next
+#   request (its phases over time run on the plane); a Deployment rolls out after the
+#   apply, under Recreate once the previous ReplicaSet's Pods are gone.
 # * A LeaderWorkerSet gets its groups' Pods (leader ``NAME-G``, workers ``NAME-G-W``) and
 #   the status its controller writes in ``Lifecycle.lws_version``: ``observedGeneration``
 #   only from v0.9.0, a condition only once it is first true (lws:
 #   pkg/controllers/leaderworkerset_controller.go).
-#
-# ``Timing`` times are seconds multiplied by ``scale``; at the default scale 0 every step
-# is due at the next request, so tests that do not look at timing stay fast.
-
-
-@dataclass
-class Timing:
-    scale: float = 0.0
-    schedule_s: float = 1.0  # Pending, not yet on a node
-    create_s: float = 5.0  # on the node: ContainerCreating (image, volumes)
-    start_s: float = 10.0  # Running, not yet Ready (the engine loading)
-    grace_s: float = 30.0  # a deleted Pod's containers stopping, when its spec says nothing
-
-    def due(self, seconds: float, since: float, now: float) -> bool:
-        return now - since >= seconds * self.scale
 
 
 @dataclass
 class Lifecycle:
-    timing: Timing = field(default_factory=Timing)
     lws_version: str = "v0.9.0"
     forward_resets: dict[str, int] = field(default_factory=dict)
-    born: dict[str, float] = field(default_factory=dict)  # Pod uid -> created
-    deleting: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    born: set[str] = field(default_factory=set)  # Pod uids the kubelet has yet to start
+    deleting: set[tuple[str, str, str]] = field(default_factory=set)
     rollouts: list[tuple[str, str, str]] = field(default_factory=list)  # queued applies
     rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
     # (reason, message) the kubelet emits for every new Pod, as Warning Events
@@ -896,12 +881,12 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
     if meta.get("deletionTimestamp"):
         return copy.deepcopy(obj)
     plural = key[0]
-    now = time.monotonic()
     if plural == "pods":
         meta["deletionTimestamp"] = _now_text()
-        grace = obj["spec"].get("terminationGracePeriodSeconds", st.life.timing.grace_s)
-        meta["deletionGracePeriodSeconds"] = int(grace)
-        st.life.deleting[key] = now
+        meta["deletionGracePeriodSeconds"] = int(
+            obj["spec"].get("terminationGracePeriodSeconds", 30)
+        )
+        st.life.deleting.add(key)
     elif plural == "namespaces":  # with its content (Terminating runs on the plane)
         for k in [k for k in st.objects if k[1] == key[2]]:
             _delete(st, k)
@@ -915,83 +900,35 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
     return copy.deepcopy(obj)
 
 
-def _finish_deletions(st: StandIn, now: float) -> bool:
-    """One pass of the kubelet over the Pods being deleted: each goes once its grace period
-    has passed; whether anything changed."""
-    changed = False
-    timing = st.life.timing
-    for key, since in list(st.life.deleting.items()):
-        obj = st.objects.get(key)
-        if obj is None:
-            del st.life.deleting[key]
-            continue
-        grace = obj["metadata"].get("deletionGracePeriodSeconds")
-        if timing.due(timing.grace_s if grace is None else float(grace), since, now):
-            del st.objects[key]
-            del st.life.deleting[key]
-            st.life.born.pop(obj["metadata"].get("uid", ""), None)
-            changed = True
-    return changed
+def _finish_deletions(st: StandIn) -> bool:
+    """The kubelet's pass over the Pods being deleted: each goes; whether any did."""
+    gone = [key for key in st.life.deleting if st.objects.pop(key, None) is not None]
+    st.life.deleting.clear()
+    return bool(gone)
 
 
-def _progress(st: StandIn, pod: Obj, now: float) -> None:
-    """A Pod's status after its time since creation, as the scheduler and kubelet write it."""
+def _progress(st: StandIn, pod: Obj) -> None:
+    """A new Pod of a controller's, as the scheduler and kubelet write it once it is Ready."""
     meta = pod["metadata"]
-    born = st.life.born.get(meta.get("uid", ""))
-    if born is None or meta.get("deletionTimestamp"):
+    if meta.get("uid") not in st.life.born or meta.get("deletionTimestamp"):
         return
-    t = st.life.timing
-    steps = [t.schedule_s, t.create_s, t.start_s]
-    at = [sum(steps[: i + 1]) for i in range(3)]
-    stage = sum(1 for s in at if t.due(s, born, now))
+    st.life.born.discard(meta["uid"])
     stamp = _now_text()
-    status = pod["status"]
-    containers = pod["spec"]["containers"]
-
-    def conditions(*true: str) -> list[Obj]:
-        kinds = ("Initialized", "PodScheduled", "ContainersReady", "Ready")
-        return [
-            {"type": k, "status": "True" if k in true else "False", "lastTransitionTime": stamp}
-            for k in kinds
-            if stage or k == "PodScheduled"
-        ]
-
-    if stage == 0:
-        status.clear()
-        status["phase"] = "Pending"
-        return
     pod["spec"].setdefault("nodeName", "node-1")
-    status.setdefault("startTime", stamp)
-    old = {c.get("type"): c for c in status.get("conditions") or ()}
-    if stage == 1:
-        state: Obj = {"waiting": {"reason": "ContainerCreating"}}
-        status.update(phase="Pending", conditions=conditions("Initialized", "PodScheduled"))
-    elif stage == 2:
-        state = {"running": {"startedAt": stamp}}
-        pod_ip(pod)
-        status.update(phase="Running", conditions=conditions("Initialized", "PodScheduled"))
-    else:
-        state = {"running": {"startedAt": stamp}}
-        pod_ip(pod)
-        ready = conditions("Initialized", "PodScheduled", "ContainersReady", "Ready")
-        status.update(phase="Running", conditions=ready)
-    for c in status["conditions"]:  # a condition keeps its time while it holds
-        before = old.get(c["type"])
-        if before is not None and before.get("status") == c["status"]:
-            c["lastTransitionTime"] = before["lastTransitionTime"]
-    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    status["containerStatuses"] = [
+    pod_ip(pod)
+    kinds = ("Initialized", "PodScheduled", "ContainersReady", "Ready")
+    conditions = [{"type": k, "status": "True", "lastTransitionTime": stamp} for k in kinds]
+    pod["status"].update(phase="Running", startTime=stamp, conditions=conditions)
+    pod["status"]["containerStatuses"] = [
         {
             "name": c["name"],
             "image": c["image"],
-            "ready": stage == 3,
-            "started": stage >= 2,
-            "restartCount": kept.get(c["name"], {}).get("restartCount", 0),
-            "state": (kept.get(c["name"]) or {}).get("state")
-            if "running" in ((kept.get(c["name"]) or {}).get("state") or {}) and stage >= 2
-            else state,
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": stamp}},
         }
-        for c in containers
+        for c in pod["spec"]["containers"]
     ]
 
 
@@ -1008,9 +945,8 @@ def pod_ip(pod: Obj) -> str:
 
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
-    now = time.monotonic()
     for _ in range(20):
-        changed = _finish_deletions(st, now)
+        changed = _finish_deletions(st)
         for key in list(st.life.rollouts):
             obj = st.objects.get(key)
             if obj is None or obj["metadata"].get("deletionTimestamp"):
@@ -1021,12 +957,12 @@ def _advance(st: StandIn) -> None:
                 changed = True
         if not changed:
             break
-    for key, obj in st.objects.items():
-        if key[0] == "pods":
-            _progress(st, obj, now)
-    for key, obj in st.objects.items():
+    for key, obj in st.objects.items():  # before its new Pods are Ready: Progressing
         if key in st.life.rolled:
             _lws_status(st, obj)
+    for key, obj in st.objects.items():
+        if key[0] == "pods":
+            _progress(st, obj)
 
 
 def _ready_to_roll(st: StandIn, obj: Obj) -> bool:
@@ -1098,7 +1034,7 @@ def _roll_out_lws(st: StandIn, lws: Obj) -> None:
 def _born(st: StandIn, pod: Obj) -> None:
     """A new Pod: the kubelet runs it from now (``_progress``) and emits ``pod_events``."""
     meta = pod["metadata"]
-    st.life.born[meta["uid"]] = time.monotonic()
+    st.life.born.add(meta["uid"])
     for i, (reason, message) in enumerate(st.life.pod_events):
         stamp = _now_text()
         st.put(
