@@ -359,7 +359,7 @@ def _app(st: StandIn) -> web.Application:
             {"manager": manager, "operation": "Apply", "apiVersion": api_version}
         ]
         st.objects[key] = obj
-        ready = plural in ("deployments", "leaderworkersets") and st.ready_pods
+        ready = plural == "deployments" and st.ready_pods
         if ready and key not in st.life.rollouts:
             st.life.rollouts.append(key)  # the controller acts after the apply
         return web.json_response(obj, status=200 if old else 201)
@@ -595,7 +595,7 @@ def _roll_out(st: StandIn, dep: Obj) -> None:
     meta = dep["metadata"]
     ns = meta["namespace"]
     template = dep["spec"]["template"]
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+    digest = _digest(template)
     mine = [
         o
         for (p, n, _), o in st.objects.items()
@@ -670,7 +670,7 @@ def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
         "status": {"phase": "Pending"},
     }
     st.put(pod)
-    _born(st, pod)
+    st.life.born.add(pod["metadata"]["uid"])  # the kubelet runs it (``_progress``)
     return name
 
 
@@ -809,33 +809,20 @@ def dump(st: StandIn) -> str:
 # * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
 # * Pods (``_progress``): a controller's new Pod is on node-1, Running and Ready at the next
 #   request (its phases over time run on the plane); a Deployment rolls out after the
-#   apply, under Recreate once the previous ReplicaSet's Pods are gone.
-# * A LeaderWorkerSet gets its groups' Pods (leader ``NAME-G``, workers ``NAME-G-W``) and
-#   the status its controller writes in ``Lifecycle.lws_version``: ``observedGeneration``
-#   only from v0.9.0, a condition only once it is first true (lws:
-#   pkg/controllers/leaderworkerset_controller.go).
+#   apply, under Recreate once the previous ReplicaSet's Pods are gone.  (A LeaderWorkerSet
+#   is stored, never rolled out: its controller runs on the plane.)
 
 
 @dataclass
 class Lifecycle:
-    lws_version: str = "v0.9.0"
     forward_resets: dict[str, int] = field(default_factory=dict)
     born: set[str] = field(default_factory=set)  # Pod uids the kubelet has yet to start
     deleting: set[tuple[str, str, str]] = field(default_factory=set)
     rollouts: list[tuple[str, str, str]] = field(default_factory=list)  # queued applies
-    rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
-    # (reason, message) the kubelet emits for every new Pod, as Warning Events
-    pod_events: list[tuple[str, str]] = field(default_factory=list)
-
-
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
-LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
-LWS_HASH = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 
 
 def _digest(template: Obj) -> str:
-    """A template's hash, as a ``pod-template-hash`` or ``template-revision-hash`` label."""
+    """A template's hash, as a ``pod-template-hash`` label."""
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -953,181 +940,29 @@ def _advance(st: StandIn) -> None:
                 st.life.rollouts.remove(key)
             elif _ready_to_roll(st, obj):
                 st.life.rollouts.remove(key)
-                (_roll_out if key[0] == "deployments" else _roll_out_lws)(st, obj)
+                _roll_out(st, obj)
                 changed = True
         if not changed:
             break
-    for key, obj in st.objects.items():  # before its new Pods are Ready: Progressing
-        if key in st.life.rolled:
-            _lws_status(st, obj)
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj)
 
 
 def _ready_to_roll(st: StandIn, obj: Obj) -> bool:
-    """The previous template's Pods are stopped first (Recreate, and a LeaderWorkerSet's
-    groups here), the new ones made after."""
-    meta = obj["metadata"]
-    if obj["kind"] == "Deployment":
-        label, template = "pod-template-hash", obj["spec"]["template"]
-    else:
-        label, template = LWS_HASH, obj["spec"]["leaderWorkerTemplate"]
-    digest = _digest(template)
-
-    def mine(pod: Obj) -> bool:
-        if obj["kind"] != "Deployment":
-            return (pod["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
-        return any(_owned_by(rs, obj) and _owned_by(pod, rs) for rs in st.objects.values())
-
+    """Recreate: the previous template's Pods are stopped first, the new ones made after."""
+    digest = _digest(obj["spec"]["template"])
     old = [
         k
         for k, o in st.objects.items()
         if k[0] == "pods"
-        and k[1] == meta["namespace"]
-        and (o["metadata"].get("labels") or {}).get(label) not in (None, digest)
-        and mine(o)
+        and k[1] == obj["metadata"]["namespace"]
+        and (o["metadata"].get("labels") or {}).get("pod-template-hash") not in (None, digest)
+        and any(_owned_by(rs, obj) and _owned_by(o, rs) for rs in st.objects.values())
     ]
     for k in old:
         _delete(st, k)
     return not old
-
-
-def _roll_out_lws(st: StandIn, lws: Obj) -> None:
-    """What the LeaderWorkerSet controller and its StatefulSets make: ``replicas`` groups of
-    ``size`` Pods (the leader NAME-G, workers NAME-G-W), owned here by the set itself; a
-    group of another template is replaced."""
-    meta = lws["metadata"]
-    spec = lws["spec"]
-    lwt = spec["leaderWorkerTemplate"]
-    digest = _digest(lwt)
-    st.life.rolled.add(("leaderworkersets", meta["namespace"], meta["name"]))
-    for g in range(int(spec.get("replicas", 1))):
-        for w in range(int(lwt.get("size", 1))):
-            name = f"{meta['name']}-{g}" + (f"-{w}" if w else "")
-            if ("pods", meta["namespace"], name) in st.objects:
-                continue
-            template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
-            labels = {
-                **template["metadata"].get("labels", {}),
-                LWS_NAME: meta["name"],
-                LWS_GROUP: str(g),
-                LWS_WORKER: str(w),
-                LWS_HASH: digest,
-            }
-            pod: Obj = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": meta["namespace"],
-                    "labels": labels,
-                    "ownerReferences": [_owner(lws)],
-                },
-                "spec": copy.deepcopy(template["spec"]),
-                "status": {"phase": "Pending"},
-            }
-            st.put(pod)
-            _born(st, pod)
-
-
-def _born(st: StandIn, pod: Obj) -> None:
-    """A new Pod: the kubelet runs it from now (``_progress``) and emits ``pod_events``."""
-    meta = pod["metadata"]
-    st.life.born.add(meta["uid"])
-    for i, (reason, message) in enumerate(st.life.pod_events):
-        stamp = _now_text()
-        st.put(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{i:x}", "namespace": meta["namespace"]},
-                "involvedObject": {
-                    "kind": "Pod",
-                    "name": meta["name"],
-                    "namespace": meta["namespace"],
-                    "uid": meta["uid"],
-                },
-                "reason": reason,
-                "message": message,
-                "type": "Warning",
-                "count": 1,
-                "firstTimestamp": stamp,
-                "lastTimestamp": stamp,
-                "source": {"component": "kubelet", "host": "node-1"},
-            }
-        )
-
-
-def _lws_status(st: StandIn, lws: Obj) -> None:
-    """The status the LeaderWorkerSet controller of ``lws_version`` writes."""
-    meta = lws["metadata"]
-    spec = lws["spec"]
-    lwt = spec["leaderWorkerTemplate"]
-    digest = _digest(lwt)
-    groups: dict[str, list[Obj]] = {}
-    for (p, ns, _), o in st.objects.items():
-        labels = o["metadata"].get("labels") or {}
-        if p == "pods" and ns == meta["namespace"] and labels.get(LWS_NAME) == meta["name"]:
-            groups.setdefault(labels[LWS_GROUP], []).append(o)
-    size = int(lwt.get("size", 1))
-    ready = sum(
-        1
-        for members in groups.values()
-        if len(members) == size
-        and all(_pod_ready(m) and not m["metadata"].get("deletionTimestamp") for m in members)
-    )
-    updated = sum(
-        1
-        for members in groups.values()
-        if all(m["metadata"]["labels"].get(LWS_HASH) == digest for m in members)
-    )
-    want = int(spec.get("replicas", 1))
-    available = ready >= want
-    old = {c["type"]: c for c in (lws.get("status") or {}).get("conditions") or ()}
-
-    def cond(kind: str, true: bool, reason: str, message: str) -> Obj | None:
-        if not true and kind not in old:
-            return None  # a condition is added only once it is true
-        c = {
-            "type": kind,
-            "status": "True" if true else "False",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": _now_text(),
-        }
-        if kind in old and old[kind]["status"] == c["status"]:
-            c["lastTransitionTime"] = old[kind]["lastTransitionTime"]
-        if _lws_at_least(st.life.lws_version, (0, 9)):
-            c["observedGeneration"] = meta.get("generation", 1)
-        return c
-
-    conditions = [
-        cond("Available", available, "AllGroupsReady", "All replicas are ready"),
-        cond("Progressing", not available, "GroupsProgressing", "Replicas are progressing"),
-    ]
-    status: Obj = {
-        "conditions": [c for c in conditions if c is not None],
-        "hpaPodSelector": f"{LWS_NAME}={meta['name']},{LWS_WORKER}=0",
-    }
-    for k, v in (("readyReplicas", ready), ("updatedReplicas", updated), ("replicas", len(groups))):
-        if v:
-            status[k] = v  # omitempty
-    if _lws_at_least(st.life.lws_version, (0, 9)):
-        status["observedGeneration"] = meta.get("generation", 1)
-    lws["status"] = status
-
-
-def _lws_at_least(version: str, want: tuple[int, int]) -> bool:
-    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
-    return (major, minor) >= want
-
-
-def _pod_ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
 
 
 def _take_reset(st: StandIn, role: str) -> bool:
