@@ -378,10 +378,6 @@ def _app(st: StandIn) -> web.Application:
         await ws.send_bytes(b"\x01" + prefix)
         # A Pod servebook did not make (an attached deployment's) is named by its own name.
         address = st.forward_to.get(f"{role}:{port}") or st.forward_to.get(f"pod/{name}:{port}")
-        if _take_reset(st, role):
-            await ws.send_bytes(b"\x01" + reset_message(port, pod["metadata"]["uid"]).encode())
-            await ws.close()
-            return ws
         if role in st.forward_errors or address is None:
             message = (
                 f"error forwarding port {port} to pod {pod['metadata']['uid']}, uid : failed "
@@ -566,15 +562,6 @@ def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
     ]
 
 
-def _collect_garbage(st: StandIn, owner_uid: str) -> None:
-    """Delete what ``owner_uid`` owns, and what that owns (the garbage collector)."""
-    for key, o in list(st.objects.items()):
-        refs = o["metadata"].get("ownerReferences") or []
-        if key in st.objects and any(r.get("uid") == owner_uid for r in refs):
-            del st.objects[key]
-            _collect_garbage(st, o["metadata"]["uid"])
-
-
 def _owner(obj: Obj) -> Obj:
     meta = obj["metadata"]
     return {
@@ -588,57 +575,40 @@ def _owner(obj: Obj) -> Obj:
 
 
 def _roll_out(st: StandIn, dep: Obj) -> None:
-    """What the Deployment controller and the kubelet do with a Recreate Deployment: one
-    ReplicaSet per Pod template (named by its ``pod-template-hash``, annotated with its
-    revision), the older ones scaled to 0 and their Pods gone, one Ready Pod of the
-    current one, and the Deployment's status observing its generation."""
+    """What the Deployment controller and the kubelet do with a Deployment: a ReplicaSet of
+    its Pod template (named by its ``pod-template-hash``, revision 1), its Pods, and the
+    Deployment's status observing its generation.  A changed template's rollout (Recreate,
+    the next revision) runs on the plane (tests/cluster/test_tiny_pd_lifecycle.py)."""
     meta = dep["metadata"]
-    ns = meta["namespace"]
     template = dep["spec"]["template"]
     digest = _digest(template)
-    mine = [
-        o
-        for (p, n, _), o in st.objects.items()
-        if p == "replicasets"
-        and n == ns
-        and any(r["uid"] == meta["uid"] for r in o["metadata"].get("ownerReferences", []))
-    ]
-    current = next(
-        (o for o in mine if o["metadata"]["labels"].get("pod-template-hash") == digest), None
-    )
-    revisions = [int(o["metadata"]["annotations"][REVISION]) for o in mine]
-    for o in mine:
-        if o is not current:
-            o["spec"]["replicas"] = 0
-            o["status"] = {"replicas": 0, "observedGeneration": 1}
-            _collect_garbage(st, o["metadata"]["uid"])
-    revision = str(max(revisions, default=0) + 1)
-    want = int(dep["spec"].get("replicas", 1))
-    if current is None:
-        labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
-        current = {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {
-                "name": f"{meta['name']}-{digest}",
-                "namespace": ns,
-                "labels": labels,
-                "annotations": {REVISION: revision},
-                "ownerReferences": [_owner(dep)],
-            },
-            "spec": {
-                "replicas": want,
-                "selector": {"matchLabels": labels},
-                "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
-            },
-        }
-        st.put(current)
-    else:
-        current["metadata"]["annotations"][REVISION] = revision
-    running = [o for o in st.objects.values() if _owned_by(o, current)]
-    meta.setdefault("annotations", {})[REVISION] = revision
+    labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
+    rs: Obj = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": f"{meta['name']}-{digest}",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": {REVISION: "1"},
+            "ownerReferences": [_owner(dep)],
+        },
+        "spec": {
+            "replicas": int(dep["spec"].get("replicas", 1)),
+            "selector": {"matchLabels": labels},
+            "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
+        },
+    }
+    mine = [o for o in st.objects.values() if o["kind"] == "ReplicaSet" and _owned_by(o, dep)]
+    assert all(o["metadata"]["name"] == rs["metadata"]["name"] for o in mine), "on the plane"
+    if not mine:
+        st.put(rs)
+    rs = mine[0] if mine else rs
+    running = [o for o in st.objects.values() if _owned_by(o, rs)]
+    want = rs["spec"]["replicas"]
     for i in range(len(running), want):
-        _start_pod(st, current, suffix=f"{digest[:5]}{i}")
+        _start_pod(st, rs, suffix=f"{digest[:5]}{i}")
+    meta.setdefault("annotations", {})[REVISION] = "1"
     dep["status"] = {
         "observedGeneration": meta["generation"],
         "replicas": want,
@@ -815,7 +785,6 @@ def dump(st: StandIn) -> str:
 
 @dataclass
 class Lifecycle:
-    forward_resets: dict[str, int] = field(default_factory=dict)
     born: set[str] = field(default_factory=set)  # Pod uids the kubelet has yet to start
     deleting: set[tuple[str, str, str]] = field(default_factory=set)
     rollouts: list[tuple[str, str, str]] = field(default_factory=list)  # queued applies
@@ -887,13 +856,6 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
     return copy.deepcopy(obj)
 
 
-def _finish_deletions(st: StandIn) -> bool:
-    """The kubelet's pass over the Pods being deleted: each goes; whether any did."""
-    gone = [key for key in st.life.deleting if st.objects.pop(key, None) is not None]
-    st.life.deleting.clear()
-    return bool(gone)
-
-
 def _progress(st: StandIn, pod: Obj) -> None:
     """A new Pod of a controller's, as the scheduler and kubelet write it once it is Ready."""
     meta = pod["metadata"]
@@ -932,51 +894,14 @@ def pod_ip(pod: Obj) -> str:
 
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
-    for _ in range(20):
-        changed = _finish_deletions(st)
-        for key in list(st.life.rollouts):
-            obj = st.objects.get(key)
-            if obj is None or obj["metadata"].get("deletionTimestamp"):
-                st.life.rollouts.remove(key)
-            elif _ready_to_roll(st, obj):
-                st.life.rollouts.remove(key)
-                _roll_out(st, obj)
-                changed = True
-        if not changed:
-            break
+    for key in st.life.deleting:  # the kubelet: a Pod being deleted goes
+        st.objects.pop(key, None)
+    st.life.deleting.clear()
+    for key in st.life.rollouts:
+        obj = st.objects.get(key)
+        if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+            _roll_out(st, obj)
+    st.life.rollouts.clear()
     for key, obj in st.objects.items():
         if key[0] == "pods":
             _progress(st, obj)
-
-
-def _ready_to_roll(st: StandIn, obj: Obj) -> bool:
-    """Recreate: the previous template's Pods are stopped first, the new ones made after."""
-    digest = _digest(obj["spec"]["template"])
-    old = [
-        k
-        for k, o in st.objects.items()
-        if k[0] == "pods"
-        and k[1] == obj["metadata"]["namespace"]
-        and (o["metadata"].get("labels") or {}).get("pod-template-hash") not in (None, digest)
-        and any(_owned_by(rs, obj) and _owned_by(o, rs) for rs in st.objects.values())
-    ]
-    for k in old:
-        _delete(st, k)
-    return not old
-
-
-def _take_reset(st: StandIn, role: str) -> bool:
-    left = st.life.forward_resets.get(role, 0)
-    if left <= 0:
-        return False
-    st.life.forward_resets[role] = left - 1
-    return True
-
-
-def reset_message(port: int, uid: str) -> str:
-    """The kubelet's error-channel text for a connection the container reset (containerd#9875)."""
-    return (
-        f"error forwarding port {port} to pod {uid}, uid : failed to execute portforward in "
-        f'network namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:'
-        f"{port}: read: connection reset by peer"
-    )
