@@ -45,7 +45,7 @@ import yaml
 from aiohttp import web
 
 from tests.unit import kube_standin_rules as rules
-from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
+from tests.unit.kube_standin_rules import rbac_allows
 
 #: PyYAML's safe loader in C where it has one: the same documents as ``yaml.safe_load``
 #: (the resolver is the same), ~40 times faster on an apply's body (a load Job's ConfigMap
@@ -408,27 +408,14 @@ def _app(st: StandIn) -> web.Application:
         invalid = validate(st, plural, ns, body)
         if invalid is not None:
             return invalid
-        labels = (st.objects.get(("namespaces", "", ns)) or {}).get("metadata", {})
-        labels = labels.get("labels") or {}
-        spec = body.get("spec") or {}
-        pod_spec = spec if kind == "Pod" else (spec.get("template") or {}).get("spec") or {}
-        if kind == "Pod":
-            missing = missing_service_account(st, ns, pod_spec)
+        if kind == "Pod":  # the ServiceAccount admission plugin
+            missing = rules.missing_service_account(st.objects, ns, body.get("spec") or {})
             if missing:
                 return _status(
                     403,
                     "Forbidden",
                     f'pods "{name}" is forbidden: error looking up service account '
                     f'{ns}/{missing}: serviceaccount "{missing}" not found',
-                )
-        enforce = labels.get("pod-security.kubernetes.io/enforce")
-        if kind == "Pod" and enforce in ("baseline", "restricted"):
-            why = pod_security_violations(enforce, pod_spec)
-            if why:
-                return _status(
-                    403,
-                    "Forbidden",
-                    f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
                 )
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
@@ -751,10 +738,6 @@ def validate(st: StandIn, plural: str, ns: str, body: Obj) -> web.Response | Non
     _, kind, group = KINDS.get(plural, ("", plural, ""))
     refusal = rules.invalid(st.objects, kind, group, plural, ns, body)
     return None if refusal is None else _status(*refusal)
-
-
-def missing_service_account(st: StandIn, ns: str, pod_spec: Obj) -> str | None:
-    return rules.missing_service_account(st.objects, ns, pod_spec)
 
 
 def _authorize(st: StandIn, request: web.Request) -> web.Response | None:
