@@ -8,20 +8,14 @@ Objects in memory; ``GET /version`` (``minor``: 1.31 by default, whose port-forw
 (``application/apply-patch+yaml``, ``fieldManager``), POST and DELETE, with ``Status``
 bodies as the API server words them.  ``requests`` records what it saw.  A test arranges:
 ``forbidden`` (method and path prefix answered 403); ``ready_pods`` (a Deployment's
-ReplicaSet and Pods, a LeaderWorkerSet's groups, as their controllers and kubelet make
-them); ``forward_to`` (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a
-``v4.channel.k8s.io`` port-forward relays to), ``forward_errors`` and
-``life.forward_resets`` (the kubelet's error-channel errors); ``replace_pod``;
-``hold_rollouts``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or
-``pull_error``, ``run_s`` of running, ``logs``, and ``DeadlineExceeded`` past
-``activeDeadlineSeconds``); ``denied`` and ``grant`` (access reviews and RBAC,
+ReplicaSet and Ready Pods, as its controller and kubelet make them); ``forward_to``
+(``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a ``v4.channel.k8s.io``
+port-forward relays to) and ``forward_errors`` (the kubelet's error-channel error);
+``replace_pod``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or ``pull_error``,
+``run_s`` of running, ``logs``); ``denied`` and ``grant`` (access reviews and RBAC,
 ``kube_standin_rules``); ``refuse`` (a dry run refused as a quota or webhook would);
-``unschedulable``, ``set_pod_status`` and ``pod_logs`` for an Indexed Job's Pods, which
-``_run_job`` makes as the Job controller does; ``serves_lws`` and ``life.lws_version``.
-Names, labels, selectors and ServiceAccounts are validated as the API server does, dry
-runs included, and a workload's Pod template warned of by the namespace's Pod Security
-levels.  Over time (``StandIn.life``): Pods' grace periods, Pods through their phases,
-LeaderWorkerSet status per release.
+``serves_lws``.  Names, labels, selectors and ServiceAccounts are validated as the API
+server does, dry runs included.
 """
 
 from __future__ import annotations
@@ -126,7 +120,7 @@ class StandIn:
     refuse: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
-    # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
+    # deletions and rollouts due at the next request (the Lifecycle section)
     life: Lifecycle = field(default_factory=lambda: Lifecycle())
     # RBAC (see "Authorization" below): the rules of the Roles and ClusterRoles granted to
     # the test's user; None: everything is allowed but ``denied``.
@@ -761,9 +755,9 @@ def dump(st: StandIn) -> str:
 #   plane.)
 # * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
 # * Pods (``_progress``): a controller's new Pod is on node-1, Running and Ready at the next
-#   request (its phases over time run on the plane); a Deployment rolls out after the
-#   apply, under Recreate once the previous ReplicaSet's Pods are gone.  (A LeaderWorkerSet
-#   is stored, never rolled out: its controller runs on the plane.)
+#   request (its phases over time run on the plane); a Deployment rolls out at the next
+#   request after its apply.  (A LeaderWorkerSet is stored, never rolled out: its
+#   controller runs on the plane.)
 
 
 @dataclass
