@@ -10,7 +10,7 @@ bodies as the API server words them.  ``requests`` records what it saw.  A test 
 ``forbidden`` (method and path prefix answered 403); ``ready_pods`` (a Deployment's
 ReplicaSet and Ready Pods, as its controller and kubelet make them); ``forward_to``
 (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a ``v4.channel.k8s.io``
-port-forward relays to) and ``forward_errors`` (the kubelet's error-channel error);
+port-forward relays to; none, the kubelet's error-channel error);
 ``replace_pod``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or ``pull_error``,
 ``run_s`` of running, ``logs``); ``denied`` and ``grant`` (access reviews and RBAC,
 ``kube_standin_rules``); ``refuse`` (a dry run refused as a quota or webhook would);
@@ -112,7 +112,6 @@ class StandIn:
     # Whether the LeaderWorkerSet CRD is installed (its API answers 404 otherwise).
     serves_lws: bool = True
     forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
-    forward_errors: set[str] = field(default_factory=set)
     kubelet: Kubelet | None = None
     # (verb, resource, subresource) the access reviews deny
     denied: set[tuple[str, str, str]] = field(default_factory=set)
@@ -372,7 +371,7 @@ def _app(st: StandIn) -> web.Application:
         await ws.send_bytes(b"\x01" + prefix)
         # A Pod servebook did not make (an attached deployment's) is named by its own name.
         address = st.forward_to.get(f"{role}:{port}") or st.forward_to.get(f"pod/{name}:{port}")
-        if role in st.forward_errors or address is None:
+        if address is None:  # nothing listens there: the kubelet's words
             message = (
                 f"error forwarding port {port} to pod {pod['metadata']['uid']}, uid : failed "
                 f"to execute portforward in network namespace: failed to connect to "
