@@ -14,7 +14,7 @@ from servebook.findings import Severity
 from servebook.preflight.live import PREFLIGHT_NAMESPACE_PREFIX
 from servebook.preflight.probe_pod import pod_manifest, probe_targets
 from tests.conftest import GPU_PD_SETS, CliResult
-from tests.unit.kube_standin import Kubelet, Server, StandIn, serve
+from tests.unit.kube_standin import Kubelet, Server, serve
 from tests.unit.preflight_standin import (
     KIMI_K2_FP8_BYTES,
     LLAMA_70B_BYTES,
