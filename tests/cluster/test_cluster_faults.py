@@ -1,7 +1,8 @@
 """What went wrong in a cluster, on the real one (issue 43 point 3; these ran only on the
 stand-in API server before): a Pod past its ``activeDeadlineSeconds``, load-Job agent Pods
-that fail or cannot start, an exec plugin's credential that expires while calls are in
-flight, and a deployment found again from its labels once ``SERVEBOOK_HOME`` is lost.
+that fail, cannot start or cannot be placed, a Ctrl-C deleting the load Job, an exec
+plugin's credential that expires while calls are in flight, and a deployment found again
+from its labels once ``SERVEBOOK_HOME`` is lost.
 
 Cheap by design: no vLLM.  The deployment a bench loads is a Pod of a few lines of Python
 (``ENGINE``) attached by label; the deployment found from labels is vllm-pd's objects, whose
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -149,29 +151,60 @@ def _engine(ns: str) -> None:
     kubectl("rollout", "status", "deployment/chat", "-n", ns, "--timeout=120s")
 
 
+def _agents(job_prefix: str) -> list[tuple[str, int]]:
+    """The load agents' processes of the Jobs named ``job_prefix``...: (their Pod's hostname,
+    ``JOB-INDEX``, pid).  The node agent runs each Pod as a process on this machine."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        host = next((e[9:].decode() for e in env if e.startswith(b"HOSTNAME=")), "")
+        if b"servebook.bench.in_cluster" in cmd and host.startswith(job_prefix):
+            found.append((host, int(pid)))
+    return found
+
+
 def _kill_agent(job_prefix: str, index: int, after_s: float, killed: list[int]) -> None:
-    """SIGKILL the load agent ``index``'s process (its Pod's hostname ``JOB-INDEX``) once it
-    has run ``after_s``, as the kernel's OOM killer ends a container: the node agent runs
-    each Pod as a process on this machine."""
+    """SIGKILL the load agent ``index``'s process once it has run ``after_s``, as the
+    kernel's OOM killer ends a container."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not killed:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            host = next((e[9:].decode() for e in env if e.startswith(b"HOSTNAME=")), "")
-            if (
-                b"servebook.bench.in_cluster" in cmd
-                and host.startswith(job_prefix)
-                and host.endswith(f"-{index}")
-            ):
+        for host, pid in _agents(job_prefix):
+            if host.endswith(f"-{index}"):
                 time.sleep(after_s)
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 return
         time.sleep(0.2)
+
+
+# servebook as a terminal's shell starts it: SIGINT at its default (a shell's background job,
+# or the test runner, may hand it down ignored).
+INTERRUPTIBLE = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "from servebook.cli import main\nmain()"
+)
+NO_SCHEDULE = "servebook.io/test-no-schedule"
+
+
+def _interrupted_bench(name: str, out: Path) -> tuple[int, str]:
+    """``bench NAME`` in the cluster, sent SIGINT (a Ctrl-C) once both agents' processes
+    run; (its exit code, its stderr)."""
+    argv = [sys.executable, "-c", INTERRUPTIBLE, "bench", name, *SWEEP, "-o", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        until("both agents running", lambda: len(_agents(f"{name}-bench-")) >= 2, 120)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
 
 
 def _left(ns: str) -> list[str]:
@@ -184,13 +217,16 @@ def _left(ns: str) -> list[str]:
     ]
 
 
-def test_load_agent_pods_that_fail_or_cannot_start_end_the_bench_at_once_naming_why(
+def test_load_agent_pods_that_fail_cannot_start_or_are_interrupted_end_the_bench_naming_why(
     cluster: Cluster, tenant_ns: str, sb_home: Path, tmp_path: Path
 ) -> None:
     """In the cluster, ``bench`` of an attached deployment: an agent Pod killed mid-sweep
-    ends the bench with exit 1 naming the agent, its Pod and its exit code; in a namespace
-    whose Pod Security refuses the agents' Pods, the bench fails at once with the API
-    server's words, not after --load-start-timeout.  Either way nothing of the Job is left."""
+    ends the bench with exit 1 naming the agent, its Pod and its exit code; a Ctrl-C while
+    the agents run ends it with exit 130, the Job deleted and its Pods' processes ended;
+    agents the scheduler cannot place (every node tainted) end it within
+    --load-start-timeout in the scheduler's words; in a namespace whose Pod Security
+    refuses the agents' Pods, it fails at once with the API server's words, not after
+    --load-start-timeout.  Each time nothing of the Job is left."""
     _plane_only(cluster)
     ns = tenant_ns
     _engine(ns)
@@ -211,6 +247,26 @@ def test_load_agent_pods_that_fail_or_cannot_start_end_the_bench_at_once_naming_
     assert "a load agent's Pod failed: load agent 1, Pod " in r.stderr, r.stderr
     assert "container load terminated: Error, exit code 137" in r.stderr, r.stderr
     assert took < 90 and not (tmp_path / "killed" / "results.json").exists(), took
+    until("the Job's objects gone", lambda: _left(ns) == [], 30)
+    until("its agents' processes ended", lambda: _agents(f"{name}-bench-") == [], 60)
+
+    code, err = _interrupted_bench(name, tmp_path / "interrupted")
+    assert code == 130, err
+    assert f"deleted Job/{name}-bench-" in err and f"stopped the in-cluster bench of {name}" in err
+    assert not (tmp_path / "interrupted" / "results.json").exists()
+    until("the Job's objects gone", lambda: _left(ns) == [], 60)
+    until("its agents' processes ended", lambda: _agents(f"{name}-bench-") == [], 60)
+
+    kubectl("taint", "nodes", "--all", f"{NO_SCHEDULE}=yes:NoSchedule")
+    try:
+        r = sb("bench", name, *SWEEP, "--load-start-timeout", "10",
+               "-o", str(tmp_path / "unplaced"), timeout=240)  # fmt: skip
+    finally:
+        kubectl("taint", "nodes", "--all", f"{NO_SCHEDULE}:NoSchedule-")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the load agents' Pods were not all running within 10 s" in r.stderr, r.stderr
+    assert "not scheduled: Unschedulable 0/" in r.stderr, r.stderr
+    assert "node(s) had untolerated taint(s)" in r.stderr, r.stderr  # the scheduler's words
     until("the Job's objects gone", lambda: _left(ns) == [], 30)
 
     kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")

@@ -31,7 +31,7 @@ from servebook.results.schema import (
 )
 from tests.conftest import CliResult
 from tests.unit.cli_inprocess import run_cli
-from tests.unit.kube_engines import Engine, TokenizingEngine
+from tests.unit.kube_engines import Engine
 from tests.unit.kube_standin import Kubelet, Server, serve
 from tests.unit.preflight_standin import LLAMA_70B_BYTES, load_cluster, probe_output
 from tests.unit.served_app import StreamingServer, served, served_models
@@ -593,12 +593,16 @@ def preflight_cluster(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
 # --- a Kubernetes deployment on the stand-in API server (test_kube_*.py, test_load_job.py) ---
 
 
-def _standin_cluster(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: type[Engine]
+@pytest.fixture
+def kube_cluster(
+    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Server, dict[str, str]]]:
+    """The stand-in API server, its Pods Ready at once, forwarding each role's port to a
+    stand-in ``Engine``; yields the server and the environment naming its kubeconfig
+    (KUBECONFIG is set in this process too)."""
     server = serve()
     server.standin.ready_pods = True
-    engines = {role: engine(role).start() for role in ("prefill", "decode", "router")}
+    engines = {role: Engine(role).start() for role in ("prefill", "decode", "router")}
     for role, e in engines.items():
         server.standin.forward_to[f"{role}:8000"] = ("127.0.0.1", e.port)
     # The router's Prometheus port: its counters are not read by verify or bench.
@@ -611,25 +615,6 @@ def _standin_cluster(
         for e in engines.values():
             e.stop()
         server.stop()
-
-
-@pytest.fixture
-def kube_cluster(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Server, dict[str, str]]]:
-    """The stand-in API server, its Pods Ready at once, forwarding each role's port to a
-    stand-in ``Engine``; yields the server and the environment naming its kubeconfig
-    (KUBECONFIG is set in this process too)."""
-    yield from _standin_cluster(tmp_path, monkeypatch, Engine)
-
-
-@pytest.fixture
-def job_cluster(
-    tmp_path: Path, sb_home: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Server, dict[str, str]]]:
-    """``kube_cluster`` with ``TokenizingEngine``s: the in-cluster load builds its prompts
-    on the server."""
-    yield from _standin_cluster(tmp_path, monkeypatch, TokenizingEngine)
 
 
 # --- what the in-cluster load may import, and a CLI child that takes signals as a terminal's ---

@@ -8,20 +8,14 @@ Objects in memory; ``GET /version`` (``minor``: 1.31 by default, whose port-forw
 (``application/apply-patch+yaml``, ``fieldManager``), POST and DELETE, with ``Status``
 bodies as the API server words them.  ``requests`` records what it saw.  A test arranges:
 ``forbidden`` (method and path prefix answered 403); ``ready_pods`` (a Deployment's
-ReplicaSet and Pods, a LeaderWorkerSet's groups, as their controllers and kubelet make
-them); ``forward_to`` (``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a
-``v4.channel.k8s.io`` port-forward relays to), ``forward_errors`` and
-``life.forward_resets`` (the kubelet's error-channel errors); ``replace_pod``;
-``hold_rollouts``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or
-``pull_error``, ``run_s`` of running, ``logs``, and ``DeadlineExceeded`` past
-``activeDeadlineSeconds``); ``denied`` and ``grant`` (access reviews and RBAC,
+ReplicaSet and Ready Pods, as its controller and kubelet make them); ``forward_to``
+(``ROLE:PORT`` or ``pod/NAME:PORT``: the local address a ``v4.channel.k8s.io``
+port-forward relays to; none, the kubelet's error-channel error);
+``replace_pod``; ``kubelet`` (runs a created Pod: a pull of ``pull_s`` or ``pull_error``,
+``run_s`` of running, ``logs``); ``denied`` and ``grant`` (access reviews and RBAC,
 ``kube_standin_rules``); ``refuse`` (a dry run refused as a quota or webhook would);
-``unschedulable``, ``set_pod_status`` and ``pod_logs`` for an Indexed Job's Pods, which
-``_run_job`` makes as the Job controller does; ``serves_lws`` and ``life.lws_version``.
-Names, labels, selectors and ServiceAccounts are validated as the API server does, dry
-runs included, and a workload's Pod template warned of by the namespace's Pod Security
-levels.  Over time (``StandIn.life``): Pods' grace periods, Pods through their phases,
-LeaderWorkerSet status per release.
+``serves_lws``.  Names, labels, selectors and ServiceAccounts are validated as the API
+server does, dry runs included.
 """
 
 from __future__ import annotations
@@ -43,10 +37,9 @@ from typing import Any
 
 import yaml
 from aiohttp import web
-from multidict import CIMultiDict
 
 from tests.unit import kube_standin_rules as rules
-from tests.unit.kube_standin_rules import pod_security_violations, rbac_allows
+from tests.unit.kube_standin_rules import rbac_allows
 
 #: PyYAML's safe loader in C where it has one: the same documents as ``yaml.safe_load``
 #: (the resolver is the same), ~40 times faster on an apply's body (a load Job's ConfigMap
@@ -105,7 +98,6 @@ class Kubelet:
     run_s: float = 0.0
     logs: Callable[[Obj], str] = lambda pod: ""
     pull_error: str = ""
-    exit_code: int = 0
 
 
 @dataclass
@@ -120,11 +112,6 @@ class StandIn:
     # Whether the LeaderWorkerSet CRD is installed (its API answers 404 otherwise).
     serves_lws: bool = True
     forward_to: dict[str, tuple[str, int]] = field(default_factory=dict)
-    forward_errors: set[str] = field(default_factory=set)
-    # A changed Deployment waits here, its new generation not yet observed and its old Pod
-    # still Ready, until ``release_rollouts`` (the controller being slow, as it may be).
-    hold_rollouts: bool = False
-    held: list[tuple[str, str, str]] = field(default_factory=list)
     kubelet: Kubelet | None = None
     # (verb, resource, subresource) the access reviews deny
     denied: set[tuple[str, str, str]] = field(default_factory=set)
@@ -132,7 +119,7 @@ class StandIn:
     refuse: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     # the Pods created through POST, ever: (namespace, name)
     created_pods: list[tuple[str, str]] = field(default_factory=list)
-    # deletion, namespaces, Pods over time, LWS status, tokens (the Lifecycle section)
+    # deletions and rollouts due at the next request (the Lifecycle section)
     life: Lifecycle = field(default_factory=lambda: Lifecycle())
     # RBAC (see "Authorization" below): the rules of the Roles and ClusterRoles granted to
     # the test's user; None: everything is allowed but ``denied``.
@@ -140,11 +127,6 @@ class StandIn:
     # The server's minor version (``/version``); from 35 a port-forward's WebSocket upgrade
     # is also authorized as ``create``.
     minor: int = 31
-    # Jobs (the Job controller of the Lifecycle section): the scheduler's message for a
-    # Job's Pods it cannot place ("" places them on node-1); each Pod's log as its kubelet
-    # wrote it (``pods/NAME/log``), keyed by (namespace, name).
-    unschedulable: str = ""
-    pod_logs: dict[tuple[str, str], str] = field(default_factory=dict)
     _started: dict[tuple[str, str], float] = field(default_factory=dict)
     _rv: Iterator[int] = field(default_factory=lambda: itertools.count(100))
 
@@ -173,16 +155,6 @@ class StandIn:
             and any(r["uid"] == o["metadata"]["uid"] for r in meta["ownerReferences"])
         )
         return _start_pod(self, rs, suffix="new")
-
-    def set_pod_status(self, namespace: str, name: str, status: Obj) -> bool:
-        """A kubelet's status update of its Pod (``PATCH pods/NAME/status``); False when
-        the Pod is gone."""
-        pod = self.objects.get(("pods", namespace, name))
-        if pod is None:
-            return False
-        pod["status"] = {**pod.get("status", {}), **copy.deepcopy(status)}
-        self._stamp(pod)
-        return True
 
     def put(self, obj: Obj) -> None:
         """Put an object as if someone else had made it."""
@@ -380,11 +352,9 @@ def _app(st: StandIn) -> web.Application:
             {"manager": manager, "operation": "Apply", "apiVersion": api_version}
         ]
         st.objects[key] = obj
-        if plural in ("deployments", "leaderworkersets") and st.ready_pods:
-            if st.hold_rollouts and old is not None and old.get("spec") != obj.get("spec"):
-                st.held.append(key)
-            elif key not in st.life.rollouts:
-                st.life.rollouts.append(key)  # the controller acts after the apply
+        ready = plural == "deployments" and st.ready_pods
+        if ready and key not in st.life.rollouts:
+            st.life.rollouts.append(key)  # the controller acts after the apply
         return web.json_response(obj, status=200 if old else 201)
 
     async def portforward(request: web.Request) -> web.StreamResponse:
@@ -401,11 +371,7 @@ def _app(st: StandIn) -> web.Application:
         await ws.send_bytes(b"\x01" + prefix)
         # A Pod servebook did not make (an attached deployment's) is named by its own name.
         address = st.forward_to.get(f"{role}:{port}") or st.forward_to.get(f"pod/{name}:{port}")
-        if _take_reset(st, role):
-            await ws.send_bytes(b"\x01" + reset_message(port, pod["metadata"]["uid"]).encode())
-            await ws.close()
-            return ws
-        if role in st.forward_errors or address is None:
+        if address is None:  # nothing listens there: the kubelet's words
             message = (
                 f"error forwarding port {port} to pod {pod['metadata']['uid']}, uid : failed "
                 f"to execute portforward in network namespace: failed to connect to "
@@ -435,12 +401,8 @@ def _app(st: StandIn) -> web.Application:
         invalid = validate(st, plural, ns, body)
         if invalid is not None:
             return invalid
-        labels = (st.objects.get(("namespaces", "", ns)) or {}).get("metadata", {})
-        labels = labels.get("labels") or {}
-        spec = body.get("spec") or {}
-        pod_spec = spec if kind == "Pod" else (spec.get("template") or {}).get("spec") or {}
-        if kind == "Pod":
-            missing = missing_service_account(st, ns, pod_spec)
+        if kind == "Pod":  # the ServiceAccount admission plugin
+            missing = rules.missing_service_account(st.objects, ns, body.get("spec") or {})
             if missing:
                 return _status(
                     403,
@@ -448,28 +410,9 @@ def _app(st: StandIn) -> web.Application:
                     f'pods "{name}" is forbidden: error looking up service account '
                     f'{ns}/{missing}: serviceaccount "{missing}" not found',
                 )
-        enforce = labels.get("pod-security.kubernetes.io/enforce")
-        warn = labels.get("pod-security.kubernetes.io/warn")
-        if kind == "Pod" and enforce in ("baseline", "restricted"):
-            why = pod_security_violations(enforce, pod_spec)
-            if why:
-                return _status(
-                    403,
-                    "Forbidden",
-                    f'pods "{name}" is forbidden: violates PodSecurity "{enforce}:latest": {why}',
-                )
-        # A workload's Pod template is judged at the enforce level and at the warn level (the
-        # test plane warned of a Deployment in a namespace labelled only `enforce`), each in
-        # a Warning header whose text is a quoted-string: its quotes escaped.
-        warnings = []
-        for level in dict.fromkeys(lv for lv in (enforce, warn) if kind != "Pod" and lv):
-            why = pod_security_violations(level, pod_spec) if level != "privileged" else ""
-            if why:
-                text = f'would violate PodSecurity "{level}:latest": {why}'
-                warnings.append(("Warning", '299 - "' + text.replace('"', '\\"') + '"'))
         obj = copy.deepcopy(body)
         obj.setdefault("metadata", {})["uid"] = str(uuid.uuid4())
-        return web.json_response(obj, status=201, headers=CIMultiDict(warnings))
+        return web.json_response(obj, status=201)
 
     async def create(request: web.Request) -> web.Response:
         plural, ns, _ = where(request)
@@ -515,13 +458,7 @@ def _app(st: StandIn) -> web.Application:
         pod = st.objects.get(("pods", ns, name))
         if pod is None:
             return not_found("pods", name)
-        if (ns, name) in st.pod_logs:
-            text = st.pod_logs[(ns, name)]
-            tail = request.query.get("tailLines")
-            if tail and tail.isdigit():
-                text = "".join(text.splitlines(keepends=True)[-int(tail) :])
-        else:
-            text = st.kubelet.logs(pod) if st.kubelet is not None else ""
+        text = st.kubelet.logs(pod) if st.kubelet is not None else ""
         return web.Response(text=text, content_type="text/plain")
 
     async def access_review(request: web.Request) -> web.Response:
@@ -583,15 +520,7 @@ def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
         return
     image = pod["spec"]["containers"][0]["image"]
     name = pod["spec"]["containers"][0]["name"]
-    deadline = pod["spec"].get("activeDeadlineSeconds")
     finished = kubelet.pull_s + kubelet.run_s
-    if deadline is not None and elapsed > deadline and elapsed < finished:
-        status.update(
-            phase="Failed",
-            reason="DeadlineExceeded",
-            message="Pod was active on the node longer than the specified deadline",
-        )
-        return
     if kubelet.pull_error:
         state: Obj = {
             "waiting": {
@@ -604,23 +533,13 @@ def _run_pod(kubelet: Kubelet, pod: Obj, elapsed: float) -> None:
     elif elapsed < finished:
         state = {"running": {"startedAt": "2025-06-18T14:30:00Z"}}
     else:
-        code = kubelet.exit_code
-        state = {"terminated": {"exitCode": code, "reason": "Completed" if not code else "Error"}}
-        status["phase"] = "Succeeded" if not code else "Failed"
+        state = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+        status["phase"] = "Succeeded"
     if "phase" not in status or status["phase"] == "Pending":
         status["phase"] = "Running" if "running" in state else "Pending"
     status["containerStatuses"] = [
         {"name": name, "image": image, "ready": "running" in state, "state": state}
     ]
-
-
-def _collect_garbage(st: StandIn, owner_uid: str) -> None:
-    """Delete what ``owner_uid`` owns, and what that owns (the garbage collector)."""
-    for key, o in list(st.objects.items()):
-        refs = o["metadata"].get("ownerReferences") or []
-        if key in st.objects and any(r.get("uid") == owner_uid for r in refs):
-            del st.objects[key]
-            _collect_garbage(st, o["metadata"]["uid"])
 
 
 def _owner(obj: Obj) -> Obj:
@@ -636,57 +555,41 @@ def _owner(obj: Obj) -> Obj:
 
 
 def _roll_out(st: StandIn, dep: Obj) -> None:
-    """What the Deployment controller and the kubelet do with a Recreate Deployment: one
-    ReplicaSet per Pod template (named by its ``pod-template-hash``, annotated with its
-    revision), the older ones scaled to 0 and their Pods gone, one Ready Pod of the
-    current one, and the Deployment's status observing its generation."""
+    """What the Deployment controller and the kubelet do with a Deployment: a ReplicaSet of
+    its Pod template (named by its ``pod-template-hash``, revision 1), its Pods, and the
+    Deployment's status observing its generation.  A changed template's rollout (Recreate,
+    the next revision) runs on the plane (tests/cluster/test_tiny_pd_lifecycle.py)."""
     meta = dep["metadata"]
-    ns = meta["namespace"]
     template = dep["spec"]["template"]
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-    mine = [
-        o
-        for (p, n, _), o in st.objects.items()
-        if p == "replicasets"
-        and n == ns
-        and any(r["uid"] == meta["uid"] for r in o["metadata"].get("ownerReferences", []))
-    ]
-    current = next(
-        (o for o in mine if o["metadata"]["labels"].get("pod-template-hash") == digest), None
-    )
-    revisions = [int(o["metadata"]["annotations"][REVISION]) for o in mine]
-    for o in mine:
-        if o is not current:
-            o["spec"]["replicas"] = 0
-            o["status"] = {"replicas": 0, "observedGeneration": 1}
-            _collect_garbage(st, o["metadata"]["uid"])
-    revision = str(max(revisions, default=0) + 1)
-    want = int(dep["spec"].get("replicas", 1))
-    if current is None:
-        labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
-        current = {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {
-                "name": f"{meta['name']}-{digest}",
-                "namespace": ns,
-                "labels": labels,
-                "annotations": {REVISION: revision},
-                "ownerReferences": [_owner(dep)],
-            },
-            "spec": {
-                "replicas": want,
-                "selector": {"matchLabels": labels},
-                "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
-            },
-        }
-        st.put(current)
-    else:
-        current["metadata"]["annotations"][REVISION] = revision
-    running = [o for o in st.objects.values() if _owned_by(o, current)]
-    meta.setdefault("annotations", {})[REVISION] = revision
+    digest = _digest(template)
+    labels = {**template["metadata"]["labels"], "pod-template-hash": digest}
+    rs: Obj = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": f"{meta['name']}-{digest}",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": {REVISION: "1"},
+            "ownerReferences": [_owner(dep)],
+        },
+        "spec": {
+            "replicas": int(dep["spec"].get("replicas", 1)),
+            "selector": {"matchLabels": labels},
+            "template": {**copy.deepcopy(template), "metadata": {"labels": labels}},
+        },
+    }
+    mine = [o for o in st.objects.values() if o["kind"] == "ReplicaSet" and _owned_by(o, dep)]
+    changed = [o for o in mine if o["metadata"]["name"] != rs["metadata"]["name"]]
+    assert not changed, "a changed Pod template: its rollout is tested on the plane, not here"
+    if not mine:
+        st.put(rs)
+    rs = mine[0] if mine else rs
+    running = [o for o in st.objects.values() if _owned_by(o, rs)]
+    want = rs["spec"]["replicas"]
     for i in range(len(running), want):
-        _start_pod(st, current, suffix=f"{digest[:5]}{i}")
+        _start_pod(st, rs, suffix=f"{digest[:5]}{i}")
+    meta.setdefault("annotations", {})[REVISION] = "1"
     dep["status"] = {
         "observedGeneration": meta["generation"],
         "replicas": want,
@@ -718,7 +621,7 @@ def _start_pod(st: StandIn, rs: Obj, suffix: str) -> str:
         "status": {"phase": "Pending"},
     }
     st.put(pod)
-    _born(st, pod)
+    st.life.born.add(pod["metadata"]["uid"])  # the kubelet runs it (``_progress``)
     return name
 
 
@@ -791,13 +694,6 @@ class Server:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
-    def release_rollouts(self) -> None:
-        def release(st: StandIn) -> None:
-            st.life.rollouts.extend(k for k in st.held if k not in st.life.rollouts)
-            st.held.clear()
-
-        self.call(release)
-
     def write_kubeconfig(self, path: Path) -> Path:
         path.write_text(kubeconfig(self.standin.url))
         return path
@@ -838,10 +734,6 @@ def validate(st: StandIn, plural: str, ns: str, body: Obj) -> web.Response | Non
     return None if refusal is None else _status(*refusal)
 
 
-def missing_service_account(st: StandIn, ns: str, pod_spec: Obj) -> str | None:
-    return rules.missing_service_account(st.objects, ns, pod_spec)
-
-
 def _authorize(st: StandIn, request: web.Request) -> web.Response | None:
     """403 when the RBAC rules granted to the test refuse the request (kube_standin_rules)."""
     refusal = rules.authorize(st.rbac, st.minor, request.method, request.path, dict(request.query))
@@ -857,55 +749,26 @@ def dump(st: StandIn) -> str:
 # Lifecycle: what a real API server and its controllers do over time, run on every request
 # (``_advance``) so it happens between requests, never inside the one that asked.
 #
-# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes after its grace
-#   period; anything else goes at once, a Namespace's content and an object's dependents
-#   (``ownerReferences``) with it.  (Terminating namespaces run on the plane.)
+# * DELETE (``_delete``): a Pod gets a ``deletionTimestamp`` and goes at the next request;
+#   anything else goes at once, a Namespace's content and an object's dependents
+#   (``ownerReferences``) with it.  (Grace periods and Terminating namespaces run on the
+#   plane.)
 # * A create into an absent namespace is 404 (the NamespaceLifecycle admission plugin).
-# * Pods (``_progress``): Pending, ContainerCreating, Running not Ready, then Ready, over
-#   ``Timing``; a Deployment rolls out after the apply, under Recreate once the previous
-#   ReplicaSet's Pods are gone.
-# * A LeaderWorkerSet gets its groups' Pods (leader ``NAME-G``, workers ``NAME-G-W``) and
-#   the status its controller writes in ``Lifecycle.lws_version``: ``observedGeneration``
-#   only from v0.9.0, a condition only once it is first true (lws:
-#   pkg/controllers/leaderworkerset_controller.go).
-#
-# ``Timing`` times are seconds multiplied by ``scale``; at the default scale 0 every step
-# is due at the next request, so tests that do not look at timing stay fast.
-
-
-@dataclass
-class Timing:
-    scale: float = 0.0
-    schedule_s: float = 1.0  # Pending, not yet on a node
-    create_s: float = 5.0  # on the node: ContainerCreating (image, volumes)
-    start_s: float = 10.0  # Running, not yet Ready (the engine loading)
-    grace_s: float = 30.0  # a deleted Pod's containers stopping, when its spec says nothing
-
-    def due(self, seconds: float, since: float, now: float) -> bool:
-        return now - since >= seconds * self.scale
+# * Pods (``_progress``): a controller's new Pod is on node-1, Running and Ready at the next
+#   request (its phases over time run on the plane); a Deployment rolls out at the next
+#   request after its apply.  (A LeaderWorkerSet is stored, never rolled out: its
+#   controller runs on the plane.)
 
 
 @dataclass
 class Lifecycle:
-    timing: Timing = field(default_factory=Timing)
-    lws_version: str = "v0.9.0"
-    forward_resets: dict[str, int] = field(default_factory=dict)
-    born: dict[str, float] = field(default_factory=dict)  # Pod uid -> created
-    deleting: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    born: set[str] = field(default_factory=set)  # Pod uids the kubelet has yet to start
+    deleting: set[tuple[str, str, str]] = field(default_factory=set)
     rollouts: list[tuple[str, str, str]] = field(default_factory=list)  # queued applies
-    rolled: set[tuple[str, str, str]] = field(default_factory=set)  # LWS with a controller
-    # (reason, message) the kubelet emits for every new Pod, as Warning Events
-    pod_events: list[tuple[str, str]] = field(default_factory=list)
-
-
-LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
-LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
-LWS_HASH = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 
 
 def _digest(template: Obj) -> str:
-    """A template's hash, as a ``pod-template-hash`` or ``template-revision-hash`` label."""
+    """A template's hash, as a ``pod-template-hash`` label."""
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -951,12 +814,12 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
     if meta.get("deletionTimestamp"):
         return copy.deepcopy(obj)
     plural = key[0]
-    now = time.monotonic()
     if plural == "pods":
         meta["deletionTimestamp"] = _now_text()
-        grace = obj["spec"].get("terminationGracePeriodSeconds", st.life.timing.grace_s)
-        meta["deletionGracePeriodSeconds"] = int(grace)
-        st.life.deleting[key] = now
+        meta["deletionGracePeriodSeconds"] = int(
+            obj["spec"].get("terminationGracePeriodSeconds", 30)
+        )
+        st.life.deleting.add(key)
     elif plural == "namespaces":  # with its content (Terminating runs on the plane)
         for k in [k for k in st.objects if k[1] == key[2]]:
             _delete(st, k)
@@ -970,83 +833,28 @@ def _delete(st: StandIn, key: tuple[str, str, str], policy: str = "") -> Obj | N
     return copy.deepcopy(obj)
 
 
-def _finish_deletions(st: StandIn, now: float) -> bool:
-    """One pass of the kubelet over the Pods being deleted: each goes once its grace period
-    has passed; whether anything changed."""
-    changed = False
-    timing = st.life.timing
-    for key, since in list(st.life.deleting.items()):
-        obj = st.objects.get(key)
-        if obj is None:
-            del st.life.deleting[key]
-            continue
-        grace = obj["metadata"].get("deletionGracePeriodSeconds")
-        if timing.due(timing.grace_s if grace is None else float(grace), since, now):
-            del st.objects[key]
-            del st.life.deleting[key]
-            st.life.born.pop(obj["metadata"].get("uid", ""), None)
-            changed = True
-    return changed
-
-
-def _progress(st: StandIn, pod: Obj, now: float) -> None:
-    """A Pod's status after its time since creation, as the scheduler and kubelet write it."""
+def _progress(st: StandIn, pod: Obj) -> None:
+    """A new Pod of a controller's, as the scheduler and kubelet write it once it is Ready."""
     meta = pod["metadata"]
-    born = st.life.born.get(meta.get("uid", ""))
-    if born is None or meta.get("deletionTimestamp"):
+    if meta.get("uid") not in st.life.born or meta.get("deletionTimestamp"):
         return
-    t = st.life.timing
-    steps = [t.schedule_s, t.create_s, t.start_s]
-    at = [sum(steps[: i + 1]) for i in range(3)]
-    stage = sum(1 for s in at if t.due(s, born, now))
+    st.life.born.discard(meta["uid"])
     stamp = _now_text()
-    status = pod["status"]
-    containers = pod["spec"]["containers"]
-
-    def conditions(*true: str) -> list[Obj]:
-        kinds = ("Initialized", "PodScheduled", "ContainersReady", "Ready")
-        return [
-            {"type": k, "status": "True" if k in true else "False", "lastTransitionTime": stamp}
-            for k in kinds
-            if stage or k == "PodScheduled"
-        ]
-
-    if stage == 0:
-        status.clear()
-        status["phase"] = "Pending"
-        return
     pod["spec"].setdefault("nodeName", "node-1")
-    status.setdefault("startTime", stamp)
-    old = {c.get("type"): c for c in status.get("conditions") or ()}
-    if stage == 1:
-        state: Obj = {"waiting": {"reason": "ContainerCreating"}}
-        status.update(phase="Pending", conditions=conditions("Initialized", "PodScheduled"))
-    elif stage == 2:
-        state = {"running": {"startedAt": stamp}}
-        pod_ip(pod)
-        status.update(phase="Running", conditions=conditions("Initialized", "PodScheduled"))
-    else:
-        state = {"running": {"startedAt": stamp}}
-        pod_ip(pod)
-        ready = conditions("Initialized", "PodScheduled", "ContainersReady", "Ready")
-        status.update(phase="Running", conditions=ready)
-    for c in status["conditions"]:  # a condition keeps its time while it holds
-        before = old.get(c["type"])
-        if before is not None and before.get("status") == c["status"]:
-            c["lastTransitionTime"] = before["lastTransitionTime"]
-    kept = {c["name"]: c for c in status.get("containerStatuses") or ()}
-    status["containerStatuses"] = [
+    pod_ip(pod)
+    kinds = ("Initialized", "PodScheduled", "ContainersReady", "Ready")
+    conditions = [{"type": k, "status": "True", "lastTransitionTime": stamp} for k in kinds]
+    pod["status"].update(phase="Running", startTime=stamp, conditions=conditions)
+    pod["status"]["containerStatuses"] = [
         {
             "name": c["name"],
             "image": c["image"],
-            "ready": stage == 3,
-            "started": stage >= 2,
-            "restartCount": kept.get(c["name"], {}).get("restartCount", 0),
-            "state": (kept.get(c["name"]) or {}).get("state")
-            if "running" in ((kept.get(c["name"]) or {}).get("state") or {}) and stage >= 2
-            else state,
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": stamp}},
         }
-        for c in containers
+        for c in pod["spec"]["containers"]
     ]
 
 
@@ -1063,326 +871,14 @@ def pod_ip(pod: Obj) -> str:
 
 def _advance(st: StandIn) -> None:
     """Everything the controllers and kubelets have done since the last request."""
-    now = time.monotonic()
-    for _ in range(20):
-        changed = _finish_deletions(st, now)
-        for key in list(st.life.rollouts):
-            obj = st.objects.get(key)
-            if obj is None or obj["metadata"].get("deletionTimestamp"):
-                st.life.rollouts.remove(key)
-            elif _ready_to_roll(st, obj):
-                st.life.rollouts.remove(key)
-                (_roll_out if key[0] == "deployments" else _roll_out_lws)(st, obj)
-                changed = True
-        if not changed:
-            break
-    for key, obj in list(st.objects.items()):
-        if key[0] == "jobs" and key in st.objects:
-            _run_job(st, obj)
+    for key in st.life.deleting:  # the kubelet: a Pod being deleted goes
+        st.objects.pop(key, None)
+    st.life.deleting.clear()
+    for key in st.life.rollouts:
+        obj = st.objects.get(key)
+        if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+            _roll_out(st, obj)
+    st.life.rollouts.clear()
     for key, obj in st.objects.items():
         if key[0] == "pods":
-            _progress(st, obj, now)
-    for key, obj in st.objects.items():
-        if key in st.life.rolled:
-            _lws_status(st, obj)
-
-
-JOB_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-def _run_job(st: StandIn, job: Obj) -> None:
-    """One pass of the Job controller and the scheduler over an Indexed Job (kubernetes
-    pkg/controller/job, as of 1.31): a Pod per index not yet made, created one request
-    after the Job (the controller acts after the create, never inside it), named
-    ``JOB-INDEX-RANDOM`` with its index in an annotation and a label, hostname
-    ``JOB-INDEX`` under the template's subdomain; the scheduler then binds each to node-1
-    (or leaves it Pending, ``PodScheduled`` False, ``Unschedulable``, with
-    ``unschedulable`` as its message).  Their phases after that are their kubelet's (the
-    test's: ``set_pod_status``).  The Job's status counts its Pods; with ``backoffLimit``
-    failures exceeded it is Failed (``BackoffLimitExceeded``) and its running Pods are
-    deleted; with every index succeeded it is Complete.  A Pod the namespace's Pod
-    Security level refuses is not created: a ``FailedCreate`` Warning on the Job says why."""
-    meta = job["metadata"]
-    if meta.get("deletionTimestamp"):
-        return
-    spec = job["spec"]
-    ns, uid = meta["namespace"], meta["uid"]
-    status = job.setdefault("status", {})
-    pods = [
-        o
-        for (p, n, _), o in list(st.objects.items())
-        if p == "pods" and n == ns and _owned_by(o, job)
-    ]
-    done = any(c.get("status") == "True" for c in status.get("conditions") or ())
-    if "startTime" not in status:
-        status["startTime"] = _now_text()  # this pass is the controller's first look
-        st._stamp(job)
-        return
-    have = {int(o["metadata"]["annotations"][JOB_INDEX]) for o in pods}
-    template = spec["template"]
-    for i in range(int(spec.get("completions", 1))):
-        if i in have or done:
-            continue
-        labels = {
-            **(template.get("metadata", {}).get("labels") or {}),
-            "batch.kubernetes.io/controller-uid": uid,
-            "batch.kubernetes.io/job-name": meta["name"],
-            "controller-uid": uid,
-            "job-name": meta["name"],
-            JOB_INDEX: str(i),
-        }
-        pod_spec = copy.deepcopy(template["spec"])
-        pod_spec["hostname"] = f"{meta['name']}-{i}"
-        pod: Obj = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name']}-{i}-{uuid.uuid4().hex[:5]}",
-                "namespace": ns,
-                "labels": labels,
-                "annotations": {
-                    **(template.get("metadata", {}).get("annotations") or {}),
-                    JOB_INDEX: str(i),
-                },
-                "ownerReferences": [_owner(job)],
-            },
-            "spec": pod_spec,
-            "status": {"phase": "Pending", "qosClass": "Burstable"},
-        }
-        st.put(pod)
-        st.created_pods.append((ns, pod["metadata"]["name"]))
-    for pod in pods:  # the scheduler
-        if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
-            continue
-        stamp = _now_text()
-        if st.unschedulable:
-            cond = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": st.unschedulable,
-                "lastTransitionTime": stamp,
-            }
-        else:
-            pod["spec"]["nodeName"] = "node-1"
-            cond = {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}
-        pod["status"]["conditions"] = [cond]
-        st._stamp(pod)
-    phases = [o.get("status", {}).get("phase") for o in pods]
-    failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
-    status.update(
-        active=sum(1 for ph in phases if ph in ("Pending", "Running")),
-        failed=failed,
-        succeeded=succeeded,
-        ready=sum(1 for o in pods if _pod_ready(o)),
-        completedIndexes=",".join(
-            o["metadata"]["annotations"][JOB_INDEX]
-            for o in sorted(pods, key=lambda o: int(o["metadata"]["annotations"][JOB_INDEX]))
-            if o.get("status", {}).get("phase") == "Succeeded"
-        ),
-    )
-    if done:
-        return
-    stamp = _now_text()
-    if failed > int(spec.get("backoffLimit", 6)):
-        why = {
-            "reason": "BackoffLimitExceeded",
-            "message": "Job has reached the specified backoff limit",
-        }
-        status["conditions"] = [
-            {"type": "FailureTarget", "status": "True", "lastTransitionTime": stamp, **why},
-            {"type": "Failed", "status": "True", "lastTransitionTime": stamp, **why},
-        ]
-        for o in pods:
-            if o.get("status", {}).get("phase") in ("Pending", "Running"):
-                m = o["metadata"]
-                _delete(st, ("pods", m["namespace"], m["name"]))
-    elif succeeded == int(spec.get("completions", 1)):
-        status["completionTime"] = stamp
-        status["conditions"] = [
-            {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
-            {"type": "Complete", "status": "True", "lastTransitionTime": stamp},
-        ]
-    st._stamp(job)
-
-
-def _ready_to_roll(st: StandIn, obj: Obj) -> bool:
-    """The previous template's Pods are stopped first (Recreate, and a LeaderWorkerSet's
-    groups here), the new ones made after."""
-    meta = obj["metadata"]
-    if obj["kind"] == "Deployment":
-        label, template = "pod-template-hash", obj["spec"]["template"]
-    else:
-        label, template = LWS_HASH, obj["spec"]["leaderWorkerTemplate"]
-    digest = _digest(template)
-
-    def mine(pod: Obj) -> bool:
-        if obj["kind"] != "Deployment":
-            return (pod["metadata"].get("labels") or {}).get(LWS_NAME) == meta["name"]
-        return any(_owned_by(rs, obj) and _owned_by(pod, rs) for rs in st.objects.values())
-
-    old = [
-        k
-        for k, o in st.objects.items()
-        if k[0] == "pods"
-        and k[1] == meta["namespace"]
-        and (o["metadata"].get("labels") or {}).get(label) not in (None, digest)
-        and mine(o)
-    ]
-    for k in old:
-        _delete(st, k)
-    return not old
-
-
-def _roll_out_lws(st: StandIn, lws: Obj) -> None:
-    """What the LeaderWorkerSet controller and its StatefulSets make: ``replicas`` groups of
-    ``size`` Pods (the leader NAME-G, workers NAME-G-W), owned here by the set itself; a
-    group of another template is replaced."""
-    meta = lws["metadata"]
-    spec = lws["spec"]
-    lwt = spec["leaderWorkerTemplate"]
-    digest = _digest(lwt)
-    st.life.rolled.add(("leaderworkersets", meta["namespace"], meta["name"]))
-    for g in range(int(spec.get("replicas", 1))):
-        for w in range(int(lwt.get("size", 1))):
-            name = f"{meta['name']}-{g}" + (f"-{w}" if w else "")
-            if ("pods", meta["namespace"], name) in st.objects:
-                continue
-            template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
-            labels = {
-                **template["metadata"].get("labels", {}),
-                LWS_NAME: meta["name"],
-                LWS_GROUP: str(g),
-                LWS_WORKER: str(w),
-                LWS_HASH: digest,
-            }
-            pod: Obj = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "namespace": meta["namespace"],
-                    "labels": labels,
-                    "ownerReferences": [_owner(lws)],
-                },
-                "spec": copy.deepcopy(template["spec"]),
-                "status": {"phase": "Pending"},
-            }
-            st.put(pod)
-            _born(st, pod)
-
-
-def _born(st: StandIn, pod: Obj) -> None:
-    """A new Pod: the kubelet runs it from now (``_progress``) and emits ``pod_events``."""
-    meta = pod["metadata"]
-    st.life.born[meta["uid"]] = time.monotonic()
-    for i, (reason, message) in enumerate(st.life.pod_events):
-        stamp = _now_text()
-        st.put(
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": f"{meta['name']}.{i:x}", "namespace": meta["namespace"]},
-                "involvedObject": {
-                    "kind": "Pod",
-                    "name": meta["name"],
-                    "namespace": meta["namespace"],
-                    "uid": meta["uid"],
-                },
-                "reason": reason,
-                "message": message,
-                "type": "Warning",
-                "count": 1,
-                "firstTimestamp": stamp,
-                "lastTimestamp": stamp,
-                "source": {"component": "kubelet", "host": "node-1"},
-            }
-        )
-
-
-def _lws_status(st: StandIn, lws: Obj) -> None:
-    """The status the LeaderWorkerSet controller of ``lws_version`` writes."""
-    meta = lws["metadata"]
-    spec = lws["spec"]
-    lwt = spec["leaderWorkerTemplate"]
-    digest = _digest(lwt)
-    groups: dict[str, list[Obj]] = {}
-    for (p, ns, _), o in st.objects.items():
-        labels = o["metadata"].get("labels") or {}
-        if p == "pods" and ns == meta["namespace"] and labels.get(LWS_NAME) == meta["name"]:
-            groups.setdefault(labels[LWS_GROUP], []).append(o)
-    size = int(lwt.get("size", 1))
-    ready = sum(
-        1
-        for members in groups.values()
-        if len(members) == size
-        and all(_pod_ready(m) and not m["metadata"].get("deletionTimestamp") for m in members)
-    )
-    updated = sum(
-        1
-        for members in groups.values()
-        if all(m["metadata"]["labels"].get(LWS_HASH) == digest for m in members)
-    )
-    want = int(spec.get("replicas", 1))
-    available = ready >= want
-    old = {c["type"]: c for c in (lws.get("status") or {}).get("conditions") or ()}
-
-    def cond(kind: str, true: bool, reason: str, message: str) -> Obj | None:
-        if not true and kind not in old:
-            return None  # a condition is added only once it is true
-        c = {
-            "type": kind,
-            "status": "True" if true else "False",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": _now_text(),
-        }
-        if kind in old and old[kind]["status"] == c["status"]:
-            c["lastTransitionTime"] = old[kind]["lastTransitionTime"]
-        if _lws_at_least(st.life.lws_version, (0, 9)):
-            c["observedGeneration"] = meta.get("generation", 1)
-        return c
-
-    conditions = [
-        cond("Available", available, "AllGroupsReady", "All replicas are ready"),
-        cond("Progressing", not available, "GroupsProgressing", "Replicas are progressing"),
-    ]
-    status: Obj = {
-        "conditions": [c for c in conditions if c is not None],
-        "hpaPodSelector": f"{LWS_NAME}={meta['name']},{LWS_WORKER}=0",
-    }
-    for k, v in (("readyReplicas", ready), ("updatedReplicas", updated), ("replicas", len(groups))):
-        if v:
-            status[k] = v  # omitempty
-    if _lws_at_least(st.life.lws_version, (0, 9)):
-        status["observedGeneration"] = meta.get("generation", 1)
-    lws["status"] = status
-
-
-def _lws_at_least(version: str, want: tuple[int, int]) -> bool:
-    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
-    return (major, minor) >= want
-
-
-def _pod_ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
-
-
-def _take_reset(st: StandIn, role: str) -> bool:
-    left = st.life.forward_resets.get(role, 0)
-    if left <= 0:
-        return False
-    st.life.forward_resets[role] = left - 1
-    return True
-
-
-def reset_message(port: int, uid: str) -> str:
-    """The kubelet's error-channel text for a connection the container reset (containerd#9875)."""
-    return (
-        f"error forwarding port {port} to pod {uid}, uid : failed to execute portforward in "
-        f'network namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:'
-        f"{port}: read: connection reset by peer"
-    )
+            _progress(st, obj)

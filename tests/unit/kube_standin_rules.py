@@ -1,6 +1,6 @@
 """What the stand-in API server (tests/unit/kube_standin.py) decides as the real one does,
-apart from its HTTP: validation (422 Invalid), a Pod's admission (its ServiceAccount, Pod
-Security) and RBAC authorization.  Each rule is written here from Kubernetes' own sources
+apart from its HTTP: validation (422 Invalid), a Pod's admission (its ServiceAccount) and
+RBAC authorization.  Each rule is written here from Kubernetes' own sources
 (cited per section), not from servebook's code, so servebook is tested against them.
 A refusal is (code, reason, message, details) for the server's Status body.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
@@ -107,15 +106,7 @@ def invalid(
 # not exist (plugin/pkg/admission/serviceaccount: "error looking up service account
 # NS/NAME"); a dry run stores nothing, so an account dry-run in the same set does not
 # count.  The namespace's "default" account is taken as made (its controller makes it).
-# Pod Security Admission's checks (k8s.io/pod-security-admission/policy), baseline and
-# restricted, for what servebook's Pods carry: hostPath volumes and added capabilities
-# (baseline allows only its default set, which has no IPC_LOCK), and restricted's volume
-# types, privilege escalation, dropped capabilities, non-root and seccomp.
-
-BASELINE_CAPABILITIES = {
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-}  # fmt: skip
+# (Pod Security Admission runs on the plane: tests/cluster/test_scenarios.py.)
 
 
 def missing_service_account(
@@ -125,98 +116,6 @@ def missing_service_account(
     if account == "default" or ("serviceaccounts", ns, account) in objects:
         return None
     return account
-
-
-def _quote(names: list[str]) -> str:
-    return ", ".join(f'"{n}"' for n in names)
-
-
-def _plural(word: str, n: int) -> str:
-    return word if n == 1 else word + "s"
-
-
-def _who(names: list[str], pod: bool = False) -> str:
-    """``container "a"`` / ``containers "a", "b"`` (``pod or ...`` where the Pod's own
-    securityContext would do), as Pod Security names them."""
-    return ("pod or " if pod else "") + f"{_plural('container', len(names))} {_quote(names)}"
-
-
-def _added_capabilities(containers: list[Obj], allowed: frozenset[str] | set[str]) -> str:
-    caps: dict[str, list[str]] = {}
-    for c in containers:
-        added = ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
-        bad = [a for a in added if a not in allowed]
-        if bad:
-            caps[c["name"]] = bad
-    if not caps:
-        return ""
-    forbidden = sorted({a for v in caps.values() for a in v})
-    return (
-        f"{_who(list(caps))} must not include {_quote(forbidden)} in "
-        "securityContext.capabilities.add"
-    )
-
-
-def pod_security_violations(level: str, pod_spec: Obj) -> str:
-    """PSA's forbidden reasons and details for ``pod_spec`` at ``level`` (empty: allowed),
-    for the fields servebook writes, in the words and the order (of the check IDs) the test
-    plane's API server (Kubernetes 1.37) refused such Pods with.  At ``restricted`` its
-    checks replace baseline's for capabilities and volumes."""
-    containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
-    host = [v["name"] for v in pod_spec.get("volumes") or () if "hostPath" in v]
-    out = []
-    if level != "restricted":
-        added = _added_capabilities(containers, BASELINE_CAPABILITIES)
-        if added:
-            out.append(f"non-default capabilities ({added})")
-        if host:
-            out.append(f"hostPath volumes ({_plural('volume', len(host))} {_quote(host)})")
-        return ", ".join(out)
-    pod_sc = pod_spec.get("securityContext") or {}
-
-    def failing(ok: Callable[[Obj], bool]) -> list[str]:
-        return [c["name"] for c in containers if not ok(c.get("securityContext") or {})]
-
-    escalating = failing(lambda sc: sc.get("allowPrivilegeEscalation") is False)
-    if escalating:
-        out.append(
-            f"allowPrivilegeEscalation != false ({_who(escalating)} must set "
-            "securityContext.allowPrivilegeEscalation=false)"
-        )
-    undropped = failing(lambda sc: "ALL" in ((sc.get("capabilities") or {}).get("drop") or []))
-    parts = []
-    if undropped:
-        parts.append(f'{_who(undropped)} must set securityContext.capabilities.drop=["ALL"]')
-    added = _added_capabilities(containers, {"NET_BIND_SERVICE"})
-    if added:
-        parts.append(added)
-    if parts:
-        out.append(f"unrestricted capabilities ({'; '.join(parts)})")
-    if host:
-        verb = "uses" if len(host) == 1 else "use"
-        out.append(
-            f"restricted volume types ({_plural('volume', len(host))} {_quote(host)} {verb} "
-            'restricted volume type "hostPath")'
-        )
-    root = failing(lambda sc: sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True)
-    if root:
-        out.append(
-            f"runAsNonRoot != true ({_who(root, pod=True)} must set "
-            "securityContext.runAsNonRoot=true)"
-        )
-    pod_profile = (pod_sc.get("seccompProfile") or {}).get("type")
-    unconfined = failing(
-        lambda sc: (
-            (sc.get("seccompProfile") or {}).get("type", pod_profile)
-            in ("RuntimeDefault", "Localhost")
-        )
-    )
-    if unconfined:
-        out.append(
-            f"seccompProfile ({_who(unconfined, pod=True)} must set "
-            'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")'
-        )
-    return ", ".join(out)
 
 
 # ---------------------------------------------------------------------------------------

@@ -367,3 +367,31 @@ def test_a_mount_error_that_persists_fails_and_one_that_passed_does_not() -> Non
 
 
 MOUNT_GRACE = 130
+
+
+# The kubelet's passing mount error (kubernetes#105204), as it words it: every Pod may get it
+# before the namespace's root CA is registered with its kubelet, then runs.
+ROOT_CA = (
+    'MountVolume.SetUp failed for volume "kube-api-access-2kx5l" : '
+    '[object "moe-pd"/"kube-root-ca.crt" not registered]'
+)
+
+
+def test_a_passing_failed_mount_does_not_fail_a_ready_pods_role() -> None:
+    """Issue 23 point 4: a Ready Pod whose events hold the kubelet's FailedMount of the root
+    CA is ready, long after the mount grace."""
+    items: list[dict[str, Any]] = json.loads((FIXTURES / "ready.json").read_text())["items"]
+    pods = [i for i in items if i["kind"] == "Pod" and not i["metadata"].get("deletionTimestamp")]
+    mount = {
+        "kind": "Event",
+        "type": "Warning",
+        "involvedObject": {"kind": "Pod", "name": pods[-1]["metadata"]["name"]},
+        "reason": "FailedMount",
+        "message": ROOT_CA,
+        "count": 1,
+        "firstTimestamp": "2026-11-30T10:00:06Z",
+        "lastTimestamp": "2026-11-30T10:00:06Z",
+    }
+    now = APPLIED + timedelta(seconds=MOUNT_GRACE + 60)
+    s = role_state("prefill", "vllm-pd-prefill", pods, [mount], now=now, started=APPLIED)
+    assert s.state == "ready", s.summary

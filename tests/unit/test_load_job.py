@@ -259,3 +259,36 @@ def test_load_kinds_are_the_kinds_the_load_job_creates() -> None:
         )  # fmt: skip
         made |= {(o["apiVersion"], o["kind"]) for o in lj.load_objects(job, b"PK")}
     assert made == set(lj.LOAD_KINDS)
+
+
+def test_a_key_given_here_travels_in_the_jobs_secret_and_reaches_the_agents_as_vllm_api_key() -> (
+    None
+):
+    """`bench NAME --api-key KEY` of a deployment on Kubernetes: the key is an entry of the
+    Job's own Secret, which every agent reads as VLLM_API_KEY (the kubelet resolves it, as
+    it resolves the agents' token from the same Secret on the plane); without one the
+    agents read the engines' own Secret references instead."""
+    engines_ref = [
+        {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "e", "key": "k"}}}
+    ]
+
+    def made(api_key: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        job = lj.LoadJob(
+            deployment="d", namespace="n", run="r1", image="i:1", agents=2, settings={},
+            token="t", api_key=api_key, api_key_env=engines_ref,
+        )  # fmt: skip
+        objects = {o["kind"]: o for o in lj.load_objects(job, b"PK")}
+        (container,) = objects["Job"]["spec"]["template"]["spec"]["containers"]
+        keys = [e for e in container["env"] if e["name"] == "VLLM_API_KEY"]
+        return objects["Secret"], keys
+
+    secret, keys = made("sk-given-here")
+    assert secret["stringData"][lj.API_KEY_KEY] == "sk-given-here"
+    assert keys == [
+        {
+            "name": "VLLM_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "d-bench-r1-token", "key": lj.API_KEY_KEY}},
+        }
+    ]
+    secret, keys = made(None)
+    assert lj.API_KEY_KEY not in secret["stringData"] and keys == engines_ref

@@ -26,7 +26,13 @@ import pytest
 
 from servebook.errors import UsageError
 from servebook.kube.kr8s_dialer import PORTFORWARD_PROTOCOL, Kr8sDialer, kr8s_pod_identity
-from servebook.kube.portforward import ForwardFailed, Forwards, ForwardUnavailable, Stream
+from servebook.kube.portforward import (
+    REPORTED_IN_A_ROW,
+    ForwardFailed,
+    Forwards,
+    ForwardUnavailable,
+    Stream,
+)
 from tests.unit.kube_standin import kubeconfig, relay_port
 
 pytestmark = pytest.mark.timeout(30)
@@ -384,6 +390,14 @@ PORT_ERROR = (
 )
 
 
+# The kubelet's error-channel text for a connection the container reset (containerd#9875).
+RESET_ERROR = (
+    "error forwarding port 8000 to pod uid-1, uid : failed to execute portforward in network "
+    'namespace "/var/run/netns/cni-1": read tcp4 127.0.0.1:41234->127.0.0.1:8000: read: '
+    "connection reset by peer"
+)
+
+
 class StandInApiServer:
     """A small Kubernetes API server: /version, pods list, and pods/portforward over the
     v4.channel.k8s.io WebSocket protocol, relaying to the stand-in Pod."""
@@ -396,6 +410,7 @@ class StandInApiServer:
             ERROR_POD: {"uid": "uid-e", "restarts": 0},
             FORBIDDEN_POD: {"uid": "uid-f", "restarts": 0},
         }
+        self.resets = 0  # streams to answer as the kubelet answers a reset connection
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -485,8 +500,10 @@ class StandInApiServer:
         prefix = int(request.query["ports"]).to_bytes(2, "little")
         await ws.send_bytes(b"\x00" + prefix)
         await ws.send_bytes(b"\x01" + prefix)
-        if name == ERROR_POD:
-            await ws.send_bytes(b"\x01" + PORT_ERROR.encode())
+        if name == ERROR_POD or self.resets > 0:
+            reset = name != ERROR_POD
+            self.resets -= reset
+            await ws.send_bytes(b"\x01" + (RESET_ERROR if reset else PORT_ERROR).encode())
             await ws.close()
             return ws
         reader, writer = await asyncio.open_connection("127.0.0.1", self.pod_port)
@@ -544,6 +561,28 @@ def test_an_error_on_the_error_channel_is_a_failure_naming_the_role(
         with pytest.raises(ForwardFailed) as e:
             fw.check()
         assert e.value.role == "prefill"
+
+
+def test_one_reset_stream_fails_that_request_alone_not_the_roles_forwards(
+    kube_api: Any, apiserver: StandInApiServer
+) -> None:
+    """Issue 23 point 6: the kubelet reports ordinary connection resets on a port-forward's
+    error channel (containerd#9875); one fails that stream alone, not every forward of the
+    role; resets on every stream are the Pod's problem, and the forward fails then.  (The
+    test plane's node agent does not report a reset on the error channel.)"""
+    apiserver.resets = 1
+    with kube_forwards(kube_api) as fw:
+        url = fw.open(role="decode", pod=POD, namespace=NS, remote_port=8000)
+        with pytest.raises(CLIENT_FAILS):
+            get(url + "/first")  # the reset one
+        assert get(url + "/second") == b"pod-answer /second"
+        assert fw.problems() == {} and fw.alive("decode")
+        fw.check()
+        apiserver.resets = REPORTED_IN_A_ROW
+        for _ in range(REPORTED_IN_A_ROW):
+            with pytest.raises(CLIENT_FAILS):
+                get(url + "/again")
+        assert "connection reset by peer" in fw.problems()["decode"]
 
 
 # A 403 on the upgrade (RBAC), with the words servebook adds, is a scenario run against the

@@ -14,7 +14,7 @@ from servebook.findings import Severity
 from servebook.preflight.live import PREFLIGHT_NAMESPACE_PREFIX
 from servebook.preflight.probe_pod import pod_manifest, probe_targets
 from tests.conftest import GPU_PD_SETS, CliResult
-from tests.unit.kube_standin import Kubelet, Server, StandIn, serve
+from tests.unit.kube_standin import Kubelet, Server, serve
 from tests.unit.preflight_standin import (
     KIMI_K2_FP8_BYTES,
     LLAMA_70B_BYTES,
@@ -210,13 +210,6 @@ def test_access_review_asks_for_namespace_create_when_up_would_create_it(
 # --- SB264: the server-side dry run --------------------------------------------------------
 
 
-def label_namespace(server: Server, name: str, labels: dict[str, str]) -> None:
-    def go(st: StandIn) -> None:
-        st.objects[("namespaces", "", name)]["metadata"].setdefault("labels", {}).update(labels)
-
-    server.call(go)
-
-
 def test_dry_run_passes_on_a_namespace_that_admits_everything(
     preflight_cluster: tuple[Server, Path],
 ) -> None:
@@ -228,11 +221,30 @@ def test_dry_run_passes_on_a_namespace_that_admits_everything(
     assert server.standin.names("deployments", "servebook") == []
 
 
+# Pod Security's words at `restricted` for the three Pods, as the plane's API server refuses
+# them (tests/cluster/test_scenarios.py runs the level itself): the engines mount their
+# weights by hostPath, and the router runs as root without dropping ALL capabilities.
+RESTRICTED = {
+    "vllm-pd-router": 'runAsNonRoot != true (pod or container "router" must set '
+    "securityContext.runAsNonRoot=true)",
+    "vllm-pd-prefill": 'restricted volume types (volume "model" uses restricted volume type '
+    '"hostPath")',
+    "vllm-pd-decode": 'restricted volume types (volume "model" uses restricted volume type '
+    '"hostPath")',
+}
+
+
 def test_dry_run_reports_every_refusal_at_once(preflight_cluster: tuple[Server, Path]) -> None:
+    """Pod Security refuses each Pod and a policy webhook the router's Deployment: every
+    refusal is named at once, each by its object and the request that met it."""
     server, cfg = preflight_cluster
-    # Pod Security enforces `restricted` (the engines mount their weights by hostPath), and
-    # a policy webhook refuses the router.
-    label_namespace(server, "servebook", {"pod-security.kubernetes.io/enforce": "restricted"})
+    for owner, why in RESTRICTED.items():
+        pod = f"{owner}-servebook-dry-run"
+        server.standin.refuse[f"Pod/{pod}"] = (
+            403,
+            "Forbidden",
+            f'pods "{pod}" is forbidden: violates PodSecurity "restricted:latest": {why}',
+        )
     server.standin.refuse["Deployment/vllm-pd-router"] = (
         400,
         "BadRequest",
@@ -242,14 +254,9 @@ def test_dry_run_reports_every_refusal_at_once(preflight_cluster: tuple[Server, 
     )
     (adm,) = by_check(run(cfg, plan()), "SB264")
     assert adm.severity is Severity.FAIL
-    # restricted refuses the router's Pod too: it runs as root without dropping ALL
-    # capabilities, as Pod Security's restricted level words it.
     assert "refuses 4 of the" in adm.message
     assert "Pod/vllm-pd-router-servebook-dry-run" in adm.message
-    assert (
-        'runAsNonRoot != true (pod or container "router" must set '
-        "securityContext.runAsNonRoot=true)"
-    ) in adm.message
+    assert RESTRICTED["vllm-pd-router"] in adm.message
     assert (
         "Pod/vllm-pd-prefill-servebook-dry-run (the Pods of Deployment/vllm-pd-prefill): "
         "Pod Security" in adm.message
@@ -260,16 +267,6 @@ def test_dry_run_reports_every_refusal_at_once(preflight_cluster: tuple[Server, 
     assert "PATCH /apis/apps/v1/namespaces/servebook/deployments/vllm-pd-router?dryRun=All" in (
         adm.message
     )
-
-
-def test_dry_run_warns_of_pod_security_warnings_on_workloads(
-    preflight_cluster: tuple[Server, Path],
-) -> None:
-    server, cfg = preflight_cluster
-    label_namespace(server, "servebook", {"pod-security.kubernetes.io/warn": "baseline"})
-    (adm,) = by_check(run(cfg, plan()), "SB264")
-    assert adm.severity is Severity.WARN
-    assert 'Deployment/vllm-pd-prefill: would violate PodSecurity "baseline:latest"' in adm.message
 
 
 # --- SB262 from the probe ---------------------------------------------------------------

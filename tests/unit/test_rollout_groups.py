@@ -105,6 +105,43 @@ def test_an_unobserved_generation_is_waiting_even_with_ready_pods() -> None:
     assert s.state == "waiting" and "not yet observed" in s.summary
 
 
+# --- LeaderWorkerSet releases before v0.9.0 (issue 23 point 1), which the plane cannot run:
+# their controller writes no observedGeneration, only its counters and conditions, each
+# condition added once it is first true (lws: pkg/controllers/leaderworkerset_controller.go).
+
+
+def _before_v0_9(*, moved_at: datetime) -> dict[str, Any]:
+    """A LeaderWorkerSet's status as v0.7/v0.8 write it: one group, its condition moved at
+    ``moved_at``."""
+    stamp = moved_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions = [
+        {"type": "Available", "status": "True", "reason": "AllGroupsReady",
+         "lastTransitionTime": stamp},
+        {"type": "Progressing", "status": "False", "reason": "GroupsProgressing",
+         "lastTransitionTime": stamp},
+    ]  # fmt: skip
+    status = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "conditions": conditions}
+    return {"metadata": {"name": "x-decode-lws", "generation": 1}, "status": status}
+
+
+def test_a_status_without_observed_generation_is_ready_once_a_condition_moved_since_the_apply() -> (
+    None
+):
+    leader = _pod("ready.json", "x-decode-lws-0", 0, 0)
+    worker = _pod("ready.json", "x-decode-lws-0-1", 0, 1)
+    applied = _at(leader)
+
+    def judged(lws: dict[str, Any]) -> RoleState:
+        return group_state("decode", "x-decode-lws", [leader, worker], [], now=applied,
+                           started=applied, replicas=1, size=2, lws=lws, changed=True)  # fmt: skip
+
+    s = judged(_before_v0_9(moved_at=applied + timedelta(seconds=3)))
+    assert s.state == "ready" and s.pod == "x-decode-lws-0", s.summary
+    # Its conditions last moved before this apply: the counters may be the previous spec's.
+    s = judged(_before_v0_9(moved_at=applied - timedelta(minutes=5)))
+    assert s.state == "waiting" and "no observedGeneration before LWS v0.9.0" in s.summary
+
+
 # --- a group that crashes, as the test plane's LeaderWorkerSet controller (v0.9.0) handles it
 # lws-recreate.json is `kubectl get leaderworkersets,pods,events -o json` from the plane,
 # three minutes into an up whose workers exit with code 3 five seconds after they start:
