@@ -63,15 +63,19 @@ def http_probe(path: str, period: int, timeout: int, failures: int) -> Obj:
     }
 
 
-def startup_failures(budget_s: int, period_s: int) -> int:
-    """The startup probe's failureThreshold: ``budget_s`` in probes every ``period_s``."""
-    return max(1, math.ceil(budget_s / period_s))
-
-
-def readiness_failures(period_s: int) -> int:
-    """The readiness probe's failureThreshold: unready after ~30 s of failed probes (3 at
-    Kubernetes' usual 10 s period), whatever the period."""
-    return max(3, math.ceil(READY_GRACE_S / period_s))
+def serving_probes(
+    start_path: str, ready_path: str, k8s: Kubernetes, budget_s: int, ready_timeout_s: int
+) -> Obj:
+    """A serving role's startup and readiness probes, both every ``k8s.probe_period_s``:
+    the startup probe's failures span ``budget_s``; the readiness probe's ~30 s of failed
+    probes (``READY_GRACE_S``; 3 at Kubernetes' usual 10 s period), whatever the period."""
+    period = k8s.probe_period_s
+    return {
+        "startupProbe": http_probe(start_path, period, 5, max(1, math.ceil(budget_s / period))),
+        "readinessProbe": http_probe(
+            ready_path, period, ready_timeout_s, max(3, math.ceil(READY_GRACE_S / period))
+        ),
+    }
 
 
 def gpu_count(role: RolePlan) -> int:
@@ -447,12 +451,8 @@ def _engine_container(
     # A headless worker serves no HTTP: its health is the leader's /health, which fails
     # once any rank of the group died (and the group is recreated with it).
     if member != "worker":
-        period = k8s.probe_period_s
-        container["startupProbe"] = http_probe(
-            vllm.HEALTH_PATH, period, 5, startup_failures(k8s.startup_timeout_s, period)
-        )
-        container["readinessProbe"] = http_probe(
-            vllm.HEALTH_PATH, period, 10, readiness_failures(period)
+        container |= serving_probes(
+            vllm.HEALTH_PATH, vllm.HEALTH_PATH, k8s, k8s.startup_timeout_s, ready_timeout_s=10
         )
         container["livenessProbe"] = http_probe(vllm.HEALTH_PATH, 30, 30, 5)
     return container, ports

@@ -72,8 +72,7 @@ from servebook.kube.engine_pod import (
     engine_pod,
     http_probe,
     pod_identity,
-    readiness_failures,
-    startup_failures,
+    serving_probes,
 )
 from servebook.kube.names import (
     COMPONENT_LABEL,
@@ -402,17 +401,12 @@ def _router_deployment(
         container["env"] = router_env
     container |= {
         "ports": ports,
-        "startupProbe": http_probe(
+        **serving_probes(
             vllm.ROUTER_LIVENESS_PATH,
-            k8s.probe_period_s,
-            5,
-            startup_failures(k8s.startup_timeout_s + 60, k8s.probe_period_s),
-        ),
-        "readinessProbe": http_probe(
             vllm.ROUTER_READINESS_PATH,
-            k8s.probe_period_s,
-            5,
-            readiness_failures(k8s.probe_period_s),
+            k8s,
+            k8s.startup_timeout_s + 60,
+            ready_timeout_s=5,
         ),
         "livenessProbe": http_probe(vllm.ROUTER_LIVENESS_PATH, 30, 10, 5),
     }
