@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -47,10 +47,10 @@ from servebook.bench.protocol import (
 from servebook.bench.saved_requests import write_point_requests
 from servebook.bench.server_tokenizer import ServerTokenizer
 from servebook.bench.sessions import sessions_from, sharegpt_sessions
-from servebook.bench.tokens import load_tokenizer
+from servebook.bench.tokens import Api, load_tokenizer
 from servebook.bench.trace_prompts import dataset_prompts
 from servebook.bench.validity import Thresholds, prefix_hit_bound
-from servebook.bench.workload import PromptSource, RandomPrompts, handoff_lengths
+from servebook.bench.workload import PromptFormat, PromptSource, RandomPrompts, handoff_lengths
 from servebook.console import err, number
 from servebook.errors import ServebookError, UsageError
 from servebook.findings import EXIT_FAIL
@@ -271,12 +271,25 @@ def prompts_from(
     )
 
 
+# The request's shape: each option and the values bench can send (its type's).
+REQUEST_SHAPE = {"api": get_args(Api), "prompt-format": get_args(PromptFormat)}
+
+
+def request_shape_problem(a: BenchArgs) -> tuple[str, str] | None:
+    """``(option, what to choose)`` for the first option of ``REQUEST_SHAPE`` whose value
+    bench cannot send, else None."""
+    for option, allowed in REQUEST_SHAPE.items():
+        if getattr(a, option.replace("-", "_")) not in allowed:
+            return option, f"choose {' or '.join(allowed)}"
+    return None
+
+
 def check_api(a: BenchArgs) -> None:
     """The request's shape: an API and a prompt format bench can send."""
-    if a.api not in ("completions", "chat"):
-        raise UsageError(f"--api {a.api!r}: choose completions or chat")
-    if a.prompt_format not in ("text", "ids"):
-        raise UsageError(f"--prompt-format {a.prompt_format!r}: choose text or ids")
+    bad = request_shape_problem(a)
+    if bad is not None:
+        option, choose = bad
+        raise UsageError(f"--{option} {getattr(a, option.replace('-', '_'))!r}: {choose}")
 
 
 def _single_turn(a: BenchArgs, tokenizer: str | ServerTokenizer, run: int | None) -> PromptSource:

@@ -82,7 +82,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
@@ -185,7 +185,7 @@ class RandomPrompts:
             raise UsageError(
                 f"--input-len and --output-len must be at least 1 (got {input_len}, {output_len})"
             )
-        if prompt_format not in ("text", "ids"):
+        if prompt_format not in get_args(PromptFormat):
             raise UsageError(f"--prompt-format {prompt_format!r}: choose text or ids")
         if prompt_format == "ids" and api != "completions":
             raise UsageError(

@@ -129,19 +129,16 @@ def check_workload(exp: Experiment, arm: Arm, a: BenchArgs) -> None:
     import math
 
     from servebook import inputs
-    from servebook.bench.sweep import check_api
+    from servebook.bench.sweep import request_shape_problem
     from servebook.urls import server_url
 
     def bad(key: str, problem: str, fix: str) -> UsageError:
         return UsageError(f"{exp.path}: {key}: {problem}", hint=fix)
 
-    try:
-        check_api(a)
-    except UsageError as e:
-        key = "api" if str(e).startswith("--api") else "prompt-format"
-        raise bad(
-            f"load.{key}", str(e).partition(": ")[2], f"see `servebook bench --help` for --{key}"
-        ) from None
+    shape = request_shape_problem(a)
+    if shape is not None:
+        key, choose = shape
+        raise bad(f"load.{key}", choose, f"see `servebook bench --help` for --{key}")
     for key, n in (("input-len", a.input_len), ("output-len", a.output_len)):
         if n < 1 and (key == "output-len" or a.dataset is None):
             raise bad(f"load.{key}", f"{n}", "give a number of tokens, 1 or more")
